@@ -1,1 +1,95 @@
-fn main() {}
+//! The `idempotency` PostgreSQL extension.
+//!
+//! The state machine (tables, `idem_reserve`, `idem_complete`, ...) is PL/pgSQL in `sql/`; this
+//! crate holds only what SQL is the wrong tool for: the GUCs and request fingerprinting. Every
+//! Rust function here is declared by hand in `sql/` (`sql = false`), so the install script is
+//! exactly the reviewed SQL, qualified with `@extschema@` throughout.
+
+use pgrx::prelude::*;
+
+mod fingerprint;
+mod guc;
+
+pgrx::pg_module_magic!();
+
+pgrx::extension_sql_file!("../../sql/schema.sql", name = "schema", bootstrap);
+pgrx::extension_sql_file!("../../sql/internal.sql", name = "internal", requires = ["schema"]);
+pgrx::extension_sql_file!("../../sql/reserve.sql", name = "reserve", requires = ["internal"]);
+pgrx::extension_sql_file!("../../sql/finish.sql", name = "finish", requires = ["reserve"]);
+pgrx::extension_sql_file!("../../sql/maintenance.sql", name = "maintenance", requires = ["finish"]);
+pgrx::extension_sql_file!("../../sql/helpers.sql", name = "helpers", requires = ["maintenance"]);
+pgrx::extension_sql_file!("../../sql/privileges.sql", name = "privileges", finalize);
+
+#[pg_guard]
+pub extern "C-unwind" fn _PG_init() {
+    guc::register();
+}
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pg_schema]
+mod tests {
+    use pgrx::prelude::*;
+
+    fn one<T: IntoDatum + FromDatum>(sql: &str) -> T {
+        match Spi::get_one::<T>(sql) {
+            Ok(Some(v)) => v,
+            other => panic!("{sql}: {other:?}"),
+        }
+    }
+
+    #[pg_test]
+    fn jsonb_fingerprint_uses_the_client_canonical_form() {
+        let sql = r#"SELECT idem_fingerprint('{"b": [1.0, 2e1], "a": "x"}'::jsonb)"#;
+        let want = idempotency_client::Fingerprint::of_json_text(r#"{"a":"x","b":[1,20]}"#).unwrap();
+        assert_eq!(one::<String>(sql), want.as_str());
+    }
+
+    #[pg_test]
+    fn jsonb_fingerprint_keeps_numbers_exact() {
+        // Beyond f64: a lossy parse would make these two equal.
+        let a: String = one("SELECT idem_fingerprint('12345678901234567890123456789.1'::jsonb)");
+        let b: String = one("SELECT idem_fingerprint('12345678901234567890123456789.2'::jsonb)");
+        assert_ne!(a, b);
+        let c: String = one("SELECT idem_fingerprint('1234567890123456789012345678910e-1'::jsonb)");
+        assert_eq!(a, c);
+    }
+
+    #[pg_test]
+    fn bytea_fingerprint_is_sha256() {
+        let got: String = one("SELECT idem_fingerprint('abc'::bytea)");
+        assert_eq!(got, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+    }
+
+    #[pg_test]
+    fn gucs_are_registered_with_their_defaults() {
+        for (name, want) in [
+            ("idempotency.ttl", "1d"),
+            ("idempotency.lease", "5min"),
+            ("idempotency.max_retries", "3"),
+            ("idempotency.max_response_bytes", "1MB"),
+        ] {
+            let got: String = one(&format!("SELECT current_setting('{name}')"));
+            assert_eq!(got, want, "{name}");
+        }
+    }
+
+    #[pg_test(error = "invalid value for parameter \"idempotency.max_retries\": \"0\"")]
+    fn guc_bounds_are_enforced() {
+        Spi::run("SET idempotency.max_retries = 0").unwrap();
+    }
+
+    #[pg_test(error = "invalid configuration parameter name \"idempotency.no_such_setting\"")]
+    fn guc_prefix_is_reserved() {
+        Spi::run("SET idempotency.no_such_setting = 1").unwrap();
+    }
+}
+
+/// Required by `cargo pgrx test`.
+#[cfg(test)]
+pub mod pg_test {
+    pub fn setup(_options: Vec<&str>) {}
+
+    pub fn postgresql_conf_options() -> Vec<&'static str> {
+        vec![]
+    }
+}

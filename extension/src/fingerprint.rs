@@ -1,0 +1,56 @@
+//! `idem_fingerprint(jsonb)` and `idem_fingerprint(bytea)`: thin wrappers over the client crate's
+//! fingerprint module, so the server and the client compute the same string by construction.
+
+use idempotency_client::fingerprint::{canonical_json, Fingerprint, FingerprintError};
+use pgrx::pg_sys::errcodes::PgSqlErrorCode;
+use pgrx::prelude::*;
+use pgrx::callconv::{Arg, ArgAbi};
+use pgrx::{direct_function_call, FromDatum};
+use std::ffi::CStr;
+
+/// A `jsonb` argument as its exact text (`jsonb_out`). pgrx's `JsonB` parses into a
+/// `serde_json::Value`, which would round numbers beyond f64 and break the canonical form.
+pub struct JsonbText(String);
+
+impl FromDatum for JsonbText {
+    unsafe fn from_polymorphic_datum(datum: pg_sys::Datum, is_null: bool, _: pg_sys::Oid) -> Option<Self> {
+        if is_null {
+            return None;
+        }
+        // SAFETY: the caller hands us a jsonb datum (the SQL signature says so); jsonb_out
+        // detoasts it and returns a palloc'd, NUL-terminated UTF-8 string.
+        let text = unsafe { direct_function_call::<&CStr>(pg_sys::jsonb_out, &[Some(datum)]) }?;
+        Some(JsonbText(text.to_string_lossy().into_owned()))
+    }
+}
+
+// SAFETY: unboxed with FromDatum above, from a jsonb argument (the SQL declaration says so).
+unsafe impl<'fcx> ArgAbi<'fcx> for JsonbText {
+    unsafe fn unbox_arg_unchecked(arg: Arg<'_, 'fcx>) -> Self {
+        // The SQL function is STRICT, so PostgreSQL never passes NULL here; be total anyway.
+        unsafe { arg.unbox_arg_using_from_datum() }.unwrap_or(JsonbText(String::from("null")))
+    }
+}
+
+pgrx::impl_sql_translatable!(JsonbText, arg_only = "jsonb");
+
+/// `idem_fingerprint(request jsonb) RETURNS text`
+#[pg_extern(sql = false, immutable, strict, parallel_safe)]
+fn _idem_fingerprint_jsonb(request: JsonbText) -> String {
+    match canonical_json(&request.0) {
+        Ok(canonical) => Fingerprint::of_bytes(canonical.as_bytes()).to_string(),
+        // jsonb is valid JSON, so only the size limits can fail; say which, never echo the value.
+        Err(e @ (FingerprintError::TooDeep | FingerprintError::TooLarge)) => {
+            ereport!(ERROR, PgSqlErrorCode::ERRCODE_PROGRAM_LIMIT_EXCEEDED, e.to_string());
+        }
+        Err(e) => {
+            ereport!(ERROR, PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE, e.to_string());
+        }
+    }
+}
+
+/// `idem_fingerprint(request bytea) RETURNS text`
+#[pg_extern(sql = false, immutable, strict, parallel_safe)]
+fn _idem_fingerprint_bytea(request: &[u8]) -> String {
+    Fingerprint::of_bytes(request).to_string()
+}

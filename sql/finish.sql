@@ -1,0 +1,130 @@
+-- idempotency 0.1.0: the calls an attempt makes with its token.
+--
+-- Each is a conditional update fenced by (token, status = 'PROCESSING'): a stale token, or a
+-- record that completed, was recovered or was taken over, changes nothing and answers
+-- false / 'stale'. Expected races are values, never errors.
+
+CREATE FUNCTION @extschema@.idem_complete(
+    operation text,
+    user_id   text,
+    key       text,
+    token     bigint,
+    response  jsonb,
+    status    text DEFAULT 'SUCCESS')
+    RETURNS boolean
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp
+    AS $fn$
+#variable_conflict use_variable
+DECLARE
+    v_limit bigint;
+    v_size  bigint;
+BEGIN
+    IF NOT (octet_length(operation) BETWEEN 1 AND 255 AND octet_length(user_id) BETWEEN 1 AND 255
+            AND octet_length(key) BETWEEN 1 AND 255
+            AND operation || user_id || key !~ E'[\\x01-\\x1f\\x7f-\\x9f]') IS TRUE THEN
+        PERFORM @extschema@._idem_check_scope(operation, user_id, key);
+    END IF;
+    PERFORM @extschema@._idem_require('token', token IS NULL);
+    PERFORM @extschema@._idem_require('status', status IS NULL);
+    IF status NOT IN ('SUCCESS', 'FAILED') THEN
+        RAISE EXCEPTION 'status must be ''SUCCESS'' or ''FAILED'', got %', quote_literal(left(status, 64))
+            USING ERRCODE = '22023';
+    END IF;
+    IF response IS NOT NULL THEN
+        v_limit := pg_size_bytes(coalesce(
+            current_setting('idempotency.max_response_bytes', true),
+            @extschema@._idem_setting('idempotency.max_response_bytes')));
+        v_size := octet_length(response::text);
+        IF v_size > v_limit THEN
+            -- Never echo the value: it may be huge, and it may be private.
+            RAISE EXCEPTION 'response must be at most % bytes (idempotency.max_response_bytes), got %',
+                v_limit, v_size USING ERRCODE = '54000';
+        END IF;
+    END IF;
+
+    UPDATE @extschema@.idem_records AS r
+       SET status = status, response = response, updated_at = clock_timestamp()
+     WHERE r.operation = operation AND r.user_id = user_id AND r.key = key
+       AND r.token = token AND r.status = 'PROCESSING';
+    RETURN FOUND;
+END
+$fn$;
+
+COMMENT ON FUNCTION @extschema@.idem_complete(text, text, text, bigint, jsonb, text) IS
+    'Finishes the attempt holding token: SUCCESS (the default) or FAILED (a permanent failure), storing response for replays. false, changing nothing, when the token is stale or the record is no longer PROCESSING: roll the business write back.';
+
+CREATE FUNCTION @extschema@.idem_release(
+    operation   text,
+    user_id     text,
+    key         text,
+    token       bigint,
+    max_retries integer DEFAULT NULL)
+    RETURNS text
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp
+    AS $fn$
+#variable_conflict use_variable
+DECLARE
+    v_max integer;
+    v_rec record;
+BEGIN
+    IF NOT (octet_length(operation) BETWEEN 1 AND 255 AND octet_length(user_id) BETWEEN 1 AND 255
+            AND octet_length(key) BETWEEN 1 AND 255
+            AND operation || user_id || key !~ E'[\\x01-\\x1f\\x7f-\\x9f]') IS TRUE THEN
+        PERFORM @extschema@._idem_check_scope(operation, user_id, key);
+    END IF;
+    PERFORM @extschema@._idem_require('token', token IS NULL);
+    v_max := @extschema@._idem_max_retries(max_retries);
+
+    SELECT r.created_at, r.expires_at INTO v_rec
+      FROM @extschema@.idem_records AS r
+     WHERE r.operation = operation AND r.user_id = user_id AND r.key = key
+       AND r.token = token AND r.status = 'PROCESSING'
+       FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN 'stale';
+    END IF;
+    RETURN @extschema@._idem_release_locked(operation, user_id, key, v_rec.created_at,
+                                            v_rec.expires_at, v_max);
+END
+$fn$;
+
+COMMENT ON FUNCTION @extschema@.idem_release(text, text, text, bigint, integer) IS
+    'Gives the key back after a transient failure: counts it, then deletes the record so a retry runs again (''released''), or marks it FAILED once max_retries failures are counted (''poisoned''). ''stale'' for a wrong token.';
+
+CREATE FUNCTION @extschema@.idem_heartbeat(
+    operation text,
+    user_id   text,
+    key       text,
+    token     bigint,
+    lease     interval DEFAULT NULL)
+    RETURNS boolean
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp
+    AS $fn$
+#variable_conflict use_variable
+DECLARE
+    v_until timestamptz;
+BEGIN
+    IF NOT (octet_length(operation) BETWEEN 1 AND 255 AND octet_length(user_id) BETWEEN 1 AND 255
+            AND octet_length(key) BETWEEN 1 AND 255
+            AND operation || user_id || key !~ E'[\\x01-\\x1f\\x7f-\\x9f]') IS TRUE THEN
+        PERFORM @extschema@._idem_check_scope(operation, user_id, key);
+    END IF;
+    PERFORM @extschema@._idem_require('token', token IS NULL);
+    v_until := clock_timestamp() + @extschema@._idem_interval('lease', lease);
+
+    -- expires_at moves to at least the lease end, so a live, heartbeating attempt is never
+    -- taken over as expired.
+    UPDATE @extschema@.idem_records AS r
+       SET lease_expires_at = v_until, expires_at = greatest(r.expires_at, v_until),
+           updated_at = clock_timestamp()
+     WHERE r.operation = operation AND r.user_id = user_id AND r.key = key
+       AND r.token = token AND r.status = 'PROCESSING';
+    RETURN FOUND;
+END
+$fn$;
+
+COMMENT ON FUNCTION @extschema@.idem_heartbeat(text, text, text, bigint, interval) IS
+    'Extends the lease of the PROCESSING attempt holding token to now + lease (default idempotency.lease); false when the token is stale.';

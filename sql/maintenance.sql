@@ -1,0 +1,121 @@
+-- idempotency 0.1.0: recovery of stuck attempts and the sweep of expired records.
+--
+-- Both work in batches over partial indexes, lock with SKIP LOCKED (never waiting on, nor touching,
+-- a row a live transaction holds), and re-check every condition on the locked row version, so
+-- they are safe to run concurrently with themselves and with traffic.
+
+CREATE FUNCTION @extschema@.idem_recover_stuck(
+    batch_size  integer DEFAULT 100,
+    action      text    DEFAULT 'fail',
+    max_retries integer DEFAULT NULL)
+    RETURNS bigint
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp
+    AS $fn$
+#variable_conflict use_variable
+DECLARE
+    v_now timestamptz := clock_timestamp();
+    v_max integer;
+    v_n   bigint := 0;
+    v_rec record;
+BEGIN
+    PERFORM @extschema@._idem_require('batch_size', batch_size IS NULL);
+    IF batch_size < 1 THEN
+        RAISE EXCEPTION 'batch_size must be at least 1, got %', batch_size USING ERRCODE = '22023';
+    END IF;
+    PERFORM @extschema@._idem_require('action', action IS NULL);
+    IF action NOT IN ('fail', 'release') THEN
+        RAISE EXCEPTION 'action must be ''fail'' or ''release'', got %', quote_literal(left(action, 64))
+            USING ERRCODE = '22023';
+    END IF;
+    v_max := @extschema@._idem_max_retries(max_retries);
+
+    IF action = 'fail' THEN
+        -- At most once: the dead worker may have done the work, so never run it again.
+        WITH stuck AS (
+            SELECT r.operation, r.user_id, r.key
+              FROM @extschema@.idem_records AS r
+             WHERE r.status = 'PROCESSING' AND r.lease_expires_at <= v_now
+             ORDER BY r.lease_expires_at
+             LIMIT batch_size
+               FOR UPDATE SKIP LOCKED)
+        UPDATE @extschema@.idem_records AS r
+           SET status = 'FAILED', updated_at = v_now
+          FROM stuck AS s
+         WHERE r.operation = s.operation AND r.user_id = s.user_id AND r.key = s.key;
+        GET DIAGNOSTICS v_n = ROW_COUNT;
+        RETURN v_n;
+    END IF;
+
+    -- 'release': each stuck attempt is a transient failure, exactly as idem_release counts it.
+    FOR v_rec IN
+        SELECT r.operation, r.user_id, r.key, r.created_at, r.expires_at
+          FROM @extschema@.idem_records AS r
+         WHERE r.status = 'PROCESSING' AND r.lease_expires_at <= v_now
+         ORDER BY r.lease_expires_at
+         LIMIT batch_size
+           FOR UPDATE SKIP LOCKED
+    LOOP
+        PERFORM @extschema@._idem_release_locked(v_rec.operation, v_rec.user_id, v_rec.key,
+                                                 v_rec.created_at, v_rec.expires_at, v_max);
+        v_n := v_n + 1;
+    END LOOP;
+    RETURN v_n;
+END
+$fn$;
+
+COMMENT ON FUNCTION @extschema@.idem_recover_stuck(integer, text, integer) IS
+    'Handles up to batch_size PROCESSING records whose lease expired (skipping rows locked by live transactions): action ''fail'' marks them FAILED, ''release'' counts a transient failure as idem_release does. Returns how many.';
+
+CREATE FUNCTION @extschema@.idem_sweep(batch_size integer DEFAULT 1000)
+    RETURNS bigint
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp
+    AS $fn$
+#variable_conflict use_variable
+DECLARE
+    v_now      timestamptz := clock_timestamp();
+    v_records  bigint;
+    v_counters bigint := 0;
+BEGIN
+    PERFORM @extschema@._idem_require('batch_size', batch_size IS NULL);
+    IF batch_size < 1 THEN
+        RAISE EXCEPTION 'batch_size must be at least 1, got %', batch_size USING ERRCODE = '22023';
+    END IF;
+
+    -- Delete by ctid, re-checking the conditions on the row version being deleted: a row that
+    -- was taken over since the scan is a newer version and no longer matches.
+    WITH expired AS (
+        SELECT r.ctid
+          FROM @extschema@.idem_records AS r
+         WHERE r.status <> 'PROCESSING' AND r.expires_at <= v_now
+         LIMIT batch_size
+           FOR UPDATE OF r SKIP LOCKED)
+    DELETE FROM @extschema@.idem_records AS r
+     USING expired AS e
+     WHERE r.ctid = e.ctid AND r.status <> 'PROCESSING' AND r.expires_at <= v_now;
+    GET DIAGNOSTICS v_records = ROW_COUNT;
+
+    -- Retry counters: expired, and no remaining record was created while the counter was live.
+    IF v_records < batch_size THEN
+        WITH expired AS (
+            SELECT t.ctid
+              FROM @extschema@.idem_retries AS t
+             WHERE t.expires_at <= v_now
+               AND NOT EXISTS (
+                   SELECT FROM @extschema@.idem_records AS r
+                    WHERE r.operation = t.operation AND r.user_id = t.user_id AND r.key = t.key
+                      AND r.created_at < t.expires_at)
+             LIMIT batch_size - v_records
+               FOR UPDATE OF t SKIP LOCKED)
+        DELETE FROM @extschema@.idem_retries AS t
+         USING expired AS e
+         WHERE t.ctid = e.ctid AND t.expires_at <= v_now;
+        GET DIAGNOSTICS v_counters = ROW_COUNT;
+    END IF;
+    RETURN v_records + v_counters;
+END
+$fn$;
+
+COMMENT ON FUNCTION @extschema@.idem_sweep(integer) IS
+    'Deletes up to batch_size expired SUCCESS/FAILED records, then expired retry counters no remaining record needs. Returns how many rows it deleted. Safe to run concurrently with itself and with traffic.';

@@ -1,0 +1,136 @@
+-- idempotency 0.1.0: idem_reserve.
+--
+-- How one key stays at most once:
+--   1. Read the committed record (and its live retry counter) in one statement. A live record
+--      answers at once: replay, failed, in_progress or mismatch. No lock is taken, so a replay
+--      costs one index lookup and never makes a concurrent duplicate wait.
+--   2. The key is absent or expired: take the key's transaction-scoped advisory lock. Every
+--      transaction that creates or takes over a record holds it until it commits or rolls back,
+--      so an uncommitted reservation is detected without blocking (wait => false answers
+--      in_progress) or waited for (wait => true).
+--   3. Create with INSERT ... ON CONFLICT DO NOTHING, or take over an expired record with an
+--      UPDATE that re-checks expiry on the newest row version. The primary key and the re-check,
+--      not the lock, are what make two `created` for one key impossible; if either loses a
+--      race, loop and read again.
+
+CREATE FUNCTION @extschema@.idem_reserve(
+    operation    text,
+    user_id      text,
+    key          text,
+    request_hash text,
+    ttl          interval DEFAULT NULL,
+    lease        interval DEFAULT NULL,
+    wait         boolean  DEFAULT false)
+    RETURNS @extschema@.idem_reservation
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp
+    AS $fn$
+#variable_conflict use_variable
+DECLARE
+    v_ttl      interval;
+    v_lease    interval;
+    v_now      timestamptz;
+    v_rec      record;
+    v_attempts integer;
+    v_token    bigint;
+    v_locked   boolean := false;
+BEGIN
+    IF NOT (octet_length(operation) BETWEEN 1 AND 255 AND octet_length(user_id) BETWEEN 1 AND 255
+            AND octet_length(key) BETWEEN 1 AND 255 AND octet_length(request_hash) BETWEEN 1 AND 255
+            AND operation || user_id || key !~ E'[\\x01-\\x1f\\x7f-\\x9f]') IS TRUE THEN
+        PERFORM @extschema@._idem_check_scope(operation, user_id, key);
+        PERFORM @extschema@._idem_check_text('request_hash', request_hash, false);
+    END IF;
+    PERFORM @extschema@._idem_require('wait', wait IS NULL);
+
+    v_ttl := @extschema@._idem_interval('ttl', ttl);
+    IF lease IS NULL THEN
+        v_lease := least(@extschema@._idem_interval('lease', NULL), v_ttl);
+    ELSE
+        v_lease := @extschema@._idem_interval('lease', lease);
+        IF v_lease > v_ttl THEN
+            RAISE EXCEPTION 'lease must not exceed ttl, got lease % and ttl %', v_lease, v_ttl
+                USING ERRCODE = '22023';
+        END IF;
+    END IF;
+
+    FOR attempt IN 1..8 LOOP
+        v_now := clock_timestamp();
+        SELECT r.request_hash, r.status, r.response, r.lease_expires_at, r.expires_at,
+               r.created_at, t.attempts, t.expires_at AS counter_expires_at
+          INTO v_rec
+          FROM (SELECT) AS one
+          LEFT JOIN @extschema@.idem_records AS r
+                 ON r.operation = operation AND r.user_id = user_id AND r.key = key
+          LEFT JOIN @extschema@.idem_retries AS t
+                 ON t.operation = operation AND t.user_id = user_id AND t.key = key;
+
+        IF v_rec.status IS NOT NULL
+           AND (v_rec.expires_at > v_now
+                OR (v_rec.status = 'PROCESSING' AND v_rec.lease_expires_at > v_now)) THEN
+            -- A live record decides. Its retry counter counts if it was live when it was created.
+            v_attempts := CASE WHEN v_rec.counter_expires_at > v_rec.created_at
+                               THEN v_rec.attempts ELSE 0 END;
+            IF v_rec.request_hash <> request_hash THEN
+                RETURN ROW('mismatch', NULL, NULL, v_attempts, v_rec.expires_at);
+            END IF;
+            RETURN ROW(CASE v_rec.status WHEN 'SUCCESS' THEN 'replay'
+                                         WHEN 'FAILED' THEN 'failed'
+                                         ELSE 'in_progress' END,
+                       NULL,
+                       CASE WHEN v_rec.status <> 'PROCESSING' THEN v_rec.response END,
+                       v_attempts, v_rec.expires_at);
+        END IF;
+
+        -- Absent, or expired and free to take over: a new attempt would start now.
+        v_attempts := CASE WHEN v_rec.counter_expires_at > v_now THEN v_rec.attempts ELSE 0 END;
+        IF NOT v_locked THEN
+            IF wait THEN
+                PERFORM pg_advisory_xact_lock(
+                    hashtextextended(operation || E'\x1f' || user_id || E'\x1f' || key, 0));
+            ELSIF NOT pg_try_advisory_xact_lock(
+                    hashtextextended(operation || E'\x1f' || user_id || E'\x1f' || key, 0)) THEN
+                -- Another transaction is creating this key and has not committed.
+                RETURN ROW('in_progress', NULL, NULL, v_attempts, NULL);
+            END IF;
+            v_locked := true;
+            IF wait THEN
+                CONTINUE; -- the holder may have committed while we waited: read again
+            END IF;
+        END IF;
+
+        v_token := nextval('@extschema@.idem_token_seq');
+        IF v_rec.status IS NULL THEN
+            INSERT INTO @extschema@.idem_records AS r
+                   (operation, user_id, key, request_hash, status, token, response,
+                    lease_expires_at, expires_at, created_at, updated_at)
+            VALUES (operation, user_id, key, request_hash, 'PROCESSING', v_token, NULL,
+                    v_now + v_lease, v_now + v_ttl, v_now, v_now)
+            ON CONFLICT ON CONSTRAINT idem_records_pkey DO NOTHING;
+        ELSE
+            UPDATE @extschema@.idem_records AS r
+               SET request_hash = request_hash, status = 'PROCESSING', token = v_token,
+                   response = NULL, lease_expires_at = v_now + v_lease,
+                   expires_at = v_now + v_ttl, created_at = v_now, updated_at = v_now
+             WHERE r.operation = operation AND r.user_id = user_id AND r.key = key
+               AND r.expires_at <= v_now
+               AND (r.status <> 'PROCESSING' OR r.lease_expires_at <= v_now);
+        END IF;
+        IF FOUND THEN
+            IF v_attempts > 0 THEN
+                -- A retry of a released key: keep its counter alive as long as this record.
+                UPDATE @extschema@.idem_retries AS t
+                   SET expires_at = greatest(t.expires_at, v_now + v_ttl)
+                 WHERE t.operation = operation AND t.user_id = user_id AND t.key = key;
+            END IF;
+            RETURN ROW('created', v_token, NULL, v_attempts, v_now + v_ttl);
+        END IF;
+        -- Lost a race with a commit, a takeover, a recovery or a sweep: read the key again.
+    END LOOP;
+    -- The key kept changing under us; answer as a busy key so the caller retries later.
+    RETURN ROW('in_progress', NULL, NULL, v_attempts, NULL);
+END
+$fn$;
+
+COMMENT ON FUNCTION @extschema@.idem_reserve(text, text, text, text, interval, interval, boolean) IS
+    'Reserves (operation, user_id, key) for one attempt. outcome: created (token to complete with), replay (stored response), failed, in_progress, or mismatch (the key was used with another request_hash). Call in the transaction of the business write.';

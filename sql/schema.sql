@@ -1,0 +1,71 @@
+-- idempotency 0.1.0: tables, the token sequence and the reservation type.
+--
+-- Every object is qualified with @extschema@; nothing here depends on the caller's search_path.
+
+-- Tokens fence every mutating call. One sequence (no per-backend cache), so tokens are unique and
+-- increase over the life of the database; registered below so a dump and restore keeps its position.
+CREATE SEQUENCE @extschema@.idem_token_seq AS bigint;
+
+COMMENT ON SEQUENCE @extschema@.idem_token_seq IS
+    'Fencing tokens for idem_reserve: unique and increasing over the life of the database.';
+
+CREATE TABLE @extschema@.idem_records (
+    operation        text        NOT NULL,
+    user_id          text        NOT NULL,
+    key              text        NOT NULL,
+    request_hash     text        NOT NULL,
+    status           text        NOT NULL CHECK (status IN ('PROCESSING', 'SUCCESS', 'FAILED')),
+    token            bigint      NOT NULL,
+    response         jsonb,
+    -- The in-flight lease and the result TTL are separate: a lease decides when a stuck attempt
+    -- may be recovered, expires_at when the whole record may be reused and swept.
+    lease_expires_at timestamptz NOT NULL,
+    expires_at       timestamptz NOT NULL,
+    created_at       timestamptz NOT NULL,
+    updated_at       timestamptz NOT NULL,
+    CONSTRAINT idem_records_pkey PRIMARY KEY (operation, user_id, key)
+);
+
+COMMENT ON TABLE @extschema@.idem_records IS
+    'One record per (operation, user_id, key): the reservation, its fencing token and the stored response.';
+
+-- idem_recover_stuck walks PROCESSING records by lease end; the partial index holds only those, so
+-- its cost grows with the in-flight rows, not with the table.
+CREATE INDEX idem_records_lease_idx ON @extschema@.idem_records (lease_expires_at)
+    WHERE status = 'PROCESSING';
+
+-- idem_sweep deletes finished records by expiry; PROCESSING rows (recovered, not swept) stay out.
+CREATE INDEX idem_records_expiry_idx ON @extschema@.idem_records (expires_at)
+    WHERE status <> 'PROCESSING';
+
+-- The transient-failure counter outlives the record that idem_release deletes, so a retried key
+-- keeps counting towards max_retries. A counter belongs to every record created before it expired.
+CREATE TABLE @extschema@.idem_retries (
+    operation  text        NOT NULL,
+    user_id    text        NOT NULL,
+    key        text        NOT NULL,
+    attempts   integer     NOT NULL CHECK (attempts > 0),
+    expires_at timestamptz NOT NULL,
+    CONSTRAINT idem_retries_pkey PRIMARY KEY (operation, user_id, key)
+);
+
+COMMENT ON TABLE @extschema@.idem_retries IS
+    'Transient failures per (operation, user_id, key); kept after the record is released, swept once expired and unneeded.';
+
+CREATE INDEX idem_retries_expiry_idx ON @extschema@.idem_retries (expires_at);
+
+CREATE TYPE @extschema@.idem_reservation AS (
+    outcome    text,
+    token      bigint,
+    response   jsonb,
+    attempts   integer,
+    expires_at timestamptz
+);
+
+COMMENT ON TYPE @extschema@.idem_reservation IS
+    'The answer of idem_reserve: outcome (created | replay | failed | in_progress | mismatch), the token when created, the stored response on replay or failed, transient failures so far, and the record''s expiry.';
+
+-- pg_dump keeps the rows of both tables and the sequence's position.
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.idem_records'::pg_catalog.regclass, '');
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.idem_retries'::pg_catalog.regclass, '');
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.idem_token_seq'::pg_catalog.regclass, '');
