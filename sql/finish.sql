@@ -32,9 +32,7 @@ BEGIN
             USING ERRCODE = '22023';
     END IF;
     IF response IS NOT NULL THEN
-        v_limit := pg_size_bytes(coalesce(
-            current_setting('idempotency.max_response_bytes', true),
-            @extschema@._idem_setting('idempotency.max_response_bytes')));
+        v_limit := @extschema@._idem_max_response_bytes();
         v_size := octet_length(response::text);
         IF v_size > v_limit THEN
             -- Never echo the value: it may be huge, and it may be private.

@@ -8,6 +8,14 @@ CREATE FUNCTION @extschema@.idem_fingerprint(request jsonb) RETURNS text
 COMMENT ON FUNCTION @extschema@.idem_fingerprint(jsonb) IS
     'Lowercase hex SHA-256 of the canonical JSON text of request (keys sorted, no whitespace, exact plain-decimal numbers): equal JSON values give equal fingerprints, and the Rust client computes the same string.';
 
+CREATE FUNCTION @extschema@.idem_fingerprint(request text) RETURNS text
+    LANGUAGE c IMMUTABLE STRICT PARALLEL SAFE
+    SET search_path = pg_catalog, pg_temp
+    AS 'MODULE_PATHNAME', '_idem_fingerprint_text_wrapper';
+
+COMMENT ON FUNCTION @extschema@.idem_fingerprint(text) IS
+    'The fingerprint of request read as JSON text, equal to idem_fingerprint(request::jsonb); raises 22023 when it is not JSON. An untyped literal resolves to this form.';
+
 CREATE FUNCTION @extschema@.idem_fingerprint(request bytea) RETURNS text
     LANGUAGE c IMMUTABLE STRICT PARALLEL SAFE
     SET search_path = pg_catalog, pg_temp

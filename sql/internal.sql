@@ -8,6 +8,14 @@ CREATE FUNCTION @extschema@._idem_setting(name text) RETURNS text
 COMMENT ON FUNCTION @extschema@._idem_setting(text) IS
     'Internal: loads the library (which defines the idempotency.* settings) and returns a setting''s current value.';
 
+CREATE FUNCTION @extschema@._idem_max_response_bytes() RETURNS integer
+    LANGUAGE c VOLATILE PARALLEL SAFE
+    SET search_path = pg_catalog, pg_temp
+    AS 'MODULE_PATHNAME', '_idem_max_response_bytes_wrapper';
+
+COMMENT ON FUNCTION @extschema@._idem_max_response_bytes() IS
+    'Internal: idempotency.max_response_bytes in bytes.';
+
 -- Raises the documented error for a bad text argument. Called only once a cheap combined check
 -- in the API function has failed, so the happy path pays for one expression, not for this call.
 CREATE FUNCTION @extschema@._idem_check_text(name text, value text, forbid_controls boolean)

@@ -17,6 +17,7 @@ REVOKE EXECUTE ON FUNCTION
 -- Internals run inside the API functions, as their owner.
 REVOKE EXECUTE ON FUNCTION
     @extschema@._idem_setting(text),
+    @extschema@._idem_max_response_bytes(),
     @extschema@._idem_check_text(text, text, boolean),
     @extschema@._idem_check_scope(text, text, text),
     @extschema@._idem_require(text, boolean),

@@ -72,14 +72,14 @@ BEGIN
             v_attempts := CASE WHEN v_rec.counter_expires_at > v_rec.created_at
                                THEN v_rec.attempts ELSE 0 END;
             IF v_rec.request_hash <> request_hash THEN
-                RETURN ROW('mismatch', NULL, NULL, v_attempts, v_rec.expires_at);
+                RETURN ROW('mismatch', NULL, NULL, v_attempts, v_rec.expires_at)::@extschema@.idem_reservation;
             END IF;
             RETURN ROW(CASE v_rec.status WHEN 'SUCCESS' THEN 'replay'
                                          WHEN 'FAILED' THEN 'failed'
                                          ELSE 'in_progress' END,
                        NULL,
                        CASE WHEN v_rec.status <> 'PROCESSING' THEN v_rec.response END,
-                       v_attempts, v_rec.expires_at);
+                       v_attempts, v_rec.expires_at)::@extschema@.idem_reservation;
         END IF;
 
         -- Absent, or expired and free to take over: a new attempt would start now.
@@ -91,7 +91,7 @@ BEGIN
             ELSIF NOT pg_try_advisory_xact_lock(
                     hashtextextended(operation || E'\x1f' || user_id || E'\x1f' || key, 0)) THEN
                 -- Another transaction is creating this key and has not committed.
-                RETURN ROW('in_progress', NULL, NULL, v_attempts, NULL);
+                RETURN ROW('in_progress', NULL, NULL, v_attempts, NULL)::@extschema@.idem_reservation;
             END IF;
             v_locked := true;
             IF wait THEN
@@ -123,12 +123,12 @@ BEGIN
                    SET expires_at = greatest(t.expires_at, v_now + v_ttl)
                  WHERE t.operation = operation AND t.user_id = user_id AND t.key = key;
             END IF;
-            RETURN ROW('created', v_token, NULL, v_attempts, v_now + v_ttl);
+            RETURN ROW('created', v_token, NULL, v_attempts, v_now + v_ttl)::@extschema@.idem_reservation;
         END IF;
         -- Lost a race with a commit, a takeover, a recovery or a sweep: read the key again.
     END LOOP;
     -- The key kept changing under us; answer as a busy key so the caller retries later.
-    RETURN ROW('in_progress', NULL, NULL, v_attempts, NULL);
+    RETURN ROW('in_progress', NULL, NULL, v_attempts, NULL)::@extschema@.idem_reservation;
 END
 $fn$;
 

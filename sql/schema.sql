@@ -1,6 +1,7 @@
 -- idempotency 0.1.0: tables, the token sequence and the reservation type.
 --
--- Every object is qualified with @extschema@; nothing here depends on the caller's search_path.
+-- Every object is qualified with @extschema@ and every operator with pg_catalog: nothing here
+-- depends on the search_path at CREATE EXTENSION time.
 
 -- Tokens fence every mutating call. One sequence (no per-backend cache), so tokens are unique and
 -- increase over the life of the database; registered below so a dump and restore keeps its position.
@@ -14,7 +15,8 @@ CREATE TABLE @extschema@.idem_records (
     user_id          text        NOT NULL,
     key              text        NOT NULL,
     request_hash     text        NOT NULL,
-    status           text        NOT NULL CHECK (status IN ('PROCESSING', 'SUCCESS', 'FAILED')),
+    status           text        NOT NULL CHECK (status OPERATOR(pg_catalog.=) ANY
+                                        (ARRAY['PROCESSING', 'SUCCESS', 'FAILED']::pg_catalog.text[])),
     token            bigint      NOT NULL,
     response         jsonb,
     -- The in-flight lease and the result TTL are separate: a lease decides when a stuck attempt
@@ -32,11 +34,11 @@ COMMENT ON TABLE @extschema@.idem_records IS
 -- idem_recover_stuck walks PROCESSING records by lease end; the partial index holds only those, so
 -- its cost grows with the in-flight rows, not with the table.
 CREATE INDEX idem_records_lease_idx ON @extschema@.idem_records (lease_expires_at)
-    WHERE status = 'PROCESSING';
+    WHERE status OPERATOR(pg_catalog.=) 'PROCESSING'::pg_catalog.text;
 
 -- idem_sweep deletes finished records by expiry; PROCESSING rows (recovered, not swept) stay out.
 CREATE INDEX idem_records_expiry_idx ON @extschema@.idem_records (expires_at)
-    WHERE status <> 'PROCESSING';
+    WHERE status OPERATOR(pg_catalog.<>) 'PROCESSING'::pg_catalog.text;
 
 -- The transient-failure counter outlives the record that idem_release deletes, so a retried key
 -- keeps counting towards max_retries. A counter belongs to every record created before it expired.
@@ -44,7 +46,7 @@ CREATE TABLE @extschema@.idem_retries (
     operation  text        NOT NULL,
     user_id    text        NOT NULL,
     key        text        NOT NULL,
-    attempts   integer     NOT NULL CHECK (attempts > 0),
+    attempts   integer     NOT NULL CHECK (attempts OPERATOR(pg_catalog.>) 0),
     expires_at timestamptz NOT NULL,
     CONSTRAINT idem_retries_pkey PRIMARY KEY (operation, user_id, key)
 );

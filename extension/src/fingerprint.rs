@@ -1,7 +1,7 @@
 //! `idem_fingerprint(jsonb)` and `idem_fingerprint(bytea)`: thin wrappers over the client crate's
 //! fingerprint module, so the server and the client compute the same string by construction.
 
-use idempotency_client::fingerprint::{canonical_json, Fingerprint, FingerprintError};
+use idempotency_client::fingerprint::{Fingerprint, FingerprintError};
 use pgrx::pg_sys::errcodes::PgSqlErrorCode;
 use pgrx::prelude::*;
 use pgrx::callconv::{Arg, ArgAbi};
@@ -37,12 +37,16 @@ pgrx::impl_sql_translatable!(JsonbText, arg_only = "jsonb");
 /// `idem_fingerprint(request jsonb) RETURNS text`
 #[pg_extern(sql = false, immutable, strict, parallel_safe)]
 fn _idem_fingerprint_jsonb(request: JsonbText) -> String {
-    match canonical_json(&request.0) {
-        Ok(canonical) => Fingerprint::of_bytes(canonical.as_bytes()).to_string(),
-        // jsonb is valid JSON, so only the size limits can fail; say which, never echo the value.
+    fingerprint_json(&request.0)
+}
+
+fn fingerprint_json(text: &str) -> String {
+    match Fingerprint::of_json_text(text) {
+        Ok(fingerprint) => fingerprint.to_string(),
         Err(e @ (FingerprintError::TooDeep | FingerprintError::TooLarge)) => {
             ereport!(ERROR, PgSqlErrorCode::ERRCODE_PROGRAM_LIMIT_EXCEEDED, e.to_string());
         }
+        // Only the text form can get here: a jsonb value is always valid JSON.
         Err(e) => {
             ereport!(ERROR, PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE, e.to_string());
         }
@@ -53,4 +57,11 @@ fn _idem_fingerprint_jsonb(request: JsonbText) -> String {
 #[pg_extern(sql = false, immutable, strict, parallel_safe)]
 fn _idem_fingerprint_bytea(request: &[u8]) -> String {
     Fingerprint::of_bytes(request).to_string()
+}
+
+/// `idem_fingerprint(request text) RETURNS text`: the text read as JSON, so an untyped literal
+/// (`idem_fingerprint('{"amount": 100}')`) resolves here and equals the jsonb form.
+#[pg_extern(sql = false, immutable, strict, parallel_safe)]
+fn _idem_fingerprint_text(request: &str) -> String {
+    fingerprint_json(request)
 }

@@ -70,3 +70,10 @@ fn _idem_setting(name: &str) -> Option<String> {
         }
     }
 }
+
+/// `_idem_max_response_bytes() RETURNS integer`: `idempotency.max_response_bytes` in bytes
+/// (`current_setting` shows it with a unit, such as `1MB`, that `pg_size_bytes` cannot read on 15).
+#[pg_extern(sql = false)]
+fn _idem_max_response_bytes() -> i32 {
+    MAX_RESPONSE_BYTES.get()
+}

@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# Runs every test layer and prints a summary; the last line is `N passed, N failed`.
+# Installs what is missing first (scripts/setup.sh). Exits non-zero if any layer fails.
+#
+#   unit        cargo test (crates that need no pgrx: fingerprint, key rules)
+#   pg_test     cargo pgrx test: the Rust that runs inside PostgreSQL
+#   install     cargo pgrx install --release (what the next layers test)
+#   regress     pg_regress golden files (tests/regress) against the private cluster
+#   isolation   pg_isolation_regress specs (tests/isolation) against the private cluster
+#   pgspot      pgspot over the generated install script
+set -uo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+export PG_CONFIG=${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}
+pgxs=$(dirname "$("$PG_CONFIG" --pgxs)")/..
+bindir=$("$PG_CONFIG" --bindir)
+sharedir=$("$PG_CONFIG" --sharedir)
+port=${IDEM_PG_PORT:-55415}
+logs=$root/target/test-logs
+mkdir -p "$logs"
+
+bash scripts/setup.sh || { echo "setup failed"; exit 1; }
+
+total_pass=0
+total_fail=0
+summary=()
+failed_layers=0
+
+# record LAYER PASSED FAILED STATUS
+record() {
+    local layer=$1 pass=$2 fail=$3 status=$4
+    if [ "$status" != 0 ] && [ "$fail" = 0 ]; then fail=1; fi # a crash or build failure counts
+    total_pass=$((total_pass + pass))
+    total_fail=$((total_fail + fail))
+    [ "$fail" = 0 ] || failed_layers=$((failed_layers + 1))
+    summary+=("$(printf '%-10s %5s passed, %s failed' "$layer" "$pass" "$fail")")
+    printf '== %s: %s passed, %s failed (log: %s)\n' "$layer" "$pass" "$fail" "${logs#$root/}/$layer.log"
+}
+
+# Sums the `test result:` lines of cargo's test harness.
+cargo_counts() {
+    awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i) ~ /^passed/) p += $(i-1); if ($(i) ~ /^failed/) f += $(i-1) } }
+         END { printf "%d %d\n", p, f }' "$1"
+}
+
+# Counts pg_regress / pg_isolation_regress result lines.
+regress_counts() {
+    awk '/\.\.\. +ok/ { p++ } /\.\.\. +FAILED/ || /\.\.\. +failed/ { f++ } END { printf "%d %d\n", p, f }' "$1"
+}
+
+layer() { printf '\n== %s\n' "$1"; }
+
+layer unit
+cargo test --workspace --exclude idempotency 2>&1 | tee "$logs/unit.log" | grep -E '^(test |test result|error)' | grep -v '\.\.\. ok$'
+status=${PIPESTATUS[0]}
+read -r p f < <(cargo_counts "$logs/unit.log")
+record unit "$p" "$f" "$status"
+
+layer pg_test
+pgrx_data=$root/target/pgrx-test-data
+mkdir -p "$pgrx_data"
+[ "$(id -u)" = 0 ] && chown postgres:postgres "$pgrx_data"
+runas=()
+[ "$(id -u)" = 0 ] && runas=(--runas postgres)
+(cd extension && cargo pgrx test pg15 "${runas[@]}" --pgdata "$pgrx_data") >"$logs/pg_test.log" 2>&1
+status=$?
+grep -E '^(test |test result|error)' "$logs/pg_test.log" | grep -v '\.\.\. ok$'
+read -r p f < <(cargo_counts "$logs/pg_test.log")
+record pg_test "$p" "$f" "$status"
+
+layer install
+# cargo pgrx test installed a debug build; the remaining layers test the release build.
+(cd extension && cargo pgrx install --release --pg-config "$PG_CONFIG") >"$logs/install.log" 2>&1
+status=$?
+tail -1 "$logs/install.log"
+record install "$([ $status = 0 ] && echo 1 || echo 0)" 0 "$status"
+
+layer regress
+url=$(scripts/pg.sh start) || { record regress 0 1 1; url=; }
+if [ -n "$url" ]; then
+    rm -rf "$root/target/regress"
+    "$pgxs/src/test/regress/pg_regress" --bindir="$bindir" --host=127.0.0.1 --port="$port" \
+        --user=postgres --dbname=idem_regress --inputdir=tests/regress \
+        --outputdir="$root/target/regress" --schedule=tests/regress/schedule \
+        >"$logs/regress.log" 2>&1
+    status=$?
+    grep -E '\.\.\.|tests|FAIL' "$logs/regress.log"
+    [ $status = 0 ] || cat "$root/target/regress/regression.diffs" 2>/dev/null | head -150
+    read -r p f < <(regress_counts "$logs/regress.log")
+    record regress "$p" "$f" "$status"
+fi
+
+layer isolation
+if [ -n "$url" ]; then
+    rm -rf "$root/target/isolation"
+    specs=$(cd tests/isolation/specs && ls *.spec | sed 's/\.spec$//' | sort)
+    # shellcheck disable=SC2086
+    "$pgxs/src/test/isolation/pg_isolation_regress" --bindir="$bindir" --host=127.0.0.1 \
+        --port="$port" --user=postgres --dbname=idem_isolation --inputdir=tests/isolation \
+        --outputdir="$root/target/isolation" $specs >"$logs/isolation.log" 2>&1
+    status=$?
+    grep -E '\.\.\.|tests|FAIL' "$logs/isolation.log"
+    [ $status = 0 ] || cat "$root/target/isolation/regression.diffs" 2>/dev/null | head -150
+    read -r p f < <(regress_counts "$logs/isolation.log")
+    record isolation "$p" "$f" "$status"
+fi
+scripts/pg.sh stop || true
+
+layer pgspot
+# Every finding fails the layer unless it is explained in tests/pgspot-ignore (code + reason).
+ignores=()
+while read -r code _; do
+    [ -n "$code" ] && ignores+=(--ignore "$code")
+done < <(grep -v '^#' tests/pgspot-ignore 2>/dev/null || true)
+script="$sharedir/extension/idempotency--$(grep -m1 '^version' Cargo.toml | cut -d'"' -f2).sql"
+python3 -m pgspot "${ignores[@]}" "$script" >"$logs/pgspot.log" 2>&1
+status=$?
+cat "$logs/pgspot.log"
+findings=$(grep -cE '^PS[0-9]+' "$logs/pgspot.log")
+if [ "$findings" = 0 ] && [ $status = 0 ] && grep -q 'Errors: 0 Warnings: 0 Unknown: 0' "$logs/pgspot.log"; then
+    record pgspot 1 0 0
+else
+    record pgspot 0 "$findings" 1
+fi
+
+printf '\n== summary\n'
+printf '%s\n' "${summary[@]}"
+printf '%d passed, %d failed\n' "$total_pass" "$total_fail"
+[ "$total_fail" = 0 ] && [ "$failed_layers" = 0 ]

@@ -1,0 +1,65 @@
+-- Installation: objects, comments, pinned search_path, GUC defaults, dump registration.
+CREATE EXTENSION idempotency;
+
+-- Helpers for the later files: a reservation without its volatile columns, and an error catcher
+-- that prints SQLSTATE and message (so golden files check the message names the argument).
+CREATE FUNCTION res(op text, u text, k text, h text, ttl interval DEFAULT NULL,
+                    lease interval DEFAULT NULL, wait boolean DEFAULT false)
+    RETURNS TABLE (outcome text, has_token boolean, response jsonb, attempts integer)
+    LANGUAGE sql AS $$
+        SELECT r.outcome, r.token IS NOT NULL, r.response, r.attempts
+          FROM idem_reserve(op, u, k, h, ttl, lease, wait) AS r $$;
+CREATE FUNCTION err(sql text) RETURNS text LANGUAGE plpgsql AS $$
+BEGIN
+    EXECUTE sql;
+    RETURN 'ok';
+EXCEPTION WHEN OTHERS THEN
+    RETURN SQLSTATE || ': ' || SQLERRM;
+END $$;
+
+\dx+ idempotency
+
+SELECT extrelocatable, extversion, extconfig::regclass[] AS dumped
+  FROM pg_extension WHERE extname = 'idempotency';
+
+-- Every function pins its search_path.
+SELECT p.oid::regprocedure AS function_without_pinned_search_path
+  FROM pg_proc p JOIN pg_depend d ON d.objid = p.oid AND d.deptype = 'e'
+  JOIN pg_extension e ON e.oid = d.refobjid AND e.extname = 'idempotency'
+ WHERE p.proconfig IS NULL OR NOT 'search_path=pg_catalog, pg_temp' = ANY (p.proconfig);
+
+-- Every object of the extension carries a comment.
+SELECT pg_describe_object(d.classid, d.objid, 0) AS object_without_comment
+  FROM pg_depend d JOIN pg_extension e ON e.oid = d.refobjid AND e.extname = 'idempotency'
+ WHERE d.deptype = 'e' AND obj_description(d.objid, d.classid::regclass::name) IS NULL
+ ORDER BY 1;
+
+-- Which functions run as their owner, and their volatility.
+SELECT p.proname, p.prosecdef AS security_definer, p.provolatile AS volatility, p.prolang::regproc
+  FROM pg_proc p JOIN pg_depend d ON d.objid = p.oid AND d.deptype = 'e'
+  JOIN pg_extension e ON e.oid = d.refobjid AND e.extname = 'idempotency'
+  JOIN pg_language l ON l.oid = p.prolang
+ ORDER BY p.proname, p.oid::regprocedure::text;
+
+-- GUC defaults.
+SHOW idempotency.ttl;
+SHOW idempotency.lease;
+SHOW idempotency.max_retries;
+SHOW idempotency.max_response_bytes;
+
+-- The prefix is reserved: typos are errors, not silent placeholders.
+\set VERBOSITY sqlstate
+SET idempotency.tll = '1h';
+SET idempotency.max_retries = 0;
+SET idempotency.ttl = '-1';
+\set VERBOSITY default
+
+-- A new session has not loaded the library; the API loads it and applies the defaults.
+\c
+SELECT current_setting('idempotency.ttl', true) AS before_any_call;
+SELECT outcome FROM idem_reserve('install', 'u', 'k', 'h');
+SELECT current_setting('idempotency.ttl', true) AS after_a_call;
+SELECT round(extract(epoch FROM expires_at - created_at)) AS ttl_seconds,
+       round(extract(epoch FROM lease_expires_at - created_at)) AS lease_seconds
+  FROM idem_records WHERE operation = 'install';
+DELETE FROM idem_records;
