@@ -103,6 +103,7 @@ CREATE FUNCTION @extschema@.idem_heartbeat(
     AS $fn$
 #variable_conflict use_variable
 DECLARE
+    v_now   timestamptz := clock_timestamp();
     v_until timestamptz;
 BEGIN
     IF NOT (octet_length(operation) BETWEEN 1 AND 255 AND octet_length(user_id) BETWEEN 1 AND 255
@@ -111,13 +112,13 @@ BEGIN
         PERFORM @extschema@._idem_check_scope(operation, user_id, key);
     END IF;
     PERFORM @extschema@._idem_require('token', token IS NULL);
-    v_until := clock_timestamp() + @extschema@._idem_interval('lease', lease);
+    v_until := v_now + @extschema@._idem_interval('lease', lease);
 
     -- expires_at moves to at least the lease end, so a live, heartbeating attempt is never
     -- taken over as expired.
     UPDATE @extschema@.idem_records AS r
        SET lease_expires_at = v_until, expires_at = greatest(r.expires_at, v_until),
-           updated_at = clock_timestamp()
+           updated_at = v_now
      WHERE r.operation = operation AND r.user_id = user_id AND r.key = key
        AND r.token = token AND r.status = 'PROCESSING';
     RETURN FOUND;

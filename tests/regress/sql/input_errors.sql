@@ -2,7 +2,7 @@
 -- the documented SQLSTATE and a message naming the argument and the rule. No input gives XX000.
 \set VERBOSITY sqlstate
 
-SELECT f, err(format(f, a)) AS result
+SELECT f AS call, a AS args, err(format(f, a)) AS result
   FROM (VALUES ('SELECT idem_reserve(%s, ''h'')'),
                ('SELECT idem_complete(%s, 1, ''{}'')'),
                ('SELECT idem_release(%s, 1)'),

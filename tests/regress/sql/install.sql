@@ -35,7 +35,7 @@ SELECT pg_describe_object(d.classid, d.objid, 0) AS object_without_comment
  ORDER BY 1;
 
 -- Which functions run as their owner, and their volatility.
-SELECT p.proname, p.prosecdef AS security_definer, p.provolatile AS volatility, p.prolang::regproc
+SELECT p.proname, p.prosecdef AS security_definer, p.provolatile AS volatility, l.lanname AS language
   FROM pg_proc p JOIN pg_depend d ON d.objid = p.oid AND d.deptype = 'e'
   JOIN pg_extension e ON e.oid = d.refobjid AND e.extname = 'idempotency'
   JOIN pg_language l ON l.oid = p.prolang

@@ -6,7 +6,7 @@
 SELECT p.oid::regprocedure AS function, has_function_privilege('public', p.oid, 'EXECUTE') AS public_execute
   FROM pg_proc p JOIN pg_depend d ON d.objid = p.oid AND d.deptype = 'e'
   JOIN pg_extension e ON e.oid = d.refobjid AND e.extname = 'idempotency'
- ORDER BY 1::text;
+ ORDER BY p.oid::regprocedure::text;
 SELECT c.relname, c.relacl FROM pg_class c WHERE c.relname IN ('idem_records', 'idem_retries', 'idem_token_seq') ORDER BY 1;
 
 CREATE ROLE idem_plain;
@@ -77,7 +77,6 @@ SELECT idem.idem_sweep();
 SELECT success FROM idem.idem_stats();
 RESET ROLE;
 
-\c regression
 \c idem_regress
 DROP DATABASE idem_priv;
 DROP ROLE idem_app;

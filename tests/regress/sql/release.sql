@@ -52,7 +52,7 @@ SELECT attempts FROM idem_retries WHERE key = 'tx';
 SELECT * FROM res('r', 'u', 'tx', 'h');
 
 -- The counter of an earlier life of the key (expired before the record was created) restarts.
-UPDATE idem_retries SET expires_at = now() - interval '1 hour' WHERE key = 'tx';
+UPDATE idem_retries SET attempts = 2, expires_at = now() - interval '1 hour' WHERE key = 'tx';
 UPDATE idem_records SET created_at = now() WHERE key = 'tx';
 SELECT token AS t FROM idem_lookup('r', 'u', 'tx') \gset
 SELECT idem_release('r', 'u', 'tx', :t);
