@@ -13,7 +13,7 @@ set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 export PG_CONFIG=${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}
-pgxs=$(dirname "$("$PG_CONFIG" --pgxs)")/..
+pgxs=$(dirname "$(dirname "$(dirname "$("$PG_CONFIG" --pgxs)")")")
 bindir=$("$PG_CONFIG" --bindir)
 sharedir=$("$PG_CONFIG" --sharedir)
 port=${IDEM_PG_PORT:-55415}
