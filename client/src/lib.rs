@@ -1,4 +1,69 @@
-//! `idempotency-client`: the Rust side of the `idempotency` PostgreSQL extension.
+//! `idempotency-client`: run a request at most once per idempotency key, with the guarantees of
+//! the `idempotency` PostgreSQL extension, in a few lines of Rust.
+//!
+//! # Quick start
+//!
+//! ```no_run
+//! use idempotency_client::{Fingerprint, Idempotency, Key, Outcome, StoredResponse};
+//! use serde_json::json;
+//!
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let idem = Idempotency::connect("postgresql://app@localhost/shop", 16)?;
+//! idem.check_extension().await?;
+//!
+//! let key = Key::new("payments.create", "user-42", "k-1")?; // from the Idempotency-Key header
+//! let request = json!({"amount": 100});
+//! let fingerprint = Fingerprint::of_json(&request)?;
+//!
+//! let outcome = idem
+//!     .run(&key, &fingerprint, |tx| {
+//!         Box::pin(async move {
+//!             let row = tx
+//!                 .query_one("INSERT INTO charges (user_id, amount) VALUES ($1, $2) RETURNING id", &[&"user-42", &100i32])
+//!                 .await?;
+//!             let id: i64 = row.try_get("id")?;
+//!             Ok::<_, tokio_postgres::Error>(StoredResponse::json(201, json!({"id": id})))
+//!         })
+//!     })
+//!     .await;
+//! match outcome {
+//!     Ok(Outcome::Executed(resp)) => println!("charged: {}", resp.status),
+//!     Ok(Outcome::Replayed(resp)) => println!("replay (Idempotent-Replayed: true): {}", resp.status),
+//!     Ok(Outcome::Released(resp)) => println!("transient {}; the retry runs again", resp.status),
+//!     Err(e) => println!("answer {}: {e}", e.http_status()),
+//! }
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Inside your transaction
+//!
+//! The [`ops`] functions take any `deadpool_postgres::GenericClient`, so they also run inside a
+//! transaction you already hold: the reservation and your writes commit or roll back together.
+//!
+//! ```no_run
+//! use idempotency_client::ops::{self, ReserveOptions, ReserveOutcome, Status};
+//! use idempotency_client::{Fingerprint, Key};
+//!
+//! # async fn demo(pool: deadpool_postgres::Pool) -> Result<(), idempotency_client::Error> {
+//! let key = Key::new("orders.create", "user-7", "k-9")?;
+//! let fingerprint = Fingerprint::of_bytes(b"raw request body");
+//! let mut client = pool.get().await?;
+//! let tx = client.transaction().await?;
+//! match ops::reserve(&tx, &key, fingerprint.as_str(), &ReserveOptions::default()).await?.outcome {
+//!     ReserveOutcome::Created(token) => {
+//!         tx.execute("INSERT INTO orders (user_id) VALUES ($1)", &[&"user-7"]).await?;
+//!         let body = serde_json::json!({"status": 201});
+//!         if ops::complete(&tx, &key, token, Some(&body), Status::Success).await? {
+//!             tx.commit().await?;
+//!         } // else: the lease was lost; dropping tx rolls the order back
+//!     }
+//!     ReserveOutcome::Replay(stored) => println!("already done: {stored:?}"),
+//!     other => println!("not now: {other:?}"),
+//! }
+//! # Ok(())
+//! # }
+//! ```
 //!
 //! Built without default features, this crate is only the pure rules shared with the extension:
 //! [`fingerprint`] (the canonical JSON hash that `idem_fingerprint` computes) and [`key`] (the
@@ -9,3 +74,19 @@ pub mod key;
 
 pub use fingerprint::{Fingerprint, FingerprintError};
 pub use key::{Key, KeyError};
+
+#[cfg(feature = "client")]
+mod error;
+#[cfg(feature = "client")]
+pub mod ops;
+#[cfg(feature = "client")]
+mod response;
+#[cfg(feature = "client")]
+mod store;
+
+#[cfg(feature = "client")]
+pub use error::Error;
+#[cfg(feature = "client")]
+pub use response::{Class, Json, Response, StoredResponse, UNSTORED_HEADERS};
+#[cfg(feature = "client")]
+pub use store::{Config, Disposition, HandlerError, Idempotency, Outcome, Work, SUPPORTED_EXTENSION};

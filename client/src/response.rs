@@ -1,0 +1,154 @@
+//! What a handler returns, how it is stored, and which results are remembered.
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+/// How a finished attempt is recorded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Class {
+    /// Stored as `SUCCESS`; duplicates replay it.
+    Success,
+    /// A permanent failure: stored as `FAILED`; duplicates get [`crate::Error::Failed`] with it.
+    Failure,
+    /// Transient: the business writes are rolled back and the key released, so a retry runs again.
+    Transient,
+}
+
+/// A result the client can store (as `jsonb`) and replay. Implement it for your response type
+/// (`impl Response for Receipt {}` remembers every value as a success), or wrap a value in
+/// [`Json`]. [`StoredResponse`] carries the HTTP policy.
+pub trait Response: Serialize + DeserializeOwned {
+    fn class(&self) -> Class {
+        Class::Success
+    }
+}
+
+/// Any serialisable value, always remembered as a success.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Json<T>(pub T);
+
+impl<T: Serialize + DeserializeOwned> Response for Json<T> {}
+impl Response for serde_json::Value {}
+impl Response for String {}
+impl Response for () {}
+impl Response for i64 {}
+
+/// Headers never stored, whatever the handler returns: they carry credentials or session state
+/// that must not be replayed to whoever retries the key.
+pub const UNSTORED_HEADERS: [&str; 2] = ["set-cookie", "authorization"];
+
+/// An HTTP-shaped response, with the default policy of the contract: 2xx and 3xx are remembered
+/// as successes, 4xx as permanent failures (except 429, which is released), 5xx are released so
+/// the retry runs again. `Set-Cookie` and `Authorization` are never stored.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StoredResponse {
+    pub status: u16,
+    #[serde(default)]
+    pub headers: Vec<(String, String)>,
+    #[serde(default)]
+    pub body: serde_json::Value,
+}
+
+impl StoredResponse {
+    /// A response with a JSON body and no headers.
+    pub fn json(status: u16, body: serde_json::Value) -> Self {
+        StoredResponse { status, headers: Vec::new(), body }
+    }
+
+    /// Adds a header, unless it is one that is never stored.
+    pub fn with_header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        let name = name.into();
+        if !UNSTORED_HEADERS.iter().any(|h| name.eq_ignore_ascii_case(h)) {
+            self.headers.push((name, value.into()));
+        }
+        self
+    }
+}
+
+impl Serialize for Stored<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        #[derive(Serialize)]
+        struct Out<'a> {
+            status: u16,
+            headers: Vec<&'a (String, String)>,
+            body: &'a serde_json::Value,
+        }
+        let r = self.0;
+        let headers = r
+            .headers
+            .iter()
+            .filter(|(name, _)| !UNSTORED_HEADERS.iter().any(|h| name.eq_ignore_ascii_case(h)))
+            .collect();
+        Out { status: r.status, headers, body: &r.body }.serialize(s)
+    }
+}
+
+/// The stored form of a [`StoredResponse`]: the same, minus the unstored headers, whichever way
+/// they were added.
+pub(crate) struct Stored<'a>(pub &'a StoredResponse);
+
+impl Response for StoredResponse {
+    fn class(&self) -> Class {
+        match self.status {
+            429 => Class::Transient,
+            200..=399 => Class::Success,
+            400..=499 => Class::Failure,
+            _ => Class::Transient,
+        }
+    }
+}
+
+/// Serialises a response for storage. A [`StoredResponse`] loses its unstored headers here.
+pub(crate) fn to_stored<T: Response>(value: &T) -> Result<serde_json::Value, serde_json::Error> {
+    let v = serde_json::to_value(value)?;
+    // Filter by shape, so a StoredResponse nested in Json<..> or built by hand is cleaned too.
+    if let Ok(r) = serde_json::from_value::<StoredResponse>(v.clone()) {
+        if r.headers.iter().any(|(name, _)| UNSTORED_HEADERS.iter().any(|h| name.eq_ignore_ascii_case(h))) {
+            return serde_json::to_value(Stored(&r));
+        }
+    }
+    Ok(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn http_policy_remembers_2xx_to_4xx_except_429() {
+        let class = |s| StoredResponse::json(s, json!(null)).class();
+        assert_eq!(class(200), Class::Success);
+        assert_eq!(class(201), Class::Success);
+        assert_eq!(class(302), Class::Success);
+        assert_eq!(class(400), Class::Failure);
+        assert_eq!(class(404), Class::Failure);
+        assert_eq!(class(422), Class::Failure);
+        assert_eq!(class(429), Class::Transient);
+        assert_eq!(class(500), Class::Transient);
+        assert_eq!(class(503), Class::Transient);
+    }
+
+    #[test]
+    fn credentials_are_never_stored() {
+        let r = StoredResponse::json(201, json!({"id": 7}))
+            .with_header("Set-Cookie", "session=abc")
+            .with_header("Location", "/charges/7");
+        assert_eq!(r.headers, vec![("Location".to_string(), "/charges/7".to_string())]);
+        // Even when pushed directly, storage drops them.
+        let mut r = r;
+        r.headers.push(("authorization".into(), "Bearer x".into()));
+        r.headers.push(("SET-COOKIE".into(), "a=b".into()));
+        let stored = to_stored(&r).unwrap();
+        assert_eq!(stored, json!({"status": 201, "headers": [["Location", "/charges/7"]], "body": {"id": 7}}));
+        let back: StoredResponse = serde_json::from_value(stored).unwrap();
+        assert_eq!(back.headers.len(), 1);
+    }
+
+    #[test]
+    fn plain_values_are_successes() {
+        assert_eq!(Json(json!({"a": 1})).class(), Class::Success);
+        assert_eq!(to_stored(&Json(vec![1, 2])).unwrap(), json!([1, 2]));
+    }
+}
