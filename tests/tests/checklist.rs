@@ -1,0 +1,368 @@
+//! The release checklist of DESIGN section 7, end to end through the client, against the
+//! private cluster. Each assertion would fail on a check-then-run implementation.
+
+use deadpool_postgres::Transaction;
+use idempotency_client::ops::{self, RecoverAction, ReserveOptions, ReserveOutcome, Status};
+use idempotency_client::{
+    Config, Disposition, Error, Fingerprint, HandlerError, Idempotency, Key, Outcome, StoredResponse, Work,
+};
+use idempotency_tests::{admin, charges_for, fresh_database, handle, unique_key};
+use serde_json::json;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// A handler that counts its runs, writes one business row tagged with the key, and answers
+/// `status` (or fails with `fail`).
+fn charge<E: Clone + Send + 'static>(
+    runs: &Arc<AtomicUsize>,
+    key: &Key,
+    status: u16,
+    fail: Option<E>,
+) -> impl for<'t> FnMut(&'t Transaction<'_>) -> Work<'t, StoredResponse, E> + Send
+where
+    E: From<tokio_postgres::Error>,
+{
+    slow_charge(runs, key, status, fail, Duration::ZERO)
+}
+
+/// [`charge`], holding the transaction open for `delay` after its write.
+fn slow_charge<E: Clone + Send + 'static>(
+    runs: &Arc<AtomicUsize>,
+    key: &Key,
+    status: u16,
+    fail: Option<E>,
+    delay: Duration,
+) -> impl for<'t> FnMut(&'t Transaction<'_>) -> Work<'t, StoredResponse, E> + Send
+where
+    E: From<tokio_postgres::Error>,
+{
+    let runs = runs.clone();
+    let tag = key.to_string();
+    move |tx| {
+        let runs = runs.clone();
+        let tag = tag.clone();
+        let fail = fail.clone();
+        Box::pin(async move {
+            let n = runs.fetch_add(1, Ordering::SeqCst) + 1;
+            let row = tx
+                .query_one("INSERT INTO charges (user_id, amount, k) VALUES ('u', 100, $1) RETURNING id", &[&tag])
+                .await?;
+            let id: i64 = row.get("id");
+            tokio::time::sleep(delay).await;
+            if let Some(e) = fail {
+                return Err(e);
+            }
+            Ok(StoredResponse::json(status, json!({"id": id, "run": n})))
+        })
+    }
+}
+
+/// A closure error that is transient unless built with a response.
+#[derive(Debug, Clone)]
+struct Failure(Option<serde_json::Value>);
+
+impl From<tokio_postgres::Error> for Failure {
+    fn from(e: tokio_postgres::Error) -> Self {
+        panic!("unexpected database error in the handler: {e}")
+    }
+}
+
+impl HandlerError for Failure {
+    fn disposition(&self) -> Disposition {
+        match &self.0 {
+            Some(response) => Disposition::Permanent(Some(response.clone())),
+            None => Disposition::Transient,
+        }
+    }
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "failure {:?}", self.0)
+    }
+}
+
+fn fp(v: serde_json::Value) -> Fingerprint {
+    Fingerprint::of_json(&v).expect("fingerprint")
+}
+
+#[tokio::test]
+async fn duplicate_replays_and_runs_once() {
+    let idem = handle(Config::default()).await;
+    let key = unique_key("checklist.duplicate");
+    let runs = Arc::new(AtomicUsize::new(0));
+    let first = idem.run(&key, &fp(json!({"amount": 100})), charge::<Failure>(&runs, &key, 201, None)).await.unwrap();
+    let second = idem.run(&key, &fp(json!({"amount": 100})), charge::<Failure>(&runs, &key, 201, None)).await.unwrap();
+    assert!(matches!(first, Outcome::Executed(_)));
+    assert!(second.replayed());
+    assert_eq!(first.value(), second.value(), "the replay is the stored response");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert_eq!(charges_for(&admin().await, &key).await, 1);
+}
+
+#[tokio::test]
+async fn same_key_with_a_different_payload_is_a_mismatch() {
+    let idem = handle(Config::default()).await;
+    let key = unique_key("checklist.mismatch");
+    let runs = Arc::new(AtomicUsize::new(0));
+    idem.run(&key, &fp(json!({"amount": 100})), charge::<Failure>(&runs, &key, 201, None)).await.unwrap();
+    let err = idem.run(&key, &fp(json!({"amount": 200})), charge::<Failure>(&runs, &key, 201, None)).await.unwrap_err();
+    assert!(matches!(err, Error::Mismatch), "{err:?}");
+    assert_eq!(err.http_status(), 422);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+async fn concurrent_duplicates(wait: bool) -> (Vec<Result<Outcome<StoredResponse>, Error<Failure>>>, usize, i64) {
+    let idem = handle(Config { wait, ..Config::default() }).await;
+    let key = unique_key(if wait { "checklist.concurrent.wait" } else { "checklist.concurrent.nowait" });
+    let runs = Arc::new(AtomicUsize::new(0));
+    let start = Arc::new(tokio::sync::Barrier::new(64));
+    let mut tasks = Vec::new();
+    for _ in 0..64 {
+        let (idem, key, runs, start) = (idem.clone(), key.clone(), runs.clone(), start.clone());
+        tasks.push(tokio::spawn(async move {
+            start.wait().await;
+            // Hold the reservation open so the duplicates really overlap.
+            let slow = slow_charge::<Failure>(&runs, &key, 201, None, Duration::from_millis(200));
+            idem.run(&key, &fp(json!({"amount": 100})), slow).await
+        }));
+    }
+    let mut results = Vec::new();
+    for t in tasks {
+        results.push(t.await.expect("task"));
+    }
+    let charges = charges_for(&admin().await, &key).await;
+    (results, runs.load(Ordering::SeqCst), charges)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_duplicates_run_once_and_the_others_are_in_progress() {
+    let (results, runs, charges) = concurrent_duplicates(false).await;
+    assert_eq!(runs, 1, "the closure ran exactly once");
+    assert_eq!(charges, 1, "exactly one business row");
+    let executed = results.iter().filter(|r| matches!(r, Ok(Outcome::Executed(_)))).count();
+    let busy = results.iter().filter(|r| matches!(r, Err(Error::InProgress { .. }))).count();
+    let replayed = results.iter().filter(|r| matches!(r, Ok(Outcome::Replayed(_)))).count();
+    assert_eq!(executed, 1);
+    assert_eq!(busy + replayed, 63, "every duplicate is in progress or a replay: {results:?}");
+    assert!(busy > 0, "duplicates overlapped the 200 ms attempt");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_duplicates_run_once_and_waiting_duplicates_replay() {
+    let (results, runs, charges) = concurrent_duplicates(true).await;
+    assert_eq!((runs, charges), (1, 1));
+    let executed: Vec<_> = results.iter().filter_map(|r| match r {
+        Ok(Outcome::Executed(v)) => Some(v.clone()),
+        _ => None,
+    }).collect();
+    assert_eq!(executed.len(), 1);
+    for r in &results {
+        match r {
+            Ok(Outcome::Executed(_)) => {}
+            Ok(Outcome::Replayed(v)) => assert_eq!(v, &executed[0]),
+            other => panic!("a waiting duplicate must replay, got {other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn permanent_failure_is_stored_and_replayed_as_failure() {
+    let idem = handle(Config::default()).await;
+    let admin = admin().await;
+
+    // A 4xx result is remembered as FAILED (never as a success), with its writes.
+    let key = unique_key("checklist.permanent.response");
+    let runs = Arc::new(AtomicUsize::new(0));
+    let first = idem.run(&key, &fp(json!({"a": 1})), charge::<Failure>(&runs, &key, 402, None)).await.unwrap();
+    assert!(matches!(&first, Outcome::Executed(r) if r.status == 402));
+    let record = ops::lookup(&admin, &key).await.unwrap().expect("record");
+    assert_eq!(record.status, "FAILED", "an error response is never recorded as success");
+    let err = idem.run(&key, &fp(json!({"a": 1})), charge::<Failure>(&runs, &key, 201, None)).await.unwrap_err();
+    match &err {
+        Error::Failed { response: Some(r) } => assert_eq!(r["status"], 402),
+        other => panic!("expected the stored failure, got {other:?}"),
+    }
+    assert_eq!(err.http_status(), 402);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+
+    // A permanent handler error: its writes roll back, its response is stored and replayed.
+    let key = unique_key("checklist.permanent.error");
+    let runs = Arc::new(AtomicUsize::new(0));
+    let declined = Failure(Some(json!({"status": 402, "body": {"error": "card declined"}})));
+    let err = idem.run(&key, &fp(json!({"a": 1})), charge(&runs, &key, 201, Some(declined))).await.unwrap_err();
+    assert!(matches!(err, Error::Handler(_)), "{err:?}");
+    assert_eq!(charges_for(&admin, &key).await, 0, "the failed attempt's writes rolled back");
+    let err = idem.run(&key, &fp(json!({"a": 1})), charge::<Failure>(&runs, &key, 201, None)).await.unwrap_err();
+    assert!(matches!(&err, Error::Failed { response: Some(r) } if r["body"]["error"] == "card declined"), "{err:?}");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn transient_failure_releases_and_reexecutes() {
+    let idem = handle(Config::default()).await;
+    let admin = admin().await;
+    let key = unique_key("checklist.transient");
+    let runs = Arc::new(AtomicUsize::new(0));
+    // A 5xx result is released: its writes roll back and the retry runs again.
+    let first = idem.run(&key, &fp(json!({"a": 1})), charge::<Failure>(&runs, &key, 503, None)).await.unwrap();
+    assert!(matches!(&first, Outcome::Released(r) if r.status == 503));
+    assert_eq!(charges_for(&admin, &key).await, 0);
+    // So is a transient handler error.
+    let err = idem.run(&key, &fp(json!({"a": 1})), charge(&runs, &key, 201, Some(Failure(None)))).await.unwrap_err();
+    assert!(matches!(err, Error::Handler(Failure(None))));
+    assert_eq!(charges_for(&admin, &key).await, 0);
+    let third = idem.run(&key, &fp(json!({"a": 1})), charge::<Failure>(&runs, &key, 201, None)).await.unwrap();
+    assert!(matches!(&third, Outcome::Executed(r) if r.status == 201));
+    assert_eq!(runs.load(Ordering::SeqCst), 3);
+    assert_eq!(charges_for(&admin, &key).await, 1);
+    let reservation = ops::reserve(&admin, &key, fp(json!({"a": 1})).as_str(), &ReserveOptions::default()).await.unwrap();
+    assert_eq!(reservation.attempts, 2, "two transient failures were counted");
+}
+
+#[tokio::test]
+async fn max_retries_transient_failures_poison_the_key() {
+    let idem = handle(Config { max_retries: Some(3), ..Config::default() }).await;
+    let key = unique_key("checklist.poison");
+    let runs = Arc::new(AtomicUsize::new(0));
+    for _ in 0..3 {
+        let err = idem.run(&key, &fp(json!({"a": 1})), charge(&runs, &key, 201, Some(Failure(None)))).await.unwrap_err();
+        assert!(matches!(err, Error::Handler(_)), "{err:?}");
+    }
+    let err = idem.run(&key, &fp(json!({"a": 1})), charge::<Failure>(&runs, &key, 201, None)).await.unwrap_err();
+    assert!(matches!(err, Error::Failed { response: None }), "{err:?}");
+    assert_eq!(err.http_status(), 409);
+    assert_eq!(runs.load(Ordering::SeqCst), 3, "the poisoned key never runs again");
+}
+
+#[tokio::test]
+async fn store_down_is_store_unavailable_within_a_bounded_time() {
+    // Nothing listens on port 1.
+    let idem = Idempotency::connect("postgresql://postgres@127.0.0.1:1/postgres?connect_timeout=2", 4).unwrap();
+    let key = unique_key("checklist.down");
+    let runs = Arc::new(AtomicUsize::new(0));
+    let started = Instant::now();
+    let err = idem.run(&key, &fp(json!({})), charge::<Failure>(&runs, &key, 201, None)).await.unwrap_err();
+    assert!(matches!(err, Error::StoreUnavailable(_)), "{err:?}");
+    assert_eq!(err.http_status(), 503);
+    assert!(started.elapsed() < Duration::from_secs(15), "took {:?}", started.elapsed());
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+    assert!(matches!(idem.check_extension().await, Err(Error::StoreUnavailable(_))));
+}
+
+#[tokio::test]
+async fn keys_are_isolated_per_user_and_per_operation() {
+    let idem = handle(Config::default()).await;
+    let runs = Arc::new(AtomicUsize::new(0));
+    let base = unique_key("checklist.scope");
+    let other_user = Key::new(base.operation(), format!("{}-other", base.user_id()), base.key()).unwrap();
+    let other_op = Key::new("checklist.scope.other", base.user_id(), base.key()).unwrap();
+    for key in [&base, &other_user, &other_op] {
+        let out = idem.run(key, &fp(json!({"a": 1})), charge::<Failure>(&runs, key, 201, None)).await.unwrap();
+        assert!(matches!(out, Outcome::Executed(_)), "{key}: a new key in its own scope");
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 3);
+}
+
+#[tokio::test]
+async fn recover_stuck_unblocks_a_crashed_workers_key() {
+    // Its own database: recovery acts on every stuck record, so keep other tests' records away.
+    let url = fresh_database("idem_checklist_recover").await;
+    let idem = Idempotency::connect(&url, 8).unwrap();
+    let client = idem.pool().get().await.unwrap();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let short = ReserveOptions { lease: Some(Duration::from_millis(200)), ..ReserveOptions::default() };
+
+    // Two two-phase workers reserve, commit, and die.
+    let first = unique_key("checklist.crash.first");
+    let second = unique_key("checklist.crash.second");
+    for key in [&first, &second] {
+        let r = ops::reserve(&client, key, fp(json!({})).as_str(), &short).await.unwrap();
+        assert!(matches!(r.outcome, ReserveOutcome::Created(_)));
+    }
+    let err = idem.run(&first, &fp(json!({})), charge::<Failure>(&runs, &first, 201, None)).await.unwrap_err();
+    assert!(matches!(err, Error::InProgress { .. }), "the key is wedged until recovery: {err:?}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    // Oldest lease first: `fail` takes the first worker's key, `release` the second's.
+    assert_eq!(ops::recover_stuck(&client, 1, RecoverAction::Fail, None).await.unwrap(), 1);
+    assert_eq!(ops::recover_stuck(&client, 10, RecoverAction::Release, None).await.unwrap(), 1);
+    assert_eq!(ops::recover_stuck(&client, 10, RecoverAction::Release, None).await.unwrap(), 0);
+
+    let err = idem.run(&first, &fp(json!({})), charge::<Failure>(&runs, &first, 201, None)).await.unwrap_err();
+    assert!(matches!(err, Error::Failed { response: None }), "fail: at most once, never rerun: {err:?}");
+    let out = idem.run(&second, &fp(json!({})), charge::<Failure>(&runs, &second, 201, None)).await.unwrap();
+    assert!(matches!(out, Outcome::Executed(_)), "release: the retry runs");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn sweep_frees_an_expired_key() {
+    let url = fresh_database("idem_checklist_sweep").await;
+    let ttl = Duration::from_millis(200);
+    let idem = Idempotency::connect(&url, 8).unwrap();
+    let idem = Idempotency::with_config(idem.pool().clone(), Config { ttl: Some(ttl), ..Config::default() });
+    let runs = Arc::new(AtomicUsize::new(0));
+    let key = unique_key("checklist.sweep");
+    idem.run(&key, &fp(json!({})), charge::<Failure>(&runs, &key, 201, None)).await.unwrap();
+    assert!(idem.run(&key, &fp(json!({})), charge::<Failure>(&runs, &key, 201, None)).await.unwrap().replayed());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let client = idem.pool().get().await.unwrap();
+    assert_eq!(ops::sweep(&client, 100).await.unwrap(), 1);
+    assert!(ops::lookup(&client, &key).await.unwrap().is_none());
+    let out = idem.run(&key, &fp(json!({"new": true})), charge::<Failure>(&runs, &key, 201, None)).await.unwrap();
+    assert!(matches!(out, Outcome::Executed(_)), "the expired key is free, even for another payload");
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn stale_token_can_never_complete() {
+    let url = fresh_database("idem_checklist_stale").await;
+    let idem = Idempotency::connect(&url, 8).unwrap();
+    let client = idem.pool().get().await.unwrap();
+    let key = unique_key("checklist.stale");
+    let short = ReserveOptions { lease: Some(Duration::from_millis(100)), ..ReserveOptions::default() };
+    let ReserveOutcome::Created(old) = ops::reserve(&client, &key, "h", &short).await.unwrap().outcome else {
+        panic!("created")
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(ops::recover_stuck(&client, 10, RecoverAction::Release, None).await.unwrap(), 1);
+    let ReserveOutcome::Created(new) = ops::reserve(&client, &key, "h", &ReserveOptions::default()).await.unwrap().outcome
+    else {
+        panic!("created")
+    };
+    assert!(new > old);
+    assert!(!ops::complete(&client, &key, old, Some(&json!({"by": "old"})), Status::Success).await.unwrap());
+    assert!(!ops::heartbeat(&client, &key, old, None).await.unwrap());
+    assert_eq!(ops::release(&client, &key, old, None).await.unwrap(), ops::ReleaseOutcome::Stale);
+    assert!(ops::complete(&client, &key, new, Some(&json!({"by": "new"})), Status::Success).await.unwrap());
+    assert_eq!(ops::lookup(&client, &key).await.unwrap().unwrap().response, Some(json!({"by": "new"})));
+}
+
+#[tokio::test]
+async fn invalid_keys_fail_before_a_round_trip() {
+    let err = Key::new("op", "user", "bad\nkey").unwrap_err();
+    assert_eq!(err.argument(), "key");
+    let err: Error = err.into();
+    assert_eq!(err.http_status(), 400);
+    assert!(Key::new("op", "", "k").is_err());
+    assert!(Key::new("op", "u", "k".repeat(256)).is_err());
+}
+
+#[tokio::test]
+async fn check_extension_reports_the_version_or_its_absence() {
+    let idem = handle(Config::default()).await;
+    assert_eq!(idem.check_extension().await.unwrap(), "0.1.0");
+    let admin = admin().await;
+    admin.batch_execute("DROP DATABASE IF EXISTS idem_no_extension WITH (FORCE)").await.unwrap();
+    admin.batch_execute("CREATE DATABASE idem_no_extension").await.unwrap();
+    let bare = Idempotency::connect(&idempotency_tests::database_url("idem_no_extension"), 2).unwrap();
+    let err = bare.check_extension().await.unwrap_err();
+    assert!(matches!(err, Error::ExtensionMissing(_)), "{err:?}");
+    // And a call without the extension fails as ExtensionMissing, not as an obscure error.
+    let key = unique_key("checklist.noext");
+    let runs = Arc::new(AtomicUsize::new(0));
+    let err = bare.run(&key, &fp(json!({})), charge::<Failure>(&runs, &key, 201, None)).await.unwrap_err();
+    assert!(matches!(err, Error::ExtensionMissing(_)), "{err:?}");
+}
