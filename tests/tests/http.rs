@@ -1,0 +1,102 @@
+//! The axum example (`client/examples/axum_charges.rs`, compiled here as a module) served on
+//! loopback and exercised over real HTTP.
+
+#[path = "../../client/examples/axum_charges.rs"]
+#[allow(dead_code)]
+mod app;
+
+use idempotency_client::{Config, Idempotency};
+use idempotency_tests::{admin, handle};
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+
+async fn serve(idem: Idempotency) -> String {
+    idem.pool().get().await.unwrap().batch_execute(app::SCHEMA).await.unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app::router(idem)).await });
+    format!("http://{addr}/charges")
+}
+
+async fn post(url: &str, key: Option<&str>, user: &str, body: Value) -> (StatusCode, reqwest::header::HeaderMap, Value) {
+    let mut req = reqwest::Client::new().post(url).header("x-user", user).body(body.to_string());
+    if let Some(key) = key {
+        req = req.header("idempotency-key", key);
+    }
+    let resp = req.send().await.expect("request");
+    let (status, headers) = (resp.status(), resp.headers().clone());
+    (status, headers, resp.json().await.unwrap_or(Value::Null))
+}
+
+async fn charges_of(user: &str) -> i64 {
+    admin().await.query_one("SELECT count(*) AS n FROM charges WHERE user_id = $1", &[&user]).await.unwrap().get("n")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn post_charges_maps_every_outcome_to_http() {
+    let url = serve(handle(Config::default()).await).await;
+
+    let (status, _, body) = post(&url, None, "http-a", json!({"amount": 100})).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+
+    let (status, headers, first) = post(&url, Some("k-1"), "http-a", json!({"amount": 100})).await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert!(headers.get("idempotent-replayed").is_none());
+    assert!(headers.get("location").is_some());
+
+    // The retry (quoted key, same request) replays the stored response.
+    let (status, headers, again) = post(&url, Some("\"k-1\""), "http-a", json!({"amount": 100})).await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(headers.get("idempotent-replayed").map(|v| v.to_str().unwrap()), Some("true"));
+    assert_eq!(again, first);
+    assert_eq!(charges_of("http-a").await, 1);
+
+    // Same key, another request: 422.
+    let (status, _, _) = post(&url, Some("k-1"), "http-a", json!({"amount": 999})).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+
+    // A 4xx answer is remembered and replayed as such.
+    let (status, headers, _) = post(&url, Some("k-2"), "http-a", json!({"amount": -5})).await;
+    assert_eq!((status, headers.get("idempotent-replayed").is_none()), (StatusCode::UNPROCESSABLE_ENTITY, true));
+    let (status, headers, body) = post(&url, Some("k-2"), "http-a", json!({"amount": -5})).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(headers.get("idempotent-replayed").map(|v| v.to_str().unwrap()), Some("true"));
+    assert_eq!(body["error"], "amount must be positive");
+
+    // A bad key: 400 before any database work.
+    let (status, _, _) = post(&url, Some(&"k".repeat(300)), "http-a", json!({"amount": 1})).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(charges_of("http-a").await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_concurrent_requests_with_one_key_charge_once() {
+    let url = serve(handle(Config::default()).await).await;
+    for round in 0..10 {
+        let key = format!("race-{round}");
+        let (a, b) = tokio::join!(
+            post(&url, Some(&key), "http-race", json!({"amount": 7})),
+            post(&url, Some(&key), "http-race", json!({"amount": 7})),
+        );
+        let mut statuses = [a.0, b.0];
+        statuses.sort();
+        for (status, headers, _) in [&a, &b] {
+            if *status == StatusCode::CONFLICT {
+                assert!(headers.get("retry-after").is_some(), "409 carries Retry-After");
+            }
+        }
+        let created = [&a, &b].iter().filter(|r| r.0 == StatusCode::CREATED && r.1.get("idempotent-replayed").is_none()).count();
+        assert_eq!(created, 1, "round {round}: exactly one request charged: {statuses:?}");
+    }
+    assert_eq!(charges_of("http-race").await, 10, "one charge per key");
+}
+
+#[tokio::test]
+async fn store_down_answers_503() {
+    let idem = Idempotency::connect("postgresql://postgres@127.0.0.1:1/postgres?connect_timeout=2", 2).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/charges", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app::router(idem)).await });
+    let (status, _, _) = post(&url, Some("k"), "u", json!({"amount": 1})).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+}

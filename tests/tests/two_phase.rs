@@ -1,0 +1,139 @@
+//! `run_external`, the two-phase flow: the heartbeat keeps a long call's key; a worker that lost
+//! its key cannot complete it, and its local writes roll back.
+
+use deadpool_postgres::Transaction;
+use futures_util::future::BoxFuture;
+use idempotency_client::ops::{self, RecoverAction};
+use idempotency_client::{Config, Error, Fingerprint, Idempotency, Key, Outcome, StoredResponse};
+use idempotency_tests::{charges_for, fresh_database, unique_key};
+use serde_json::json;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+async fn private(name: &str, lease: Duration) -> Idempotency {
+    let url = fresh_database(name).await;
+    let pool = Idempotency::connect(&url, 16).unwrap().pool().clone();
+    Idempotency::with_config(pool, Config { lease: Some(lease), ..Config::default() })
+}
+
+/// The local write of the two-phase flow: one row tagged with the key.
+fn record(tag: String) -> impl for<'t> FnOnce(&'t Transaction<'_>, &'t StoredResponse) -> BoxFuture<'t, Result<(), tokio_postgres::Error>> + Send {
+    move |tx, _response| {
+        Box::pin(async move {
+            tx.execute("INSERT INTO charges (user_id, amount, k) VALUES ('u', 1, $1)", &[&tag]).await?;
+            Ok(())
+        })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heartbeat_keeps_the_key_through_a_call_longer_than_the_lease() {
+    let lease = Duration::from_millis(300);
+    let idem = private("idem_two_phase_heartbeat", lease).await;
+    let key = unique_key("external.long");
+    let fp = Fingerprint::of_json(&json!({"a": 1})).unwrap();
+    let calls = Arc::new(AtomicUsize::new(0));
+
+    // An operator recovers stuck keys every 50 ms during the call.
+    let recovered = Arc::new(AtomicUsize::new(0));
+    let stop = Arc::new(tokio::sync::Notify::new());
+    let recoverer = {
+        let (pool, recovered, stop) = (idem.pool().clone(), recovered.clone(), stop.clone());
+        tokio::spawn(async move {
+            let client = pool.get().await.unwrap();
+            loop {
+                tokio::select! {
+                    _ = stop.notified() => return,
+                    _ = tokio::time::sleep(Duration::from_millis(50)) => {
+                        let n = ops::recover_stuck(&client, 100, RecoverAction::Fail, None).await.unwrap();
+                        recovered.fetch_add(n as usize, Ordering::SeqCst);
+                    }
+                }
+            }
+        })
+    };
+
+    let call = {
+        let (idem, key, fp, calls) = (idem.clone(), key.clone(), fp.clone(), calls.clone());
+        async move {
+            calls.fetch_add(1, Ordering::SeqCst);
+            // Meanwhile a duplicate is told the key is in progress, with no second call.
+            tokio::time::sleep(Duration::from_millis(400)).await;
+            let dup = idem
+                .run_external(&key, &fp, async { Ok::<_, tokio_postgres::Error>(StoredResponse::json(201, json!({}))) }, record("dup".into()))
+                .await;
+            assert!(matches!(dup, Err(Error::InProgress { .. })), "{dup:?}");
+            tokio::time::sleep(Duration::from_millis(800)).await; // 4 leases in all
+            Ok::<_, tokio_postgres::Error>(StoredResponse::json(201, json!({"network_ref": "ch_1"})))
+        }
+    };
+    let outcome = idem.run_external(&key, &fp, call, record(key.to_string())).await.unwrap();
+    stop.notify_one();
+    recoverer.await.unwrap();
+
+    assert!(matches!(&outcome, Outcome::Executed(r) if r.body["network_ref"] == "ch_1"));
+    assert_eq!(recovered.load(Ordering::SeqCst), 0, "a heartbeating key is never recovered");
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    let client = idem.pool().get().await.unwrap();
+    assert_eq!(charges_for(&client, &key).await, 1);
+    assert_eq!(ops::lookup(&client, &key).await.unwrap().unwrap().status, "SUCCESS");
+    // And the replay does not call out again.
+    let again = idem
+        .run_external(&key, &fp, async { Ok::<_, tokio_postgres::Error>(StoredResponse::json(500, json!({}))) }, record("again".into()))
+        .await
+        .unwrap();
+    assert!(again.replayed());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_that_lost_its_key_cannot_complete_it() {
+    let lease = Duration::from_millis(300);
+    let idem = private("idem_two_phase_lost", lease).await;
+    let key = unique_key("external.lost");
+    let fp = Fingerprint::of_json(&json!({"a": 1})).unwrap();
+
+    // While the worker is out calling, its lease is cut short (as if its heartbeats had stopped
+    // reaching the database), the key is recovered and a new attempt takes it over.
+    let call = {
+        let (pool, key) = (idem.pool().clone(), key.clone());
+        async move {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let client = pool.get().await.unwrap();
+            client
+                .execute(
+                    "UPDATE idem_records SET lease_expires_at = clock_timestamp() - interval '1 second', \
+                     expires_at = clock_timestamp() - interval '1 second' WHERE key = $1",
+                    &[&key.key()],
+                )
+                .await
+                .unwrap();
+            assert_eq!(ops::recover_stuck(&client, 10, RecoverAction::Release, None).await.unwrap(), 1);
+            let newer = ops::reserve(&client, &key, "other-request", &ops::ReserveOptions::default()).await.unwrap();
+            assert!(matches!(newer.outcome, ops::ReserveOutcome::Created(_)));
+            Ok::<_, tokio_postgres::Error>(StoredResponse::json(201, json!({"late": true})))
+        }
+    };
+    let err = idem.run_external(&key, &fp, call, record(key.to_string())).await.unwrap_err();
+    assert!(matches!(err, Error::LeaseLost), "{err:?}");
+    assert_eq!(err.http_status(), 409);
+    let client = idem.pool().get().await.unwrap();
+    assert_eq!(charges_for(&client, &key).await, 0, "the stale worker's local write rolled back");
+    let record = ops::lookup(&client, &key).await.unwrap().unwrap();
+    assert_eq!((record.status.as_str(), record.request_hash.as_str()), ("PROCESSING", "other-request"));
+}
+
+#[tokio::test]
+async fn external_transient_failures_release_and_permanent_ones_are_stored() {
+    let idem = private("idem_two_phase_failures", Duration::from_secs(5)).await;
+    let key: Key = unique_key("external.failures");
+    let fp = Fingerprint::of_json(&json!({"a": 1})).unwrap();
+    let ok = || async { Ok::<_, tokio_postgres::Error>(StoredResponse::json(502, json!({"upstream": "down"}))) };
+    let out = idem.run_external(&key, &fp, ok(), record("x".into())).await.unwrap();
+    assert!(matches!(out, Outcome::Released(_)), "a 5xx from the outside call releases the key");
+    let declined = || async { Ok::<_, tokio_postgres::Error>(StoredResponse::json(402, json!({"error": "declined"}))) };
+    let out = idem.run_external(&key, &fp, declined(), record("y".into())).await.unwrap();
+    assert!(matches!(&out, Outcome::Executed(r) if r.status == 402));
+    let err = idem.run_external(&key, &fp, ok(), record("z".into())).await.unwrap_err();
+    assert!(matches!(&err, Error::Failed { response: Some(r) } if r["status"] == 402), "{err:?}");
+}
