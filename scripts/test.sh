@@ -2,11 +2,12 @@
 # Runs every test layer and prints a summary; the last line is `N passed, N failed`.
 # Installs what is missing first (scripts/setup.sh). Exits non-zero if any layer fails.
 #
-#   unit        cargo test (crates that need no pgrx: fingerprint, key rules)
+#   unit        cargo test -p idempotency-client (fingerprint, key rules, response policy, doc tests)
 #   pg_test     cargo pgrx test: the Rust that runs inside PostgreSQL
 #   install     cargo pgrx install --release (what the next layers test)
 #   regress     pg_regress golden files (tests/regress) against the private cluster
 #   isolation   pg_isolation_regress specs (tests/isolation) against the private cluster
+#   e2e         cargo test -p idempotency-tests: the client end to end against the private cluster
 #   pgspot      pgspot over the generated install script
 set -uo pipefail
 
@@ -52,7 +53,7 @@ regress_counts() {
 layer() { printf '\n== %s\n' "$1"; }
 
 layer unit
-cargo test --workspace --exclude idempotency 2>&1 | tee "$logs/unit.log" | grep -E '^(test |test result|error)' | grep -v '\.\.\. ok$'
+cargo test -p idempotency-client 2>&1 | tee "$logs/unit.log" | grep -E '^(test |test result|error)' | grep -v '\.\.\. ok$'
 status=${PIPESTATUS[0]}
 read -r p f < <(cargo_counts "$logs/unit.log")
 record unit "$p" "$f" "$status"
@@ -104,6 +105,16 @@ if [ -n "$url" ]; then
     [ $status = 0 ] || cat "$root/target/isolation/regression.diffs" 2>/dev/null | head -150
     read -r p f < <(regress_counts "$logs/isolation.log")
     record isolation "$p" "$f" "$status"
+fi
+
+layer e2e
+if [ -n "$url" ]; then
+    cargo test -p idempotency-tests >"$logs/e2e.log" 2>&1
+    status=$?
+    grep -E '^(test |test result|error)' "$logs/e2e.log" | grep -v '\.\.\. ok$'
+    [ $status = 0 ] || grep -A30 -- '---- ' "$logs/e2e.log" | head -80
+    read -r p f < <(cargo_counts "$logs/e2e.log")
+    record e2e "$p" "$f" "$status"
 fi
 scripts/pg.sh stop || true
 
