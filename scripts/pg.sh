@@ -35,7 +35,6 @@ start)
             --locale=C.UTF-8 >"$dir/initdb.log" 2>&1 || { cat "$dir/initdb.log" >&2; exit 1; }
         cat >>"$data/postgresql.conf" <<CONF
 listen_addresses = '127.0.0.1'
-port = $port
 unix_socket_directories = '$dir'
 max_connections = 200
 max_prepared_transactions = 10
@@ -45,7 +44,7 @@ log_min_messages = warning
 CONF
     fi
     if ! as_server "$bindir/pg_ctl" -D "$data" status >/dev/null 2>&1; then
-        as_server "$bindir/pg_ctl" -D "$data" -l "$dir/server.log" -w -t 60 start >/dev/null \
+        as_server "$bindir/pg_ctl" -D "$data" -l "$dir/server.log" -o "-p $port" -w -t 60 start >/dev/null \
             || { tail -20 "$dir/server.log" >&2; exit 1; }
     fi
     echo "$url"

@@ -28,7 +28,9 @@ BEGIN
     PERFORM @extschema@._idem_require('token', token IS NULL);
     PERFORM @extschema@._idem_require('status', status IS NULL);
     IF status NOT IN ('SUCCESS', 'FAILED') THEN
-        RAISE EXCEPTION 'status must be ''SUCCESS'' or ''FAILED'', got %', quote_literal(left(status, 64))
+        RAISE EXCEPTION 'status must be ''SUCCESS'' or ''FAILED'', got %',
+            CASE WHEN octet_length(status) <= 32 THEN quote_literal(status)
+                 ELSE format('a %s-byte value', octet_length(status)) END
             USING ERRCODE = '22023';
     END IF;
     IF response IS NOT NULL THEN

@@ -25,7 +25,9 @@ BEGIN
     END IF;
     PERFORM @extschema@._idem_require('action', action IS NULL);
     IF action NOT IN ('fail', 'release') THEN
-        RAISE EXCEPTION 'action must be ''fail'' or ''release'', got %', quote_literal(left(action, 64))
+        RAISE EXCEPTION 'action must be ''fail'' or ''release'', got %',
+            CASE WHEN octet_length(action) <= 32 THEN quote_literal(action)
+                 ELSE format('a %s-byte value', octet_length(action)) END
             USING ERRCODE = '22023';
     END IF;
     v_max := @extschema@._idem_max_retries(max_retries);

@@ -72,7 +72,7 @@ impl<T> Outcome<T> {
 
 /// Defaults for every call of a handle. `None` durations and retries mean the server's
 /// `idempotency.*` settings.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct Config {
     pub ttl: Option<Duration>,
     /// The lease of `run`. `run_external` always sends an explicit lease (this, or 60 s) because it
@@ -86,6 +86,10 @@ pub struct Config {
     pub retry_after: Duration,
     /// How many times a whole transaction is retried after 40001 / 40P01.
     pub serialization_retries: u32,
+    /// The isolation level of `run`'s transaction (None: the server default, normally READ
+    /// COMMITTED). Under REPEATABLE READ or SERIALIZABLE, a duplicate that committed after the
+    /// snapshot surfaces as 40001 and the whole transaction is retried.
+    pub isolation: Option<tokio_postgres::IsolationLevel>,
 }
 
 impl Default for Config {
@@ -97,6 +101,7 @@ impl Default for Config {
             wait: false,
             retry_after: Duration::from_secs(1),
             serialization_retries: 5,
+            isolation: None,
         }
     }
 }
@@ -204,7 +209,10 @@ impl Idempotency {
         F: for<'t> FnMut(&'t Transaction<'_>) -> Work<'t, T, E> + Send,
     {
         let mut client = self.pool.get().await?;
-        let tx = client.transaction().await?;
+        let tx = match self.config.isolation {
+            Some(level) => client.build_transaction().isolation_level(level).start().await?,
+            None => client.transaction().await?,
+        };
         let reservation =
             ops::reserve(&tx, key, fingerprint.as_str(), &self.reserve_options(self.config.lease)).await.map_err(Error::widen)?;
         let token = match reservation.outcome {

@@ -1,0 +1,373 @@
+//! Faults: lost acknowledgements, killed backends and workers, exhausted pools, timeouts and
+//! REPEATABLE READ races. Each test states its invariant; none may see a double execution or
+//! lose an acknowledged key. (The server crash test is in `fault_crash.rs`: it restarts the
+//! cluster, so it runs in its own test binary.)
+
+use deadpool_postgres::Transaction;
+use idempotency_client::ops::{self, RecoverAction, ReleaseOutcome, ReserveOptions, Status, Token};
+use idempotency_client::{Config, Error, Fingerprint, Idempotency, Key, Outcome, StoredResponse, Work};
+use idempotency_tests::{charges_for, cluster_url, fresh_database, unique_key};
+use serde_json::json;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// The handler of these tests: counts runs, writes one row tagged with the key, waits `delay`.
+fn charge(
+    runs: &Arc<AtomicUsize>,
+    key: &Key,
+    delay: Duration,
+) -> impl for<'t> FnMut(&'t Transaction<'_>) -> Work<'t, StoredResponse, tokio_postgres::Error> + Send {
+    let (runs, tag) = (runs.clone(), key.to_string());
+    move |tx| {
+        let (runs, tag) = (runs.clone(), tag.clone());
+        Box::pin(async move {
+            runs.fetch_add(1, Ordering::SeqCst);
+            tx.execute("INSERT INTO charges (user_id, amount, k) VALUES ('u', 1, $1)", &[&tag]).await?;
+            tokio::time::sleep(delay).await;
+            Ok(StoredResponse::json(201, json!({"ok": true})))
+        })
+    }
+}
+
+fn fp() -> Fingerprint {
+    Fingerprint::of_json(&json!({"amount": 1})).unwrap()
+}
+
+async fn private(name: &str, config: Config) -> Idempotency {
+    let url = fresh_database(name).await;
+    Idempotency::with_config(Idempotency::connect(&url, 32).unwrap().pool().clone(), config)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Commit outcome unknown: a TCP proxy that drops the connection around COMMIT.
+
+/// tokio-postgres sends `COMMIT` as a simple query: 'Q', length 11, "COMMIT\0".
+const COMMIT: &[u8] = b"Q\0\0\0\x0bCOMMIT\0";
+
+#[derive(Clone, Copy, PartialEq)]
+enum Drop {
+    /// Forward COMMIT to the server, then cut the connection before its reply reaches the client.
+    AfterCommit,
+    /// Cut the connection instead of forwarding COMMIT.
+    BeforeCommit,
+}
+
+/// A proxy to the private cluster that cuts the first connection that sends COMMIT.
+async fn proxy(mode: Drop) -> (SocketAddr, Arc<AtomicUsize>) {
+    let upstream: SocketAddr = {
+        let url = cluster_url();
+        let hostport = url.split('@').nth(1).and_then(|s| s.split('/').next()).expect("host:port in the URL");
+        hostport.parse().expect("socket address")
+    };
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let cuts = Arc::new(AtomicUsize::new(0));
+    let armed = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let counter = cuts.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((client, _)) = listener.accept().await else { return };
+            let (armed, counter) = (armed.clone(), counter.clone());
+            tokio::spawn(async move {
+                let Ok(server) = TcpStream::connect(upstream).await else { return };
+                let (mut cr, mut cw) = client.into_split();
+                let (mut sr, mut sw) = server.into_split();
+                let back = tokio::spawn(async move { tokio::io::copy(&mut sr, &mut cw).await });
+                let mut buf = vec![0u8; 64 * 1024];
+                loop {
+                    let n = match cr.read(&mut buf).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => n,
+                    };
+                    let chunk = &buf[..n];
+                    let has_commit = chunk.windows(COMMIT.len()).any(|w| w == COMMIT);
+                    if has_commit && armed.swap(false, Ordering::SeqCst) {
+                        counter.fetch_add(1, Ordering::SeqCst);
+                        if mode == Drop::AfterCommit {
+                            let _ = sw.write_all(chunk).await;
+                            let _ = sw.flush().await;
+                            // Let the server commit, but never relay its answer.
+                            back.abort();
+                            tokio::time::sleep(Duration::from_millis(200)).await;
+                        } else {
+                            back.abort();
+                        }
+                        return; // dropping both halves closes both connections
+                    }
+                    if sw.write_all(chunk).await.is_err() {
+                        break;
+                    }
+                }
+                back.abort();
+            });
+        }
+    });
+    (addr, cuts)
+}
+
+async fn through_proxy(name: &str, mode: Drop) -> (Idempotency, Idempotency, Arc<AtomicUsize>) {
+    let direct = private(name, Config::default()).await;
+    let (addr, cuts) = proxy(mode).await;
+    let via = Idempotency::connect(&format!("postgresql://postgres@{addr}/{name}?connect_timeout=5"), 2).unwrap();
+    (via, direct, cuts)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_commit_acknowledgement_replays_on_retry_and_never_runs_twice() {
+    let (via, direct, cuts) = through_proxy("idem_fault_after_commit", Drop::AfterCommit).await;
+    let key = unique_key("fault.ack.lost");
+    let runs = Arc::new(AtomicUsize::new(0));
+    let first = via.run(&key, &fp(), charge(&runs, &key, Duration::ZERO)).await;
+    assert_eq!(cuts.load(Ordering::SeqCst), 1, "the proxy cut the connection at COMMIT");
+    assert!(matches!(first, Err(Error::StoreUnavailable(_)) | Err(Error::Db(_))), "the client cannot know: {first:?}");
+    // The client retries with the same key (honouring 409 + Retry-After while the server is
+    // still finishing the cut-off transaction): the commit did happen, so it replays.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let retry = loop {
+        match direct.run(&key, &fp(), charge(&runs, &key, Duration::ZERO)).await {
+            Err(Error::InProgress { .. }) if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(20)).await,
+            other => break other.unwrap(),
+        }
+    };
+    assert!(retry.replayed(), "{retry:?}");
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "executed once");
+    assert_eq!(charges_for(&direct.pool().get().await.unwrap(), &key).await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_lost_before_commit_executes_once_on_retry() {
+    let (via, direct, cuts) = through_proxy("idem_fault_before_commit", Drop::BeforeCommit).await;
+    let key = unique_key("fault.ack.before");
+    let runs = Arc::new(AtomicUsize::new(0));
+    let first = via.run(&key, &fp(), charge(&runs, &key, Duration::ZERO)).await;
+    assert_eq!(cuts.load(Ordering::SeqCst), 1);
+    assert!(first.is_err(), "{first:?}");
+    // Nothing committed, nothing left behind: the retry executes.
+    let client = direct.pool().get().await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while ops::lookup(&client, &key).await.unwrap().is_some() {
+        assert!(Instant::now() < deadline, "the aborted reservation never went away");
+        tokio::time::sleep(Duration::from_millis(20)).await; // the backend is still rolling back
+    }
+    let retry = direct.run(&key, &fp(), charge(&runs, &key, Duration::ZERO)).await.unwrap();
+    assert!(matches!(retry, Outcome::Executed(_)), "{retry:?}");
+    assert_eq!(charges_for(&client, &key).await, 1, "exactly one business row");
+    assert_eq!(runs.load(Ordering::SeqCst), 2, "the first run rolled back with its connection");
+}
+
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_terminated_holder_lets_a_waiting_duplicate_run_once() {
+    let idem = private("idem_fault_terminate", Config { wait: true, ..Config::default() }).await;
+    let key = unique_key("fault.terminate");
+    let runs = Arc::new(AtomicUsize::new(0));
+    let (pid_tx, pid_rx) = tokio::sync::oneshot::channel::<i32>();
+    let holder = {
+        let (idem, key, runs) = (idem.clone(), key.clone(), runs.clone());
+        let mut pid_tx = Some(pid_tx);
+        tokio::spawn(async move {
+            idem.run(&key, &fp(), move |tx| {
+                let pid_tx = pid_tx.take();
+                let runs = runs.clone();
+                Box::pin(async move {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    let pid: i32 = tx.query_one("SELECT pg_backend_pid() AS pid", &[]).await?.get("pid");
+                    tx.execute("INSERT INTO charges (user_id, amount, k) VALUES ('holder', 1, 'x')", &[]).await?;
+                    if let Some(p) = pid_tx {
+                        let _ = p.send(pid);
+                    }
+                    tokio::time::sleep(Duration::from_secs(30)).await; // stuck until terminated
+                    Ok::<_, tokio_postgres::Error>(StoredResponse::json(201, json!({"by": "holder"})))
+                }) as Work<'_, _, _>
+            })
+            .await
+        })
+    };
+    let pid = pid_rx.await.expect("holder reserved");
+    let waiter = {
+        let (idem, key, runs) = (idem.clone(), key.clone(), runs.clone());
+        tokio::spawn(async move { idem.run(&key, &fp(), charge(&runs, &key, Duration::ZERO)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiter.is_finished(), "the duplicate waits for the uncommitted holder");
+    let admin = idem.pool().get().await.unwrap();
+    let killed: bool = admin.query_one("SELECT pg_terminate_backend($1) AS ok", &[&pid]).await.unwrap().get("ok");
+    assert!(killed);
+    holder.abort(); // its connection is gone; the task would sleep on
+    let out = tokio::time::timeout(Duration::from_secs(10), waiter).await.expect("waiter finished").unwrap().unwrap();
+    assert!(matches!(out, Outcome::Executed(_)), "{out:?}");
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    assert_eq!(charges_for(&admin, &key).await, 1, "the holder's write died with it; the waiter's committed");
+    let holder_rows: i64 = admin.query_one("SELECT count(*) AS n FROM charges WHERE user_id = 'holder'", &[]).await.unwrap().get("n");
+    assert_eq!(holder_rows, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_killed_two_phase_worker_is_recovered_and_fenced() {
+    let lease = Duration::from_millis(300);
+    let idem = private("idem_fault_killed_worker", Config { lease: Some(lease), ..Config::default() }).await;
+    let admin = idem.pool().get().await.unwrap();
+    let mut tokens: Vec<(Key, Token)> = Vec::new();
+    for (name, action) in [("fault.killed.fail", RecoverAction::Fail), ("fault.killed.release", RecoverAction::Release)] {
+        let key = unique_key(name);
+        let worker = {
+            let (idem, key) = (idem.clone(), key.clone());
+            tokio::spawn(async move {
+                let call = async {
+                    tokio::time::sleep(Duration::from_secs(60)).await; // the card network, forever
+                    Ok::<_, tokio_postgres::Error>(StoredResponse::json(201, json!({})))
+                };
+                idem.run_external(&key, &fp(), call, |_, _| Box::pin(async { Ok(()) })).await
+            })
+        };
+        // Let it reserve and heartbeat a few times, then kill it.
+        tokio::time::sleep(2 * lease).await;
+        let record = ops::lookup(&admin, &key).await.unwrap().expect("reserved");
+        assert_eq!(record.status, "PROCESSING");
+        assert_eq!(ops::recover_stuck(&admin, 100, RecoverAction::Fail, None).await.unwrap(), 0, "heartbeats keep it live");
+        worker.abort();
+        let _ = worker.await;
+        // Its heartbeat stopped with it: once the lease passes, recovery takes the key.
+        tokio::time::sleep(lease + Duration::from_millis(200)).await;
+        assert_eq!(ops::recover_stuck(&admin, 100, action, None).await.unwrap(), 1);
+        tokens.push((key, record.token));
+    }
+    let runs = Arc::new(AtomicUsize::new(0));
+    let (failed, released) = (&tokens[0], &tokens[1]);
+    let err = idem.run(&failed.0, &fp(), charge(&runs, &failed.0, Duration::ZERO)).await.unwrap_err();
+    assert!(matches!(err, Error::Failed { response: None }), "fail: poisoned, never rerun: {err:?}");
+    let out = idem.run(&released.0, &fp(), charge(&runs, &released.0, Duration::ZERO)).await.unwrap();
+    assert!(matches!(out, Outcome::Executed(_)), "release: the retry runs");
+    // The dead worker's late calls are all rejected.
+    for (key, token) in &tokens {
+        assert!(!ops::complete(&admin, key, *token, Some(&json!({"late": 1})), Status::Success).await.unwrap());
+        assert_eq!(ops::release(&admin, key, *token, None).await.unwrap(), ReleaseOutcome::Stale);
+        assert!(!ops::heartbeat(&admin, key, *token, None).await.unwrap());
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pool_exhaustion_is_a_bounded_store_unavailable() {
+    use deadpool_postgres::{Config as PoolCfg, PoolConfig, Runtime, Timeouts};
+    let url = fresh_database("idem_fault_pool").await;
+    let mut cfg = PoolCfg::new();
+    cfg.url = Some(url);
+    let wait = Some(Duration::from_millis(300));
+    cfg.pool = Some(PoolConfig { max_size: 1, timeouts: Timeouts { wait, create: wait, recycle: wait }, ..PoolConfig::default() });
+    let idem = Idempotency::new(cfg.create_pool(Some(Runtime::Tokio1), tokio_postgres::NoTls).unwrap());
+    let held = idem.pool().get().await.unwrap();
+    let key = unique_key("fault.pool");
+    let runs = Arc::new(AtomicUsize::new(0));
+    let started = Instant::now();
+    let err = idem.run(&key, &fp(), charge(&runs, &key, Duration::ZERO)).await.unwrap_err();
+    assert!(matches!(err, Error::StoreUnavailable(_)), "{err:?}");
+    assert!(started.elapsed() < Duration::from_secs(3), "{:?}", started.elapsed());
+    drop(held);
+    assert!(matches!(idem.run(&key, &fp(), charge(&runs, &key, Duration::ZERO)).await, Ok(Outcome::Executed(_))));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timeouts_are_typed_errors_and_leave_no_reservation_behind() {
+    let idem = private("idem_fault_timeouts", Config::default()).await;
+    let admin = idem.pool().get().await.unwrap();
+
+    // statement_timeout inside the closure: a transient failure, rolled back and released.
+    let key = unique_key("fault.statement_timeout");
+    let err = idem
+        .run(&key, &fp(), |tx| {
+            Box::pin(async move {
+                tx.batch_execute("SET LOCAL statement_timeout = '100ms'").await?;
+                tx.execute("INSERT INTO charges (user_id, amount, k) VALUES ('u', 1, 'timeout')", &[]).await?;
+                tx.query_one("SELECT pg_sleep(5)", &[]).await?;
+                Ok(StoredResponse::json(201, json!({})))
+            }) as Work<'_, StoredResponse, tokio_postgres::Error>
+        })
+        .await
+        .unwrap_err();
+    match &err {
+        Error::Handler(e) => assert_eq!(e.code(), Some(&tokio_postgres::error::SqlState::QUERY_CANCELED)),
+        other => panic!("{other:?}"),
+    }
+    assert!(ops::lookup(&admin, &key).await.unwrap().is_none(), "no reservation left behind");
+    let rows: i64 = admin.query_one("SELECT count(*) AS n FROM charges WHERE k = 'timeout'", &[]).await.unwrap().get("n");
+    assert_eq!(rows, 0);
+
+    // lock_timeout on a business row another transaction holds: same.
+    let mut blocker = idem.pool().get().await.unwrap();
+    admin.execute("INSERT INTO charges (id, user_id, amount, k) VALUES (-1, 'locked', 1, 'locked')", &[]).await.unwrap();
+    let btx = blocker.transaction().await.unwrap();
+    btx.execute("UPDATE charges SET amount = 2 WHERE id = -1", &[]).await.unwrap();
+    let key = unique_key("fault.lock_timeout");
+    let err = idem
+        .run(&key, &fp(), |tx| {
+            Box::pin(async move {
+                tx.batch_execute("SET LOCAL lock_timeout = '100ms'").await?;
+                tx.execute("UPDATE charges SET amount = 3 WHERE id = -1", &[]).await?;
+                Ok(StoredResponse::json(201, json!({})))
+            }) as Work<'_, StoredResponse, tokio_postgres::Error>
+        })
+        .await
+        .unwrap_err();
+    match &err {
+        Error::Handler(e) => assert_eq!(e.code(), Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE)),
+        other => panic!("{other:?}"),
+    }
+    assert!(ops::lookup(&admin, &key).await.unwrap().is_none());
+    btx.rollback().await.unwrap();
+
+    // statement_timeout on a reservation waiting for an uncommitted holder: a typed error
+    // (57014) within the timeout, and nothing left behind.
+    let key = unique_key("fault.wait_timeout");
+    let mut holder_client = idem.pool().get().await.unwrap();
+    let holder = holder_client.transaction().await.unwrap();
+    ops::reserve(&holder, &key, fp().as_str(), &ReserveOptions::default()).await.unwrap();
+    let mut waiter_client = idem.pool().get().await.unwrap();
+    let tx = waiter_client.transaction().await.unwrap();
+    tx.batch_execute("SET LOCAL statement_timeout = '200ms'").await.unwrap();
+    let started = Instant::now();
+    let wait = ReserveOptions { wait: true, ..ReserveOptions::default() };
+    let err = ops::reserve(&tx, &key, fp().as_str(), &wait).await.unwrap_err();
+    assert!(started.elapsed() < Duration::from_secs(3), "{:?}", started.elapsed());
+    assert_eq!(err.sqlstate(), Some(&tokio_postgres::error::SqlState::QUERY_CANCELED), "{err:?}");
+    drop(tx);
+    holder.rollback().await.unwrap();
+    assert!(ops::lookup(&admin, &key).await.unwrap().is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn repeatable_read_duplicates_are_retried_on_40001_and_run_once() {
+    let config = Config { isolation: Some(tokio_postgres::IsolationLevel::RepeatableRead), wait: true, ..Config::default() };
+    let idem = private("idem_fault_rr", config).await;
+    // A long REPEATABLE READ reader holds an old snapshot throughout.
+    let mut reader = idem.pool().get().await.unwrap();
+    let snapshot = reader.build_transaction().isolation_level(tokio_postgres::IsolationLevel::RepeatableRead).start().await.unwrap();
+    snapshot.query_one("SELECT count(*) FROM charges", &[]).await.unwrap();
+
+    for round in 0..5 {
+        let key = Key::new("fault.rr", "u", format!("k{round}")).unwrap();
+        let runs = Arc::new(AtomicUsize::new(0));
+        let mut tasks = Vec::new();
+        for _ in 0..8 {
+            let (idem, key, runs) = (idem.clone(), key.clone(), runs.clone());
+            tasks.push(tokio::spawn(async move { idem.run(&key, &fp(), charge(&runs, &key, Duration::from_millis(50))).await }));
+        }
+        let mut executed = 0;
+        for t in tasks {
+            match t.await.unwrap() {
+                Ok(Outcome::Executed(_)) => executed += 1,
+                Ok(Outcome::Replayed(_)) => {}
+                other => panic!("round {round}: {other:?}"),
+            }
+        }
+        assert_eq!(executed, 1, "round {round}");
+        assert_eq!(runs.load(Ordering::SeqCst), 1, "round {round}: a 40001 never reaches the closure");
+        assert_eq!(charges_for(&idem.pool().get().await.unwrap(), &key).await, 1);
+    }
+    snapshot.rollback().await.unwrap();
+}
