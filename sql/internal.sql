@@ -85,12 +85,16 @@ BEGIN
     IF v <= interval '0' THEN
         RAISE EXCEPTION '% must be a positive interval, got %', name, v USING ERRCODE = '22023';
     END IF;
+    -- Far beyond any real use, and short of timestamptz overflow (which would be 22008).
+    IF v > interval '1000 years' THEN
+        RAISE EXCEPTION '% must be at most 1000 years, got %', name, v USING ERRCODE = '22023';
+    END IF;
     RETURN v;
 END
 $fn$;
 
 COMMENT ON FUNCTION @extschema@._idem_interval(text, interval) IS
-    'Internal: an explicit ttl or lease, or its idempotency.* default; raises 22023 unless positive.';
+    'Internal: an explicit ttl or lease, or its idempotency.* default; raises 22023 unless positive and at most 1000 years.';
 
 CREATE FUNCTION @extschema@._idem_max_retries(value integer) RETURNS integer
     LANGUAGE plpgsql VOLATILE PARALLEL SAFE

@@ -30,8 +30,11 @@ fn text(rng: &mut StdRng) -> Option<String> {
 }
 
 fn interval(rng: &mut StdRng) -> Option<&'static str> {
-    [None, Some("0"), Some("-1 hour"), Some("1 microsecond"), Some("5 minutes"), Some("1 day"), Some("1000000 hours"), Some("-10 years"), Some("3 mons")]
-        [rng.random_range(0..9)]
+    const VALUES: [Option<&str>; 10] = [
+        None, Some("0"), Some("-1 hour"), Some("1 microsecond"), Some("5 minutes"), Some("1 day"),
+        Some("1000000 hours"), Some("-10 years"), Some("3 mons"), Some("200000 years"),
+    ];
+    VALUES[rng.random_range(0..VALUES.len())]
 }
 
 fn int(rng: &mut StdRng) -> Option<i32> {

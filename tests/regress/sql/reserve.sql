@@ -73,6 +73,7 @@ RESET idempotency.lease;
 -- Errors: ttl/lease must be positive, an explicit lease no longer than the ttl, wait non-NULL.
 SELECT err($$SELECT idem_reserve('tl', 'u', 'x', 'h', ttl => '0 seconds')$$);
 SELECT err($$SELECT idem_reserve('tl', 'u', 'x', 'h', ttl => '-1 hour')$$);
+SELECT err($$SELECT idem_reserve('tl', 'u', 'x', 'h', ttl => '200000 years')$$);
 SELECT err($$SELECT idem_reserve('tl', 'u', 'x', 'h', lease => '0 seconds')$$);
 SELECT err($$SELECT idem_reserve('tl', 'u', 'x', 'h', ttl => '1 minute', lease => '2 minutes')$$);
 SELECT err($$SELECT idem_reserve('tl', 'u', 'x', 'h', wait => NULL)$$);
