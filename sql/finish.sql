@@ -22,11 +22,12 @@ DECLARE
 BEGIN
     IF NOT (octet_length(operation) BETWEEN 1 AND 255 AND octet_length(user_id) BETWEEN 1 AND 255
             AND octet_length(key) BETWEEN 1 AND 255
-            AND operation || user_id || key !~ E'[\\x01-\\x1f\\x7f-\\x9f]') IS TRUE THEN
+            AND operation || user_id || key !~ E'[\\x01-\\x1f\\x7f-\\x9f]'
+            AND token IS NOT NULL AND status IS NOT NULL) IS TRUE THEN
         PERFORM @extschema@._idem_check_scope(operation, user_id, key);
+        PERFORM @extschema@._idem_require('token', token IS NULL);
+        PERFORM @extschema@._idem_require('status', status IS NULL);
     END IF;
-    PERFORM @extschema@._idem_require('token', token IS NULL);
-    PERFORM @extschema@._idem_require('status', status IS NULL);
     IF status NOT IN ('SUCCESS', 'FAILED') THEN
         RAISE EXCEPTION 'status must be ''SUCCESS'' or ''FAILED'', got %',
             CASE WHEN octet_length(status) <= 32 THEN quote_literal(status)
@@ -71,10 +72,10 @@ DECLARE
 BEGIN
     IF NOT (octet_length(operation) BETWEEN 1 AND 255 AND octet_length(user_id) BETWEEN 1 AND 255
             AND octet_length(key) BETWEEN 1 AND 255
-            AND operation || user_id || key !~ E'[\\x01-\\x1f\\x7f-\\x9f]') IS TRUE THEN
+            AND operation || user_id || key !~ E'[\\x01-\\x1f\\x7f-\\x9f]' AND token IS NOT NULL) IS TRUE THEN
         PERFORM @extschema@._idem_check_scope(operation, user_id, key);
+        PERFORM @extschema@._idem_require('token', token IS NULL);
     END IF;
-    PERFORM @extschema@._idem_require('token', token IS NULL);
     v_max := @extschema@._idem_max_retries(max_retries);
 
     SELECT r.created_at, r.expires_at INTO v_rec
@@ -110,10 +111,10 @@ DECLARE
 BEGIN
     IF NOT (octet_length(operation) BETWEEN 1 AND 255 AND octet_length(user_id) BETWEEN 1 AND 255
             AND octet_length(key) BETWEEN 1 AND 255
-            AND operation || user_id || key !~ E'[\\x01-\\x1f\\x7f-\\x9f]') IS TRUE THEN
+            AND operation || user_id || key !~ E'[\\x01-\\x1f\\x7f-\\x9f]' AND token IS NOT NULL) IS TRUE THEN
         PERFORM @extschema@._idem_check_scope(operation, user_id, key);
+        PERFORM @extschema@._idem_require('token', token IS NULL);
     END IF;
-    PERFORM @extschema@._idem_require('token', token IS NULL);
     v_until := v_now + @extschema@._idem_interval('lease', lease);
 
     -- expires_at moves to at least the lease end, so a live, heartbeating attempt is never

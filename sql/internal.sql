@@ -115,6 +115,30 @@ $fn$;
 COMMENT ON FUNCTION @extschema@._idem_max_retries(integer) IS
     'Internal: an explicit max_retries or idempotency.max_retries; raises 22023 below 1.';
 
+-- ttl and lease as idem_reserve uses them: explicit values or the GUC defaults, validated; a
+-- defaulted lease is capped at the ttl, an explicit one longer than the ttl is an error.
+CREATE FUNCTION @extschema@._idem_durations(ttl interval, lease interval,
+                                            OUT settled_ttl interval, OUT settled_lease interval)
+    LANGUAGE plpgsql VOLATILE PARALLEL SAFE
+    SET search_path = pg_catalog, pg_temp
+    AS $fn$
+BEGIN
+    settled_ttl := @extschema@._idem_interval('ttl', ttl);
+    IF lease IS NULL THEN
+        settled_lease := least(@extschema@._idem_interval('lease', NULL), settled_ttl);
+    ELSE
+        settled_lease := @extschema@._idem_interval('lease', lease);
+        IF settled_lease > settled_ttl THEN
+            RAISE EXCEPTION 'lease must not exceed ttl, got lease % and ttl %', settled_lease, settled_ttl
+                USING ERRCODE = '22023';
+        END IF;
+    END IF;
+END
+$fn$;
+
+COMMENT ON FUNCTION @extschema@._idem_durations(interval, interval) IS
+    'Internal: the ttl and lease of a reservation (GUC defaults, lease capped at the ttl); raises 22023 for bad values.';
+
 -- A transient failure of the attempt whose PROCESSING record the caller has locked: count it in
 -- the retry counter, then poison the record at max_retries or delete it so a retry runs again.
 -- Shared by idem_release and idem_recover_stuck(action => 'release').

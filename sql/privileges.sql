@@ -23,5 +23,6 @@ REVOKE EXECUTE ON FUNCTION
     @extschema@._idem_require(text, boolean),
     @extschema@._idem_interval(text, interval),
     @extschema@._idem_max_retries(integer),
+    @extschema@._idem_durations(interval, interval),
     @extschema@._idem_release_locked(text, text, text, timestamptz, timestamptz, integer)
     FROM PUBLIC;

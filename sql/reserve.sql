@@ -35,23 +35,16 @@ DECLARE
     v_token    bigint;
     v_locked   boolean := false;
 BEGIN
+    -- One cheap expression on the happy path; the helpers raise the precise error otherwise.
     IF NOT (octet_length(operation) BETWEEN 1 AND 255 AND octet_length(user_id) BETWEEN 1 AND 255
             AND octet_length(key) BETWEEN 1 AND 255 AND octet_length(request_hash) BETWEEN 1 AND 255
-            AND operation || user_id || key !~ E'[\\x01-\\x1f\\x7f-\\x9f]') IS TRUE THEN
+            AND operation || user_id || key !~ E'[\\x01-\\x1f\\x7f-\\x9f]' AND wait IS NOT NULL
+            AND (ttl IS NULL OR (ttl > interval '0' AND ttl <= interval '1000 years'))
+            AND (lease IS NULL OR (lease > interval '0' AND lease <= coalesce(ttl, interval '1000 years')))) IS TRUE THEN
         PERFORM @extschema@._idem_check_scope(operation, user_id, key);
         PERFORM @extschema@._idem_check_text('request_hash', request_hash, false);
-    END IF;
-    PERFORM @extschema@._idem_require('wait', wait IS NULL);
-
-    v_ttl := @extschema@._idem_interval('ttl', ttl);
-    IF lease IS NULL THEN
-        v_lease := least(@extschema@._idem_interval('lease', NULL), v_ttl);
-    ELSE
-        v_lease := @extschema@._idem_interval('lease', lease);
-        IF v_lease > v_ttl THEN
-            RAISE EXCEPTION 'lease must not exceed ttl, got lease % and ttl %', v_lease, v_ttl
-                USING ERRCODE = '22023';
-        END IF;
+        PERFORM @extschema@._idem_require('wait', wait IS NULL);
+        PERFORM @extschema@._idem_durations(ttl, lease);
     END IF;
 
     FOR attempt IN 1..8 LOOP
@@ -84,6 +77,16 @@ BEGIN
 
         -- Absent, or expired and free to take over: a new attempt would start now.
         v_attempts := CASE WHEN v_rec.counter_expires_at > v_now THEN v_rec.attempts ELSE 0 END;
+        IF v_ttl IS NULL THEN
+            -- The durations, settled only when creating: a replay never reads a setting.
+            v_ttl := coalesce(ttl, current_setting('idempotency.ttl', true)::interval);
+            v_lease := coalesce(lease, least(current_setting('idempotency.lease', true)::interval, v_ttl));
+            IF v_ttl IS NULL OR v_lease IS NULL OR v_lease > v_ttl THEN
+                -- Library not loaded in this session yet, or an explicit lease over the default ttl.
+                SELECT d.settled_ttl, d.settled_lease INTO v_ttl, v_lease
+                  FROM @extschema@._idem_durations(ttl, lease) AS d;
+            END IF;
+        END IF;
         IF NOT v_locked THEN
             IF wait THEN
                 PERFORM pg_advisory_xact_lock(

@@ -1,0 +1,10 @@
+-- The benchmark database: the extension, a business table, and completed keys to replay.
+CREATE EXTENSION IF NOT EXISTS idempotency;
+CREATE TABLE IF NOT EXISTS bench_charges (id bigserial PRIMARY KEY, user_id text NOT NULL, amount bigint NOT NULL);
+INSERT INTO idem_records (operation, user_id, key, request_hash, status, token, response,
+                          lease_expires_at, expires_at, created_at, updated_at)
+SELECT 'bench.replay', 'u', 'r' || i, 'h', 'SUCCESS', nextval('idem_token_seq'), '{"status": 201, "body": {"id": 1}}',
+       now(), now() + interval '10 days', now(), now()
+  FROM generate_series(1, 100000) AS i
+    ON CONFLICT DO NOTHING;
+VACUUM ANALYZE;
