@@ -7,4 +7,3 @@ SELECT 'bench.replay', 'u', 'r' || i, 'h', 'SUCCESS', nextval('idem_token_seq'),
        now(), now() + interval '10 days', now(), now()
   FROM generate_series(1, 100000) AS i
     ON CONFLICT DO NOTHING;
-VACUUM ANALYZE;

@@ -1,0 +1,278 @@
+//! The benchmark of DESIGN section 8: every figure a ratio against a baseline measured in the
+//! same run, interleaved A/B/B/A so machine drift cancels. Run with `bash scripts/bench.sh`
+//! (or `--smoke` for a few seconds per case, which checks only that every case produced numbers).
+//!
+//! Writes `target/bench/results.csv` and `target/bench/benchmark.png`.
+
+mod chart;
+mod client;
+mod pgbench;
+
+use idempotency_tests::{fresh_database, root};
+use pgbench::Measure;
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::time::Instant;
+use tokio_postgres::NoTls;
+
+struct Settings {
+    smoke: bool,
+    seconds: u32,
+    reps: usize,
+    clients: Vec<u32>,
+    growth_rows: i64,
+    sweep_rows: i64,
+    bloat_cycles: usize,
+}
+
+/// One output row.
+struct Row {
+    figure: String,
+    clients: String,
+    baseline: String,
+    base: Measure,
+    ours: Measure,
+    goal: Option<f64>,
+    statements: String,
+}
+
+impl Row {
+    fn ratio(&self) -> f64 {
+        if self.base.tps > 0.0 { self.ours.tps / self.base.tps } else { 0.0 }
+    }
+}
+
+async fn connect(url: &str) -> tokio_postgres::Client {
+    let (client, conn) = tokio_postgres::connect(url, NoTls).await.expect("connect");
+    tokio::spawn(conn);
+    client
+}
+
+fn script(name: &str) -> PathBuf {
+    root().join("bench").join(format!("{name}.sql"))
+}
+
+/// Runs `a` and `b` interleaved (A B, then B A, ...) and returns their means.
+async fn pair(s: &Settings, url: &str, db: &tokio_postgres::Client, a: &str, b: &str, clients: u32) -> (Measure, Measure) {
+    let pgbench = PathBuf::from("/usr/lib/postgresql/15/bin/pgbench");
+    let logs = root().join("target/bench/logs");
+    let (mut ra, mut rb) = (Vec::new(), Vec::new());
+    for rep in 0..s.reps {
+        let order = if rep % 2 == 0 { [(a, true), (b, false)] } else { [(b, false), (a, true)] };
+        for (name, is_a) in order {
+            let before = pgbench::counters(db).await;
+            let mut m = pgbench::run(&pgbench, url, &script(name), clients, s.seconds, &logs);
+            pgbench::delta(db, &before, &mut m).await;
+            if is_a { ra.push(m) } else { rb.push(m) }
+        }
+    }
+    (Measure::mean(&ra), Measure::mean(&rb))
+}
+
+#[tokio::main]
+async fn main() {
+    let smoke = std::env::args().any(|a| a == "--smoke");
+    let s = if smoke {
+        Settings { smoke, seconds: 1, reps: 1, clients: vec![1, 8], growth_rows: 20_000, sweep_rows: 20_000, bloat_cycles: 3 }
+    } else {
+        Settings { smoke, seconds: 8, reps: 4, clients: vec![1, 8, 32], growth_rows: 1_000_000, sweep_rows: 500_000, bloat_cycles: 20 }
+    };
+    let out = root().join("target/bench");
+    std::fs::create_dir_all(&out).expect("output dir");
+    let started = Instant::now();
+
+    let url = fresh_database("idem_bench").await;
+    let db = connect(&url).await;
+    db.batch_execute(&std::fs::read_to_string(script("setup")).expect("setup.sql")).await.expect("bench setup");
+    db.batch_execute("VACUUM ANALYZE").await.expect("vacuum");
+    let mut rows: Vec<Row> = Vec::new();
+
+    // 1-2: fresh execution against the hand-written protocol and the bare business transaction.
+    for &c in &s.clients {
+        let (hand, fresh) = pair(&s, &url, &db, "handwritten", "fresh", c).await;
+        rows.push(Row { figure: "fresh execution vs hand-written protocol".into(), clients: c.to_string(), baseline: "hand-written INSERT ON CONFLICT + insert + UPDATE".into(), base: hand, ours: fresh, goal: (c == 8).then_some(0.95), statements: "5 / 5".into() });
+        let (bare, fresh) = pair(&s, &url, &db, "bare", "fresh", c).await;
+        rows.push(Row { figure: "fresh execution vs bare business transaction".into(), clients: c.to_string(), baseline: "BEGIN; INSERT; COMMIT".into(), base: bare, ours: fresh, goal: (c == 8).then_some(0.55), statements: "5 / 3".into() });
+    }
+    // 3: replay.
+    for &c in &s.clients {
+        let (pk, replay) = pair(&s, &url, &db, "pk_select", "replay", c).await;
+        rows.push(Row { figure: "replay of an existing key vs primary-key SELECT".into(), clients: c.to_string(), baseline: "SELECT by primary key".into(), base: pk, ours: replay, goal: (c == 8).then_some(0.85), statements: "1 / 1".into() });
+    }
+    // 4: the seed libraries' store.
+    let (seed, fresh) = pair(&s, &url, &db, "seed_store", "fresh", 8).await;
+    rows.push(Row { figure: "fresh execution vs the seed libraries' store".into(), clients: "8".into(), baseline: "lookup, reserve, run, save: 4 statements, 3 commits".into(), base: seed, ours: fresh, goal: Some(1.3), statements: "5 / 4".into() });
+
+    // 5: the Rust client against a raw tokio-postgres transaction doing the same insert.
+    let (mut raw, mut run) = (Vec::new(), Vec::new());
+    for rep in 0..s.reps {
+        for first in [rep % 2 == 0, rep % 2 != 0] {
+            let tps = client::throughput(&url, 8, u64::from(s.seconds), !first).await;
+            if first { raw.push(Measure { tps, ..Measure::default() }) } else { run.push(Measure { tps, ..Measure::default() }) }
+        }
+    }
+    let upstream = idempotency_tests::cluster_url().split('@').nth(1).and_then(|h| h.split('/').next()).and_then(|h| h.parse().ok()).expect("cluster address");
+    let calls = if smoke { 20 } else { 200 };
+    let rt_raw = client::round_trips(upstream, "idem_bench", calls, false, false).await;
+    let rt_run = client::round_trips(upstream, "idem_bench", calls, true, false).await;
+    let rt_empty = client::round_trips(upstream, "idem_bench", calls, true, true).await;
+    rows.push(Row { figure: "Rust run vs raw tokio-postgres transaction".into(), clients: "8 tasks".into(), baseline: "BEGIN; INSERT; COMMIT (tokio-postgres)".into(), base: Measure::mean(&raw), ours: Measure::mean(&run), goal: Some(0.8), statements: format!("round trips {rt_run:.1} ({rt_empty:.1} empty closure) / {rt_raw:.1}") });
+
+    // 6: growth: fresh execution with 10k vs 1M existing records (two databases, interleaved).
+    let small = growth_db("idem_bench_small", 10_000).await;
+    let large = growth_db("idem_bench_large", s.growth_rows).await;
+    let (sdb, ldb) = (connect(&small).await, connect(&large).await);
+    let pgbench_bin = PathBuf::from("/usr/lib/postgresql/15/bin/pgbench");
+    let (mut ms, mut ml) = (Vec::new(), Vec::new());
+    for rep in 0..s.reps {
+        let order: [(&str, &tokio_postgres::Client, bool); 2] = if rep % 2 == 0 { [(&small, &sdb, true), (&large, &ldb, false)] } else { [(&large, &ldb, false), (&small, &sdb, true)] };
+        for (u, d, is_small) in order {
+            let before = pgbench::counters(d).await;
+            let mut m = pgbench::run(&pgbench_bin, u, &script("fresh"), 8, s.seconds, &out.join("logs"));
+            pgbench::delta(d, &before, &mut m).await;
+            if is_small { ms.push(m) } else { ml.push(m) }
+        }
+    }
+    rows.push(Row { figure: format!("growth: fresh execution at {} vs 10k records", human(s.growth_rows)), clients: "8".into(), baseline: "the same, 10k existing records".into(), base: Measure::mean(&ms), ours: Measure::mean(&ml), goal: Some(0.85), statements: "5 / 5".into() });
+
+    // 7: sweep throughput and bloat.
+    let (rows_per_sec, first_size, last_size) = sweep(&s, &db).await;
+
+    let report = render(&rows, rows_per_sec, first_size, last_size, &s, started.elapsed().as_secs());
+    print!("{report}");
+    std::fs::write(out.join("results.csv"), csv(&rows, rows_per_sec, first_size, last_size)).expect("csv");
+    let mut bars: Vec<chart::Bar> = rows
+        .iter()
+        .filter_map(|r| r.goal.map(|g| (format!("{} ({})", r.figure, r.clients), r.ratio(), g)))
+        .collect();
+    bars.push(("sweep rows/s (÷ 200k goal)".into(), rows_per_sec / 200_000.0, 1.0));
+    let machine = machine();
+    let title = format!("idempotency 0.1.0 — {machine}");
+    if let Err(e) = chart::draw(&out.join("benchmark.png"), &title, &bars) {
+        eprintln!("chart not drawn: {e}");
+        std::process::exit(1);
+    }
+    // The smoke mode asserts only that every case ran and produced numbers.
+    let empty: Vec<&str> = rows.iter().filter(|r| !(r.base.tps > 0.0 && r.ours.tps > 0.0)).map(|r| r.figure.as_str()).collect();
+    if !empty.is_empty() || rows_per_sec <= 0.0 || first_size <= 0 {
+        eprintln!("cases without numbers: {empty:?}");
+        std::process::exit(1);
+    }
+    println!("{} cases measured; wrote target/bench/results.csv and target/bench/benchmark.png", rows.len() + 1);
+}
+
+async fn growth_db(name: &str, rows: i64) -> String {
+    let url = fresh_database(name).await;
+    let db = connect(&url).await;
+    db.batch_execute(&std::fs::read_to_string(script("setup")).expect("setup.sql").replace("generate_series(1, 100000)", "generate_series(1, 1)"))
+        .await
+        .expect("setup");
+    db.execute(
+        "INSERT INTO idem_records (operation, user_id, key, request_hash, status, token, response, lease_expires_at, expires_at, created_at, updated_at)
+         SELECT 'bench.old', 'u' || (i % 1000), 'old' || i, 'h', 'SUCCESS', nextval('idem_token_seq'), '{\"status\": 201}',
+                now(), now() + interval '10 days', now(), now()
+           FROM generate_series(1, $1::bigint) AS i",
+        &[&rows],
+    )
+    .await
+    .expect("prefill");
+    db.batch_execute("VACUUM ANALYZE").await.expect("vacuum");
+    url
+}
+
+/// Sweep throughput (rows/s), then table+index size after the first and the last of many
+/// reserve/complete/expire/sweep cycles.
+async fn sweep(s: &Settings, db: &tokio_postgres::Client) -> (f64, i64, i64) {
+    db.execute(
+        "INSERT INTO idem_records (operation, user_id, key, request_hash, status, token, response, lease_expires_at, expires_at, created_at, updated_at)
+         SELECT 'bench.sweep', 'u' || (i % 1000), 's' || i, 'h', 'SUCCESS', nextval('idem_token_seq'), '{\"status\": 201}',
+                now() - interval '2 days', now() - interval '1 day', now() - interval '2 days', now() - interval '2 days'
+           FROM generate_series(1, $1::bigint) AS i",
+        &[&s.sweep_rows],
+    )
+    .await
+    .expect("expired rows");
+    db.batch_execute("VACUUM ANALYZE idem_records").await.expect("vacuum");
+    let started = Instant::now();
+    let mut deleted = 0i64;
+    loop {
+        let n: i64 = db.query_one("SELECT idem_sweep(10000) AS n", &[]).await.expect("sweep").get("n");
+        deleted += n;
+        if n < 10000 {
+            break;
+        }
+    }
+    let rows_per_sec = deleted as f64 / started.elapsed().as_secs_f64();
+
+    // Cycles: 20k keys reserved and completed with a 1 ms ttl, expired, swept, with the server's
+    // autovacuum as configured (no manual VACUUM).
+    let (mut first, mut last) = (0i64, 0i64);
+    for cycle in 0..s.bloat_cycles {
+        db.execute(
+            "SELECT count(idem_complete('bench.cycle', 'u', 'c' || i, (idem_reserve('bench.cycle', 'u', 'c' || i, 'h', ttl => '1 ms')).token, '{}'))
+               FROM generate_series(1, 20000) AS i",
+            &[],
+        )
+        .await
+        .expect("cycle");
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        while db.query_one("SELECT idem_sweep(10000) AS n", &[]).await.expect("sweep").get::<_, i64>("n") > 0 {}
+        tokio::time::sleep(std::time::Duration::from_millis(if s.smoke { 100 } else { 1500 })).await;
+        let size: i64 = db.query_one("SELECT pg_total_relation_size('idem_records') AS s", &[]).await.expect("size").get("s");
+        if cycle == 0 {
+            first = size;
+        }
+        last = size;
+    }
+    (rows_per_sec, first, last)
+}
+
+fn human(n: i64) -> String {
+    if n >= 1_000_000 { format!("{}M", n / 1_000_000) } else { format!("{}k", n / 1000) }
+}
+
+fn machine() -> String {
+    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
+    let model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| c.lines().find(|l| l.starts_with("model name")).and_then(|l| l.split(':').nth(1)).map(|s| s.trim().to_owned()))
+        .unwrap_or_else(|| "unknown CPU".into());
+    format!("{cpus} cores ({model}), PostgreSQL 15, loopback")
+}
+
+fn render(rows: &[Row], sweep_rps: f64, first: i64, last: i64, s: &Settings, secs: u64) -> String {
+    let mut t = String::new();
+    let _ = writeln!(t, "\nidempotency benchmark — {} — {} s per run, {} interleaved runs per side{}\n", machine(), s.seconds, s.reps, if s.smoke { " (SMOKE: numbers are not meaningful)" } else { "" });
+    let _ = writeln!(t, "| figure | clients | baseline tps | ours tps | ratio | goal | p50 / p99 ms (ours) | p50 / p99 ms (baseline) | WAL B/op (ours / base) | HOT (ours) | statements per op (ours / base) |");
+    let _ = writeln!(t, "|---|---|---|---|---|---|---|---|---|---|---|");
+    for r in rows {
+        let goal = r.goal.map(|g| format!("≥ {g:.2} {}", if r.ratio() >= g { "met" } else { "not met" })).unwrap_or_else(|| "—".into());
+        let hot = r.ours.hot_ratio().map(|h| format!("{:.0}%", h * 100.0)).unwrap_or_else(|| "—".into());
+        let _ = writeln!(
+            t,
+            "| {} | {} | {:.0} | {:.0} | {:.2} | {} | {:.2} / {:.2} | {:.2} / {:.2} | {:.0} / {:.0} | {} | {} |",
+            r.figure, r.clients, r.base.tps, r.ours.tps, r.ratio(), goal, r.ours.p50_ms, r.ours.p99_ms, r.base.p50_ms, r.base.p99_ms,
+            r.ours.wal_per_op(), r.base.wal_per_op(), hot, r.statements
+        );
+    }
+    let _ = writeln!(t, "| sweep | 1 | — | {:.0} rows/s | {:.2} | ≥ 200k rows/s {} | | | | | |", sweep_rps, sweep_rps / 200_000.0, if sweep_rps >= 200_000.0 { "met" } else { "not met" });
+    let _ = writeln!(t, "| bloat after {} reserve/complete/expire/sweep cycles of 20k keys | | | | {:.2} | bounded | table+indexes {} kB after cycle 1, {} kB after the last | | | | |", s.bloat_cycles, last as f64 / first.max(1) as f64, first / 1024, last / 1024);
+    let _ = writeln!(t, "\n(total {secs} s)");
+    t
+}
+
+fn csv(rows: &[Row], sweep_rps: f64, first: i64, last: i64) -> String {
+    let mut c = String::from("figure,clients,baseline,baseline_tps,ours_tps,ratio,goal,ours_p50_ms,ours_p99_ms,base_p50_ms,base_p99_ms,ours_wal_per_op,base_wal_per_op,ours_hot_ratio,statements\n");
+    for r in rows {
+        let _ = writeln!(
+            c,
+            "\"{}\",{},\"{}\",{:.1},{:.1},{:.3},{},{:.3},{:.3},{:.3},{:.3},{:.0},{:.0},{},\"{}\"",
+            r.figure, r.clients, r.baseline, r.base.tps, r.ours.tps, r.ratio(), r.goal.map(|g| g.to_string()).unwrap_or_default(),
+            r.ours.p50_ms, r.ours.p99_ms, r.base.p50_ms, r.base.p99_ms, r.ours.wal_per_op(), r.base.wal_per_op(),
+            r.ours.hot_ratio().map(|h| format!("{h:.3}")).unwrap_or_default(), r.statements
+        );
+    }
+    let _ = writeln!(c, "\"sweep rows per second\",1,,,{sweep_rps:.0},{:.3},1,,,,,,,,", sweep_rps / 200_000.0);
+    let _ = writeln!(c, "\"bloat: size after last cycle / after first\",1,,{first},{last},{:.3},,,,,,,,,", last as f64 / first.max(1) as f64);
+    c
+}
