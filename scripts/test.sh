@@ -8,6 +8,7 @@
 #   regress     pg_regress golden files (tests/regress) against the private cluster
 #   isolation   pg_isolation_regress specs (tests/isolation) against the private cluster
 #   e2e         cargo test -p idempotency-tests: the client end to end against the private cluster
+#   bench       the benchmark in smoke mode: every case runs and produces numbers (no speed asserted)
 #   pgspot      pgspot over the generated install script
 set -uo pipefail
 
@@ -77,34 +78,32 @@ status=$?
 tail -1 "$logs/install.log"
 record install "$([ $status = 0 ] && echo 1 || echo 0)" 0 "$status"
 
+# pg_regress_layer NAME DRIVER ARGS...: one pg_regress-style layer against the private cluster.
+pg_regress_layer() {
+    local name=$1 driver=$2
+    shift 2
+    rm -rf "$root/target/$name"
+    "$driver" --bindir="$bindir" --host=127.0.0.1 --port="$port" --user=postgres \
+        --dbname="idem_$name" --inputdir="tests/$name" --outputdir="$root/target/$name" "$@" \
+        >"$logs/$name.log" 2>&1
+    local status=$?
+    grep -E '\.\.\.|tests|FAIL' "$logs/$name.log"
+    [ $status = 0 ] || head -150 "$root/target/$name/regression.diffs" 2>/dev/null
+    read -r p f < <(regress_counts "$logs/$name.log")
+    record "$name" "$p" "$f" "$status"
+}
+
 layer regress
 url=$(scripts/pg.sh start) || { record regress 0 1 1; url=; }
 if [ -n "$url" ]; then
-    rm -rf "$root/target/regress"
-    "$pgxs/src/test/regress/pg_regress" --bindir="$bindir" --host=127.0.0.1 --port="$port" \
-        --user=postgres --dbname=idem_regress --inputdir=tests/regress \
-        --outputdir="$root/target/regress" --schedule=tests/regress/schedule \
-        >"$logs/regress.log" 2>&1
-    status=$?
-    grep -E '\.\.\.|tests|FAIL' "$logs/regress.log"
-    [ $status = 0 ] || cat "$root/target/regress/regression.diffs" 2>/dev/null | head -150
-    read -r p f < <(regress_counts "$logs/regress.log")
-    record regress "$p" "$f" "$status"
+    pg_regress_layer regress "$pgxs/src/test/regress/pg_regress" --schedule=tests/regress/schedule
 fi
 
 layer isolation
 if [ -n "$url" ]; then
-    rm -rf "$root/target/isolation"
-    specs=$(cd tests/isolation/specs && ls *.spec | sed 's/\.spec$//' | sort)
-    # shellcheck disable=SC2086
-    "$pgxs/src/test/isolation/pg_isolation_regress" --bindir="$bindir" --host=127.0.0.1 \
-        --port="$port" --user=postgres --dbname=idem_isolation --inputdir=tests/isolation \
-        --outputdir="$root/target/isolation" $specs >"$logs/isolation.log" 2>&1
-    status=$?
-    grep -E '\.\.\.|tests|FAIL' "$logs/isolation.log"
-    [ $status = 0 ] || cat "$root/target/isolation/regression.diffs" 2>/dev/null | head -150
-    read -r p f < <(regress_counts "$logs/isolation.log")
-    record isolation "$p" "$f" "$status"
+    # shellcheck disable=SC2046
+    pg_regress_layer isolation "$pgxs/src/test/isolation/pg_isolation_regress" \
+        $(cd tests/isolation/specs && ls -- *.spec | sed 's/\.spec$//' | sort)
 fi
 
 layer e2e
@@ -115,6 +114,14 @@ if [ -n "$url" ]; then
     [ $status = 0 ] || grep -A30 -- '---- ' "$logs/e2e.log" | head -80
     read -r p f < <(cargo_counts "$logs/e2e.log")
     record e2e "$p" "$f" "$status"
+fi
+
+layer bench
+if [ -n "$url" ]; then
+    cargo build --release -q -p idempotency-tests --bin bench >"$logs/bench.log" 2>&1 && target/release/bench --smoke >>"$logs/bench.log" 2>&1
+    status=$?
+    tail -3 "$logs/bench.log"
+    record bench "$([ $status = 0 ] && echo 1 || echo 0)" 0 "$status"
 fi
 scripts/pg.sh stop || true
 

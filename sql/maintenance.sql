@@ -85,34 +85,33 @@ BEGIN
         RAISE EXCEPTION 'batch_size must be at least 1, got %', batch_size USING ERRCODE = '22023';
     END IF;
 
-    -- Delete by ctid, re-checking the conditions on the row version being deleted: a row that
-    -- was taken over since the scan is a newer version and no longer matches.
-    WITH expired AS (
-        SELECT r.ctid
-          FROM @extschema@.idem_records AS r
-         WHERE r.status <> 'PROCESSING' AND r.expires_at <= v_now
-         LIMIT batch_size
-           FOR UPDATE OF r SKIP LOCKED)
+    -- Lock a batch (skipping rows live transactions hold), then delete it by ctid with a TID
+    -- scan, re-checking the conditions on the row version being deleted: a row taken over since
+    -- the scan is a newer version and no longer matches.
     DELETE FROM @extschema@.idem_records AS r
-     USING expired AS e
-     WHERE r.ctid = e.ctid AND r.status <> 'PROCESSING' AND r.expires_at <= v_now;
+     WHERE r.ctid = ANY (ARRAY(
+               SELECT x.ctid
+                 FROM @extschema@.idem_records AS x
+                WHERE x.status <> 'PROCESSING' AND x.expires_at <= v_now
+                LIMIT batch_size
+                  FOR UPDATE OF x SKIP LOCKED))
+       AND r.status <> 'PROCESSING' AND r.expires_at <= v_now;
     GET DIAGNOSTICS v_records = ROW_COUNT;
 
     -- Retry counters: expired, and no remaining record was created while the counter was live.
     IF v_records < batch_size THEN
-        WITH expired AS (
-            SELECT t.ctid
-              FROM @extschema@.idem_retries AS t
-             WHERE t.expires_at <= v_now
-               AND NOT EXISTS (
-                   SELECT FROM @extschema@.idem_records AS r
-                    WHERE r.operation = t.operation AND r.user_id = t.user_id AND r.key = t.key
-                      AND r.created_at < t.expires_at)
-             LIMIT batch_size - v_records
-               FOR UPDATE OF t SKIP LOCKED)
         DELETE FROM @extschema@.idem_retries AS t
-         USING expired AS e
-         WHERE t.ctid = e.ctid AND t.expires_at <= v_now;
+         WHERE t.ctid = ANY (ARRAY(
+                   SELECT x.ctid
+                     FROM @extschema@.idem_retries AS x
+                    WHERE x.expires_at <= v_now
+                      AND NOT EXISTS (
+                          SELECT FROM @extschema@.idem_records AS r
+                           WHERE r.operation = x.operation AND r.user_id = x.user_id AND r.key = x.key
+                             AND r.created_at < x.expires_at)
+                    LIMIT batch_size - v_records
+                      FOR UPDATE OF x SKIP LOCKED))
+           AND t.expires_at <= v_now;
         GET DIAGNOSTICS v_counters = ROW_COUNT;
     END IF;
     RETURN v_records + v_counters;

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The benchmark (DESIGN section 8): installs what is missing, starts the private cluster, installs
+# the release build, runs every case interleaved A/B/B/A, prints the table, and writes
+# target/bench/results.csv and target/bench/benchmark.png. `--smoke`: a few seconds per case,
+# checking only that every case produced numbers (the test command runs this).
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+mkdir -p target/bench
+bash scripts/setup.sh
+(cd extension && cargo pgrx install --release --pg-config "${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}") >target/bench/build.log 2>&1 \
+    || { tail -30 target/bench/build.log; exit 1; }
+cargo build --release -q -p idempotency-tests --bin bench >>target/bench/build.log 2>&1 || { tail -30 target/bench/build.log; exit 1; }
+scripts/pg.sh start >/dev/null
+trap 'scripts/pg.sh stop' EXIT
+"$root/target/release/bench" "$@"
