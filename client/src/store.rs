@@ -254,10 +254,7 @@ impl Idempotency {
     /// A transient failure inside `run`: undo the attempt's writes, count it, free the key.
     async fn give_back<E>(&self, tx: &Transaction<'_>, key: &Key, token: Token) -> Result<(), Error<E>> {
         tx.batch_execute("ROLLBACK TO SAVEPOINT idem_work").await?;
-        match ops::release(tx, key, token, self.config.max_retries).await.map_err(Error::widen)? {
-            ReleaseOutcome::Released | ReleaseOutcome::Poisoned => Ok(()),
-            ReleaseOutcome::Stale => Err(Error::LeaseLost),
-        }
+        released(ops::release(tx, key, token, self.config.max_retries).await.map_err(Error::widen)?)
     }
 
     /// Maps a non-`created` reservation to the caller's answer.
@@ -340,10 +337,15 @@ impl Idempotency {
     }
 
     async fn release_external<E>(&self, client: &deadpool_postgres::Client, key: &Key, token: Token) -> Result<(), Error<E>> {
-        match ops::release(client, key, token, self.config.max_retries).await.map_err(Error::widen)? {
-            ReleaseOutcome::Released | ReleaseOutcome::Poisoned => Ok(()),
-            ReleaseOutcome::Stale => Err(Error::LeaseLost),
-        }
+        released(ops::release(client, key, token, self.config.max_retries).await.map_err(Error::widen)?)
+    }
+}
+
+/// A release by the attempt itself: a stale answer means the key was taken from it.
+fn released<E>(outcome: ReleaseOutcome) -> Result<(), Error<E>> {
+    match outcome {
+        ReleaseOutcome::Released | ReleaseOutcome::Poisoned => Ok(()),
+        ReleaseOutcome::Stale => Err(Error::LeaseLost),
     }
 }
 
