@@ -394,11 +394,10 @@ impl Heartbeat {
             loop {
                 tokio::time::sleep(every).await;
                 let Ok(client) = pool.get().await else { continue };
-                match ops::heartbeat(&client, &key, token, Some(lease)).await {
-                    // The key is lost: stop; the final complete is fenced and will say so.
-                    Ok(false) => return,
-                    // A failed beat is retried a third of a lease later, before the lease ends.
-                    Ok(true) | Err(_) => {}
+                // The key is lost: stop; the final complete is fenced and will say so. A failed
+                // beat (an error) is retried a third of a lease later, before the lease ends.
+                if let Ok(false) = ops::heartbeat(&client, &key, token, Some(lease)).await {
+                    return;
                 }
             }
         }))

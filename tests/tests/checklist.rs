@@ -14,20 +14,20 @@ use std::time::{Duration, Instant};
 
 /// A handler that counts its runs, writes one business row tagged with the key, and answers
 /// `status` (or fails with `fail`).
-fn charge<E: Clone + Send + 'static>(
+fn charge<E>(
     runs: &Arc<AtomicUsize>,
     key: &Key,
     status: u16,
     fail: Option<E>,
 ) -> impl for<'t> FnMut(&'t Transaction<'_>) -> Work<'t, StoredResponse, E> + Send
 where
-    E: From<tokio_postgres::Error>,
+    E: Clone + Send + 'static + From<tokio_postgres::Error>,
 {
     slow_charge(runs, key, status, fail, Duration::ZERO)
 }
 
 /// [`charge`], holding the transaction open for `delay` after its write.
-fn slow_charge<E: Clone + Send + 'static>(
+fn slow_charge<E>(
     runs: &Arc<AtomicUsize>,
     key: &Key,
     status: u16,
@@ -35,7 +35,7 @@ fn slow_charge<E: Clone + Send + 'static>(
     delay: Duration,
 ) -> impl for<'t> FnMut(&'t Transaction<'_>) -> Work<'t, StoredResponse, E> + Send
 where
-    E: From<tokio_postgres::Error>,
+    E: Clone + Send + 'static + From<tokio_postgres::Error>,
 {
     let runs = runs.clone();
     let tag = key.to_string();
