@@ -209,7 +209,8 @@ async fn a_terminated_holder_lets_a_waiting_duplicate_run_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_killed_two_phase_worker_is_recovered_and_fenced() {
-    let lease = Duration::from_millis(300);
+    // Long enough that a slow machine still heartbeats (a third of a lease apart) in time.
+    let lease = Duration::from_secs(1);
     let idem = private("idem_fault_killed_worker", Config { lease: Some(lease), ..Config::default() }).await;
     let admin = idem.pool().get().await.unwrap();
     let mut tokens: Vec<(Key, Token)> = Vec::new();
@@ -233,7 +234,7 @@ async fn a_killed_two_phase_worker_is_recovered_and_fenced() {
         worker.abort();
         let _ = worker.await;
         // Its heartbeat stopped with it: once the lease passes, recovery takes the key.
-        tokio::time::sleep(lease + Duration::from_millis(200)).await;
+        tokio::time::sleep(lease + Duration::from_millis(500)).await;
         assert_eq!(ops::recover_stuck(&admin, 100, action, None).await.unwrap(), 1);
         tokens.push((key, record.token));
     }

@@ -29,13 +29,14 @@ fn record(tag: String) -> impl for<'t> FnOnce(&'t Transaction<'_>, &'t StoredRes
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn heartbeat_keeps_the_key_through_a_call_longer_than_the_lease() {
-    let lease = Duration::from_millis(300);
+    // Heartbeats a third of a lease apart leave two spare beats before the lease could end.
+    let lease = Duration::from_secs(1);
     let idem = private("idem_two_phase_heartbeat", lease).await;
     let key = unique_key("external.long");
     let fp = Fingerprint::of_json(&json!({"a": 1})).unwrap();
     let calls = Arc::new(AtomicUsize::new(0));
 
-    // An operator recovers stuck keys every 50 ms during the call.
+    // An operator recovers stuck keys every 100 ms during the call.
     let recovered = Arc::new(AtomicUsize::new(0));
     let stop = Arc::new(tokio::sync::Notify::new());
     let recoverer = {
@@ -45,7 +46,7 @@ async fn heartbeat_keeps_the_key_through_a_call_longer_than_the_lease() {
             loop {
                 tokio::select! {
                     _ = stop.notified() => return,
-                    _ = tokio::time::sleep(Duration::from_millis(50)) => {
+                    _ = tokio::time::sleep(Duration::from_millis(100)) => {
                         let n = ops::recover_stuck(&client, 100, RecoverAction::Fail, None).await.unwrap();
                         recovered.fetch_add(n as usize, Ordering::SeqCst);
                     }
@@ -59,12 +60,12 @@ async fn heartbeat_keeps_the_key_through_a_call_longer_than_the_lease() {
         async move {
             calls.fetch_add(1, Ordering::SeqCst);
             // Meanwhile a duplicate is told the key is in progress, with no second call.
-            tokio::time::sleep(Duration::from_millis(400)).await;
+            tokio::time::sleep(Duration::from_millis(1200)).await;
             let dup = idem
                 .run_external(&key, &fp, async { Ok::<_, tokio_postgres::Error>(StoredResponse::json(201, json!({}))) }, record("dup".into()))
                 .await;
             assert!(matches!(dup, Err(Error::InProgress { .. })), "{dup:?}");
-            tokio::time::sleep(Duration::from_millis(800)).await; // 4 leases in all
+            tokio::time::sleep(Duration::from_millis(2000)).await; // over 3 leases in all
             Ok::<_, tokio_postgres::Error>(StoredResponse::json(201, json!({"network_ref": "ch_1"})))
         }
     };
@@ -99,16 +100,18 @@ async fn a_worker_that_lost_its_key_cannot_complete_it() {
         let (pool, key) = (idem.pool().clone(), key.clone());
         async move {
             tokio::time::sleep(Duration::from_millis(100)).await;
-            let client = pool.get().await.unwrap();
-            client
-                .execute(
-                    "UPDATE idem_records SET lease_expires_at = clock_timestamp() - interval '1 second', \
-                     expires_at = clock_timestamp() - interval '1 second' WHERE key = $1",
-                    &[&key.key()],
-                )
-                .await
-                .unwrap();
-            assert_eq!(ops::recover_stuck(&client, 10, RecoverAction::Release, None).await.unwrap(), 1);
+            let mut client = pool.get().await.unwrap();
+            // In one transaction, so a heartbeat in between cannot renew the lease.
+            let tx = client.transaction().await.unwrap();
+            tx.execute(
+                "UPDATE idem_records SET lease_expires_at = clock_timestamp() - interval '1 second', \
+                 expires_at = clock_timestamp() - interval '1 second' WHERE key = $1",
+                &[&key.key()],
+            )
+            .await
+            .unwrap();
+            assert_eq!(ops::recover_stuck(&tx, 10, RecoverAction::Release, None).await.unwrap(), 1);
+            tx.commit().await.unwrap();
             let newer = ops::reserve(&client, &key, "other-request", &ops::ReserveOptions::default()).await.unwrap();
             assert!(matches!(newer.outcome, ops::ReserveOutcome::Created(_)));
             Ok::<_, tokio_postgres::Error>(StoredResponse::json(201, json!({"late": true})))
