@@ -1,9 +1,9 @@
 -- idempotency 0.1.0: idem_reserve.
 --
 -- How one key stays at most once:
---   1. Read the committed record (and its live retry counter) in one statement. A live record
+--   1. Read the committed record (and its retry counter) in one primary-key probe. A live record
 --      answers at once: replay, failed, in_progress or mismatch. No lock is taken, so a replay
---      costs one index lookup and never makes a concurrent duplicate wait.
+--      costs one statement and never makes a concurrent duplicate wait.
 --   2. The key is absent or expired: take the key's transaction-scoped advisory lock. Every
 --      transaction that creates or takes over a record holds it until it commits or rolls back,
 --      so an uncommitted reservation is detected without blocking (wait => false answers
@@ -49,21 +49,22 @@ BEGIN
 
     FOR attempt IN 1..8 LOOP
         v_now := clock_timestamp();
+        -- One primary-key probe; the retry counter counts if it was live when the record was
+        -- created (a scalar subquery, evaluated only when the record exists).
         SELECT r.request_hash, r.status, r.response, r.lease_expires_at, r.expires_at,
-               r.created_at, t.attempts, t.expires_at AS counter_expires_at
+               (SELECT t.attempts
+                  FROM @extschema@.idem_retries AS t
+                 WHERE t.operation = operation AND t.user_id = user_id AND t.key = key
+                   AND t.expires_at > r.created_at) AS attempts
           INTO v_rec
-          FROM (SELECT) AS one
-          LEFT JOIN @extschema@.idem_records AS r
-                 ON r.operation = operation AND r.user_id = user_id AND r.key = key
-          LEFT JOIN @extschema@.idem_retries AS t
-                 ON t.operation = operation AND t.user_id = user_id AND t.key = key;
+          FROM @extschema@.idem_records AS r
+         WHERE r.operation = operation AND r.user_id = user_id AND r.key = key;
 
         IF v_rec.status IS NOT NULL
            AND (v_rec.expires_at > v_now
                 OR (v_rec.status = 'PROCESSING' AND v_rec.lease_expires_at > v_now)) THEN
-            -- A live record decides. Its retry counter counts if it was live when it was created.
-            v_attempts := CASE WHEN v_rec.counter_expires_at > v_rec.created_at
-                               THEN v_rec.attempts ELSE 0 END;
+            -- A live record decides.
+            v_attempts := coalesce(v_rec.attempts, 0);
             IF v_rec.request_hash <> request_hash THEN
                 RETURN ROW('mismatch', NULL, NULL, v_attempts, v_rec.expires_at)::@extschema@.idem_reservation;
             END IF;
@@ -76,7 +77,6 @@ BEGIN
         END IF;
 
         -- Absent, or expired and free to take over: a new attempt would start now.
-        v_attempts := CASE WHEN v_rec.counter_expires_at > v_now THEN v_rec.attempts ELSE 0 END;
         IF v_ttl IS NULL THEN
             -- The durations, settled only when creating: a replay never reads a setting.
             v_ttl := coalesce(ttl, current_setting('idempotency.ttl', true)::interval);
@@ -94,6 +94,10 @@ BEGIN
             ELSIF NOT pg_try_advisory_xact_lock(
                     hashtextextended(operation || E'\x1f' || user_id || E'\x1f' || key, 0)) THEN
                 -- Another transaction is creating this key and has not committed.
+                v_attempts := coalesce((SELECT t.attempts
+                                          FROM @extschema@.idem_retries AS t
+                                         WHERE t.operation = operation AND t.user_id = user_id
+                                           AND t.key = key AND t.expires_at > v_now), 0);
                 RETURN ROW('in_progress', NULL, NULL, v_attempts, NULL)::@extschema@.idem_reservation;
             END IF;
             v_locked := true;
@@ -109,7 +113,12 @@ BEGIN
                     lease_expires_at, expires_at, created_at, updated_at)
             VALUES (operation, user_id, key, request_hash, 'PROCESSING', v_token, NULL,
                     v_now + v_lease, v_now + v_ttl, v_now, v_now)
-            ON CONFLICT ON CONSTRAINT idem_records_pkey DO NOTHING;
+            ON CONFLICT ON CONSTRAINT idem_records_pkey DO NOTHING
+            RETURNING (SELECT t.attempts
+                         FROM @extschema@.idem_retries AS t
+                        WHERE t.operation = operation AND t.user_id = user_id AND t.key = key
+                          AND t.expires_at > v_now)
+                 INTO v_attempts;
         ELSE
             UPDATE @extschema@.idem_records AS r
                SET request_hash = request_hash, status = 'PROCESSING', token = v_token,
@@ -117,9 +126,16 @@ BEGIN
                    expires_at = v_now + v_ttl, created_at = v_now, updated_at = v_now
              WHERE r.operation = operation AND r.user_id = user_id AND r.key = key
                AND r.expires_at <= v_now
-               AND (r.status <> 'PROCESSING' OR r.lease_expires_at <= v_now);
+               AND (r.status <> 'PROCESSING' OR r.lease_expires_at <= v_now)
+            RETURNING (SELECT t.attempts
+                         FROM @extschema@.idem_retries AS t
+                        WHERE t.operation = operation AND t.user_id = user_id AND t.key = key
+                          AND t.expires_at > v_now)
+                 INTO v_attempts;
         END IF;
         IF FOUND THEN
+            -- The retry counter, if one is live: this attempt continues its count.
+            v_attempts := coalesce(v_attempts, 0);
             IF v_attempts > 0 THEN
                 -- A retry of a released key: keep its counter alive as long as this record.
                 UPDATE @extschema@.idem_retries AS t
@@ -131,7 +147,7 @@ BEGIN
         -- Lost a race with a commit, a takeover, a recovery or a sweep: read the key again.
     END LOOP;
     -- The key kept changing under us; answer as a busy key so the caller retries later.
-    RETURN ROW('in_progress', NULL, NULL, v_attempts, NULL)::@extschema@.idem_reservation;
+    RETURN ROW('in_progress', NULL, NULL, coalesce(v_attempts, 0), NULL)::@extschema@.idem_reservation;
 END
 $fn$;
 
