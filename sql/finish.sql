@@ -30,8 +30,7 @@ BEGIN
     END IF;
     IF status NOT IN ('SUCCESS', 'FAILED') THEN
         RAISE EXCEPTION 'status must be ''SUCCESS'' or ''FAILED'', got %',
-            CASE WHEN octet_length(status) <= 32 THEN quote_literal(status)
-                 ELSE format('a %s-byte value', octet_length(status)) END
+            @extschema@._idem_echo(status)
             USING ERRCODE = '22023';
     END IF;
     IF response IS NOT NULL THEN

@@ -72,6 +72,35 @@ $fn$;
 COMMENT ON FUNCTION @extschema@._idem_require(text, boolean) IS
     'Internal: raises 22004 naming the argument when a required argument is NULL.';
 
+-- batch_size of the maintenance functions: non-NULL (22004) and at least 1 (22023).
+CREATE FUNCTION @extschema@._idem_check_batch_size(batch_size integer) RETURNS void
+    LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+    SET search_path = pg_catalog, pg_temp
+    AS $fn$
+BEGIN
+    PERFORM @extschema@._idem_require('batch_size', batch_size IS NULL);
+    IF batch_size < 1 THEN
+        RAISE EXCEPTION 'batch_size must be at least 1, got %', batch_size USING ERRCODE = '22023';
+    END IF;
+END
+$fn$;
+
+COMMENT ON FUNCTION @extschema@._idem_check_batch_size(integer) IS
+    'Internal: raises 22004/22023 for a NULL or non-positive batch_size.';
+
+-- How an error message shows a rejected word: quoted when short, only its size otherwise, so
+-- a huge argument is never echoed.
+CREATE FUNCTION @extschema@._idem_echo(value text) RETURNS text
+    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+    SET search_path = pg_catalog, pg_temp
+    AS $fn$
+    SELECT CASE WHEN octet_length(value) <= 32 THEN quote_literal(value)
+                ELSE format('a %s-byte value', octet_length(value)) END
+$fn$;
+
+COMMENT ON FUNCTION @extschema@._idem_echo(text) IS
+    'Internal: a rejected argument as error messages show it (quoted if at most 32 bytes, else its size).';
+
 -- The interval settings, with NULL meaning the GUC default; positive or 22023.
 CREATE FUNCTION @extschema@._idem_interval(name text, value interval) RETURNS interval
     LANGUAGE plpgsql VOLATILE PARALLEL SAFE

@@ -19,15 +19,11 @@ DECLARE
     v_n   bigint := 0;
     v_rec record;
 BEGIN
-    PERFORM @extschema@._idem_require('batch_size', batch_size IS NULL);
-    IF batch_size < 1 THEN
-        RAISE EXCEPTION 'batch_size must be at least 1, got %', batch_size USING ERRCODE = '22023';
-    END IF;
+    PERFORM @extschema@._idem_check_batch_size(batch_size);
     PERFORM @extschema@._idem_require('action', action IS NULL);
     IF action NOT IN ('fail', 'release') THEN
         RAISE EXCEPTION 'action must be ''fail'' or ''release'', got %',
-            CASE WHEN octet_length(action) <= 32 THEN quote_literal(action)
-                 ELSE format('a %s-byte value', octet_length(action)) END
+            @extschema@._idem_echo(action)
             USING ERRCODE = '22023';
     END IF;
     v_max := @extschema@._idem_max_retries(max_retries);
@@ -80,10 +76,7 @@ DECLARE
     v_records  bigint;
     v_counters bigint := 0;
 BEGIN
-    PERFORM @extschema@._idem_require('batch_size', batch_size IS NULL);
-    IF batch_size < 1 THEN
-        RAISE EXCEPTION 'batch_size must be at least 1, got %', batch_size USING ERRCODE = '22023';
-    END IF;
+    PERFORM @extschema@._idem_check_batch_size(batch_size);
 
     -- Lock a batch (skipping rows live transactions hold), then delete it by ctid with a TID
     -- scan, re-checking the conditions on the row version being deleted: a row taken over since

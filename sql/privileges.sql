@@ -21,6 +21,8 @@ REVOKE EXECUTE ON FUNCTION
     @extschema@._idem_check_text(text, text, boolean),
     @extschema@._idem_check_scope(text, text, text),
     @extschema@._idem_require(text, boolean),
+    @extschema@._idem_check_batch_size(integer),
+    @extschema@._idem_echo(text),
     @extschema@._idem_interval(text, interval),
     @extschema@._idem_max_retries(integer),
     @extschema@._idem_durations(interval, interval),
