@@ -10,7 +10,7 @@ mkdir -p target/bench
 bash scripts/setup.sh
 (cd extension && cargo pgrx install --release --pg-config "${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}") >target/bench/build.log 2>&1 \
     || { tail -30 target/bench/build.log; exit 1; }
-cargo build --release -q -p idempotency-tests --bin bench >>target/bench/build.log 2>&1 || { tail -30 target/bench/build.log; exit 1; }
+cargo build --release -q -p idempotency-bench --bin bench >>target/bench/build.log 2>&1 || { tail -30 target/bench/build.log; exit 1; }
 scripts/pg.sh start >/dev/null
 trap 'scripts/pg.sh stop' EXIT
 "$root/target/release/bench" "$@"

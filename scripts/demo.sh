@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The demo: installs what is missing, starts the private cluster, installs the extension, runs
-# the demo program (tests/src/bin/demo.rs), prints its findings, and stops the cluster.
+# the demo program (demo/src/main.rs), prints its findings, and stops the cluster.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
@@ -10,7 +10,7 @@ bash scripts/setup.sh
 echo "building and installing the extension (log: target/demo-logs/build.log) ..."
 (cd extension && cargo pgrx install --release --pg-config "${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}") >"$logs/build.log" 2>&1 \
     || { tail -30 "$logs/build.log"; exit 1; }
-cargo build --release -q -p idempotency-tests --bin demo >>"$logs/build.log" 2>&1 || { tail -30 "$logs/build.log"; exit 1; }
+cargo build --release -q -p idempotency-demo --bin demo >>"$logs/build.log" 2>&1 || { tail -30 "$logs/build.log"; exit 1; }
 scripts/pg.sh start >/dev/null
 trap 'scripts/pg.sh stop' EXIT
 echo

@@ -44,7 +44,10 @@ log_min_messages = warning
 CONF
     fi
     if ! as_server "$bindir/pg_ctl" -D "$data" status >/dev/null 2>&1; then
-        as_server "$bindir/pg_ctl" -D "$data" -l "$dir/server.log" -o "-p $port" -w -t 60 start >/dev/null \
+        # pg_stat_statements lets the benchmark count the statements the server runs per
+        # operation (it turns tracking on only for its counting runs).
+        as_server "$bindir/pg_ctl" -D "$data" -l "$dir/server.log" -w -t 60 \
+            -o "-p $port -c shared_preload_libraries=pg_stat_statements -c pg_stat_statements.track=none" start >/dev/null \
             || { tail -20 "$dir/server.log" >&2; exit 1; }
     fi
     echo "$url"

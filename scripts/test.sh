@@ -3,6 +3,7 @@
 # Installs what is missing first (scripts/setup.sh). Exits non-zero if any layer fails.
 #
 #   unit        cargo test -p idempotency-client (fingerprint, key rules, response policy, doc tests)
+#   lint        cargo clippy over every crate and target, the extension included; a warning fails
 #   pg_test     cargo pgrx test: the Rust that runs inside PostgreSQL
 #   install     cargo pgrx install --release (what the next layers test)
 #   regress     pg_regress golden files (tests/regress) against the private cluster
@@ -58,6 +59,13 @@ cargo test -p idempotency-client 2>&1 | tee "$logs/unit.log" | grep -E '^(test |
 status=${PIPESTATUS[0]}
 read -r p f < <(cargo_counts "$logs/unit.log")
 record unit "$p" "$f" "$status"
+
+layer lint
+# The lints are configured once, in the root Cargo.toml's [workspace.lints].
+cargo clippy --workspace --all-targets -- -D warnings >"$logs/lint.log" 2>&1
+status=$?
+grep -E '^(warning|error)' -A5 "$logs/lint.log" | head -60
+record lint "$([ $status = 0 ] && echo 1 || echo 0)" 0 "$status"
 
 layer pg_test
 pgrx_data=$root/target/pgrx-test-data
@@ -118,7 +126,7 @@ fi
 
 layer bench
 if [ -n "$url" ]; then
-    cargo build --release -q -p idempotency-tests --bin bench >"$logs/bench.log" 2>&1 && target/release/bench --smoke >>"$logs/bench.log" 2>&1
+    cargo build --release -q -p idempotency-bench --bin bench >"$logs/bench.log" 2>&1 && target/release/bench --smoke >>"$logs/bench.log" 2>&1
     status=$?
     tail -3 "$logs/bench.log"
     record bench "$([ $status = 0 ] && echo 1 || echo 0)" 0 "$status"
@@ -126,13 +134,9 @@ fi
 scripts/pg.sh stop || true
 
 layer pgspot
-# Every finding fails the layer unless it is explained in tests/pgspot-ignore (code + reason).
-ignores=()
-while read -r code _; do
-    [ -n "$code" ] && ignores+=(--ignore "$code")
-done < <(grep -v '^#' tests/pgspot-ignore 2>/dev/null || true)
+# Every finding fails the layer.
 script="$sharedir/extension/idempotency--$(grep -m1 '^version' Cargo.toml | cut -d'"' -f2).sql"
-python3 -m pgspot "${ignores[@]}" "$script" >"$logs/pgspot.log" 2>&1
+python3 -m pgspot "$script" >"$logs/pgspot.log" 2>&1
 status=$?
 cat "$logs/pgspot.log"
 findings=$(grep -cE '^PS[0-9]+' "$logs/pgspot.log")

@@ -19,12 +19,12 @@ use idempotency_client::{Error, Fingerprint, Idempotency, Key, Outcome, StoredRe
 use serde_json::{json, Value};
 
 /// The routes, over a handle whose database has a `charges (id bigserial, user_id text, amount bigint)` table.
-pub fn router(idem: Idempotency) -> Router {
+pub(crate) fn router(idem: Idempotency) -> Router {
     Router::new().route("/charges", post(create_charge)).with_state(idem)
 }
 
 /// The SQL the routes need next to the extension.
-pub const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS charges (id bigserial PRIMARY KEY, user_id text NOT NULL, amount bigint NOT NULL)";
+pub(crate) const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS charges (id bigserial PRIMARY KEY, user_id text NOT NULL, amount bigint NOT NULL)";
 
 async fn create_charge(State(idem): State<Idempotency>, headers: HeaderMap, body: String) -> Response {
     let Some(raw_key) = headers.get("idempotency-key").and_then(|v| v.to_str().ok()) else {

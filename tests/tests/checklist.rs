@@ -1,62 +1,15 @@
 //! The release checklist of DESIGN section 7, end to end through the client, against the
 //! private cluster. Each assertion would fail on a check-then-run implementation.
 
-use deadpool_postgres::Transaction;
 use idempotency_client::ops::{self, RecoverAction, ReserveOptions, ReserveOutcome, Status};
 use idempotency_client::{
-    Config, Disposition, Error, Fingerprint, HandlerError, Idempotency, Key, Outcome, StoredResponse, Work,
+    Config, Disposition, Error, Fingerprint, HandlerError, Idempotency, Key, Outcome, StoredResponse,
 };
-use idempotency_tests::{admin, charges_for, fresh_database, handle, unique_key};
+use idempotency_testkit::{admin, charges_for, fresh_database, handle, unique_key, Charge};
 use serde_json::json;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-/// A handler that counts its runs, writes one business row tagged with the key, and answers
-/// `status` (or fails with `fail`).
-fn charge<E>(
-    runs: &Arc<AtomicUsize>,
-    key: &Key,
-    status: u16,
-    fail: Option<E>,
-) -> impl for<'t> FnMut(&'t Transaction<'_>) -> Work<'t, StoredResponse, E> + Send
-where
-    E: Clone + Send + 'static + From<tokio_postgres::Error>,
-{
-    slow_charge(runs, key, status, fail, Duration::ZERO)
-}
-
-/// [`charge`], holding the transaction open for `delay` after its write.
-fn slow_charge<E>(
-    runs: &Arc<AtomicUsize>,
-    key: &Key,
-    status: u16,
-    fail: Option<E>,
-    delay: Duration,
-) -> impl for<'t> FnMut(&'t Transaction<'_>) -> Work<'t, StoredResponse, E> + Send
-where
-    E: Clone + Send + 'static + From<tokio_postgres::Error>,
-{
-    let runs = runs.clone();
-    let tag = key.to_string();
-    move |tx| {
-        let runs = runs.clone();
-        let tag = tag.clone();
-        let fail = fail.clone();
-        Box::pin(async move {
-            let n = runs.fetch_add(1, Ordering::SeqCst) + 1;
-            let row = tx
-                .query_one("INSERT INTO charges (user_id, amount, k) VALUES ('u', 100, $1) RETURNING id", &[&tag])
-                .await?;
-            let id: i64 = row.get("id");
-            tokio::time::sleep(delay).await;
-            if let Some(e) = fail {
-                return Err(e);
-            }
-            Ok(StoredResponse::json(status, json!({"id": id, "run": n})))
-        })
-    }
-}
 
 /// A closure error that is transient unless built with a response.
 #[derive(Debug, Clone)]
@@ -92,8 +45,8 @@ async fn duplicate_replays_and_runs_once() {
     let idem = handle(Config::default()).await;
     let key = unique_key("checklist.duplicate");
     let runs = Arc::new(AtomicUsize::new(0));
-    let first = idem.run(&key, &fp(json!({"amount": 100})), charge::<Failure>(&runs, &key, 201, None)).await.unwrap();
-    let second = idem.run(&key, &fp(json!({"amount": 100})), charge::<Failure>(&runs, &key, 201, None)).await.unwrap();
+    let first = idem.run(&key, &fp(json!({"amount": 100})), Charge::of(&key).handler::<Failure>(&runs)).await.unwrap();
+    let second = idem.run(&key, &fp(json!({"amount": 100})), Charge::of(&key).handler::<Failure>(&runs)).await.unwrap();
     assert!(matches!(first, Outcome::Executed(_)));
     assert!(second.replayed());
     assert_eq!(first.value(), second.value(), "the replay is the stored response");
@@ -106,8 +59,8 @@ async fn same_key_with_a_different_payload_is_a_mismatch() {
     let idem = handle(Config::default()).await;
     let key = unique_key("checklist.mismatch");
     let runs = Arc::new(AtomicUsize::new(0));
-    idem.run(&key, &fp(json!({"amount": 100})), charge::<Failure>(&runs, &key, 201, None)).await.unwrap();
-    let err = idem.run(&key, &fp(json!({"amount": 200})), charge::<Failure>(&runs, &key, 201, None)).await.unwrap_err();
+    idem.run(&key, &fp(json!({"amount": 100})), Charge::of(&key).handler::<Failure>(&runs)).await.unwrap();
+    let err = idem.run(&key, &fp(json!({"amount": 200})), Charge::of(&key).handler::<Failure>(&runs)).await.unwrap_err();
     assert!(matches!(err, Error::Mismatch), "{err:?}");
     assert_eq!(err.http_status(), 422);
     assert_eq!(runs.load(Ordering::SeqCst), 1);
@@ -124,7 +77,7 @@ async fn concurrent_duplicates(wait: bool) -> (Vec<Result<Outcome<StoredResponse
         tasks.push(tokio::spawn(async move {
             start.wait().await;
             // Hold the reservation open so the duplicates really overlap.
-            let slow = slow_charge::<Failure>(&runs, &key, 201, None, Duration::from_millis(200));
+            let slow = Charge::of(&key).delay(Duration::from_millis(200)).handler::<Failure>(&runs);
             idem.run(&key, &fp(json!({"amount": 100})), slow).await
         }));
     }
@@ -175,11 +128,11 @@ async fn permanent_failure_is_stored_and_replayed_as_failure() {
     // A 4xx result is remembered as FAILED (never as a success), with its writes.
     let key = unique_key("checklist.permanent.response");
     let runs = Arc::new(AtomicUsize::new(0));
-    let first = idem.run(&key, &fp(json!({"a": 1})), charge::<Failure>(&runs, &key, 402, None)).await.unwrap();
+    let first = idem.run(&key, &fp(json!({"a": 1})), Charge::of(&key).status(402).handler::<Failure>(&runs)).await.unwrap();
     assert!(matches!(&first, Outcome::Executed(r) if r.status == 402));
     let record = ops::lookup(&admin, &key).await.unwrap().expect("record");
     assert_eq!(record.status, "FAILED", "an error response is never recorded as success");
-    let err = idem.run(&key, &fp(json!({"a": 1})), charge::<Failure>(&runs, &key, 201, None)).await.unwrap_err();
+    let err = idem.run(&key, &fp(json!({"a": 1})), Charge::of(&key).handler::<Failure>(&runs)).await.unwrap_err();
     match &err {
         Error::Failed { response: Some(r) } => assert_eq!(r["status"], 402),
         other => panic!("expected the stored failure, got {other:?}"),
@@ -191,10 +144,10 @@ async fn permanent_failure_is_stored_and_replayed_as_failure() {
     let key = unique_key("checklist.permanent.error");
     let runs = Arc::new(AtomicUsize::new(0));
     let declined = Failure(Some(json!({"status": 402, "body": {"error": "card declined"}})));
-    let err = idem.run(&key, &fp(json!({"a": 1})), charge(&runs, &key, 201, Some(declined))).await.unwrap_err();
+    let err = idem.run(&key, &fp(json!({"a": 1})), Charge::of(&key).failing(&runs, declined)).await.unwrap_err();
     assert!(matches!(err, Error::Handler(_)), "{err:?}");
     assert_eq!(charges_for(&admin, &key).await, 0, "the failed attempt's writes rolled back");
-    let err = idem.run(&key, &fp(json!({"a": 1})), charge::<Failure>(&runs, &key, 201, None)).await.unwrap_err();
+    let err = idem.run(&key, &fp(json!({"a": 1})), Charge::of(&key).handler::<Failure>(&runs)).await.unwrap_err();
     assert!(matches!(&err, Error::Failed { response: Some(r) } if r["body"]["error"] == "card declined"), "{err:?}");
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
@@ -206,14 +159,14 @@ async fn transient_failure_releases_and_reexecutes() {
     let key = unique_key("checklist.transient");
     let runs = Arc::new(AtomicUsize::new(0));
     // A 5xx result is released: its writes roll back and the retry runs again.
-    let first = idem.run(&key, &fp(json!({"a": 1})), charge::<Failure>(&runs, &key, 503, None)).await.unwrap();
+    let first = idem.run(&key, &fp(json!({"a": 1})), Charge::of(&key).status(503).handler::<Failure>(&runs)).await.unwrap();
     assert!(matches!(&first, Outcome::Released(r) if r.status == 503));
     assert_eq!(charges_for(&admin, &key).await, 0);
     // So is a transient handler error.
-    let err = idem.run(&key, &fp(json!({"a": 1})), charge(&runs, &key, 201, Some(Failure(None)))).await.unwrap_err();
+    let err = idem.run(&key, &fp(json!({"a": 1})), Charge::of(&key).failing(&runs, Failure(None))).await.unwrap_err();
     assert!(matches!(err, Error::Handler(Failure(None))));
     assert_eq!(charges_for(&admin, &key).await, 0);
-    let third = idem.run(&key, &fp(json!({"a": 1})), charge::<Failure>(&runs, &key, 201, None)).await.unwrap();
+    let third = idem.run(&key, &fp(json!({"a": 1})), Charge::of(&key).handler::<Failure>(&runs)).await.unwrap();
     assert!(matches!(&third, Outcome::Executed(r) if r.status == 201));
     assert_eq!(runs.load(Ordering::SeqCst), 3);
     assert_eq!(charges_for(&admin, &key).await, 1);
@@ -227,10 +180,10 @@ async fn max_retries_transient_failures_poison_the_key() {
     let key = unique_key("checklist.poison");
     let runs = Arc::new(AtomicUsize::new(0));
     for _ in 0..3 {
-        let err = idem.run(&key, &fp(json!({"a": 1})), charge(&runs, &key, 201, Some(Failure(None)))).await.unwrap_err();
+        let err = idem.run(&key, &fp(json!({"a": 1})), Charge::of(&key).failing(&runs, Failure(None))).await.unwrap_err();
         assert!(matches!(err, Error::Handler(_)), "{err:?}");
     }
-    let err = idem.run(&key, &fp(json!({"a": 1})), charge::<Failure>(&runs, &key, 201, None)).await.unwrap_err();
+    let err = idem.run(&key, &fp(json!({"a": 1})), Charge::of(&key).handler::<Failure>(&runs)).await.unwrap_err();
     assert!(matches!(err, Error::Failed { response: None }), "{err:?}");
     assert_eq!(err.http_status(), 409);
     assert_eq!(runs.load(Ordering::SeqCst), 3, "the poisoned key never runs again");
@@ -243,7 +196,7 @@ async fn store_down_is_store_unavailable_within_a_bounded_time() {
     let key = unique_key("checklist.down");
     let runs = Arc::new(AtomicUsize::new(0));
     let started = Instant::now();
-    let err = idem.run(&key, &fp(json!({})), charge::<Failure>(&runs, &key, 201, None)).await.unwrap_err();
+    let err = idem.run(&key, &fp(json!({})), Charge::of(&key).handler::<Failure>(&runs)).await.unwrap_err();
     assert!(matches!(err, Error::StoreUnavailable(_)), "{err:?}");
     assert_eq!(err.http_status(), 503);
     assert!(started.elapsed() < Duration::from_secs(15), "took {:?}", started.elapsed());
@@ -259,7 +212,7 @@ async fn keys_are_isolated_per_user_and_per_operation() {
     let other_user = Key::new(base.operation(), format!("{}-other", base.user_id()), base.key()).unwrap();
     let other_op = Key::new("checklist.scope.other", base.user_id(), base.key()).unwrap();
     for key in [&base, &other_user, &other_op] {
-        let out = idem.run(key, &fp(json!({"a": 1})), charge::<Failure>(&runs, key, 201, None)).await.unwrap();
+        let out = idem.run(key, &fp(json!({"a": 1})), Charge::of(key).handler::<Failure>(&runs)).await.unwrap();
         assert!(matches!(out, Outcome::Executed(_)), "{key}: a new key in its own scope");
     }
     assert_eq!(runs.load(Ordering::SeqCst), 3);
@@ -281,7 +234,7 @@ async fn recover_stuck_unblocks_a_crashed_workers_key() {
         let r = ops::reserve(&client, key, fp(json!({})).as_str(), &short).await.unwrap();
         assert!(matches!(r.outcome, ReserveOutcome::Created(_)));
     }
-    let err = idem.run(&first, &fp(json!({})), charge::<Failure>(&runs, &first, 201, None)).await.unwrap_err();
+    let err = idem.run(&first, &fp(json!({})), Charge::of(&first).handler::<Failure>(&runs)).await.unwrap_err();
     assert!(matches!(err, Error::InProgress { .. }), "the key is wedged until recovery: {err:?}");
     tokio::time::sleep(Duration::from_millis(300)).await;
 
@@ -290,9 +243,9 @@ async fn recover_stuck_unblocks_a_crashed_workers_key() {
     assert_eq!(ops::recover_stuck(&client, 10, RecoverAction::Release, None).await.unwrap(), 1);
     assert_eq!(ops::recover_stuck(&client, 10, RecoverAction::Release, None).await.unwrap(), 0);
 
-    let err = idem.run(&first, &fp(json!({})), charge::<Failure>(&runs, &first, 201, None)).await.unwrap_err();
+    let err = idem.run(&first, &fp(json!({})), Charge::of(&first).handler::<Failure>(&runs)).await.unwrap_err();
     assert!(matches!(err, Error::Failed { response: None }), "fail: at most once, never rerun: {err:?}");
-    let out = idem.run(&second, &fp(json!({})), charge::<Failure>(&runs, &second, 201, None)).await.unwrap();
+    let out = idem.run(&second, &fp(json!({})), Charge::of(&second).handler::<Failure>(&runs)).await.unwrap();
     assert!(matches!(out, Outcome::Executed(_)), "release: the retry runs");
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
@@ -305,13 +258,13 @@ async fn sweep_frees_an_expired_key() {
     let idem = Idempotency::with_config(idem.pool().clone(), Config { ttl: Some(ttl), ..Config::default() });
     let runs = Arc::new(AtomicUsize::new(0));
     let key = unique_key("checklist.sweep");
-    idem.run(&key, &fp(json!({})), charge::<Failure>(&runs, &key, 201, None)).await.unwrap();
-    assert!(idem.run(&key, &fp(json!({})), charge::<Failure>(&runs, &key, 201, None)).await.unwrap().replayed());
+    idem.run(&key, &fp(json!({})), Charge::of(&key).handler::<Failure>(&runs)).await.unwrap();
+    assert!(idem.run(&key, &fp(json!({})), Charge::of(&key).handler::<Failure>(&runs)).await.unwrap().replayed());
     tokio::time::sleep(Duration::from_millis(300)).await;
     let client = idem.pool().get().await.unwrap();
     assert_eq!(ops::sweep(&client, 100).await.unwrap(), 1);
     assert!(ops::lookup(&client, &key).await.unwrap().is_none());
-    let out = idem.run(&key, &fp(json!({"new": true})), charge::<Failure>(&runs, &key, 201, None)).await.unwrap();
+    let out = idem.run(&key, &fp(json!({"new": true})), Charge::of(&key).handler::<Failure>(&runs)).await.unwrap();
     assert!(matches!(out, Outcome::Executed(_)), "the expired key is free, even for another payload");
     assert_eq!(runs.load(Ordering::SeqCst), 2);
 }
@@ -357,12 +310,12 @@ async fn check_extension_reports_the_version_or_its_absence() {
     let admin = admin().await;
     admin.batch_execute("DROP DATABASE IF EXISTS idem_no_extension WITH (FORCE)").await.unwrap();
     admin.batch_execute("CREATE DATABASE idem_no_extension").await.unwrap();
-    let bare = Idempotency::connect(&idempotency_tests::database_url("idem_no_extension"), 2).unwrap();
+    let bare = Idempotency::connect(&idempotency_testkit::database_url("idem_no_extension"), 2).unwrap();
     let err = bare.check_extension().await.unwrap_err();
     assert!(matches!(err, Error::ExtensionMissing(_)), "{err:?}");
     // And a call without the extension fails as ExtensionMissing, not as an obscure error.
     let key = unique_key("checklist.noext");
     let runs = Arc::new(AtomicUsize::new(0));
-    let err = bare.run(&key, &fp(json!({})), charge::<Failure>(&runs, &key, 201, None)).await.unwrap_err();
+    let err = bare.run(&key, &fp(json!({})), Charge::of(&key).handler::<Failure>(&runs)).await.unwrap_err();
     assert!(matches!(err, Error::ExtensionMissing(_)), "{err:?}");
 }

@@ -3,16 +3,12 @@
 
 use idempotency_client::ops::{self, ReserveOptions, ReserveOutcome, Status};
 use idempotency_client::{Fingerprint, Idempotency, Key};
-use idempotency_tests::{database_url, fresh_database, root};
+use idempotency_testkit::{database_url, fresh_database, pg_bin, root};
 use serde_json::json;
 use std::process::Command;
 
 const COLUMNS: &str = "operation, user_id, key, request_hash, status, token, response::text, \
     lease_expires_at, expires_at, created_at, updated_at";
-
-fn bin(name: &str) -> String {
-    format!("/usr/lib/postgresql/15/bin/{name}")
-}
 
 async fn dump_rows(client: &deadpool_postgres::Client) -> (Vec<String>, Vec<String>) {
     let records = client
@@ -50,15 +46,15 @@ async fn dump_and_restore_keep_records_counters_and_token_order() {
     assert_eq!(before.1.len(), 1, "one retry counter");
 
     let file = root().join("target/idem_dump.pgc");
-    let out = Command::new(bin("pg_dump")).args(["-Fc", "-d", &src_url, "-f"]).arg(&file).output().unwrap();
+    let out = Command::new(pg_bin("pg_dump")).args(["-Fc", "-d", &src_url, "-f"]).arg(&file).output().unwrap();
     assert!(out.status.success(), "pg_dump: {}", String::from_utf8_lossy(&out.stderr));
     // An empty target database (no extension yet): the dump recreates it with its rows.
-    let admin = Idempotency::connect(idempotency_tests::cluster_url(), 1).unwrap();
+    let admin = Idempotency::connect(idempotency_testkit::cluster_url(), 1).unwrap();
     let admin = admin.pool().get().await.unwrap();
     admin.batch_execute("DROP DATABASE IF EXISTS idem_dump_dst WITH (FORCE)").await.unwrap();
     admin.batch_execute("CREATE DATABASE idem_dump_dst").await.unwrap();
     let dst_url = database_url("idem_dump_dst");
-    let out = Command::new(bin("pg_restore")).args(["--exit-on-error", "-d", &dst_url]).arg(&file).output().unwrap();
+    let out = Command::new(pg_bin("pg_restore")).args(["--exit-on-error", "-d", &dst_url]).arg(&file).output().unwrap();
     assert!(out.status.success(), "pg_restore: {}", String::from_utf8_lossy(&out.stderr));
 
     let dst = Idempotency::connect(&dst_url, 4).unwrap();

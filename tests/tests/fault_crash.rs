@@ -3,8 +3,8 @@
 //! every key, each key has exactly one business row and one SUCCESS record.
 //! Its own test binary: it restarts the shared private cluster.
 
-use idempotency_client::{Config, Fingerprint, Idempotency, Key, Outcome, StoredResponse};
-use idempotency_tests::{fresh_database, root};
+use idempotency_client::{Fingerprint, Idempotency, Key, Outcome, StoredResponse};
+use idempotency_testkit::{fresh_database, root};
 use serde_json::json;
 use std::collections::HashSet;
 use std::process::Command;
@@ -24,7 +24,7 @@ fn pg(args: &[&str]) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn server_crash_under_load_loses_no_acknowledged_key_and_runs_none_twice() {
     let url = fresh_database("idem_fault_crash").await;
-    let idem = Idempotency::with_config(Idempotency::connect(&url, WORKERS * 2).unwrap().pool().clone(), Config::default());
+    let idem = Idempotency::connect(&url, WORKERS * 2).unwrap();
     let fp = Fingerprint::of_json(&json!({"amount": 1})).unwrap();
     let mut report = Vec::new();
     for round in 0..ROUNDS {

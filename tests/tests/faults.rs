@@ -3,126 +3,43 @@
 //! lose an acknowledged key. (The server crash test is in `fault_crash.rs`: it restarts the
 //! cluster, so it runs in its own test binary.)
 
-use deadpool_postgres::Transaction;
 use idempotency_client::ops::{self, RecoverAction, ReleaseOutcome, ReserveOptions, Status, Token};
 use idempotency_client::{Config, Error, Fingerprint, Idempotency, Key, Outcome, StoredResponse, Work};
-use idempotency_tests::{charges_for, cluster_url, fresh_database, unique_key};
+use idempotency_testkit::proxy::{Cut, Proxy};
+use idempotency_testkit::{charges_for, cluster_addr, fresh_database, handle_in, unique_key, Charge};
 use serde_json::json;
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+
+fn fp() -> Fingerprint {
+    Fingerprint::of_json(&json!({"amount": 1})).unwrap()
+}
 
 /// The handler of these tests: counts runs, writes one row tagged with the key, waits `delay`.
 fn charge(
     runs: &Arc<AtomicUsize>,
     key: &Key,
     delay: Duration,
-) -> impl for<'t> FnMut(&'t Transaction<'_>) -> Work<'t, StoredResponse, tokio_postgres::Error> + Send {
-    let (runs, tag) = (runs.clone(), key.to_string());
-    move |tx| {
-        let (runs, tag) = (runs.clone(), tag.clone());
-        Box::pin(async move {
-            runs.fetch_add(1, Ordering::SeqCst);
-            tx.execute("INSERT INTO charges (user_id, amount, k) VALUES ('u', 1, $1)", &[&tag]).await?;
-            tokio::time::sleep(delay).await;
-            Ok(StoredResponse::json(201, json!({"ok": true})))
-        })
-    }
+) -> impl for<'t> FnMut(&'t deadpool_postgres::Transaction<'_>) -> Work<'t, StoredResponse, tokio_postgres::Error> + Send {
+    Charge::of(key).amount(1).delay(delay).handler(runs)
 }
 
-fn fp() -> Fingerprint {
-    Fingerprint::of_json(&json!({"amount": 1})).unwrap()
-}
-
-async fn private(name: &str, config: Config) -> Idempotency {
-    let url = fresh_database(name).await;
-    Idempotency::with_config(Idempotency::connect(&url, 32).unwrap().pool().clone(), config)
-}
-
-// ---------------------------------------------------------------------------------------------
-// Commit outcome unknown: a TCP proxy that drops the connection around COMMIT.
-
-/// tokio-postgres sends `COMMIT` as a simple query: 'Q', length 11, "COMMIT\0".
-const COMMIT: &[u8] = b"Q\0\0\0\x0bCOMMIT\0";
-
-#[derive(Clone, Copy, PartialEq)]
-enum Drop {
-    /// Forward COMMIT to the server, then cut the connection before its reply reaches the client.
-    AfterCommit,
-    /// Cut the connection instead of forwarding COMMIT.
-    BeforeCommit,
-}
-
-/// A proxy to the private cluster that cuts the first connection that sends COMMIT.
-async fn proxy(mode: Drop) -> (SocketAddr, Arc<AtomicUsize>) {
-    let upstream: SocketAddr = {
-        let url = cluster_url();
-        let hostport = url.split('@').nth(1).and_then(|s| s.split('/').next()).expect("host:port in the URL");
-        hostport.parse().expect("socket address")
-    };
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let cuts = Arc::new(AtomicUsize::new(0));
-    let armed = Arc::new(std::sync::atomic::AtomicBool::new(true));
-    let counter = cuts.clone();
-    tokio::spawn(async move {
-        loop {
-            let Ok((client, _)) = listener.accept().await else { return };
-            let (armed, counter) = (armed.clone(), counter.clone());
-            tokio::spawn(async move {
-                let Ok(server) = TcpStream::connect(upstream).await else { return };
-                let (mut cr, mut cw) = client.into_split();
-                let (mut sr, mut sw) = server.into_split();
-                let back = tokio::spawn(async move { tokio::io::copy(&mut sr, &mut cw).await });
-                let mut buf = vec![0u8; 64 * 1024];
-                loop {
-                    let n = match cr.read(&mut buf).await {
-                        Ok(0) | Err(_) => break,
-                        Ok(n) => n,
-                    };
-                    let chunk = &buf[..n];
-                    let has_commit = chunk.windows(COMMIT.len()).any(|w| w == COMMIT);
-                    if has_commit && armed.swap(false, Ordering::SeqCst) {
-                        counter.fetch_add(1, Ordering::SeqCst);
-                        if mode == Drop::AfterCommit {
-                            let _ = sw.write_all(chunk).await;
-                            let _ = sw.flush().await;
-                            // Let the server commit, but never relay its answer.
-                            back.abort();
-                            tokio::time::sleep(Duration::from_millis(200)).await;
-                        } else {
-                            back.abort();
-                        }
-                        return; // dropping both halves closes both connections
-                    }
-                    if sw.write_all(chunk).await.is_err() {
-                        break;
-                    }
-                }
-                back.abort();
-            });
-        }
-    });
-    (addr, cuts)
-}
-
-async fn through_proxy(name: &str, mode: Drop) -> (Idempotency, Idempotency, Arc<AtomicUsize>) {
-    let direct = private(name, Config::default()).await;
-    let (addr, cuts) = proxy(mode).await;
-    let via = Idempotency::connect(&format!("postgresql://postgres@{addr}/{name}?connect_timeout=5"), 2).unwrap();
-    (via, direct, cuts)
+/// A handle whose connections go through a proxy that cuts the first COMMIT, and a direct one.
+async fn through_proxy(name: &str, cut: Cut) -> (Idempotency, Idempotency, Proxy) {
+    let direct = handle_in(name, Config::default()).await;
+    let proxy = Proxy::start(cluster_addr(), Some(cut)).await;
+    let via = Idempotency::connect(&proxy.url(name), 2).unwrap();
+    (via, direct, proxy)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lost_commit_acknowledgement_replays_on_retry_and_never_runs_twice() {
-    let (via, direct, cuts) = through_proxy("idem_fault_after_commit", Drop::AfterCommit).await;
+    let (via, direct, proxy) = through_proxy("idem_fault_after_commit", Cut::AfterCommit).await;
     let key = unique_key("fault.ack.lost");
     let runs = Arc::new(AtomicUsize::new(0));
     let first = via.run(&key, &fp(), charge(&runs, &key, Duration::ZERO)).await;
-    assert_eq!(cuts.load(Ordering::SeqCst), 1, "the proxy cut the connection at COMMIT");
+    assert_eq!(proxy.cuts(), 1, "the proxy cut the connection at COMMIT");
     assert!(matches!(first, Err(Error::StoreUnavailable(_)) | Err(Error::Db(_))), "the client cannot know: {first:?}");
     // The client retries with the same key (honouring 409 + Retry-After while the server is
     // still finishing the cut-off transaction): the commit did happen, so it replays.
@@ -140,11 +57,11 @@ async fn lost_commit_acknowledgement_replays_on_retry_and_never_runs_twice() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connection_lost_before_commit_executes_once_on_retry() {
-    let (via, direct, cuts) = through_proxy("idem_fault_before_commit", Drop::BeforeCommit).await;
+    let (via, direct, proxy) = through_proxy("idem_fault_before_commit", Cut::BeforeCommit).await;
     let key = unique_key("fault.ack.before");
     let runs = Arc::new(AtomicUsize::new(0));
     let first = via.run(&key, &fp(), charge(&runs, &key, Duration::ZERO)).await;
-    assert_eq!(cuts.load(Ordering::SeqCst), 1);
+    assert_eq!(proxy.cuts(), 1);
     assert!(first.is_err(), "{first:?}");
     // Nothing committed, nothing left behind: the retry executes.
     let client = direct.pool().get().await.unwrap();
@@ -163,7 +80,7 @@ async fn connection_lost_before_commit_executes_once_on_retry() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_terminated_holder_lets_a_waiting_duplicate_run_once() {
-    let idem = private("idem_fault_terminate", Config { wait: true, ..Config::default() }).await;
+    let idem = handle_in("idem_fault_terminate", Config { wait: true, ..Config::default() }).await;
     let key = unique_key("fault.terminate");
     let runs = Arc::new(AtomicUsize::new(0));
     let (pid_tx, pid_rx) = tokio::sync::oneshot::channel::<i32>();
@@ -211,7 +128,7 @@ async fn a_terminated_holder_lets_a_waiting_duplicate_run_once() {
 async fn a_killed_two_phase_worker_is_recovered_and_fenced() {
     // Long enough that a slow machine still heartbeats (a third of a lease apart) in time.
     let lease = Duration::from_secs(1);
-    let idem = private("idem_fault_killed_worker", Config { lease: Some(lease), ..Config::default() }).await;
+    let idem = handle_in("idem_fault_killed_worker", Config { lease: Some(lease), ..Config::default() }).await;
     let admin = idem.pool().get().await.unwrap();
     let mut tokens: Vec<(Key, Token)> = Vec::new();
     for (name, action) in [("fault.killed.fail", RecoverAction::Fail), ("fault.killed.release", RecoverAction::Release)] {
@@ -275,7 +192,7 @@ async fn pool_exhaustion_is_a_bounded_store_unavailable() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn timeouts_are_typed_errors_and_leave_no_reservation_behind() {
-    let idem = private("idem_fault_timeouts", Config::default()).await;
+    let idem = handle_in("idem_fault_timeouts", Config::default()).await;
     let admin = idem.pool().get().await.unwrap();
 
     // statement_timeout inside the closure: a transient failure, rolled back and released.
@@ -344,7 +261,7 @@ async fn timeouts_are_typed_errors_and_leave_no_reservation_behind() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn repeatable_read_duplicates_are_retried_on_40001_and_run_once() {
     let config = Config { isolation: Some(tokio_postgres::IsolationLevel::RepeatableRead), wait: true, ..Config::default() };
-    let idem = private("idem_fault_rr", config).await;
+    let idem = handle_in("idem_fault_rr", config).await;
     // A long REPEATABLE READ reader holds an old snapshot throughout.
     let mut reader = idem.pool().get().await.unwrap();
     let snapshot = reader.build_transaction().isolation_level(tokio_postgres::IsolationLevel::RepeatableRead).start().await.unwrap();

@@ -2,7 +2,7 @@
 //! objects and arrays, duplicate keys, unicode and escapes, and numbers in every spelling.
 
 use idempotency_client::Fingerprint;
-use idempotency_tests::admin;
+use idempotency_testkit::admin;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 

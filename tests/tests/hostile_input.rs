@@ -4,7 +4,7 @@
 //! inputs through the client fail before a round trip.
 
 use idempotency_client::{Fingerprint, Key};
-use idempotency_tests::{admin, unique_key};
+use idempotency_testkit::{admin, unique_key};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio_postgres::error::SqlState;

@@ -6,7 +6,7 @@
 mod app;
 
 use idempotency_client::{Config, Idempotency};
-use idempotency_tests::{admin, handle};
+use idempotency_testkit::{admin, handle};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 

@@ -5,16 +5,14 @@ use deadpool_postgres::Transaction;
 use futures_util::future::BoxFuture;
 use idempotency_client::ops::{self, RecoverAction};
 use idempotency_client::{Config, Error, Fingerprint, Idempotency, Key, Outcome, StoredResponse};
-use idempotency_tests::{charges_for, fresh_database, unique_key};
+use idempotency_testkit::{charges_for, handle_in, unique_key};
 use serde_json::json;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 async fn private(name: &str, lease: Duration) -> Idempotency {
-    let url = fresh_database(name).await;
-    let pool = Idempotency::connect(&url, 16).unwrap().pool().clone();
-    Idempotency::with_config(pool, Config { lease: Some(lease), ..Config::default() })
+    handle_in(name, Config { lease: Some(lease), ..Config::default() }).await
 }
 
 /// The local write of the two-phase flow: one row tagged with the key.

@@ -8,7 +8,7 @@ mod chart;
 mod client;
 mod pgbench;
 
-use idempotency_tests::{fresh_database, root};
+use idempotency_testkit::{cluster_addr, fresh_database, pg_bin, root};
 use pgbench::Measure;
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -33,7 +33,9 @@ struct Row {
     base: Measure,
     ours: Measure,
     goal: Option<f64>,
-    statements: String,
+    /// Statements per operation (ours, baseline) as the server counted them, or the round trips
+    /// the row counted instead.
+    work: Option<String>,
 }
 
 impl Row {
@@ -49,12 +51,20 @@ async fn connect(url: &str) -> tokio_postgres::Client {
 }
 
 fn script(name: &str) -> PathBuf {
-    root().join("bench").join(format!("{name}.sql"))
+    root().join("bench/pgbench").join(format!("{name}.sql"))
+}
+
+/// Statements per transaction of script `ours` and of `base`, measured by the server.
+async fn work(url: &str, db: &tokio_postgres::Client, ours: &str, base: &str) -> Option<String> {
+    let pgbench = pg_bin("pgbench");
+    let o = pgbench::statements_per_op(&pgbench, url, db, &script(ours)).await?;
+    let b = pgbench::statements_per_op(&pgbench, url, db, &script(base)).await?;
+    Some(format!("{o:.1} / {b:.1}"))
 }
 
 /// Runs `a` and `b` interleaved (A B, then B A, ...) and returns their means.
 async fn pair(s: &Settings, url: &str, db: &tokio_postgres::Client, a: &str, b: &str, clients: u32) -> (Measure, Measure) {
-    let pgbench = PathBuf::from("/usr/lib/postgresql/15/bin/pgbench");
+    let pgbench = pg_bin("pgbench");
     let logs = root().join("target/bench/logs");
     let (mut ra, mut rb) = (Vec::new(), Vec::new());
     for rep in 0..s.reps {
@@ -90,39 +100,39 @@ async fn main() {
     // 1-2: fresh execution against the hand-written protocol and the bare business transaction.
     for &c in &s.clients {
         let (hand, fresh) = pair(&s, &url, &db, "handwritten", "fresh", c).await;
-        rows.push(Row { figure: "fresh execution vs hand-written protocol".into(), clients: c.to_string(), baseline: "hand-written INSERT ON CONFLICT + insert + UPDATE".into(), base: hand, ours: fresh, goal: (c == 8).then_some(0.95), statements: "5 / 5".into() });
+        rows.push(Row { figure: "fresh execution vs hand-written protocol".into(), clients: c.to_string(), baseline: "hand-written INSERT ON CONFLICT + insert + UPDATE".into(), base: hand, ours: fresh, goal: (c == 8).then_some(0.95), work: work(&url, &db, "fresh", "handwritten").await });
         let (bare, fresh) = pair(&s, &url, &db, "bare", "fresh", c).await;
-        rows.push(Row { figure: "fresh execution vs bare business transaction".into(), clients: c.to_string(), baseline: "BEGIN; INSERT; COMMIT".into(), base: bare, ours: fresh, goal: (c == 8).then_some(0.55), statements: "5 / 3".into() });
+        rows.push(Row { figure: "fresh execution vs bare business transaction".into(), clients: c.to_string(), baseline: "BEGIN; INSERT; COMMIT".into(), base: bare, ours: fresh, goal: (c == 8).then_some(0.55), work: work(&url, &db, "fresh", "bare").await });
     }
     // 3: replay.
     for &c in &s.clients {
         let (pk, replay) = pair(&s, &url, &db, "pk_select", "replay", c).await;
-        rows.push(Row { figure: "replay of an existing key vs primary-key SELECT".into(), clients: c.to_string(), baseline: "SELECT by primary key".into(), base: pk, ours: replay, goal: (c == 8).then_some(0.85), statements: "1 / 1".into() });
+        rows.push(Row { figure: "replay of an existing key vs primary-key SELECT".into(), clients: c.to_string(), baseline: "SELECT by primary key".into(), base: pk, ours: replay, goal: (c == 8).then_some(0.85), work: work(&url, &db, "replay", "pk_select").await });
     }
     // 4: the seed libraries' store.
     let (seed, fresh) = pair(&s, &url, &db, "seed_store", "fresh", 8).await;
-    rows.push(Row { figure: "fresh execution vs the seed libraries' store".into(), clients: "8".into(), baseline: "lookup, reserve, run, save: 4 statements, 3 commits".into(), base: seed, ours: fresh, goal: Some(1.3), statements: "5 / 4".into() });
+    rows.push(Row { figure: "fresh execution vs the seed libraries' store".into(), clients: "8".into(), baseline: "lookup, reserve, run, save: 4 statements, 3 commits".into(), base: seed, ours: fresh, goal: Some(1.3), work: work(&url, &db, "fresh", "seed_store").await });
 
     // 5: the Rust client against a raw tokio-postgres transaction doing the same insert.
     let (mut raw, mut run) = (Vec::new(), Vec::new());
     for rep in 0..s.reps {
         for first in [rep % 2 == 0, rep % 2 != 0] {
-            let tps = client::throughput(&url, 8, u64::from(s.seconds), !first).await;
-            if first { raw.push(Measure { tps, ..Measure::default() }) } else { run.push(Measure { tps, ..Measure::default() }) }
+            let m = client::throughput(&url, &db, 8, u64::from(s.seconds), !first).await;
+            if first { raw.push(m) } else { run.push(m) }
         }
     }
-    let upstream = idempotency_tests::cluster_url().split('@').nth(1).and_then(|h| h.split('/').next()).and_then(|h| h.parse().ok()).expect("cluster address");
+    let upstream = cluster_addr();
     let calls = if smoke { 20 } else { 200 };
     let rt_raw = client::round_trips(upstream, "idem_bench", calls, false, false).await;
     let rt_run = client::round_trips(upstream, "idem_bench", calls, true, false).await;
     let rt_empty = client::round_trips(upstream, "idem_bench", calls, true, true).await;
-    rows.push(Row { figure: "Rust run vs raw tokio-postgres transaction".into(), clients: "8 tasks".into(), baseline: "BEGIN; INSERT; COMMIT (tokio-postgres)".into(), base: Measure::mean(&raw), ours: Measure::mean(&run), goal: Some(0.8), statements: format!("round trips {rt_run:.1} ({rt_empty:.1} empty closure) / {rt_raw:.1}") });
+    rows.push(Row { figure: "Rust run vs raw tokio-postgres transaction".into(), clients: "8 tasks".into(), baseline: "BEGIN; INSERT; COMMIT (tokio-postgres)".into(), base: Measure::mean(&raw), ours: Measure::mean(&run), goal: Some(0.8), work: Some(format!("round trips {rt_run:.1} ({rt_empty:.1} empty closure) / {rt_raw:.1}")) });
 
     // 6: growth: fresh execution with 10k vs 1M existing records (two databases, interleaved).
     let small = growth_db("idem_bench_small", 10_000).await;
     let large = growth_db("idem_bench_large", s.growth_rows).await;
     let (sdb, ldb) = (connect(&small).await, connect(&large).await);
-    let pgbench_bin = PathBuf::from("/usr/lib/postgresql/15/bin/pgbench");
+    let pgbench_bin = pg_bin("pgbench");
     let (mut ms, mut ml) = (Vec::new(), Vec::new());
     for rep in 0..s.reps {
         let order: [(&str, &tokio_postgres::Client, bool); 2] = if rep % 2 == 0 { [(&small, &sdb, true), (&large, &ldb, false)] } else { [(&large, &ldb, false), (&small, &sdb, true)] };
@@ -133,7 +143,7 @@ async fn main() {
             if is_small { ms.push(m) } else { ml.push(m) }
         }
     }
-    rows.push(Row { figure: format!("growth: fresh execution at {} vs 10k records", human(s.growth_rows)), clients: "8".into(), baseline: "the same, 10k existing records".into(), base: Measure::mean(&ms), ours: Measure::mean(&ml), goal: Some(0.85), statements: "5 / 5".into() });
+    rows.push(Row { figure: format!("growth: fresh execution at {} vs 10k records", human(s.growth_rows)), clients: "8".into(), baseline: "the same, 10k existing records".into(), base: Measure::mean(&ms), ours: Measure::mean(&ml), goal: Some(0.85), work: None });
 
     // 7: sweep throughput and bloat, in a database of their own.
     let cycles_url = fresh_database("idem_bench_cycles").await;
@@ -208,7 +218,7 @@ async fn sweep(s: &Settings, url: &str, db: &tokio_postgres::Client) -> (f64, i6
 
     // Cycles: pgbench runs fresh executions whose records expire at once, then the sweep empties
     // the table; the server's autovacuum runs as configured (no manual VACUUM).
-    let pgbench_bin = PathBuf::from("/usr/lib/postgresql/15/bin/pgbench");
+    let pgbench_bin = pg_bin("pgbench");
     let logs = root().join("target/bench/logs");
     let (mut first, mut last) = (0i64, 0i64);
     for cycle in 0..s.bloat_cycles {
@@ -239,7 +249,7 @@ fn machine() -> String {
 fn render(rows: &[Row], sweep_rps: f64, first: i64, last: i64, s: &Settings, secs: u64) -> String {
     let mut t = String::new();
     let _ = writeln!(t, "\nidempotency benchmark — {} — {} s per run, {} interleaved runs per side{}\n", machine(), s.seconds, s.reps, if s.smoke { " (SMOKE: numbers are not meaningful)" } else { "" });
-    let _ = writeln!(t, "| figure | clients | baseline tps | ours tps | ratio | goal | p50 / p99 ms (ours) | p50 / p99 ms (baseline) | WAL B/op (ours / base) | HOT (ours) | statements per op (ours / base) |");
+    let _ = writeln!(t, "| figure | clients | baseline tps | ours tps | ratio | goal | p50 / p99 ms (ours) | p50 / p99 ms (baseline) | WAL B/op (ours / base) | HOT (ours) | statements per op, nested included (ours / base) |");
     let _ = writeln!(t, "|---|---|---|---|---|---|---|---|---|---|---|");
     for r in rows {
         let goal = r.goal.map(|g| format!("≥ {g:.2} {}", if r.ratio() >= g { "met" } else { "not met" })).unwrap_or_else(|| "—".into());
@@ -248,7 +258,7 @@ fn render(rows: &[Row], sweep_rps: f64, first: i64, last: i64, s: &Settings, sec
             t,
             "| {} | {} | {:.0} | {:.0} | {:.2} | {} | {:.2} / {:.2} | {:.2} / {:.2} | {:.0} / {:.0} | {} | {} |",
             r.figure, r.clients, r.base.tps, r.ours.tps, r.ratio(), goal, r.ours.p50_ms, r.ours.p99_ms, r.base.p50_ms, r.base.p99_ms,
-            r.ours.wal_per_op(), r.base.wal_per_op(), hot, r.statements
+            r.ours.wal_per_op(), r.base.wal_per_op(), hot, r.work.as_deref().unwrap_or("")
         );
     }
     let _ = writeln!(t, "| sweep | 1 | — | {:.0} rows/s | {:.2} | ≥ 200k rows/s {} | | | | | |", sweep_rps, sweep_rps / 200_000.0, if sweep_rps >= 200_000.0 { "met" } else { "not met" });
@@ -265,7 +275,7 @@ fn csv(rows: &[Row], sweep_rps: f64, first: i64, last: i64) -> String {
             "\"{}\",{},\"{}\",{:.1},{:.1},{:.3},{},{:.3},{:.3},{:.3},{:.3},{:.0},{:.0},{},\"{}\"",
             r.figure, r.clients, r.baseline, r.base.tps, r.ours.tps, r.ratio(), r.goal.map(|g| g.to_string()).unwrap_or_default(),
             r.ours.p50_ms, r.ours.p99_ms, r.base.p50_ms, r.base.p99_ms, r.ours.wal_per_op(), r.base.wal_per_op(),
-            r.ours.hot_ratio().map(|h| format!("{h:.3}")).unwrap_or_default(), r.statements
+            r.ours.hot_ratio().map(|h| format!("{h:.3}")).unwrap_or_default(), r.work.as_deref().unwrap_or("")
         );
     }
     let _ = writeln!(c, "\"sweep rows per second\",1,,,{sweep_rps:.0},{:.3},1,,,,,,,,", sweep_rps / 200_000.0);

@@ -1,21 +1,13 @@
-//! Shared fixture of the end-to-end tests and the demo: the private cluster of
-//! `scripts/pg.sh` (started on first use, under `target/pg`), one fresh database per test
-//! process with the extension installed, and helpers.
-//!
-//! The extension must be installed into the server's directories first (`cargo pgrx install
-//! --release`, which `scripts/test.sh` and `scripts/demo.sh` do).
+//! The private cluster of `scripts/pg.sh` and fresh databases on it.
 
 use idempotency_client::{Config, Idempotency, Key};
-use std::path::PathBuf;
+use std::net::SocketAddr;
 use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 use tokio_postgres::NoTls;
 
-/// The workspace root.
-pub fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
-}
+use crate::root;
 
 /// Starts the private cluster if needed; returns the URL of its `postgres` database.
 pub fn cluster_url() -> &'static str {
@@ -29,6 +21,16 @@ pub fn cluster_url() -> &'static str {
         assert!(out.status.success(), "scripts/pg.sh start failed: {}", String::from_utf8_lossy(&out.stderr));
         String::from_utf8_lossy(&out.stdout).trim().to_owned()
     })
+}
+
+/// The cluster's TCP address (for proxies in front of it).
+pub fn cluster_addr() -> SocketAddr {
+    let url = cluster_url();
+    url.split('@')
+        .nth(1)
+        .and_then(|s| s.split('/').next())
+        .and_then(|hostport| hostport.parse().ok())
+        .unwrap_or_else(|| panic!("no host:port in the cluster URL {url}"))
 }
 
 /// The URL of a database `name` on the private cluster.
@@ -76,10 +78,19 @@ pub async fn test_database() -> &'static str {
     .await
 }
 
-/// A handle on the test database with `config`.
+/// A handle with `config` on the database of this test process (shared by its tests).
 pub async fn handle(config: Config) -> Idempotency {
-    let url = test_database().await;
-    let base = Idempotency::connect(url, 100).expect("pool");
+    with_config(test_database().await, 100, config)
+}
+
+/// A handle with `config` on a fresh database `name` of its own (for tests that change the
+/// server or count everything in a database).
+pub async fn handle_in(name: &str, config: Config) -> Idempotency {
+    with_config(&fresh_database(name).await, 32, config)
+}
+
+fn with_config(url: &str, pool_size: usize, config: Config) -> Idempotency {
+    let base = Idempotency::connect(url, pool_size).expect("pool");
     Idempotency::with_config(base.pool().clone(), config)
 }
 
@@ -96,9 +107,9 @@ pub fn unique_key(operation: &str) -> Key {
     Key::new(operation, format!("user-{n}"), format!("key-{n}")).expect("valid key")
 }
 
-/// How many business rows a key's closure wrote.
-pub async fn charges_for(admin: &deadpool_postgres::Client, key: &Key) -> i64 {
-    let row = admin
+/// How many business rows a key's handler wrote.
+pub async fn charges_for(client: &deadpool_postgres::Client, key: &Key) -> i64 {
+    let row = client
         .query_one("SELECT count(*) AS n FROM charges WHERE k = $1", &[&key.to_string()])
         .await
         .expect("count charges");

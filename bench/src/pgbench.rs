@@ -6,28 +6,28 @@ use std::process::Command;
 
 /// One measured run.
 #[derive(Debug, Clone, Default)]
-pub struct Measure {
-    pub tps: f64,
-    pub p50_ms: f64,
-    pub p99_ms: f64,
-    pub transactions: u64,
-    pub wal_bytes: f64,
+pub(crate) struct Measure {
+    pub(crate) tps: f64,
+    pub(crate) p50_ms: f64,
+    pub(crate) p99_ms: f64,
+    pub(crate) transactions: u64,
+    pub(crate) wal_bytes: f64,
     /// Updates of idem_records during the run and how many of them were HOT.
-    pub updates: i64,
-    pub hot_updates: i64,
+    pub(crate) updates: i64,
+    pub(crate) hot_updates: i64,
 }
 
 impl Measure {
-    pub fn wal_per_op(&self) -> f64 {
+    pub(crate) fn wal_per_op(&self) -> f64 {
         if self.transactions == 0 { 0.0 } else { self.wal_bytes / self.transactions as f64 }
     }
 
-    pub fn hot_ratio(&self) -> Option<f64> {
+    pub(crate) fn hot_ratio(&self) -> Option<f64> {
         (self.updates > 0).then(|| self.hot_updates as f64 / self.updates as f64)
     }
 
     /// The mean of several runs of one case (interleaved with its baseline).
-    pub fn mean(runs: &[Measure]) -> Measure {
+    pub(crate) fn mean(runs: &[Measure]) -> Measure {
         let n = runs.len().max(1) as f64;
         let sum = |f: fn(&Measure) -> f64| runs.iter().map(f).sum::<f64>() / n;
         Measure {
@@ -43,13 +43,13 @@ impl Measure {
 }
 
 /// Counters read before and after a run.
-pub struct Counters {
+pub(crate) struct Counters {
     wal_lsn: String,
     updates: i64,
     hot_updates: i64,
 }
 
-pub async fn counters(db: &tokio_postgres::Client) -> Counters {
+pub(crate) async fn counters(db: &tokio_postgres::Client) -> Counters {
     let row = db
         .query_one(
             "SELECT pg_current_wal_lsn()::text AS lsn,
@@ -62,7 +62,7 @@ pub async fn counters(db: &tokio_postgres::Client) -> Counters {
     Counters { wal_lsn: row.get("lsn"), updates: row.get("upd"), hot_updates: row.get("hot") }
 }
 
-pub async fn delta(db: &tokio_postgres::Client, before: &Counters, m: &mut Measure) {
+pub(crate) async fn delta(db: &tokio_postgres::Client, before: &Counters, m: &mut Measure) {
     // Statistics of the exited pgbench backends reach the shared counters within a second.
     tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
     let after = counters(db).await;
@@ -77,7 +77,7 @@ pub async fn delta(db: &tokio_postgres::Client, before: &Counters, m: &mut Measu
 }
 
 /// `pgbench -n -M prepared` of one script; the log goes under `logs`.
-pub fn run(pgbench: &Path, url: &str, script: &Path, clients: u32, seconds: u32, logs: &Path) -> Measure {
+pub(crate) fn run(pgbench: &Path, url: &str, script: &Path, clients: u32, seconds: u32, logs: &Path) -> Measure {
     let _ = std::fs::remove_dir_all(logs);
     std::fs::create_dir_all(logs).expect("log dir");
     let prefix: PathBuf = logs.join("tx");
@@ -117,4 +117,34 @@ pub fn run(pgbench: &Path, url: &str, script: &Path, clients: u32, seconds: u32,
         transactions: field("number of transactions actually processed: ").unwrap_or(0.0) as u64,
         ..Measure::default()
     }
+}
+
+/// Statements the server executes per transaction of `script`, nested ones (inside functions)
+/// included: a separate short run with pg_stat_statements tracking everything, so the timed runs
+/// pay nothing for it. `None` when pg_stat_statements is not loaded.
+pub(crate) async fn statements_per_op(pgbench: &Path, url: &str, db: &tokio_postgres::Client, script: &Path) -> Option<f64> {
+    const TRANSACTIONS: u32 = 200;
+    let count = || async {
+        db.query_one("SELECT sum(calls)::float8 AS n FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())", &[])
+            .await
+            .ok()
+            .and_then(|r| r.try_get::<_, Option<f64>>("n").ok().flatten())
+    };
+    db.batch_execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements").await.ok()?;
+    let before = count().await?;
+    let out = Command::new(pgbench)
+        .args(["-n", "-M", "prepared", "-c1", "-t"])
+        .arg(TRANSACTIONS.to_string())
+        .arg("-f")
+        .arg(script)
+        .arg(url)
+        .env("PGOPTIONS", "-c pg_stat_statements.track=all")
+        .output()
+        .ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    let after = count().await?;
+    // The two counting queries are the only other statements in this database meanwhile.
+    Some((after - before - 1.0) / f64::from(TRANSACTIONS))
 }

@@ -5,9 +5,9 @@ use plotters::style::{register_font, FontStyle};
 use std::path::Path;
 
 /// (label, measured ratio, goal)
-pub type Bar = (String, f64, f64);
+pub(crate) type Bar = (String, f64, f64);
 
-pub fn draw(path: &Path, title: &str, bars: &[Bar]) -> Result<(), Box<dyn std::error::Error>> {
+pub(crate) fn draw(path: &Path, title: &str, bars: &[Bar]) -> Result<(), Box<dyn std::error::Error>> {
     let font = std::fs::read("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf")?;
     register_font("sans-serif", FontStyle::Normal, Box::leak(font.into_boxed_slice()))
         .map_err(|_| "DejaVuSans.ttf is not a usable font")?;

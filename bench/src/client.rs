@@ -1,0 +1,113 @@
+//! The Rust client's `run` against a raw tokio-postgres transaction doing the same insert:
+//! throughput and client-side latencies of concurrent loops, WAL per call, and the round trips
+//! each makes per call (counted by the test kit's proxy).
+
+use crate::pgbench::Measure;
+use idempotency_client::{Fingerprint, Idempotency, Key, StoredResponse};
+use idempotency_testkit::proxy::Proxy;
+use serde_json::json;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+const INSERT: &str = "INSERT INTO bench_charges (user_id, amount) VALUES ($1, 100)";
+
+/// One call: `run` around the INSERT (or nothing, when `empty`), or the raw transaction.
+async fn call(idem: &Idempotency, raw: Option<&mut deadpool_postgres::Client>, user: &str, empty: bool) {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    if let Some(client) = raw {
+        let tx = client.transaction().await.expect("begin");
+        let stmt = tx.prepare_cached(INSERT).await.expect("prepare");
+        tx.execute(&stmt, &[&user]).await.expect("insert");
+        tx.commit().await.expect("commit");
+        return;
+    }
+    let key = Key::new("bench.rust", user, format!("k{}-{}", NEXT.fetch_add(1, Ordering::Relaxed), std::process::id()))
+        .expect("valid key");
+    let fp = Fingerprint::of_bytes(b"bench");
+    let user = user.to_owned();
+    idem.run(&key, &fp, move |tx| {
+        let user = user.clone();
+        Box::pin(async move {
+            if !empty {
+                let stmt = tx.prepare_cached(INSERT).await?;
+                tx.execute(&stmt, &[&user]).await?;
+            }
+            Ok::<_, tokio_postgres::Error>(StoredResponse::json(201, json!({})))
+        })
+    })
+    .await
+    .expect("run");
+}
+
+/// `tasks` concurrent loops of one call kind for `seconds`: calls per second, client-side
+/// p50/p99 latency, and the WAL written (read on `db` before and after).
+pub(crate) async fn throughput(url: &str, db: &tokio_postgres::Client, tasks: usize, seconds: u64, with_idempotency: bool) -> Measure {
+    let idem = Idempotency::connect(url, tasks).expect("pool");
+    let before = wal_lsn(db).await;
+    let stop = Instant::now() + Duration::from_secs(seconds);
+    let started = Instant::now();
+    let mut handles = Vec::new();
+    for t in 0..tasks {
+        let idem = idem.clone();
+        handles.push(tokio::spawn(async move {
+            let user = format!("rust-{t}");
+            // The raw loop holds its connection; `run` takes one from the pool per call.
+            let mut raw = if with_idempotency { None } else { Some(idem.pool().get().await.expect("connection")) };
+            let mut latencies = Vec::new();
+            while Instant::now() < stop {
+                let t0 = Instant::now();
+                call(&idem, raw.as_mut(), &user, false).await;
+                latencies.push(t0.elapsed());
+            }
+            latencies
+        }));
+    }
+    let mut latencies: Vec<Duration> = Vec::new();
+    for h in handles {
+        latencies.extend(h.await.expect("task"));
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let after = wal_lsn(db).await;
+    let wal: f64 = db
+        .query_one("SELECT pg_wal_lsn_diff($1::text::pg_lsn, $2::text::pg_lsn)::float8 AS d", &[&after, &before])
+        .await
+        .expect("wal diff")
+        .get("d");
+    latencies.sort_unstable();
+    let pct = |p: f64| -> f64 {
+        latencies.get(((latencies.len().max(1) - 1) as f64 * p).round() as usize).map_or(0.0, |d| d.as_secs_f64() * 1000.0)
+    };
+    Measure {
+        tps: latencies.len() as f64 / elapsed,
+        p50_ms: pct(0.50),
+        p99_ms: pct(0.99),
+        transactions: latencies.len() as u64,
+        wal_bytes: wal,
+        ..Measure::default()
+    }
+}
+
+async fn wal_lsn(db: &tokio_postgres::Client) -> String {
+    db.query_one("SELECT pg_current_wal_lsn()::text AS l", &[]).await.expect("lsn").get("l")
+}
+
+/// Round trips per call: client→server write bursts through a counting proxy, over `calls`
+/// sequential calls on one warmed-up connection. (A pipelined batch of messages is one burst.)
+pub(crate) async fn round_trips(upstream: SocketAddr, db: &str, calls: u64, with_idempotency: bool, empty: bool) -> f64 {
+    let proxy = Proxy::start(upstream, None).await;
+    let idem = Idempotency::connect(&proxy.url(db), 1).expect("pool");
+    let mut count_from = 0;
+    for i in 0..=calls {
+        if i == 1 {
+            count_from = proxy.bursts(); // after connecting and preparing
+        }
+        if with_idempotency {
+            call(&idem, None, if empty { "rt-empty" } else { "rt" }, empty).await;
+        } else {
+            let mut client = idem.pool().get().await.expect("connection");
+            call(&idem, Some(&mut client), "rt", false).await;
+        }
+    }
+    (proxy.bursts() - count_from) as f64 / calls as f64
+}

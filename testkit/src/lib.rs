@@ -1,0 +1,50 @@
+//! The shared test kit of the end-to-end tests, the benchmark and the demo (not published).
+//!
+//! - [`cluster`]: the private cluster of `scripts/pg.sh` (started on first use), fresh databases
+//!   with the extension installed, handles on them.
+//! - [`pg_bin`]: the PostgreSQL programs of the major under test, from `PG_CONFIG`.
+//! - [`proxy`]: a TCP proxy to the cluster that counts round trips or cuts a connection at COMMIT.
+//! - [`handler`]: the business handler the tests and the demo run ("charge a card").
+//!
+//! The extension must be installed into the server's directories first (`cargo pgrx install
+//! --release`, which `scripts/test.sh` and `scripts/demo.sh` do).
+
+pub mod cluster;
+pub mod handler;
+pub mod proxy;
+
+pub use cluster::{admin, charges_for, cluster_addr, cluster_url, database_url, fresh_database, handle, handle_in, test_database, unique_key};
+pub use handler::Charge;
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::OnceLock;
+
+/// The workspace root.
+pub fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// The `pg_config` of the PostgreSQL under test: `$PG_CONFIG`, by default Debian's 15. The one
+/// place the Rust side learns where PostgreSQL lives (`scripts/` read the same variable).
+pub fn pg_config() -> PathBuf {
+    std::env::var_os("PG_CONFIG")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/usr/lib/postgresql/15/bin/pg_config"))
+}
+
+/// The path of PostgreSQL program `name` (`pg_dump`, `pgbench`, ...) of the major under test.
+pub fn pg_bin(name: &str) -> PathBuf {
+    static BINDIR: OnceLock<PathBuf> = OnceLock::new();
+    BINDIR
+        .get_or_init(|| {
+            let config = pg_config();
+            let out = Command::new(&config)
+                .arg("--bindir")
+                .output()
+                .unwrap_or_else(|e| panic!("cannot run {}: {e}", config.display()));
+            assert!(out.status.success(), "{} --bindir failed", config.display());
+            PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+        })
+        .join(name)
+}

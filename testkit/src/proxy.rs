@@ -1,0 +1,96 @@
+//! A TCP proxy in front of the private cluster. It counts round trips (client→server write
+//! bursts: a pipelined batch of messages is one) and can cut the first connection that sends
+//! `COMMIT`, to make a commit's outcome unknown to the client.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// tokio-postgres sends `COMMIT` as a simple query: 'Q', length 11, "COMMIT\0".
+const COMMIT: &[u8] = b"Q\0\0\0\x0bCOMMIT\0";
+
+/// Where the proxy cuts the first connection that sends `COMMIT`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cut {
+    /// Forward COMMIT to the server, then cut the connection before its reply reaches the client.
+    AfterCommit,
+    /// Cut the connection instead of forwarding COMMIT.
+    BeforeCommit,
+}
+
+/// A running proxy; it stops with the runtime.
+#[derive(Debug, Clone)]
+pub struct Proxy {
+    addr: SocketAddr,
+    bursts: Arc<AtomicU64>,
+    cuts: Arc<AtomicU64>,
+}
+
+impl Proxy {
+    /// Starts a proxy to `upstream` that cuts a connection at COMMIT once if `cut` is given.
+    pub async fn start(upstream: SocketAddr, cut: Option<Cut>) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind the proxy");
+        let addr = listener.local_addr().expect("proxy address");
+        let proxy = Proxy { addr, bursts: Arc::default(), cuts: Arc::default() };
+        let armed = Arc::new(AtomicBool::new(cut.is_some()));
+        let shared = proxy.clone();
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let (proxy, armed) = (shared.clone(), armed.clone());
+                tokio::spawn(async move { proxy.relay(client, upstream, cut, &armed).await });
+            }
+        });
+        proxy
+    }
+
+    /// The URL of database `db` through the proxy.
+    pub fn url(&self, db: &str) -> String {
+        format!("postgresql://postgres@{}/{db}?connect_timeout=5", self.addr)
+    }
+
+    /// Client→server write bursts so far, over all connections.
+    pub fn bursts(&self) -> u64 {
+        self.bursts.load(Ordering::SeqCst)
+    }
+
+    /// Connections cut at COMMIT so far.
+    pub fn cuts(&self) -> u64 {
+        self.cuts.load(Ordering::SeqCst)
+    }
+
+    async fn relay(&self, client: TcpStream, upstream: SocketAddr, cut: Option<Cut>, armed: &AtomicBool) {
+        let Ok(server) = TcpStream::connect(upstream).await else { return };
+        let (mut cr, mut cw) = client.into_split();
+        let (mut sr, mut sw) = server.into_split();
+        let back = tokio::spawn(async move { tokio::io::copy(&mut sr, &mut cw).await });
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = match cr.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            let chunk = &buf[..n];
+            if let Some(cut) = cut {
+                if chunk.windows(COMMIT.len()).any(|w| w == COMMIT) && armed.swap(false, Ordering::SeqCst) {
+                    self.cuts.fetch_add(1, Ordering::SeqCst);
+                    if cut == Cut::AfterCommit {
+                        let _ = sw.write_all(chunk).await;
+                        let _ = sw.flush().await;
+                        // Let the server commit, but never relay its answer.
+                        back.abort();
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
+                    break; // dropping both halves closes both connections
+                }
+            }
+            if sw.write_all(chunk).await.is_err() {
+                break;
+            }
+            self.bursts.fetch_add(1, Ordering::SeqCst);
+        }
+        back.abort();
+    }
+}
