@@ -29,23 +29,33 @@ fn repo_root() -> PathBuf {
         .to_path_buf()
 }
 
-/// Every `*.md` file under `dir`, skipping `target/` and `.git/`, in a stable order.
+/// Every `*.md` file under `dir`, skipping `target/` and `.git/`, in a stable order. Symbolic
+/// links to directories are not followed.
 fn markdown_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    let mut entries: Vec<_> = fs::read_dir(dir)
+    let mut entries: Vec<(PathBuf, bool)> = fs::read_dir(dir)
         .unwrap_or_else(|e| panic!("cannot read {}: {e}", dir.display()))
-        .map(|entry| entry.expect("directory entry").path())
+        .map(|entry| {
+            let entry = entry.expect("directory entry");
+            let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
+            (entry.path(), is_dir)
+        })
         .collect();
     entries.sort();
-    for path in entries {
+    for (path, is_dir) in entries {
         let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
-        if path.is_dir() {
+        if is_dir {
             if name != "target" && name != ".git" {
                 markdown_files(&path, out);
             }
-        } else if name.ends_with(".md") {
+        } else if is_markdown(&path) {
             out.push(path);
         }
     }
+}
+
+/// True for `*.md` (any case).
+fn is_markdown(path: &Path) -> bool {
+    path.extension().is_some_and(|e| e.eq_ignore_ascii_case("md"))
 }
 
 /// The lines of `text` outside fenced code blocks, with inline code spans blanked out; each
@@ -97,16 +107,13 @@ fn blank_code_spans(line: &str) -> String {
                 j += 1;
             }
         }
-        match close {
-            Some(j) => {
-                out.extend(std::iter::repeat_n(' ', j + run - i));
-                i = j + run;
-            }
-            None => {
-                // An unmatched run is literal text.
-                out.extend(&chars[i..i + run]);
-                i += run;
-            }
+        if let Some(j) = close {
+            out.extend(std::iter::repeat_n(' ', j + run - i));
+            i = j + run;
+        } else {
+            // An unmatched run is literal text.
+            out.extend(&chars[i..i + run]);
+            i += run;
         }
     }
     out
@@ -299,7 +306,7 @@ fn broken_links(root: &Path) -> Vec<Broken> {
                     continue;
                 }
                 if let Some(anchor) = anchor.filter(|a| !a.is_empty()) {
-                    if on_disk.extension().is_some_and(|e| e == "md") && on_disk.is_file() {
+                    if is_markdown(&on_disk) && on_disk.is_file() {
                         let target_text = fs::read_to_string(&on_disk).unwrap_or_default();
                         let anchor = percent_decode(anchor).to_lowercase();
                         if !anchors(&target_text).contains(&anchor) {
