@@ -20,13 +20,11 @@ DECLARE
     v_limit bigint;
     v_size  bigint;
 BEGIN
-    IF NOT (octet_length(operation) BETWEEN 1 AND 255 AND octet_length(user_id) BETWEEN 1 AND 255
-            AND octet_length(key) BETWEEN 1 AND 255
-            AND operation || user_id || key !~ E'[\\x01-\\x1f\\x7f-\\x9f]'
-            AND token IS NOT NULL AND status IS NOT NULL) IS TRUE THEN
-        PERFORM @extschema@._idem_check_scope(operation, user_id, key);
-        PERFORM @extschema@._idem_require('token', token IS NULL);
-        PERFORM @extschema@._idem_require('status', status IS NULL);
+    -- The argument rules (native: see idem_reserve); a failed check raises.
+    IF NOT (@extschema@._idem_check_scope(operation, user_id, key)
+            AND @extschema@._idem_require('token', token IS NULL)
+            AND @extschema@._idem_require('status', status IS NULL)) THEN
+        RETURN NULL; -- not reached
     END IF;
     IF status NOT IN ('SUCCESS', 'FAILED') THEN
         RAISE EXCEPTION 'status must be ''SUCCESS'' or ''FAILED'', got %',
@@ -69,11 +67,10 @@ DECLARE
     v_max integer;
     v_rec record;
 BEGIN
-    IF NOT (octet_length(operation) BETWEEN 1 AND 255 AND octet_length(user_id) BETWEEN 1 AND 255
-            AND octet_length(key) BETWEEN 1 AND 255
-            AND operation || user_id || key !~ E'[\\x01-\\x1f\\x7f-\\x9f]' AND token IS NOT NULL) IS TRUE THEN
-        PERFORM @extschema@._idem_check_scope(operation, user_id, key);
-        PERFORM @extschema@._idem_require('token', token IS NULL);
+    -- The argument rules (native: see idem_reserve); a failed check raises.
+    IF NOT (@extschema@._idem_check_scope(operation, user_id, key)
+            AND @extschema@._idem_require('token', token IS NULL)) THEN
+        RETURN NULL; -- not reached
     END IF;
     v_max := @extschema@._idem_max_retries(max_retries);
 
@@ -108,13 +105,12 @@ DECLARE
     v_now   timestamptz := clock_timestamp();
     v_until timestamptz;
 BEGIN
-    IF NOT (octet_length(operation) BETWEEN 1 AND 255 AND octet_length(user_id) BETWEEN 1 AND 255
-            AND octet_length(key) BETWEEN 1 AND 255
-            AND operation || user_id || key !~ E'[\\x01-\\x1f\\x7f-\\x9f]' AND token IS NOT NULL) IS TRUE THEN
-        PERFORM @extschema@._idem_check_scope(operation, user_id, key);
-        PERFORM @extschema@._idem_require('token', token IS NULL);
+    -- The argument rules (native: see idem_reserve); a failed check raises.
+    IF NOT (@extschema@._idem_check_scope(operation, user_id, key)
+            AND @extschema@._idem_require('token', token IS NULL)) THEN
+        RETURN NULL; -- not reached
     END IF;
-    v_until := v_now + @extschema@._idem_interval('lease', lease);
+    v_until := v_now + @extschema@._idem_lease(lease, NULL);
 
     -- expires_at moves to at least the lease end, so a live, heartbeating attempt is never
     -- taken over as expired.

@@ -18,13 +18,13 @@ REVOKE EXECUTE ON FUNCTION
 REVOKE EXECUTE ON FUNCTION
     @extschema@._idem_setting(text),
     @extschema@._idem_max_response_bytes(),
-    @extschema@._idem_check_text(text, text, boolean),
     @extschema@._idem_check_scope(text, text, text),
+    @extschema@._idem_check_request_hash(text),
     @extschema@._idem_require(text, boolean),
     @extschema@._idem_check_batch_size(integer),
     @extschema@._idem_echo(text),
-    @extschema@._idem_interval(text, interval),
+    @extschema@._idem_ttl(interval),
+    @extschema@._idem_lease(interval, interval),
     @extschema@._idem_max_retries(integer),
-    @extschema@._idem_durations(interval, interval),
     @extschema@._idem_release_locked(text, text, text, timestamptz, timestamptz, integer)
     FROM PUBLIC;

@@ -35,17 +35,17 @@ DECLARE
     v_token    bigint;
     v_locked   boolean := false;
 BEGIN
-    -- One cheap expression on the happy path; the helpers raise the precise error otherwise.
-    IF NOT (octet_length(operation) BETWEEN 1 AND 255 AND octet_length(user_id) BETWEEN 1 AND 255
-            AND octet_length(key) BETWEEN 1 AND 255 AND octet_length(request_hash) BETWEEN 1 AND 255
-            AND operation || user_id || key !~ E'[\\x01-\\x1f\\x7f-\\x9f]' AND wait IS NOT NULL
-            AND (ttl IS NULL OR (ttl > interval '0' AND ttl <= interval '1000 years'))
-            AND (lease IS NULL OR (lease > interval '0' AND lease <= coalesce(ttl, interval '1000 years')))) IS TRUE THEN
-        PERFORM @extschema@._idem_check_scope(operation, user_id, key);
-        PERFORM @extschema@._idem_check_text('request_hash', request_hash, false);
-        PERFORM @extschema@._idem_require('wait', wait IS NULL);
-        PERFORM @extschema@._idem_durations(ttl, lease);
+    -- The argument rules, checked natively (extension/src/args.rs, on the client crate's key
+    -- rules): each check raises 22004/22023 naming the argument, or answers true.
+    IF NOT (@extschema@._idem_check_scope(operation, user_id, key)
+            AND @extschema@._idem_check_request_hash(request_hash)
+            AND @extschema@._idem_require('wait', wait IS NULL)) THEN
+        RETURN NULL; -- not reached: a failed check raises
     END IF;
+    -- The durations: explicit values checked, NULL the idempotency.* defaults (a defaulted
+    -- lease capped at the ttl).
+    v_ttl := @extschema@._idem_ttl(ttl);
+    v_lease := @extschema@._idem_lease(lease, v_ttl);
 
     FOR attempt IN 1..8 LOOP
         v_now := clock_timestamp();
@@ -77,16 +77,6 @@ BEGIN
         END IF;
 
         -- Absent, or expired and free to take over: a new attempt would start now.
-        IF v_ttl IS NULL THEN
-            -- The durations, settled only when creating: a replay never reads a setting.
-            v_ttl := coalesce(ttl, current_setting('idempotency.ttl', true)::interval);
-            v_lease := coalesce(lease, least(current_setting('idempotency.lease', true)::interval, v_ttl));
-            IF v_ttl IS NULL OR v_lease IS NULL OR v_lease > v_ttl THEN
-                -- Library not loaded in this session yet, or an explicit lease over the default ttl.
-                SELECT d.settled_ttl, d.settled_lease INTO v_ttl, v_lease
-                  FROM @extschema@._idem_durations(ttl, lease) AS d;
-            END IF;
-        END IF;
         IF NOT v_locked THEN
             IF wait THEN
                 PERFORM pg_advisory_xact_lock(

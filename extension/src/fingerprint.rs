@@ -10,7 +10,7 @@ use std::ffi::CStr;
 
 /// A `jsonb` argument as its exact text (`jsonb_out`). pgrx's `JsonB` parses into a
 /// `serde_json::Value`, which would round numbers beyond f64 and break the canonical form.
-pub struct JsonbText(String);
+pub(crate) struct JsonbText(String);
 
 impl FromDatum for JsonbText {
     unsafe fn from_polymorphic_datum(datum: pg_sys::Datum, is_null: bool, _: pg_sys::Oid) -> Option<Self> {

@@ -6,12 +6,12 @@ use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 use pgrx::prelude::*;
 use std::ffi::CString;
 
-static TTL: GucSetting<i32> = GucSetting::<i32>::new(24 * 60 * 60);
-static LEASE: GucSetting<i32> = GucSetting::<i32>::new(5 * 60);
-static MAX_RETRIES: GucSetting<i32> = GucSetting::<i32>::new(3);
+pub(crate) static TTL: GucSetting<i32> = GucSetting::<i32>::new(24 * 60 * 60);
+pub(crate) static LEASE: GucSetting<i32> = GucSetting::<i32>::new(5 * 60);
+pub(crate) static MAX_RETRIES: GucSetting<i32> = GucSetting::<i32>::new(3);
 static MAX_RESPONSE_BYTES: GucSetting<i32> = GucSetting::<i32>::new(1024 * 1024);
 
-pub fn register() {
+pub(crate) fn register() {
     GucRegistry::define_int_guc(
         c"idempotency.ttl",
         c"How long a record is kept, counted from its reservation, when idem_reserve gets ttl => NULL.",

@@ -1,12 +1,14 @@
 //! The `idempotency` PostgreSQL extension.
 //!
 //! The state machine (tables, `idem_reserve`, `idem_complete`, ...) is PL/pgSQL in `sql/`; this
-//! crate holds only what SQL is the wrong tool for: the GUCs and request fingerprinting. Every
+//! crate holds what SQL is the wrong tool for: the GUCs, the argument rules (shared with the
+//! client crate) and request fingerprinting. Every
 //! Rust function here is declared by hand in `sql/` (`sql = false`), so the install script is
 //! exactly the reviewed SQL, qualified with `@extschema@` throughout.
 
 use pgrx::prelude::*;
 
+mod args;
 mod fingerprint;
 mod guc;
 
@@ -20,6 +22,7 @@ pgrx::extension_sql_file!("../../sql/maintenance.sql", name = "maintenance", req
 pgrx::extension_sql_file!("../../sql/helpers.sql", name = "helpers", requires = ["maintenance"]);
 pgrx::extension_sql_file!("../../sql/privileges.sql", name = "privileges", finalize);
 
+/// Called by PostgreSQL when it loads the library: registers the settings.
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {
     guc::register();
@@ -87,8 +90,10 @@ mod tests {
 /// Required by `cargo pgrx test`.
 #[cfg(test)]
 pub mod pg_test {
+    /// Runs once before the tests; nothing to prepare.
     pub fn setup(_options: Vec<&str>) {}
 
+    /// Extra `postgresql.conf` lines for the test server: none.
     #[must_use]
     pub fn postgresql_conf_options() -> Vec<&'static str> {
         vec![]

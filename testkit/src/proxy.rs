@@ -1,6 +1,7 @@
 //! A TCP proxy in front of the private cluster. It counts round trips (client→server write
-//! bursts: a pipelined batch of messages is one) and can cut the first connection that sends
-//! `COMMIT`, to make a commit's outcome unknown to the client.
+//! bursts: a pipelined batch of messages is one) and the serialization failures (SQLSTATE 40001)
+//! the server reports, and can cut the first connection that sends `COMMIT`, to make a commit's
+//! outcome unknown to the client.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -11,6 +12,8 @@ use tokio::net::{TcpListener, TcpStream};
 
 /// tokio-postgres sends `COMMIT` as a simple query: 'Q', length 11, "COMMIT\0".
 const COMMIT: &[u8] = b"Q\0\0\0\x0bCOMMIT\0";
+/// The SQLSTATE field of an ErrorResponse reporting a serialization failure.
+const SERIALIZATION_FAILURE: &[u8] = b"C40001\0";
 
 /// Where the proxy cuts the first connection that sends `COMMIT`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,6 +30,7 @@ pub struct Proxy {
     addr: SocketAddr,
     bursts: Arc<AtomicU64>,
     cuts: Arc<AtomicU64>,
+    serialization_failures: Arc<AtomicU64>,
 }
 
 impl Proxy {
@@ -34,7 +38,7 @@ impl Proxy {
     pub async fn start(upstream: SocketAddr, cut: Option<Cut>) -> Proxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind the proxy");
         let addr = listener.local_addr().expect("proxy address");
-        let proxy = Proxy { addr, bursts: Arc::default(), cuts: Arc::default() };
+        let proxy = Proxy { addr, bursts: Arc::default(), cuts: Arc::default(), serialization_failures: Arc::default() };
         let armed = Arc::new(AtomicBool::new(cut.is_some()));
         let shared = proxy.clone();
         tokio::spawn(async move {
@@ -61,11 +65,36 @@ impl Proxy {
         self.cuts.load(Ordering::SeqCst)
     }
 
+    /// Serialization failures (40001) the server sent to clients so far.
+    pub fn serialization_failures(&self) -> u64 {
+        self.serialization_failures.load(Ordering::SeqCst)
+    }
+
     async fn relay(&self, client: TcpStream, upstream: SocketAddr, cut: Option<Cut>, armed: &AtomicBool) {
         let Ok(server) = TcpStream::connect(upstream).await else { return };
         let (mut cr, mut cw) = client.into_split();
         let (mut sr, mut sw) = server.into_split();
-        let back = tokio::spawn(async move { tokio::io::copy(&mut sr, &mut cw).await });
+        let failures = self.serialization_failures.clone();
+        let back = tokio::spawn(async move {
+            // Server to client, counting 40001 error fields; the tail of each read is kept so a
+            // field split across two reads still counts once.
+            let mut buf = vec![0u8; 64 * 1024];
+            let mut tail: Vec<u8> = Vec::new();
+            while let Ok(n) = sr.read(&mut buf).await {
+                if n == 0 || cw.write_all(&buf[..n]).await.is_err() {
+                    break;
+                }
+                tail.extend_from_slice(&buf[..n]);
+                let found = tail.windows(SERIALIZATION_FAILURE.len()).filter(|w| *w == SERIALIZATION_FAILURE).count();
+                failures.fetch_add(found as u64, Ordering::SeqCst);
+                let keep = tail.len().saturating_sub(SERIALIZATION_FAILURE.len() - 1);
+                if found > 0 {
+                    tail.clear();
+                } else {
+                    tail.drain(..keep);
+                }
+            }
+        });
         let mut buf = vec![0u8; 64 * 1024];
         loop {
             let n = match cr.read(&mut buf).await {

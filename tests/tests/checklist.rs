@@ -294,7 +294,7 @@ async fn stale_token_can_never_complete() {
 }
 
 #[tokio::test]
-async fn invalid_keys_fail_before_a_round_trip() {
+async fn invalid_keys_are_refused_by_key_new_with_http_400() {
     let err = Key::new("op", "user", "bad\nkey").unwrap_err();
     assert_eq!(err.argument(), "key");
     let err: Error = err.into();

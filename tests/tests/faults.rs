@@ -261,7 +261,11 @@ async fn timeouts_are_typed_errors_and_leave_no_reservation_behind() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn repeatable_read_duplicates_are_retried_on_40001_and_run_once() {
     let config = Config { isolation: Some(tokio_postgres::IsolationLevel::RepeatableRead), wait: true, ..Config::default() };
-    let idem = handle_in("idem_fault_rr", config).await;
+    // Through a proxy that counts the 40001 errors the server sends: the test must see retries.
+    let direct = handle_in("idem_fault_rr", Config::default()).await;
+    let proxy = Proxy::start(cluster_addr(), None).await;
+    let idem = Idempotency::with_config(Idempotency::connect(&proxy.url("idem_fault_rr"), 32).unwrap().pool().clone(), config);
+    drop(direct);
     // A long REPEATABLE READ reader holds an old snapshot throughout.
     let mut reader = idem.pool().get().await.unwrap();
     let snapshot = reader.build_transaction().isolation_level(tokio_postgres::IsolationLevel::RepeatableRead).start().await.unwrap();
@@ -288,4 +292,7 @@ async fn repeatable_read_duplicates_are_retried_on_40001_and_run_once() {
         assert_eq!(charges_for(&idem.pool().get().await.unwrap(), &key).await, 1);
     }
     snapshot.rollback().await.unwrap();
+    // Every round raced 8 duplicates that waited on the holder: at least one of them must have
+    // met a 40001 and been retried, or this test proved nothing about the retry.
+    assert!(proxy.serialization_failures() >= 1, "no serialization failure happened");
 }

@@ -1,0 +1,126 @@
+//! The argument rules of the SQL API, checked natively: the key rules are the client crate's
+//! `key` module (one source for the client and the server), the durations and retry limits
+//! are settled here from the GUCs. The PL/pgSQL API calls these once per call, as cheap
+//! expressions; each raises the documented SQLSTATE with a message naming the argument and the
+//! rule, and returns its (settled) value otherwise.
+
+use crate::guc;
+use idempotency_client::key::{self, KeyError};
+use pgrx::datum::Interval;
+use pgrx::pg_sys::errcodes::PgSqlErrorCode;
+use pgrx::prelude::*;
+
+/// ttl and lease are at most this long: far beyond any real use, and short of timestamptz
+/// overflow (which would be 22008 instead of a message naming the argument).
+const MAX_YEARS: i32 = 1000;
+const USECS_PER_DAY: i128 = 86_400_000_000;
+
+#[allow(unreachable_code)] // ereport!(ERROR) diverges, but is typed `()`
+fn raise(code: PgSqlErrorCode, message: String) -> ! {
+    ereport!(ERROR, code, message);
+    unreachable!("ereport(ERROR) returned")
+}
+
+fn required<T>(name: &str, value: Option<T>) -> T {
+    value.unwrap_or_else(|| raise(PgSqlErrorCode::ERRCODE_NULL_VALUE_NOT_ALLOWED, format!("{name} must not be NULL")))
+}
+
+fn refuse(e: KeyError) -> ! {
+    raise(PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE, e.to_string())
+}
+
+/// `_idem_check_scope(operation text, user_id text, key text) RETURNS boolean`: true, or the
+/// error of the first argument that breaks the key rules.
+#[pg_extern(sql = false, immutable, parallel_safe)]
+fn _idem_check_scope(operation: Option<&str>, user_id: Option<&str>, key: Option<&str>) -> bool {
+    for (name, value) in [("operation", operation), ("user_id", user_id), ("key", key)] {
+        key::check_part(name, required(name, value)).unwrap_or_else(|e| refuse(e));
+    }
+    true
+}
+
+/// `_idem_check_request_hash(request_hash text) RETURNS boolean`: true, or 22004/22023.
+#[pg_extern(sql = false, immutable, parallel_safe)]
+fn _idem_check_request_hash(request_hash: Option<&str>) -> bool {
+    key::check_request_hash(required("request_hash", request_hash)).unwrap_or_else(|e| refuse(e));
+    true
+}
+
+/// `_idem_require(name text, is_null boolean) RETURNS boolean`: true, or 22004 naming `name`.
+#[pg_extern(sql = false, immutable, parallel_safe)]
+fn _idem_require(name: &str, is_null: Option<bool>) -> bool {
+    if is_null != Some(false) {
+        raise(PgSqlErrorCode::ERRCODE_NULL_VALUE_NOT_ALLOWED, format!("{name} must not be NULL"));
+    }
+    true
+}
+
+/// An interval's length as PostgreSQL compares intervals (a month is 30 days).
+fn span(i: &Interval) -> i128 {
+    i128::from(i.micros()) + (i128::from(i.days()) + i128::from(i.months()) * 30) * USECS_PER_DAY
+}
+
+/// A setting in seconds as the interval `current_setting()` shows it: whole days as days (`1d`
+/// is `1 day`, which keeps its calendar meaning across a DST change), anything else as time.
+fn seconds(s: i32) -> Interval {
+    let (days, secs) = if s % 86_400 == 0 { (s / 86_400, 0) } else { (0, s) };
+    Interval::new(0, days, i64::from(secs) * 1_000_000).unwrap_or_else(|e| raise(PgSqlErrorCode::ERRCODE_INTERNAL_ERROR, e.to_string()))
+}
+
+/// An explicit duration, checked: positive and at most 1000 years.
+fn checked(name: &str, value: Interval) -> Interval {
+    if span(&value) <= 0 {
+        raise(PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE, format!("{name} must be a positive interval, got {value}"));
+    }
+    // 1000 years compare as 12,000 months of 30 days, as PostgreSQL compares them.
+    if span(&value) > i128::from(MAX_YEARS) * 12 * 30 * USECS_PER_DAY {
+        raise(PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE, format!("{name} must be at most {MAX_YEARS} years, got {value}"));
+    }
+    value
+}
+
+/// `_idem_ttl(ttl interval) RETURNS interval`: an explicit ttl, checked, or `idempotency.ttl`.
+#[pg_extern(sql = false, stable, parallel_safe)]
+fn _idem_ttl(ttl: Option<Interval>) -> Interval {
+    match ttl {
+        Some(ttl) => checked("ttl", ttl),
+        None => seconds(guc::TTL.get()),
+    }
+}
+
+/// `_idem_lease(lease interval, ttl interval) RETURNS interval`: an explicit lease, checked and
+/// at most the (settled) ttl; or `idempotency.lease` capped at the ttl. With a NULL ttl the
+/// lease is settled on its own (heartbeat).
+#[pg_extern(sql = false, stable, parallel_safe)]
+fn _idem_lease(lease: Option<Interval>, ttl: Option<Interval>) -> Interval {
+    let default = || seconds(guc::LEASE.get());
+    match (lease, ttl) {
+        (Some(lease), Some(ttl)) => {
+            let lease = checked("lease", lease);
+            if span(&lease) > span(&ttl) {
+                raise(
+                    PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+                    format!("lease must not exceed ttl, got lease {lease} and ttl {ttl}"),
+                );
+            }
+            lease
+        }
+        (Some(lease), None) => checked("lease", lease),
+        (None, Some(ttl)) => {
+            let lease = default();
+            if span(&lease) > span(&ttl) { ttl } else { lease }
+        }
+        (None, None) => default(),
+    }
+}
+
+/// `_idem_max_retries(max_retries integer) RETURNS integer`: an explicit value, at least 1, or
+/// `idempotency.max_retries`.
+#[pg_extern(sql = false, stable, parallel_safe)]
+fn _idem_max_retries(max_retries: Option<i32>) -> i32 {
+    match max_retries {
+        Some(n) if n < 1 => raise(PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE, format!("max_retries must be at least 1, got {n}")),
+        Some(n) => n,
+        None => guc::MAX_RETRIES.get(),
+    }
+}

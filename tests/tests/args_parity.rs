@@ -1,0 +1,93 @@
+//! The argument rules exist twice by necessity: natively in the extension (extension/src/args.rs,
+//! on the client crate's key rules) and in PL/pgSQL for the portable install
+//! (sql/portable/args.sql). On thousands of generated inputs both answer the same value, or
+//! raise the same SQLSTATE with the same message.
+
+use idempotency_testkit::{admin, root};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+const CASES: usize = 3000;
+
+fn text(rng: &mut StdRng) -> Option<String> {
+    Some(match rng.random_range(0..10) {
+        0 => return None,
+        1 => String::new(),
+        2 => "x".repeat(rng.random_range(250..260)),
+        3 => "é".repeat(rng.random_range(126..130)),
+        4 => format!("k{}z", char::from_u32(rng.random_range(1..0x20)).unwrap_or('\u{1}')),
+        5 => format!("ab{}", char::from_u32(rng.random_range(0x7f..0xa2)).unwrap_or('\u{85}')),
+        6 => "😀\u{a0}\u{200b}".into(),
+        _ => (0..rng.random_range(1..12)).map(|_| char::from_u32(rng.random_range(0x20..0x250)).unwrap_or('?')).collect(),
+    })
+}
+
+fn interval(rng: &mut StdRng) -> Option<String> {
+    Some(match rng.random_range(0..9) {
+        0 => return None,
+        1 => "0".into(),
+        2 => format!("{} seconds", rng.random_range(-100..100)),
+        3 => format!("{} minutes", rng.random_range(1..600)),
+        4 => format!("{} days {} hours", rng.random_range(-3..40), rng.random_range(-30..30)),
+        5 => format!("{} mons", rng.random_range(-2..30)),
+        6 => format!("{} years", [999, 1000, 1001, 5000][rng.random_range(0..4)]),
+        7 => "1000 years 1 microsecond".into(),
+        _ => "1 year -360 days".into(),
+    })
+}
+
+/// The value as text, or the error as "SQLSTATE: message".
+async fn answer(db: &deadpool_postgres::Client, sql: &str, params: &[&(dyn tokio_postgres::types::ToSql + Sync)]) -> String {
+    match db.query_one(sql, params).await {
+        Ok(row) => row.get::<_, Option<String>>(0).unwrap_or_else(|| "NULL".into()),
+        Err(e) => match e.as_db_error() {
+            Some(db) => format!("{}: {}", db.code().code(), db.message()),
+            None => panic!("{sql}: {e}"),
+        },
+    }
+}
+
+#[tokio::test]
+async fn native_and_portable_argument_rules_agree() {
+    let db = admin().await;
+    let portable = std::fs::read_to_string(root().join("sql/portable/args.sql")).expect("sql/portable/args.sql");
+    db.batch_execute(&format!(
+        "DROP SCHEMA IF EXISTS portable_args CASCADE; CREATE SCHEMA portable_args; {}",
+        portable.replace("@extschema@", "portable_args")
+    ))
+    .await
+    .expect("load the portable argument rules");
+
+    let mut rng = StdRng::seed_from_u64(0xa895);
+    let (mut same_ok, mut same_err) = (0, 0);
+    for case in 0..CASES {
+        // Settings change now and then: set, emptied, reset.
+        if case % 200 == 0 {
+            let setting = ["SET idempotency.ttl = '36h'", "SET idempotency.lease = '90s'", "SET idempotency.ttl = '2d'",
+                           "RESET idempotency.ttl", "RESET idempotency.lease", "SET idempotency.max_retries = 7",
+                           "RESET idempotency.max_retries"][case / 200 % 7];
+            db.batch_execute(setting).await.expect(setting);
+        }
+        let (a, b, c, h) = (text(&mut rng), text(&mut rng), text(&mut rng), text(&mut rng));
+        let (ttl, lease) = (interval(&mut rng), interval(&mut rng));
+        let retries: Option<i32> = [None, Some(0), Some(-5), Some(1), Some(3), Some(i32::MAX)][rng.random_range(0..6)];
+        let is_null: Option<bool> = [None, Some(true), Some(false)][rng.random_range(0..3)];
+        let calls: [(&str, Vec<&(dyn tokio_postgres::types::ToSql + Sync)>); 7] = [
+            ("_idem_check_scope($1, $2, $3)::text", vec![&a, &b, &c]),
+            ("_idem_check_request_hash($1)::text", vec![&h]),
+            ("_idem_require('wait', $1)::text", vec![&is_null]),
+            ("_idem_ttl($1::text::interval)::text", vec![&ttl]),
+            ("_idem_lease($1::text::interval, _idem_ttl($2::text::interval))::text", vec![&lease, &ttl]),
+            ("_idem_lease($1::text::interval, NULL)::text", vec![&lease]),
+            ("_idem_max_retries($1)::text", vec![&retries]),
+        ];
+        for (call, params) in calls {
+            let native = answer(&db, &format!("SELECT {call}"), &params).await;
+            let plpgsql = answer(&db, &format!("SELECT {}", call.replace("_idem_", "portable_args._idem_")), &params).await;
+            assert_eq!(native, plpgsql, "{call} with {params:?}");
+            if native.contains(": ") { same_err += 1 } else { same_ok += 1 }
+        }
+    }
+    // Both sides of every rule were reached.
+    assert!(same_ok > 2000 && same_err > 2000, "agreed on {same_ok} values and {same_err} errors");
+}
