@@ -65,9 +65,9 @@
 //! # }
 //! ```
 //!
-//! Built without default features, this crate is only the pure rules shared with the extension:
-//! [`fingerprint`] (the canonical JSON hash that `idem_fingerprint` computes) and [`key`] (the
-//! input rules of the SQL API).
+//! Built without default features, this crate is only the pure rules shared with the extension,
+//! which links this code: [`fingerprint`] (the canonical JSON hash that `idem_fingerprint`
+//! computes) and [`key`] (the input rules the SQL API checks).
 
 pub mod fingerprint;
 pub mod key;
