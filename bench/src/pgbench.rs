@@ -125,7 +125,7 @@ pub(crate) fn run(pgbench: &Path, url: &str, script: &Path, clients: u32, second
 pub(crate) async fn statements_per_op(pgbench: &Path, url: &str, db: &tokio_postgres::Client, script: &Path) -> Option<f64> {
     const TRANSACTIONS: u32 = 200;
     let count = || async {
-        db.query_one("SELECT sum(calls)::float8 AS n FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())", &[])
+        db.query_one("SELECT coalesce(sum(calls), 0)::float8 AS n FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())", &[])
             .await
             .ok()
             .and_then(|r| r.try_get::<_, Option<f64>>("n").ok().flatten())
