@@ -8,7 +8,9 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 mkdir -p target/bench
 bash scripts/setup.sh
-(cd extension && cargo pgrx install --release --pg-config "${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}") >target/bench/build.log 2>&1 \
+export PG_CONFIG=${PG_CONFIG:-$(scripts/pg-env.sh config "$(scripts/pg-env.sh default)")}
+major=$(scripts/pg-env.sh major "$PG_CONFIG")
+(cd extension && cargo pgrx install --release --pg-config "$PG_CONFIG" --no-default-features --features "pg$major") >target/bench/build.log 2>&1 \
     || { tail -30 target/bench/build.log; exit 1; }
 cargo build --release -q -p idempotency-bench --bin bench >>target/bench/build.log 2>&1 || { tail -30 target/bench/build.log; exit 1; }
 scripts/pg.sh start >/dev/null

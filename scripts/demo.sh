@@ -7,8 +7,10 @@ cd "$root"
 logs=$root/target/demo-logs
 mkdir -p "$logs"
 bash scripts/setup.sh
+export PG_CONFIG=${PG_CONFIG:-$(scripts/pg-env.sh config "$(scripts/pg-env.sh default)")}
+major=$(scripts/pg-env.sh major "$PG_CONFIG")
 echo "building and installing the extension (log: target/demo-logs/build.log) ..."
-(cd extension && cargo pgrx install --release --pg-config "${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}") >"$logs/build.log" 2>&1 \
+(cd extension && cargo pgrx install --release --pg-config "$PG_CONFIG" --no-default-features --features "pg$major") >"$logs/build.log" 2>&1 \
     || { tail -30 "$logs/build.log"; exit 1; }
 cargo build --release -q -p idempotency-demo --bin demo >>"$logs/build.log" 2>&1 || { tail -30 "$logs/build.log"; exit 1; }
 scripts/pg.sh start >/dev/null

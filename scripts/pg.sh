@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# A private PostgreSQL cluster for the tests, the demo and the benchmarks: data under
-# target/pg, its own port (IDEM_PG_PORT, default 55415), never the system cluster or 5432.
+# A private PostgreSQL cluster for the tests, the demo and the benchmarks, one per major: the major
+# is PG_CONFIG's (default: scripts/pg-env.sh's default major), data under target/pg/NN, port
+# IDEM_PG_PORT (default 554NN: 55415 for 15), never the system cluster or 5432.
 # Run as root, the server runs as the `postgres` OS user (PostgreSQL refuses to run as root).
 #
 #   scripts/pg.sh start     create the cluster if needed, start it, print its connection string
@@ -11,10 +12,11 @@
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-PG_CONFIG=${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}
+PG_CONFIG=${PG_CONFIG:-$("$root/scripts/pg-env.sh" config "$("$root/scripts/pg-env.sh" default)")}
 bindir=$("$PG_CONFIG" --bindir)
-port=${IDEM_PG_PORT:-55415}
-dir=$root/target/pg
+major=$("$root/scripts/pg-env.sh" major "$PG_CONFIG")
+port=${IDEM_PG_PORT:-$((55400 + major))}
+dir=$root/target/pg/$major
 data=$dir/data
 url="postgresql://postgres@127.0.0.1:$port/postgres"
 
@@ -24,7 +26,7 @@ as_server() {
 
 ensure_dirs() {
     mkdir -p "$dir"
-    if [ "$(id -u)" = 0 ]; then chown postgres:postgres "$dir"; fi
+    if [ "$(id -u)" = 0 ]; then chown postgres:postgres "$root/target/pg" "$dir"; fi
 }
 
 case "${1:-}" in
@@ -69,7 +71,7 @@ destroy)
     rm -rf "$data"
     ;;
 *)
-    sed -n '2,12p' "$0" >&2
+    sed -n '2,13p' "$0" >&2
     exit 2
     ;;
 esac

@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
 # Installs what the tests, the demo and the benchmarks need, when it is missing; cheap when
-# everything is already there. Debian 12, as root (or with sudo).
+# everything is already there: Debian's PostgreSQL 15, a relocatable tree of every other supported
+# major (scripts/pg-env.sh), cargo-pgrx registered with all of them, pgspot. Debian 12, as root.
 set -euo pipefail
 
 PGRX_VERSION=0.18.1
-PG_CONFIG=/usr/lib/postgresql/15/bin/pg_config
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+env_sh=$repo/scripts/pg-env.sh
 
 say() { printf '[setup] %s\n' "$*"; }
 root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
 missing=()
-for pkg in postgresql-15 postgresql-server-dev-15 libclang-dev clang sudo make fonts-dejavu-core; do
+for pkg in postgresql-15 postgresql-server-dev-15 libclang-dev clang sudo make fonts-dejavu-core unzip; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || missing+=("$pkg")
 done
 if [ ${#missing[@]} -gt 0 ]; then
@@ -19,7 +21,7 @@ if [ ${#missing[@]} -gt 0 ]; then
     # The server and its dev package go together so their versions match (installing only the
     # dev package would upgrade a running server underneath us).
     root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-        postgresql-15 postgresql-server-dev-15 libclang-dev clang sudo make fonts-dejavu-core >/dev/null
+        postgresql-15 postgresql-server-dev-15 libclang-dev clang sudo make fonts-dejavu-core unzip >/dev/null
 fi
 
 if ! cargo pgrx --version 2>/dev/null | grep -q " $PGRX_VERSION\$"; then
@@ -27,10 +29,25 @@ if ! cargo pgrx --version 2>/dev/null | grep -q " $PGRX_VERSION\$"; then
     cargo install cargo-pgrx --version "$PGRX_VERSION" --locked --quiet
 fi
 
-# `cargo pgrx init` rebuilds the bindings whenever it runs: only when pg15 is not configured.
-if ! grep -qs "^pg15 = \"$PG_CONFIG\"" "${PGRX_HOME:-$HOME/.pgrx}/config.toml"; then
-    say "pgrx: init --pg15 $PG_CONFIG"
-    cargo pgrx init --pg15 "$PG_CONFIG" >/dev/null
+# Every supported major, registered with pgrx at once (`cargo pgrx init` rewrites its config with
+# only the majors it is given). PG_CONFIG, when set, stands for its own major; the others come from
+# scripts/pg-env.sh (Debian's 15, relocatable trees for the rest, downloaded once into target/).
+default_major=$("$env_sh" major "${PG_CONFIG:-$("$env_sh" config "$("$env_sh" default)")}")
+init=()
+want=
+for major in $("$env_sh" majors); do
+    if [ -n "${PG_CONFIG:-}" ] && [ "$major" = "$default_major" ]; then
+        config=$PG_CONFIG
+    else
+        config=$("$env_sh" config "$major")
+    fi
+    init+=("--pg$major" "$config")
+    want+="pg$major = \"$config\""$'\n'
+done
+have=$(grep -E '^pg[0-9]+ = ' "${PGRX_HOME:-$HOME/.pgrx}/config.toml" 2>/dev/null | sort || true)
+if [ "$have" != "$(printf '%s' "$want" | sort)" ]; then
+    say "pgrx: init ${init[*]}"
+    cargo pgrx init "${init[@]}" >/dev/null
 fi
 
 if ! python3 -c "import pgspot" 2>/dev/null; then

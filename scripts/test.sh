@@ -1,44 +1,75 @@
 #!/usr/bin/env bash
-# Runs every test layer and prints a summary; the last line is `N passed, N failed`.
-# Installs what is missing first (scripts/setup.sh). Exits non-zero if any layer fails.
+# Runs the test layers on every supported PostgreSQL major and prints a summary per major; the
+# last line is `N passed, N failed` over all of them. Installs what is missing first
+# (scripts/setup.sh). Exits non-zero if any layer fails.
 #
+#   scripts/test.sh                 every layer on the default major (PG_CONFIG, default Debian's
+#                                   15), the core layers on each other major (scripts/pg-env.sh)
+#   scripts/test.sh --all-majors    every layer on every major
+#   scripts/test.sh --majors "14 17"  only these majors (every layer on the default one, if given)
+#
+# Layers (* = core: run on every major):
 #   unit        cargo test -p idempotency-client (fingerprint, key rules, response policy, doc tests)
 #   lint        cargo clippy over every crate and target, the extension included; a warning fails
-#   pg_test     cargo pgrx test: the Rust that runs inside PostgreSQL
-#   install     cargo pgrx install --release (what the next layers test)
-#   regress     pg_regress golden files (tests/regress) against the private cluster
-#   isolation   pg_isolation_regress specs (tests/isolation) against the private cluster
-#   e2e         cargo test -p idempotency-tests: the client end to end against the private cluster
+#   pg_test *   cargo pgrx test: the Rust that runs inside PostgreSQL
+#   package *   scripts/package.sh, then each package installed into a fresh copy of the major's
+#               tree (the .deb with dpkg on Debian's 15) and tests/package's smoke test against it
+#   install *   cargo pgrx install --release (what the next layers test)
+#   regress *   pg_regress golden files (tests/regress) against the major's private cluster
+#   isolation * pg_isolation_regress specs (tests/isolation) against the private cluster
+#   e2e *       cargo test -p idempotency-tests: the client end to end against the private cluster
+#               (core: the checklist test binary, which holds the concurrency tests)
 #   bench       the benchmark in smoke mode: every case runs and produces numbers (no speed asserted)
 #   pgspot      pgspot over the generated install script
+#
+# Each major's private cluster is scripts/pg.sh's (port 554NN; IDEM_PG_PORT overrides the default
+# major's). Logs: target/test-logs/pgNN/LAYER.log.
 set -uo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
-export PG_CONFIG=${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}
-pgxs=$(dirname "$(dirname "$(dirname "$("$PG_CONFIG" --pgxs)")")")
-bindir=$("$PG_CONFIG" --bindir)
-sharedir=$("$PG_CONFIG" --sharedir)
-port=${IDEM_PG_PORT:-55415}
-logs=$root/target/test-logs
-mkdir -p "$logs"
+env_sh=$root/scripts/pg-env.sh
+
+all_majors=0
+only=
+while [ $# -gt 0 ]; do
+    case "$1" in
+    --all-majors) all_majors=1 ;;
+    --majors) only=${2:?--majors needs a list such as \"14 17\"}; shift ;;
+    *) sed -n '2,9p' "$0" >&2; exit 2 ;;
+    esac
+    shift
+done
+
+default_config=${PG_CONFIG:-$("$env_sh" config "$("$env_sh" default)")}
+export PG_CONFIG=$default_config
+default_major=$("$env_sh" major "$default_config") || { echo "PG_CONFIG=$PG_CONFIG: not a pg_config"; exit 1; }
+default_port=${IDEM_PG_PORT:-}
+majors=${only:-$("$env_sh" majors)}
+for major in $majors; do
+    case " $("$env_sh" majors) " in *" $major "*) ;; *) echo "--majors: $major is not one of: $("$env_sh" majors)"; exit 2 ;; esac
+done
 
 bash scripts/setup.sh || { echo "setup failed"; exit 1; }
+export IDEM_SETUP_DONE=1 # scripts/package.sh need not run it again
+version=$(grep -m1 '^version' Cargo.toml | cut -d'"' -f2)
 
 total_pass=0
 total_fail=0
 summary=()
 failed_layers=0
 
-# record LAYER PASSED FAILED STATUS
+# record LAYER PASSED FAILED STATUS (for the current major)
 record() {
     local layer=$1 pass=$2 fail=$3 status=$4
     if [ "$status" != 0 ] && [ "$fail" = 0 ]; then fail=1; fi # a crash or build failure counts
     total_pass=$((total_pass + pass))
     total_fail=$((total_fail + fail))
+    major_pass=$((major_pass + pass))
+    major_fail=$((major_fail + fail))
     [ "$fail" = 0 ] || failed_layers=$((failed_layers + 1))
-    summary+=("$(printf '%-10s %5s passed, %s failed' "$layer" "$pass" "$fail")")
-    printf '== %s: %s passed, %s failed (log: %s)\n' "$layer" "$pass" "$fail" "${logs#$root/}/$layer.log"
+    summary+=("$(printf 'pg%s %-10s %5s passed, %s failed' "$major" "$layer" "$pass" "$fail")")
+    printf '== pg%s %s: %s passed, %s failed (log: %s)\n' "$major" "$layer" "$pass" "$fail" "${logs#$root/}/$layer.log"
 }
 
 # Sums the `test result:` lines of cargo's test harness.
@@ -52,101 +83,189 @@ regress_counts() {
     awk '/\.\.\. +ok/ { p++ } /\.\.\. +FAILED/ || /\.\.\. +failed/ { f++ } END { printf "%d %d\n", p, f }' "$1"
 }
 
-layer() { printf '\n== %s\n' "$1"; }
+layer() { printf '\n== pg%s %s\n' "$major" "$1"; }
 
-layer unit
-cargo test -p idempotency-client 2>&1 | tee "$logs/unit.log" | grep -E '^(test |test result|error)' | grep -v '\.\.\. ok$'
-status=${PIPESTATUS[0]}
-read -r p f < <(cargo_counts "$logs/unit.log")
-record unit "$p" "$f" "$status"
-
-layer lint
-# The lints are configured once, in the root Cargo.toml's [workspace.lints].
-cargo clippy --workspace --all-targets -- -D warnings >"$logs/lint.log" 2>&1
-status=$?
-grep -E '^(warning|error)' -A5 "$logs/lint.log" | head -60
-record lint "$([ $status = 0 ] && echo 1 || echo 0)" 0 "$status"
-
-layer pg_test
-pgrx_data=$root/target/pgrx-test-data
-mkdir -p "$pgrx_data"
-[ "$(id -u)" = 0 ] && chown postgres:postgres "$pgrx_data"
-runas=()
-[ "$(id -u)" = 0 ] && runas=(--runas postgres)
-(cd extension && cargo pgrx test pg15 "${runas[@]}" --pgdata "$pgrx_data") >"$logs/pg_test.log" 2>&1
-status=$?
-grep -E '^(test |test result|error)' "$logs/pg_test.log" | grep -v '\.\.\. ok$'
-read -r p f < <(cargo_counts "$logs/pg_test.log")
-record pg_test "$p" "$f" "$status"
-
-layer install
-# cargo pgrx test installed a debug build; the remaining layers test the release build.
-(cd extension && cargo pgrx install --release --pg-config "$PG_CONFIG") >"$logs/install.log" 2>&1
-status=$?
-tail -1 "$logs/install.log"
-record install "$([ $status = 0 ] && echo 1 || echo 0)" 0 "$status"
-
-# pg_regress_layer NAME DRIVER ARGS...: one pg_regress-style layer against the private cluster.
-pg_regress_layer() {
-    local name=$1 driver=$2
-    shift 2
-    rm -rf "$root/target/$name"
-    "$driver" --bindir="$bindir" --host=127.0.0.1 --port="$port" --user=postgres \
-        --dbname="idem_$name" --inputdir="tests/$name" --outputdir="$root/target/$name" "$@" \
-        >"$logs/$name.log" 2>&1
+# pg_regress_run NAME LOGNAME CONFIG DRIVER ARGS...: a pg_regress-style run of tests/NAME against
+# the private cluster, with CONFIG's binaries; records it as LOGNAME.
+pg_regress_run() {
+    local name=$1 logname=$2 config=$3 driver=$4 out=$root/target/$2/pg$major
+    shift 4
+    local pgxs
+    pgxs=$(dirname "$(dirname "$(dirname "$("$config" --pgxs)")")")
+    rm -rf "$out"
+    mkdir -p "$out"
+    "$pgxs/$driver" --bindir="$("$config" --bindir)" --host=127.0.0.1 --port="$IDEM_PG_PORT" --user=postgres \
+        --dbname="idem_$logname" --inputdir="tests/$name" --outputdir="$out" "$@" >"$logs/$logname.log" 2>&1
     local status=$?
-    grep -E '\.\.\.|tests|FAIL' "$logs/$name.log"
-    [ $status = 0 ] || head -150 "$root/target/$name/regression.diffs" 2>/dev/null
-    read -r p f < <(regress_counts "$logs/$name.log")
-    record "$name" "$p" "$f" "$status"
+    grep -E '\.\.\.|tests|FAIL' "$logs/$logname.log"
+    [ $status = 0 ] || head -150 "$out/regression.diffs" 2>/dev/null
+    read -r p f < <(regress_counts "$logs/$logname.log")
+    record "$logname" "$p" "$f" "$status"
 }
 
-layer regress
-url=$(scripts/pg.sh start) || { record regress 0 1 1; url=; }
-if [ -n "$url" ]; then
-    pg_regress_layer regress "$pgxs/src/test/regress/pg_regress" --schedule=tests/regress/schedule
-fi
+# package_smoke LAYER CONFIG: the package smoke test against the private cluster run with CONFIG's
+# binaries (the cluster's data directory is the major's own).
+package_smoke() {
+    local name=$1 config=$2
+    scripts/pg.sh stop
+    if PG_CONFIG=$config scripts/pg.sh start >/dev/null; then
+        pg_regress_run package "$name" "$config" src/test/regress/pg_regress smoke
+    else
+        record "$name" 0 1 1
+    fi
+    PG_CONFIG=$config scripts/pg.sh stop
+}
 
-layer isolation
-if [ -n "$url" ]; then
-    # shellcheck disable=SC2046
-    pg_regress_layer isolation "$pgxs/src/test/isolation/pg_isolation_regress" \
-        $(cd tests/isolation/specs && ls -- *.spec | sed 's/\.spec$//' | sort)
-fi
+# run_major MAJOR PG_CONFIG FULL: the layers on one major (every layer when FULL is 1).
+run_major() {
+    major=$1
+    local config=$2 full=$3
+    major_pass=0
+    major_fail=0
+    export PG_CONFIG=$config
+    if [ "$major" = "$default_major" ] && [ -n "$default_port" ]; then
+        export IDEM_PG_PORT=$default_port
+    else
+        export IDEM_PG_PORT=$((55400 + major))
+    fi
+    logs=$root/target/test-logs/pg$major
+    mkdir -p "$logs"
+    printf '\n######## PostgreSQL %s (%s, port %s, %s layers)\n' "$major" "$config" "$IDEM_PG_PORT" \
+        "$([ "$full" = 1 ] && echo every || echo core)"
+    local features=(--no-default-features --features "pg$major")
+    local runas=()
+    [ "$(id -u)" = 0 ] && runas=(--runas postgres)
 
-layer e2e
-if [ -n "$url" ]; then
-    cargo test -p idempotency-tests >"$logs/e2e.log" 2>&1
+    if [ "$major" = "$default_major" ]; then # the client crate does not depend on the major
+        layer unit
+        cargo test -p idempotency-client 2>&1 | tee "$logs/unit.log" | grep -E '^(test |test result|error)' | grep -v '\.\.\. ok$'
+        status=${PIPESTATUS[0]}
+        read -r p f < <(cargo_counts "$logs/unit.log")
+        record unit "$p" "$f" "$status"
+
+        layer lint
+        # The lints are configured once, in the root Cargo.toml's [workspace.lints].
+        cargo clippy --workspace --all-targets -- -D warnings >"$logs/lint.log" 2>&1
+        status=$?
+        grep -E '^(warning|error)' -A5 "$logs/lint.log" | head -60
+        record lint "$([ $status = 0 ] && echo 1 || echo 0)" 0 "$status"
+    fi
+
+    layer pg_test
+    local pgrx_data=$root/target/pgrx-test-data/$major
+    mkdir -p "$pgrx_data"
+    [ "$(id -u)" = 0 ] && chown postgres:postgres "$(dirname "$pgrx_data")" "$pgrx_data"
+    (cd extension && cargo pgrx test "pg$major" "${features[@]}" "${runas[@]}" --pgdata "$pgrx_data") >"$logs/pg_test.log" 2>&1
     status=$?
-    grep -E '^(test |test result|error)' "$logs/e2e.log" | grep -v '\.\.\. ok$'
-    [ $status = 0 ] || grep -A30 -- '---- ' "$logs/e2e.log" | head -80
-    read -r p f < <(cargo_counts "$logs/e2e.log")
-    record e2e "$p" "$f" "$status"
-fi
+    grep -E '^(test |test result|error)' "$logs/pg_test.log" | grep -v '\.\.\. ok$'
+    read -r p f < <(cargo_counts "$logs/pg_test.log")
+    record pg_test "$p" "$f" "$status"
 
-layer bench
-if [ -n "$url" ]; then
-    cargo build --release -q -p idempotency-bench --bin bench >"$logs/bench.log" 2>&1 && target/release/bench --smoke >>"$logs/bench.log" 2>&1
+    layer package
+    local pkg=$root/target/packages/pg$major tested=$root/target/package-test/pg$major
+    if scripts/package.sh "$major" >"$logs/package.log" 2>&1; then
+        cat "$logs/package.log"
+        # The tarball, into a fresh copy of the major's relocatable tree, installed by its install.sh.
+        local copy
+        copy=$("$env_sh" unpack "$major" "$tested/tree") &&
+            tar -xzf "$pkg/idempotency-$version-pg$major-linux-"*.tar.gz -C "$tested" &&
+            PG_CONFIG=$copy "$tested"/idempotency-*/install.sh >>"$logs/package.log" 2>&1
+        if [ $? = 0 ]; then package_smoke package_tarball "$copy"; else record package_tarball 0 1 1; fi
+        # The .deb: dpkg into Debian's own directories when the default major is Debian's (and
+        # removed again); otherwise its files, unpacked, into a fresh copy of the tree.
+        local deb
+        deb=$(ls "$pkg"/postgresql-"$major"-idempotency_*.deb 2>/dev/null)
+        if [ -n "$deb" ] && [ "$config" = "$("$env_sh" debian)" ]; then
+            if dpkg -i "$deb" >>"$logs/package.log" 2>&1; then
+                package_smoke package_deb "$config"
+                dpkg -r "postgresql-$major-idempotency" >>"$logs/package.log" 2>&1 || record package_deb_remove 0 1 1
+            else
+                record package_deb 0 1 1
+            fi
+        elif [ -n "$deb" ]; then
+            local debian_config
+            debian_config=$("$env_sh" debian)
+            copy=$("$env_sh" unpack "$major" "$tested/deb-tree") &&
+                dpkg-deb -x "$deb" "$tested/deb-root" &&
+                cp "$tested/deb-root$("$debian_config" --pkglibdir)"/idempotency.so "$("$copy" --pkglibdir)/" &&
+                cp "$tested/deb-root$("$debian_config" --sharedir)"/extension/idempotency* "$("$copy" --sharedir)/extension/"
+            if [ $? = 0 ]; then package_smoke package_deb "$copy"; else record package_deb 0 1 1; fi
+        fi
+        rm -rf "$tested"
+    else
+        tail -30 "$logs/package.log"
+        record package 0 1 1
+    fi
+
+    layer install
+    # cargo pgrx test installed a debug build; the remaining layers test the release build.
+    (cd extension && cargo pgrx install --release --pg-config "$config" "${features[@]}") >"$logs/install.log" 2>&1
     status=$?
-    tail -3 "$logs/bench.log"
-    record bench "$([ $status = 0 ] && echo 1 || echo 0)" 0 "$status"
-fi
-scripts/pg.sh stop || true
+    tail -1 "$logs/install.log"
+    record install "$([ $status = 0 ] && echo 1 || echo 0)" 0 "$status"
 
-layer pgspot
-# Every finding fails the layer.
-script="$sharedir/extension/idempotency--$(grep -m1 '^version' Cargo.toml | cut -d'"' -f2).sql"
-python3 -m pgspot "$script" >"$logs/pgspot.log" 2>&1
-status=$?
-cat "$logs/pgspot.log"
-findings=$(grep -cE '^PS[0-9]+' "$logs/pgspot.log")
-if [ "$findings" = 0 ] && [ $status = 0 ] && grep -q 'Errors: 0 Warnings: 0 Unknown: 0' "$logs/pgspot.log"; then
-    record pgspot 1 0 0
-else
-    record pgspot 0 "$findings" 1
-fi
+    layer regress
+    local url
+    url=$(scripts/pg.sh start) || { record regress 0 1 1; url=; }
+    if [ -n "$url" ]; then
+        pg_regress_run regress regress "$config" src/test/regress/pg_regress --schedule=tests/regress/schedule
+
+        layer isolation
+        # shellcheck disable=SC2046
+        pg_regress_run isolation isolation "$config" src/test/isolation/pg_isolation_regress \
+            $(cd tests/isolation/specs && ls -- *.spec | sed 's/\.spec$//' | sort)
+
+        layer e2e
+        local e2e=(-p idempotency-tests)
+        [ "$full" = 1 ] || e2e+=(--test checklist)
+        cargo test "${e2e[@]}" >"$logs/e2e.log" 2>&1
+        status=$?
+        grep -E '^(test |test result|error)' "$logs/e2e.log" | grep -v '\.\.\. ok$'
+        [ $status = 0 ] || grep -A30 -- '---- ' "$logs/e2e.log" | head -80
+        read -r p f < <(cargo_counts "$logs/e2e.log")
+        record e2e "$p" "$f" "$status"
+
+        if [ "$full" = 1 ]; then
+            layer bench
+            cargo build --release -q -p idempotency-bench --bin bench >"$logs/bench.log" 2>&1 && target/release/bench --smoke >>"$logs/bench.log" 2>&1
+            status=$?
+            tail -3 "$logs/bench.log"
+            record bench "$([ $status = 0 ] && echo 1 || echo 0)" 0 "$status"
+        fi
+    fi
+    scripts/pg.sh stop || true
+
+    if [ "$full" = 1 ]; then
+        layer pgspot
+        # Every finding fails the layer.
+        local script
+        script="$("$config" --sharedir)/extension/idempotency--$version.sql"
+        python3 -m pgspot "$script" >"$logs/pgspot.log" 2>&1
+        status=$?
+        cat "$logs/pgspot.log"
+        findings=$(grep -cE '^PS[0-9]+' "$logs/pgspot.log")
+        if [ "$findings" = 0 ] && [ $status = 0 ] && grep -q 'Errors: 0 Warnings: 0 Unknown: 0' "$logs/pgspot.log"; then
+            record pgspot 1 0 0
+        else
+            record pgspot 0 "$findings" 1
+        fi
+    fi
+    per_major+=("$(printf 'pg%s: %d passed, %d failed (%s layers, %ds)' "$major" "$major_pass" "$major_fail" \
+        "$([ "$full" = 1 ] && echo every || echo core)" "$((SECONDS - started))")")
+}
+
+per_major=()
+for m in $majors; do
+    started=$SECONDS
+    if [ "$m" = "$default_major" ]; then
+        run_major "$m" "$default_config" 1
+    else
+        run_major "$m" "$("$env_sh" config "$m")" "$all_majors"
+    fi
+done
 
 printf '\n== summary\n'
 printf '%s\n' "${summary[@]}"
+printf '%s\n' "${per_major[@]}"
 printf '%d passed, %d failed\n' "$total_pass" "$total_fail"
 [ "$total_fail" = 0 ] && [ "$failed_layers" = 0 ]

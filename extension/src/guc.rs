@@ -52,7 +52,18 @@ pub(crate) fn register() {
         GucContext::Userset,
         GucFlags::UNIT_BYTE,
     );
-    unsafe { pg_sys::MarkGUCPrefixReserved(c"idempotency".as_ptr()) };
+    // From 15 the prefix is reserved: a misspelt `idempotency.*` name is an error. 14 has only
+    // the older call, which warns about placeholders that exist now and reserves nothing, so a
+    // misspelt name set later is accepted as a placeholder (the README's "Supported PostgreSQL").
+    // SAFETY: a valid, static C string; called once, from _PG_init.
+    #[cfg(not(feature = "pg14"))]
+    unsafe {
+        pg_sys::MarkGUCPrefixReserved(c"idempotency".as_ptr())
+    };
+    #[cfg(feature = "pg14")]
+    unsafe {
+        pg_sys::EmitWarningsOnPlaceholders(c"idempotency".as_ptr())
+    };
 }
 
 /// `_idem_setting(name text) RETURNS text`: the current value of a setting, as `current_setting`

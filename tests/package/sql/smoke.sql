@@ -1,0 +1,7 @@
+-- A package's smoke test (scripts/test.sh, layer package): the extension installed from a package
+-- creates, and one key goes through reserve, complete and replay.
+CREATE EXTENSION idempotency;
+SELECT outcome, token > 0 AS has_token FROM idem_reserve('smoke', 'u', 'k', 'h');
+SELECT idem_complete('smoke', 'u', 'k', token, '{"id": 1}') AS completed FROM idem_lookup('smoke', 'u', 'k');
+SELECT outcome, token IS NULL AS no_token, response FROM idem_reserve('smoke', 'u', 'k', 'h');
+DROP EXTENSION idempotency;
