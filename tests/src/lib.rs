@@ -5,7 +5,7 @@
 //! The extension must be installed into the server's directories first (`cargo pgrx install
 //! --release`, which `scripts/test.sh` and `scripts/demo.sh` do).
 
-use idempotency_client::{Config, Idempotency, Key};
+use idempotency_client::{Idempotency, Key, Settings};
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -76,11 +76,9 @@ pub async fn test_database() -> &'static str {
     .await
 }
 
-/// A handle on the test database with `config`.
-pub async fn handle(config: Config) -> Idempotency {
-    let url = test_database().await;
-    let base = Idempotency::connect(url, 100).expect("pool");
-    Idempotency::with_config(base.pool().clone(), config)
+/// A handle on the test database with `settings`.
+pub async fn handle(settings: Settings) -> Idempotency {
+    Idempotency::connect_with(test_database().await, 100, settings).expect("pool")
 }
 
 /// A pooled superuser connection to the test database, for assertions and direct `ops` calls.

@@ -100,7 +100,7 @@ fn charge(
     key: &'static str,
     amount: i64,
     status: u16,
-) -> impl for<'t> FnMut(&'t deadpool_postgres::Transaction<'_>) -> idempotency_client::Work<'t, StoredResponse, tokio_postgres::Error> + Send {
+) -> impl for<'t> FnMut(&'t idempotency_client::Tx<'_>) -> idempotency_client::TxFuture<'t, StoredResponse, tokio_postgres::Error> + Send {
     move |tx| {
         let runs = runs.clone();
         Box::pin(async move {

@@ -1,0 +1,317 @@
+//! The client's promises about the wire and the pool: round trips per call (counted as
+//! client→server write bursts by a proxy, on a current-thread runtime so that statements issued
+//! together leave together), the schema option, and what the pool does under pressure.
+
+use deadpool_postgres::{PoolConfig, Runtime, Timeouts};
+use idempotency_client::ops::{self, ReserveOutcome};
+use idempotency_client::{Error, Fingerprint, Idempotency, Key, Outcome, Settings, StoredResponse, Tx, TxFuture};
+use idempotency_tests::{charges_for, cluster_url, database_url, fresh_database, unique_key};
+use serde_json::json;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+const INSERT: &str = "INSERT INTO charges (user_id, amount, k) VALUES ('rt', 1, $1)";
+
+fn fp() -> Fingerprint {
+    Fingerprint::of_json(&json!({"amount": 1})).unwrap()
+}
+
+/// A proxy to the private cluster that counts the client's write bursts.
+async fn counting_proxy() -> (SocketAddr, Arc<AtomicU64>) {
+    let upstream: SocketAddr = {
+        let url = cluster_url();
+        let hostport = url.split('@').nth(1).and_then(|s| s.split('/').next()).expect("host:port in the URL");
+        hostport.parse().expect("socket address")
+    };
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let bursts = Arc::new(AtomicU64::new(0));
+    let counter = bursts.clone();
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let Ok(server) = TcpStream::connect(upstream).await else { return };
+            let counter = counter.clone();
+            let (mut cr, mut cw) = client.into_split();
+            let (mut sr, mut sw) = server.into_split();
+            tokio::spawn(async move { tokio::io::copy(&mut sr, &mut cw).await });
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 256 * 1024];
+                while let Ok(n) = cr.read(&mut buf).await {
+                    if n == 0 || sw.write_all(&buf[..n]).await.is_err() {
+                        break;
+                    }
+                    counter.fetch_add(1, Ordering::SeqCst);
+                }
+            });
+        }
+    });
+    (addr, bursts)
+}
+
+/// A closure that writes one business row with a cached statement (one round trip), or none.
+fn insert(tag: String, statements: usize) -> impl for<'t> FnMut(&'t Tx<'_>) -> TxFuture<'t, StoredResponse, tokio_postgres::Error> + Send {
+    move |tx| {
+        let tag = tag.clone();
+        Box::pin(async move {
+            for _ in 0..statements {
+                let stmt = tx.prepare_cached(INSERT).await?;
+                tx.execute(&stmt, &[&tag]).await?;
+            }
+            Ok(StoredResponse::json(201, json!({})))
+        })
+    }
+}
+
+/// The local write of `run_external`: one business row (one round trip), or nothing.
+fn record(tag: Option<String>) -> impl for<'t> FnMut(&'t Tx<'_>, &'t StoredResponse) -> TxFuture<'t, (), tokio_postgres::Error> + Send {
+    move |tx, _response| {
+        let tag = tag.clone();
+        Box::pin(async move {
+            if let Some(tag) = tag {
+                let stmt = tx.prepare_cached(INSERT).await?;
+                tx.execute(&stmt, &[&tag]).await?;
+            }
+            Ok(())
+        })
+    }
+}
+
+/// Round trips of `f`, after one warm-up call (connection, schema, prepared statements).
+async fn bursts_of<F, Fut>(bursts: &AtomicU64, mut f: F) -> u64
+where
+    F: FnMut(u64) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    f(0).await;
+    let before = bursts.load(Ordering::SeqCst);
+    f(1).await;
+    bursts.load(Ordering::SeqCst) - before
+}
+
+#[tokio::test]
+async fn run_takes_three_round_trips_and_a_replay_one() {
+    let name = "idem_client_round_trips";
+    fresh_database(name).await;
+    let (addr, bursts) = counting_proxy().await;
+    let idem = Idempotency::connect(&format!("postgresql://postgres@{addr}/{name}"), 1).unwrap();
+    let user = "rt-user";
+
+    let one = bursts_of(&bursts, |i| {
+        let idem = idem.clone();
+        async move {
+            let key = Key::new("rt.one", user, format!("k{i}")).unwrap();
+            let out = idem.run(&key, &fp(), insert(key.to_string(), 1)).await.unwrap();
+            assert!(out.is_executed());
+        }
+    })
+    .await;
+    assert_eq!(one, 3, "BEGIN+reserve+SAVEPOINT, the INSERT, complete+COMMIT");
+
+    let empty = bursts_of(&bursts, |i| {
+        let idem = idem.clone();
+        async move {
+            let key = Key::new("rt.empty", user, format!("k{i}")).unwrap();
+            idem.run(&key, &fp(), insert(key.to_string(), 0)).await.unwrap();
+        }
+    })
+    .await;
+    assert_eq!(empty, 2);
+
+    // A replay: answered after one round trip; its ROLLBACK follows off the answer path, and
+    // the connection is back in the pool once it is done.
+    let key = Key::new("rt.one", user, "k1").unwrap();
+    let before = bursts.load(Ordering::SeqCst);
+    let out = idem.run(&key, &fp(), insert("never".into(), 1)).await.unwrap();
+    assert!(out.is_replayed());
+    assert_eq!(bursts.load(Ordering::SeqCst) - before, 1, "the answer path of a replay");
+    let client = idem.pool().get().await.unwrap(); // waits for the background ROLLBACK
+    assert_eq!(bursts.load(Ordering::SeqCst) - before, 2, "then one ROLLBACK");
+    let open: bool = client.query_one("SELECT pg_catalog.now() <> pg_catalog.statement_timestamp() AS open", &[]).await.unwrap().get("open");
+    assert!(!open, "the connection came back outside any transaction");
+    drop(client);
+
+    // run_external: reserve (1), then BEGIN with the record's INSERT (1), complete+COMMIT (1).
+    let external = bursts_of(&bursts, |i| {
+        let idem = idem.clone();
+        async move {
+            let key = Key::new("rt.external", user, format!("k{i}")).unwrap();
+            let call = async { Ok::<_, tokio_postgres::Error>(StoredResponse::json(201, json!({}))) };
+            let out = idem.run_external(&key, &fp(), call, record(Some(key.to_string()))).await.unwrap();
+            assert!(out.is_executed());
+        }
+    })
+    .await;
+    assert_eq!(external, 3);
+    let client = idem.pool().get().await.unwrap();
+    assert_eq!(charges_for(&client, &Key::new("rt.external", user, "k1").unwrap()).await, 1);
+}
+
+#[tokio::test]
+async fn calls_are_qualified_with_the_extensions_schema_not_the_search_path() {
+    let name = "idem_client_schema";
+    let (admin, conn) = tokio_postgres::connect(cluster_url(), tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(conn);
+    admin.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE); CREATE DATABASE {name}")).await.ok();
+    let url = database_url(name);
+    let (db, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(conn);
+    db.batch_execute(
+        "CREATE SCHEMA idem; CREATE EXTENSION idempotency SCHEMA idem;
+         CREATE TABLE charges (id bigserial PRIMARY KEY, user_id text NOT NULL, amount bigint NOT NULL, k text);",
+    )
+    .await
+    .unwrap();
+
+    // Default: the schema comes from pg_extension; the search_path stays as it is.
+    let found = Idempotency::connect(&url, 2).unwrap();
+    assert_eq!(found.check_extension().await.unwrap(), "0.1.0");
+    assert_eq!(found.schema().await.unwrap().name(), "idem");
+    let key = unique_key("schema.default");
+    let out = found.run(&key, &fp(), insert(key.to_string(), 1)).await.unwrap();
+    assert!(out.is_executed());
+    let client = found.pool().get().await.unwrap();
+    let path: String = client.query_one("SHOW search_path", &[]).await.unwrap().get(0);
+    assert_eq!(path, "\"$user\", public", "never edited");
+    assert!(ops::lookup(&client, &found.schema().await.unwrap(), &key).await.unwrap().is_some());
+
+    // Configured explicitly.
+    let named = Idempotency::connect_with(&url, 2, Settings { schema: Some("idem".into()), ..Settings::default() }).unwrap();
+    assert!(named.run(&key, &fp(), insert(key.to_string(), 1)).await.unwrap().is_replayed());
+
+    // Configured wrongly: our own statements say the extension is missing there.
+    let wrong = Idempotency::connect_with(&url, 2, Settings { schema: Some("public".into()), ..Settings::default() }).unwrap();
+    let err = wrong.run(&key, &fp(), insert(key.to_string(), 1)).await.unwrap_err();
+    assert!(matches!(err, Error::ExtensionMissing { .. }), "{err:?}");
+    let err = wrong.check_extension().await.unwrap_err();
+    assert!(matches!(&err, Error::ExtensionMissing { reason, .. } if reason.contains("\"idem\"")), "{err:?}");
+
+    // An invalid schema name is refused before anything is connected.
+    let err = Idempotency::connect_with(&url, 2, Settings { schema: Some(String::new()), ..Settings::default() }).unwrap_err();
+    assert!(matches!(err, Error::Configuration { .. }), "{err:?}");
+}
+
+/// A handle over a pool of `size` connections whose waits end after 300 ms.
+fn small_pool(url: &str, size: usize) -> Idempotency {
+    let mut cfg = deadpool_postgres::Config::new();
+    cfg.url = Some(url.to_owned());
+    let wait = Some(Duration::from_millis(300));
+    cfg.pool = Some(PoolConfig { max_size: size, timeouts: Timeouts { wait, create: wait, recycle: wait }, ..PoolConfig::default() });
+    Idempotency::new(cfg.create_pool(Some(Runtime::Tokio1), tokio_postgres::NoTls).unwrap(), Settings::default())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_exhausted_pool_answers_store_unavailable_and_runs_nothing() {
+    let url = fresh_database("idem_client_pool_load").await;
+    let idem = small_pool(&url, 2);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let start = Arc::new(tokio::sync::Barrier::new(6));
+    let mut tasks = Vec::new();
+    for i in 0..6 {
+        let (idem, runs, start) = (idem.clone(), runs.clone(), start.clone());
+        tasks.push(tokio::spawn(async move {
+            let key = unique_key(&format!("pool.load.{i}"));
+            start.wait().await;
+            let result = idem
+                .run(&key, &fp(), move |tx| {
+                    let runs = runs.clone();
+                    Box::pin(async move {
+                        runs.fetch_add(1, Ordering::SeqCst);
+                        tx.query_one("SELECT pg_sleep(1.5)", &[]).await?; // holds the connection well past the wait
+                        Ok(StoredResponse::json(201, json!({})))
+                    }) as TxFuture<'_, _, tokio_postgres::Error>
+                })
+                .await;
+            (key, result)
+        }));
+    }
+    let mut executed = 0;
+    let mut unavailable = Vec::new();
+    for t in tasks {
+        match t.await.unwrap() {
+            (_, Ok(Outcome::Executed(_))) => executed += 1,
+            (key, Err(err @ Error::StoreUnavailable(_))) => {
+                let source = std::error::Error::source(&err).expect("the pool's error");
+                let pool_error = source.downcast_ref::<deadpool_postgres::PoolError>().expect("a PoolError");
+                assert!(matches!(pool_error, deadpool_postgres::PoolError::Timeout(_)), "{pool_error:?}");
+                assert_eq!(err.http_status(), 503);
+                unavailable.push(key);
+            }
+            (_, other) => panic!("{other:?}"),
+        }
+    }
+    assert_eq!((executed, unavailable.len()), (2, 4), "two connections, two runs; the others waited and gave up");
+    assert_eq!(runs.load(Ordering::SeqCst), 2, "a caller who got StoreUnavailable ran nothing");
+    let client = idem.pool().get().await.unwrap();
+    let schema = idem.schema().await.unwrap();
+    for key in &unavailable {
+        assert!(ops::lookup(&client, &schema, key).await.unwrap().is_none(), "nothing reserved: the retry is safe");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_external_holds_no_connection_during_the_outside_call() {
+    let url = fresh_database("idem_client_pool_external").await;
+    let idem = small_pool(&url, 1);
+    let key = unique_key("pool.external");
+    let call = {
+        let idem = idem.clone();
+        async move {
+            // The pool's only connection is free: the outside call holds none.
+            let client = idem.pool().get().await.expect("the only connection is free during the call");
+            let one: i32 = client.query_one("SELECT 1", &[]).await.unwrap().get(0);
+            Ok::<_, tokio_postgres::Error>(StoredResponse::json(201, json!({"one": one})))
+        }
+    };
+    let out = idem.run_external(&key, &fp(), call, record(None)).await.unwrap();
+    assert!(out.is_executed(), "{out:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_run_returns_no_connection_mid_transaction() {
+    let url = fresh_database("idem_client_pool_cancel").await;
+    let idem = small_pool(&url, 1);
+    let key = unique_key("pool.cancel");
+    let (started_tx, started) = tokio::sync::oneshot::channel();
+    let mut started_tx = Some(started_tx);
+    let fingerprint = fp();
+    let run = idem.run(&key, &fingerprint, move |tx| {
+        let started_tx = started_tx.take();
+        Box::pin(async move {
+            tx.execute("INSERT INTO charges (user_id, amount, k) VALUES ('cancelled', 1, 'x')", &[]).await?;
+            if let Some(s) = started_tx {
+                let _ = s.send(());
+            }
+            std::future::pending::<()>().await;
+            Ok(StoredResponse::json(201, json!({})))
+        }) as TxFuture<'_, _, tokio_postgres::Error>
+    });
+    tokio::select! {
+        _ = run => panic!("the closure never ends"),
+        _ = started => {} // dropping `run` here cancels it mid-transaction
+    }
+    // The pool's only connection: a new one, outside any transaction; the cancelled attempt's
+    // reservation and write rolled back with the closed connection.
+    let client = idem.pool().get().await.unwrap();
+    let open: bool = client.query_one("SELECT now() <> statement_timestamp() AS open", &[]).await.unwrap().get("open");
+    assert!(!open);
+    let schema = idem.schema().await.unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while ops::lookup(&client, &schema, &key).await.unwrap().is_some() {
+        assert!(std::time::Instant::now() < deadline, "the cancelled reservation never went away");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(client);
+    let out = idem.run(&key, &fp(), insert(key.to_string(), 1)).await.unwrap();
+    assert!(matches!(out, Outcome::Executed(_)));
+    let client = idem.pool().get().await.unwrap();
+    let rows: i64 = client.query_one("SELECT count(*) FROM charges WHERE user_id = 'cancelled'", &[]).await.unwrap().get(0);
+    assert_eq!(rows, 0);
+    assert!(matches!(
+        ops::reserve(&client, &schema, &key, fp().as_str(), &Default::default()).await.unwrap().outcome,
+        ReserveOutcome::Replay(_)
+    ));
+}
