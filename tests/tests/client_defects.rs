@@ -227,12 +227,8 @@ async fn an_unexpected_answer_is_a_protocol_error() {
         )
         .await
         .unwrap();
-    let url = idempotency_tests::test_database().await;
-    let skewed = Idempotency::connect_with(url, 2, Settings { schema: Some("skewed".into()), ..Settings::default() }).unwrap();
+    let skewed = idempotency_client::Schema::named("skewed").unwrap();
     let key = unique_key("defect.protocol");
-    let err = skewed
-        .run(&key, &fp(), |_tx| Box::pin(async { Ok(StoredResponse::json(201, json!({}))) }) as TxFuture<'_, _, tokio_postgres::Error>)
-        .await
-        .unwrap_err();
+    let err = ops::reserve(&admin, &skewed, &key, fp().as_str(), &ReserveOptions::default()).await.unwrap_err();
     assert!(matches!(&err, Error::Protocol { reason, .. } if reason.contains("maybe")), "{err:?}");
 }
