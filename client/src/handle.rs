@@ -334,7 +334,13 @@ impl Idempotency {
     ///   backoff, up to [`Settings::serialization_retries`] times, without counting a failure:
     ///   the closure may run again, but only one of its runs can ever commit.
     ///
-    /// A one-statement closure costs three round trips (see the module notes in `handle.rs`).
+    /// Round trips: `BEGIN`, the reservation and a savepoint leave together (a replay or any
+    /// other answer is returned after this one; the `ROLLBACK` that ends its transaction is sent
+    /// after the answer, and the connection returns to the pool once it is done); then your
+    /// statements; then `idem_complete` and `COMMIT` together (the completion aborts the
+    /// transaction if the key was lost, so the `COMMIT` behind it can only commit a completed
+    /// key). A closure with one statement costs three. Prepare your statements with
+    /// `tx.prepare_cached(..)`: a query given as a string costs an extra round trip to parse it.
     pub async fn run<T, E, F>(&self, key: &Key, fingerprint: &Fingerprint, mut work: F) -> Result<Outcome<T>, Error<E>>
     where
         T: Replayable + Send,
@@ -656,7 +662,11 @@ async fn complete_and_commit<E>(
     let params: [&(dyn tokio_postgres::types::ToSql + Sync); 6] = [&operation, &user_id, &key, &token.0, &response, &status];
     let (completed, committed) = futures_util::join!(client.query_one(complete, &params), client.batch_execute("COMMIT"));
     match completed {
-        Err(e) if e.code() == Some(&SqlState::INVALID_TEXT_REPRESENTATION) && e.to_string().contains(LEASE_LOST_MARK) => {
+        Err(e)
+            if e.as_db_error().is_some_and(|d| {
+                *d.code() == SqlState::INVALID_TEXT_REPRESENTATION && d.message().contains(LEASE_LOST_MARK)
+            }) =>
+        {
             // The COMMIT behind it rolled back.
             Err(Error::LeaseLost)
         }

@@ -37,9 +37,10 @@
 //! # }
 //! ```
 //!
-//! `run` costs three round trips for a closure with one statement: `BEGIN`, the reservation
-//! and a savepoint travel together, then your statement, then the completion and `COMMIT`
-//! together. A replay is answered after the first.
+//! `run` costs three round trips for a closure with one prepared statement: `BEGIN`, the
+//! reservation and a savepoint travel together, then your statement, then the completion and
+//! `COMMIT` together. A replay is answered after the first. (`query_one` with a string, as
+//! above, adds a round trip to parse it; `tx.prepare_cached(..)` parses once per connection.)
 //!
 //! The extension's schema comes from `pg_extension` (looked up once per handle), or from
 //! [`Settings::schema`]: every call is qualified with it, so `CREATE EXTENSION idempotency

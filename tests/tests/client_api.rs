@@ -324,3 +324,29 @@ async fn a_cancelled_run_returns_no_connection_mid_transaction() {
         ReserveOutcome::Replay(_)
     ));
 }
+
+#[tokio::test]
+async fn a_commit_pipelined_behind_a_lost_completion_commits_nothing() {
+    let url = fresh_database("idem_client_fenced_commit").await;
+    let idem = Idempotency::connect(&url, 2).unwrap();
+    let key = unique_key("fenced.commit");
+    let tag = key.to_string();
+    // The closure writes a business row, then (as a takeover would) moves the record to another
+    // token, so `idem_complete` answers false while COMMIT is already on its way.
+    let err = idem
+        .run(&key, &fp(), move |tx| {
+            let tag = tag.clone();
+            Box::pin(async move {
+                tx.execute("INSERT INTO charges (user_id, amount, k) VALUES ('u', 1, $1)", &[&tag]).await?;
+                tx.execute("UPDATE idem_records SET token = token + 1000000", &[]).await?;
+                Ok(StoredResponse::json(201, json!({})))
+            }) as TxFuture<'_, _, tokio_postgres::Error>
+        })
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::LeaseLost), "{err:?}");
+    let client = idem.pool().get().await.unwrap();
+    assert!(!in_transaction(&client).await);
+    assert_eq!(charges_for(&client, &key).await, 0, "the business write rolled back with the COMMIT");
+    assert!(ops::lookup(&client, &idem.schema().await.unwrap(), &key).await.unwrap().is_none());
+}
