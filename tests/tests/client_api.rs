@@ -1,6 +1,6 @@
-//! The client's promises about the wire and the pool: round trips per call (counted as
-//! client→server write bursts by a proxy, on a current-thread runtime so that statements issued
-//! together leave together), the schema option, and what the pool does under pressure.
+//! The client's promises about the wire and the pool: round trips per call (counted by a proxy
+//! as client writes that follow an answer from the server), the schema option, and what the
+//! pool does under pressure.
 
 use deadpool_postgres::{PoolConfig, Runtime, Timeouts};
 use idempotency_client::ops::{self, ReserveOutcome};
@@ -8,7 +8,7 @@ use idempotency_client::{Error, Fingerprint, Idempotency, Key, Outcome, Settings
 use idempotency_tests::{charges_for, cluster_url, database_url, fresh_database, unique_key};
 use serde_json::json;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -20,7 +20,9 @@ fn fp() -> Fingerprint {
     Fingerprint::of_json(&json!({"amount": 1})).unwrap()
 }
 
-/// A proxy to the private cluster that counts the client's write bursts.
+/// A proxy to the private cluster that counts round trips: a client write that follows an
+/// answer from the server starts a new one (writes in a row, with no answer between them, are
+/// pipelined into the same round trip however the socket splits them).
 async fn counting_proxy() -> (SocketAddr, Arc<AtomicU64>) {
     let upstream: SocketAddr = {
         let url = cluster_url();
@@ -29,27 +31,39 @@ async fn counting_proxy() -> (SocketAddr, Arc<AtomicU64>) {
     };
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let bursts = Arc::new(AtomicU64::new(0));
-    let counter = bursts.clone();
+    let trips = Arc::new(AtomicU64::new(0));
+    let counter = trips.clone();
     tokio::spawn(async move {
         while let Ok((client, _)) = listener.accept().await {
             let Ok(server) = TcpStream::connect(upstream).await else { return };
             let counter = counter.clone();
+            let answered = Arc::new(AtomicBool::new(true));
             let (mut cr, mut cw) = client.into_split();
             let (mut sr, mut sw) = server.into_split();
-            tokio::spawn(async move { tokio::io::copy(&mut sr, &mut cw).await });
+            let heard = answered.clone();
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 256 * 1024];
+                while let Ok(n) = sr.read(&mut buf).await {
+                    heard.store(true, Ordering::SeqCst);
+                    if n == 0 || cw.write_all(&buf[..n]).await.is_err() {
+                        break;
+                    }
+                }
+            });
             tokio::spawn(async move {
                 let mut buf = vec![0u8; 256 * 1024];
                 while let Ok(n) = cr.read(&mut buf).await {
+                    if answered.swap(false, Ordering::SeqCst) {
+                        counter.fetch_add(1, Ordering::SeqCst);
+                    }
                     if n == 0 || sw.write_all(&buf[..n]).await.is_err() {
                         break;
                     }
-                    counter.fetch_add(1, Ordering::SeqCst);
                 }
             });
         }
     });
-    (addr, bursts)
+    (addr, trips)
 }
 
 /// A closure that writes one business row with a cached statement (one round trip), or none.
@@ -90,26 +104,28 @@ async fn in_transaction(client: &deadpool_postgres::Client) -> bool {
 }
 
 /// Round trips of `f`, after one warm-up call (connection, schema, prepared statements).
-async fn bursts_of<F, Fut>(bursts: &AtomicU64, mut f: F) -> u64
+async fn trips_of<F, Fut>(trips: &AtomicU64, mut f: F) -> u64
 where
     F: FnMut(u64) -> Fut,
     Fut: std::future::Future<Output = ()>,
 {
     f(0).await;
-    let before = bursts.load(Ordering::SeqCst);
+    let before = trips.load(Ordering::SeqCst);
     f(1).await;
-    bursts.load(Ordering::SeqCst) - before
+    trips.load(Ordering::SeqCst) - before
 }
 
+// A current-thread runtime: a replay's background ROLLBACK cannot leave before the test has
+// read the count at the moment the answer arrives.
 #[tokio::test]
 async fn run_takes_three_round_trips_and_a_replay_one() {
     let name = "idem_client_round_trips";
     fresh_database(name).await;
-    let (addr, bursts) = counting_proxy().await;
+    let (addr, trips) = counting_proxy().await;
     let idem = Idempotency::connect(&format!("postgresql://postgres@{addr}/{name}"), 1).unwrap();
     let user = "rt-user";
 
-    let one = bursts_of(&bursts, |i| {
+    let one = trips_of(&trips, |i| {
         let idem = idem.clone();
         async move {
             let key = Key::new("rt.one", user, format!("k{i}")).unwrap();
@@ -120,7 +136,7 @@ async fn run_takes_three_round_trips_and_a_replay_one() {
     .await;
     assert_eq!(one, 3, "BEGIN+reserve+SAVEPOINT, the INSERT, complete+COMMIT");
 
-    let empty = bursts_of(&bursts, |i| {
+    let empty = trips_of(&trips, |i| {
         let idem = idem.clone();
         async move {
             let key = Key::new("rt.empty", user, format!("k{i}")).unwrap();
@@ -133,17 +149,17 @@ async fn run_takes_three_round_trips_and_a_replay_one() {
     // A replay: answered after one round trip; its ROLLBACK follows off the answer path, and
     // the connection is back in the pool once it is done.
     let key = Key::new("rt.one", user, "k1").unwrap();
-    let before = bursts.load(Ordering::SeqCst);
+    let before = trips.load(Ordering::SeqCst);
     let out = idem.run(&key, &fp(), insert("never".into(), 1)).await.unwrap();
     assert!(out.is_replayed());
-    assert_eq!(bursts.load(Ordering::SeqCst) - before, 1, "the answer path of a replay");
+    assert_eq!(trips.load(Ordering::SeqCst) - before, 1, "the answer path of a replay");
     let client = idem.pool().get().await.unwrap(); // waits for the background ROLLBACK
-    assert_eq!(bursts.load(Ordering::SeqCst) - before, 2, "then one ROLLBACK");
+    assert_eq!(trips.load(Ordering::SeqCst) - before, 2, "then one ROLLBACK");
     assert!(!in_transaction(&client).await, "the connection came back outside any transaction");
     drop(client);
 
     // run_external: reserve (1), then BEGIN with the record's INSERT (1), complete+COMMIT (1).
-    let external = bursts_of(&bursts, |i| {
+    let external = trips_of(&trips, |i| {
         let idem = idem.clone();
         async move {
             let key = Key::new("rt.external", user, format!("k{i}")).unwrap();

@@ -46,7 +46,7 @@ async fn serialization_failure_inside_the_closure_retries_the_transaction_withou
     assert_eq!(charges_for(&admin, &key).await, 1, "only the committed run's write is kept");
     let schema = idem.schema().await.unwrap();
     let again = ops::reserve(&admin, &schema, &key, fp().as_str(), &ReserveOptions::default()).await.unwrap();
-    assert!(again.outcome == ops::ReserveOutcome::Replay(Some(json!({"status": 201, "headers": [], "body": {"run": 3}}))));
+    assert_eq!(again.outcome, ops::ReserveOutcome::Replay(Some(json!({"status": 201, "headers": [], "body": {"run": 3}}))));
     assert_eq!(again.attempts, 0, "a serialization failure is not a failure of the key");
 }
 
