@@ -4,13 +4,16 @@
 //! Round trips of `run` (tokio-postgres pipelines the statements of one connection that are
 //! issued together, so each group below is one round trip):
 //!
-//! 1. `BEGIN`, `idem_reserve`, `SAVEPOINT` — a replay, failure, mismatch or in-progress answer is
-//!    returned after this one; the `ROLLBACK` that ends its transaction is sent off the answer
-//!    path, and the connection goes back to the pool once it is done;
-//! 2. the closure's own statements;
+//! 1. `BEGIN` and `idem_reserve` — a replay, failure, mismatch or in-progress answer is returned
+//!    after this one; the `ROLLBACK` that ends its transaction is queued on the connection
+//!    without waiting for it, and the connection goes straight back to the pool;
+//! 2. `SAVEPOINT` and the closure's first statement, then its other statements;
 //! 3. `idem_complete` and `COMMIT` (or, for a transient result, `ROLLBACK TO SAVEPOINT`,
 //!    `idem_release`, `COMMIT`; for a permanent error, `ROLLBACK TO SAVEPOINT`, `idem_complete`
 //!    with `FAILED`, `COMMIT`).
+//!
+//! The savepoint travels with the closure rather than with the reservation so that the answer
+//! path of a replay costs the server two statements and a `ROLLBACK`, not three.
 //!
 //! A `COMMIT` sent right behind `idem_complete` must not commit when the key was lost, so the
 //! completion statement aborts the transaction when `idem_complete` answers false (a cast of
@@ -334,13 +337,14 @@ impl Idempotency {
     ///   backoff, up to [`Settings::serialization_retries`] times, without counting a failure:
     ///   the closure may run again, but only one of its runs can ever commit.
     ///
-    /// Round trips: `BEGIN`, the reservation and a savepoint leave together (a replay or any
-    /// other answer is returned after this one; the `ROLLBACK` that ends its transaction is sent
-    /// after the answer, and the connection returns to the pool once it is done); then your
-    /// statements; then `idem_complete` and `COMMIT` together (the completion aborts the
-    /// transaction if the key was lost, so the `COMMIT` behind it can only commit a completed
-    /// key). A closure with one statement costs three. Prepare your statements with
-    /// `tx.prepare_cached(..)`: a query given as a string costs an extra round trip to parse it.
+    /// Round trips: `BEGIN` and the reservation leave together (a replay or any other answer is
+    /// returned after this one; the `ROLLBACK` that ends its transaction is queued without
+    /// waiting and the connection returns to the pool at once); then a savepoint with your
+    /// first statement, and your other statements; then `idem_complete` and `COMMIT` together
+    /// (the completion aborts the transaction if the key was lost, so the `COMMIT` behind it can
+    /// only commit a completed key). A closure with one statement costs three round trips.
+    /// Prepare your statements with `tx.prepare_cached(..)`: a query given as a string costs an
+    /// extra round trip to parse it.
     pub async fn run<T, E, F>(&self, key: &Key, fingerprint: &Fingerprint, mut work: F) -> Result<Outcome<T>, Error<E>>
     where
         T: Replayable + Send,
@@ -376,22 +380,19 @@ impl Idempotency {
         let (reserve, complete, release) = prepare3(&client, schema).await.map_err(Error::widen)?;
         let tx = Open::new(client);
 
-        // Round trip 1: BEGIN, reserve, SAVEPOINT.
+        // Round trip 1: BEGIN and the reservation. (BEGIN can only fail with the connection, on
+        // which nothing after it runs either.)
         let options = self.reserve_options(self.settings.lease);
-        let (begun, reservation, saved) = futures_util::join!(
+        let (begun, reservation) = futures_util::join!(
             tx.batch_execute(self.begin_sql()),
             ops::reserve_prepared(tx.client(), &reserve, key, fingerprint.as_str(), &options),
-            tx.batch_execute("SAVEPOINT idem_work"),
         );
         let first = begun.map_err(Error::from).and_then(|()| reservation.map_err(Error::widen));
         let token = match first {
             Ok(r) => match r.outcome {
-                ReserveOutcome::Created(token) => {
-                    saved?;
-                    token
-                }
+                ReserveOutcome::Created(token) => token,
                 other => {
-                    tx.rollback_in_background();
+                    tx.rollback_without_waiting();
                     return self.answer(other);
                 }
             },
@@ -401,8 +402,14 @@ impl Idempotency {
             }
         };
 
-        // Round trip 2..: the closure.
-        let result = work(&Tx(tx.client())).await;
+        // Round trip 2: the savepoint leaves with the closure's first statement (join polls in
+        // order, and tokio-postgres sends a request when its future is first polled).
+        let view = Tx(tx.client());
+        let (saved, result) = futures_util::join!(tx.batch_execute("SAVEPOINT idem_work"), work(&view));
+        if let Err(e) = saved {
+            tx.rollback().await;
+            return Err(e.into());
+        }
 
         // Last round trip: record the result and commit, in one.
         let fenced = |response: Option<Value>, status: Status| complete_and_commit(tx.client(), &complete, key, token, response, status);
@@ -749,10 +756,18 @@ impl Open {
         }
     }
 
-    /// Ends the transaction without making the caller wait: the connection returns to the pool
-    /// once the server has rolled back.
-    fn rollback_in_background(self) {
-        tokio::spawn(self.rollback());
+    /// Ends a transaction that wrote nothing without making anyone wait: the `ROLLBACK` is
+    /// queued on the connection (tokio-postgres sends a request when its future is first polled,
+    /// and ignores the answer of one whose future is gone) and the connection goes back to the
+    /// pool at once; whoever uses it next is queued behind the `ROLLBACK`.
+    fn rollback_without_waiting(mut self) {
+        use futures_util::FutureExt;
+        match self.client().batch_execute("ROLLBACK").now_or_never() {
+            None | Some(Ok(())) => {
+                self.client.take();
+            }
+            Some(Err(_)) => {} // the connection is broken: dropping the guard closes it
+        }
     }
 }
 

@@ -37,8 +37,8 @@
 //! # }
 //! ```
 //!
-//! `run` costs three round trips for a closure with one prepared statement: `BEGIN`, the
-//! reservation and a savepoint travel together, then your statement, then the completion and
+//! `run` costs three round trips for a closure with one prepared statement: `BEGIN` and the
+//! reservation travel together, then a savepoint with your statement, then the completion and
 //! `COMMIT` together. A replay is answered after the first. (`query_one` with a string, as
 //! above, adds a round trip to parse it; `tx.prepare_cached(..)` parses once per connection.)
 //!
