@@ -4,7 +4,7 @@
 use idempotency_client::{Fingerprint, Idempotency, Key, StoredResponse};
 use serde_json::json;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -57,8 +57,10 @@ pub async fn throughput(url: &str, tasks: usize, seconds: u64, with_idempotency:
     done.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64()
 }
 
-/// Round trips per call: client→server write bursts through a counting proxy, over `calls`
-/// sequential calls on one warmed-up connection. (A pipelined pair of messages is one burst.)
+/// Round trips per call, over `calls` sequential calls on one warmed-up connection, counted by a
+/// proxy as client writes that follow an answer from the server: messages pipelined together
+/// count once however the socket splits them (on a multi-threaded runtime the connection task
+/// may flush the first of them alone).
 pub async fn round_trips(upstream: SocketAddr, db: &str, calls: u64, with_idempotency: bool, empty: bool) -> f64 {
     let bursts = Arc::new(AtomicU64::new(0));
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
@@ -69,16 +71,28 @@ pub async fn round_trips(upstream: SocketAddr, db: &str, calls: u64, with_idempo
             while let Ok((client, _)) = listener.accept().await {
                 let Ok(server) = TcpStream::connect(upstream).await else { return };
                 let bursts = bursts.clone();
+                let answered = Arc::new(AtomicBool::new(true));
+                let heard = answered.clone();
                 let (mut cr, mut cw) = client.into_split();
                 let (mut sr, mut sw) = server.into_split();
-                tokio::spawn(async move { tokio::io::copy(&mut sr, &mut cw).await });
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 64 * 1024];
+                    while let Ok(n) = sr.read(&mut buf).await {
+                        heard.store(true, Ordering::SeqCst);
+                        if n == 0 || cw.write_all(&buf[..n]).await.is_err() {
+                            break;
+                        }
+                    }
+                });
                 tokio::spawn(async move {
                     let mut buf = vec![0u8; 64 * 1024];
                     while let Ok(n) = cr.read(&mut buf).await {
+                        if answered.swap(false, Ordering::SeqCst) {
+                            bursts.fetch_add(1, Ordering::SeqCst);
+                        }
                         if n == 0 || sw.write_all(&buf[..n]).await.is_err() {
                             break;
                         }
-                        bursts.fetch_add(1, Ordering::SeqCst);
                     }
                 });
             }
