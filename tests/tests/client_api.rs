@@ -221,12 +221,13 @@ async fn calls_are_qualified_with_the_extensions_schema_not_the_search_path() {
     assert!(matches!(err, Error::Configuration { .. }), "{err:?}");
 }
 
-/// A handle over a pool of `size` connections whose waits end after 300 ms.
+/// A handle over a pool of `size` connections whose wait for a free one ends after 300 ms
+/// (connecting may take longer on a loaded machine).
 fn small_pool(url: &str, size: usize) -> Idempotency {
     let mut cfg = deadpool_postgres::Config::new();
     cfg.url = Some(url.to_owned());
-    let wait = Some(Duration::from_millis(300));
-    cfg.pool = Some(PoolConfig { max_size: size, timeouts: Timeouts { wait, create: wait, recycle: wait }, ..PoolConfig::default() });
+    let (wait, create) = (Some(Duration::from_millis(300)), Some(Duration::from_secs(10)));
+    cfg.pool = Some(PoolConfig { max_size: size, timeouts: Timeouts { wait, create, recycle: create }, ..PoolConfig::default() });
     Idempotency::new(cfg.create_pool(Some(Runtime::Tokio1), tokio_postgres::NoTls).unwrap(), Settings::default())
 }
 
