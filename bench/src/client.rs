@@ -92,15 +92,15 @@ async fn wal_lsn(db: &tokio_postgres::Client) -> String {
     db.query_one("SELECT pg_current_wal_lsn()::text AS l", &[]).await.expect("lsn").get("l")
 }
 
-/// Round trips per call: client→server write bursts through a counting proxy, over `calls`
-/// sequential calls on one warmed-up connection. (A pipelined batch of messages is one burst.)
+/// Round trips per call, counted by the test kit's proxy, over `calls`
+/// sequential calls on one warmed-up connection.
 pub(crate) async fn round_trips(upstream: SocketAddr, db: &str, calls: u64, with_idempotency: bool, empty: bool) -> f64 {
     let proxy = Proxy::start(upstream, None).await;
     let idem = Idempotency::connect(&proxy.url(db), 1).expect("pool");
     let mut count_from = 0;
     for i in 0..=calls {
         if i == 1 {
-            count_from = proxy.bursts(); // after connecting and preparing
+            count_from = proxy.round_trips(); // after connecting and preparing
         }
         if with_idempotency {
             call(&idem, None, if empty { "rt-empty" } else { "rt" }, empty).await;
@@ -109,5 +109,5 @@ pub(crate) async fn round_trips(upstream: SocketAddr, db: &str, calls: u64, with
             call(&idem, Some(&mut client), "rt", false).await;
         }
     }
-    (proxy.bursts() - count_from) as f64 / calls as f64
+    (proxy.round_trips() - count_from) as f64 / calls as f64
 }

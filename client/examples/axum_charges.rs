@@ -8,14 +8,16 @@
 //! The `Idempotency-Key` header (bare or quoted, as in the IETF draft) is required: 400 without
 //! it. Outcomes map to HTTP: 201 for a new charge, the stored response with
 //! `Idempotent-Replayed: true` for a replay, 409 + `Retry-After` while another attempt holds the
-//! key, 422 when the key was used for another request, 503 when the store is down.
+//! key, 422 when the key was used for another request, 503 when the store is down. Set
+//! `IDEM_SCHEMA` when the extension is installed in a schema you want to name explicitly
+//! (otherwise it is looked up in `pg_extension`).
 
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::Router;
-use idempotency_client::{Error, Fingerprint, Idempotency, Key, Outcome, StoredResponse};
+use idempotency_client::{Error, Fingerprint, Idempotency, Key, Outcome, Settings, StoredResponse};
 use serde_json::{json, Value};
 
 /// The routes, over a handle whose database has a `charges (id bigserial, user_id text, amount bigint)` table.
@@ -67,6 +69,7 @@ async fn create_charge(State(idem): State<Idempotency>, headers: HeaderMap, body
         .await;
     match outcome {
         Ok(Outcome::Replayed(stored)) => with_replay_header(to_http(stored)),
+        // Executed, or a transient answer (released, or poisoned on the last retry): as it is.
         Ok(done) => to_http(done.into_inner()),
         Err(Error::Failed { response: Some(stored) }) => match serde_json::from_value::<StoredResponse>(stored) {
             Ok(stored) => with_replay_header(to_http(stored)),
@@ -118,7 +121,8 @@ fn problem(status: StatusCode, detail: &str) -> Response {
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgresql://postgres@127.0.0.1:55415/postgres".into());
-    let idem = Idempotency::connect(&url, 16)?;
+    let settings = Settings { schema: std::env::var("IDEM_SCHEMA").ok(), ..Settings::default() };
+    let idem = Idempotency::connect_with(&url, 16, settings)?;
     idem.check_extension().await?;
     idem.pool().get().await?.batch_execute(SCHEMA).await?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;

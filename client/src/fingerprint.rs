@@ -27,7 +27,12 @@ pub const MAX_CANONICAL_BYTES: usize = 64 << 20;
 pub enum FingerprintError {
     /// The text is not JSON.
     #[error("request is not valid JSON at byte {offset}: {reason}")]
-    InvalidJson { offset: usize, reason: &'static str },
+    InvalidJson {
+        /// The byte offset of the error in the text.
+        offset: usize,
+        /// What is wrong there.
+        reason: &'static str,
+    },
     /// Objects and arrays nest deeper than [`MAX_DEPTH`].
     #[error("request nests objects and arrays deeper than {MAX_DEPTH} levels")]
     TooDeep,

@@ -8,15 +8,27 @@
 use std::fmt;
 
 /// The longest `operation`, `user_id`, `key` or `request_hash`, in bytes.
-pub const MAX_PART_BYTES: usize = 255;
+pub(crate) const MAX_PART_BYTES: usize = 255;
 
 /// Why a key part was refused. The message names the argument and the rule.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum KeyError {
+    /// Empty, or longer than 255 bytes.
     #[error("{name} must be 1 to {MAX_PART_BYTES} bytes, got {len}")]
-    Length { name: &'static str, len: usize },
+    Length {
+        /// The argument (`operation`, `user_id`, `key` or `request_hash`).
+        name: &'static str,
+        /// Its length in bytes.
+        len: usize,
+    },
+    /// Contains a control character.
     #[error("{name} must not contain control characters (U+0000-U+001F, U+007F-U+009F), found one at byte {offset}")]
-    ControlCharacter { name: &'static str, offset: usize },
+    ControlCharacter {
+        /// The argument (`operation`, `user_id` or `key`).
+        name: &'static str,
+        /// The byte offset of the first control character.
+        offset: usize,
+    },
 }
 
 impl KeyError {
@@ -29,12 +41,12 @@ impl KeyError {
 }
 
 /// Whether `c` is a control character by the SQL API's rule.
-pub fn is_control(c: char) -> bool {
+fn is_control(c: char) -> bool {
     matches!(c, '\u{0}'..='\u{1f}' | '\u{7f}'..='\u{9f}')
 }
 
 /// Checks one of `operation`, `user_id`, `key`.
-pub fn check_part(name: &'static str, value: &str) -> Result<(), KeyError> {
+fn check_part(name: &'static str, value: &str) -> Result<(), KeyError> {
     check_length(name, value)?;
     match value.char_indices().find(|&(_, c)| is_control(c)) {
         Some((offset, _)) => Err(KeyError::ControlCharacter { name, offset }),
@@ -43,7 +55,8 @@ pub fn check_part(name: &'static str, value: &str) -> Result<(), KeyError> {
 }
 
 /// Checks `request_hash` (length only: any text is allowed).
-pub fn check_request_hash(value: &str) -> Result<(), KeyError> {
+#[cfg_attr(not(feature = "client"), allow(dead_code))]
+pub(crate) fn check_request_hash(value: &str) -> Result<(), KeyError> {
     check_length("request_hash", value)
 }
 
@@ -63,6 +76,7 @@ pub struct Key {
 }
 
 impl Key {
+    /// Validates the three parts of a key's scope (1 to 255 bytes each, no control characters).
     pub fn new(
         operation: impl Into<String>,
         user_id: impl Into<String>,
@@ -75,14 +89,17 @@ impl Key {
         Ok(Key { operation, user_id, key })
     }
 
+    /// The operation, such as `payments.create`.
     pub fn operation(&self) -> &str {
         &self.operation
     }
 
+    /// The user (or tenant) the key belongs to.
     pub fn user_id(&self) -> &str {
         &self.user_id
     }
 
+    /// The idempotency key itself, as the client sent it.
     pub fn key(&self) -> &str {
         &self.key
     }

@@ -9,7 +9,7 @@
 //!
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! let idem = Idempotency::connect("postgresql://app@localhost/shop", 16)?;
-//! idem.check_extension().await?;
+//! idem.check_extension().await?; // fail fast: reachable, installed, a version this client speaks
 //!
 //! let key = Key::new("payments.create", "user-42", "k-1")?; // from the Idempotency-Key header
 //! let request = json!({"amount": 100});
@@ -30,8 +30,27 @@
 //!     Ok(Outcome::Executed(resp)) => println!("charged: {}", resp.status),
 //!     Ok(Outcome::Replayed(resp)) => println!("replay (Idempotent-Replayed: true): {}", resp.status),
 //!     Ok(Outcome::Released(resp)) => println!("transient {}; the retry runs again", resp.status),
+//!     Ok(Outcome::Poisoned(resp)) => println!("transient {}; retries exhausted, the key failed", resp.status),
 //!     Err(e) => println!("answer {}: {e}", e.http_status()),
 //! }
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! `run` costs three round trips for a closure with one prepared statement: `BEGIN` and the
+//! reservation travel together, then a savepoint with your statement, then the completion and
+//! `COMMIT` together. A replay is answered after the first. (`query_one` with a string, as
+//! above, adds a round trip to parse it; `tx.prepare_cached(..)` parses once per connection.)
+//!
+//! The extension's schema comes from `pg_extension` (looked up once per handle), or from
+//! [`Settings::schema`]: every call is qualified with it, so `CREATE EXTENSION idempotency
+//! SCHEMA idem` needs no `search_path` change.
+//!
+//! ```no_run
+//! use idempotency_client::{Idempotency, Settings};
+//! # fn demo() -> Result<(), idempotency_client::Error> {
+//! let settings = Settings { schema: Some("idem".into()), max_retries: Some(5), ..Settings::default() };
+//! let idem = Idempotency::connect_with("postgresql://app@localhost/shop", 16, settings)?;
 //! # Ok(())
 //! # }
 //! ```
@@ -40,21 +59,24 @@
 //!
 //! The [`ops`] functions take any `deadpool_postgres::GenericClient`, so they also run inside a
 //! transaction you already hold: the reservation and your writes commit or roll back together.
+//! `?` on your own statements gives [`Error::Database`] (or [`Error::StoreUnavailable`]), never
+//! [`Error::ExtensionMissing`], which only this crate's statements raise.
 //!
 //! ```no_run
 //! use idempotency_client::ops::{self, ReserveOptions, ReserveOutcome, Status};
-//! use idempotency_client::{Fingerprint, Key};
+//! use idempotency_client::{Fingerprint, Idempotency, Key};
 //!
-//! # async fn demo(pool: deadpool_postgres::Pool) -> Result<(), idempotency_client::Error> {
+//! # async fn demo(idem: Idempotency) -> Result<(), idempotency_client::Error> {
+//! let schema = idem.schema().await?;
 //! let key = Key::new("orders.create", "user-7", "k-9")?;
 //! let fingerprint = Fingerprint::of_bytes(b"raw request body");
-//! let mut client = pool.get().await?;
+//! let mut client = idem.pool().get().await?;
 //! let tx = client.transaction().await?;
-//! match ops::reserve(&tx, &key, fingerprint.as_str(), &ReserveOptions::default()).await?.outcome {
+//! match ops::reserve(&tx, &schema, &key, fingerprint.as_str(), &ReserveOptions::default()).await?.outcome {
 //!     ReserveOutcome::Created(token) => {
 //!         tx.execute("INSERT INTO orders (user_id) VALUES ($1)", &[&"user-7"]).await?;
 //!         let body = serde_json::json!({"status": 201});
-//!         if ops::complete(&tx, &key, token, Some(&body), Status::Success).await? {
+//!         if ops::complete(&tx, &schema, &key, token, Some(&body), Status::Success).await? {
 //!             tx.commit().await?;
 //!         } // else: the lease was lost; dropping tx rolls the order back
 //!     }
@@ -67,10 +89,12 @@
 //!
 //! Built without default features, this crate is only the pure rules shared with the extension,
 //! which links this code: [`fingerprint`] (the canonical JSON hash that `idem_fingerprint`
-//! computes) and [`key`] (the input rules the SQL API checks).
+//! computes) and the key rules behind [`Key`] (the input rules the SQL API checks).
+
+#![deny(missing_docs)]
 
 pub mod fingerprint;
-pub mod key;
+mod key;
 
 pub use fingerprint::{Fingerprint, FingerprintError};
 pub use key::{Key, KeyError};
@@ -78,15 +102,17 @@ pub use key::{Key, KeyError};
 #[cfg(feature = "client")]
 mod error;
 #[cfg(feature = "client")]
+mod handle;
+#[cfg(feature = "client")]
 pub mod ops;
 #[cfg(feature = "client")]
 mod response;
-#[cfg(feature = "client")]
-mod store;
 
 #[cfg(feature = "client")]
 pub use error::Error;
 #[cfg(feature = "client")]
-pub use response::{Class, Json, Response, StoredResponse, UNSTORED_HEADERS};
+pub use handle::{Disposition, HandlerError, Idempotency, Outcome, Settings, Tx, TxFuture};
 #[cfg(feature = "client")]
-pub use store::{Config, Disposition, HandlerError, Idempotency, Outcome, Work, SUPPORTED_EXTENSION};
+pub use ops::Schema;
+#[cfg(feature = "client")]
+pub use response::{Json, Replayable, StoredResponse, Verdict};

@@ -3,9 +3,9 @@
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-/// How a finished attempt is recorded.
+/// How a finished attempt is recorded: the verdict a [`Replayable`] result gives on itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Class {
+pub enum Verdict {
     /// Stored as `SUCCESS`; duplicates replay it.
     Success,
     /// A permanent failure: stored as `FAILED`; duplicates get [`crate::Error::Failed`] with it.
@@ -15,11 +15,12 @@ pub enum Class {
 }
 
 /// A result the client can store (as `jsonb`) and replay. Implement it for your response type
-/// (`impl Response for Receipt {}` remembers every value as a success), or wrap a value in
+/// (`impl Replayable for Receipt {}` remembers every value as a success), or wrap a value in
 /// [`Json`]. [`StoredResponse`] carries the HTTP policy.
-pub trait Response: Serialize + DeserializeOwned {
-    fn class(&self) -> Class {
-        Class::Success
+pub trait Replayable: Serialize + DeserializeOwned {
+    /// How this result is recorded; every value is a success unless you say otherwise.
+    fn verdict(&self) -> Verdict {
+        Verdict::Success
     }
 }
 
@@ -28,25 +29,28 @@ pub trait Response: Serialize + DeserializeOwned {
 #[serde(transparent)]
 pub struct Json<T>(pub T);
 
-impl<T: Serialize + DeserializeOwned> Response for Json<T> {}
-impl Response for serde_json::Value {}
-impl Response for String {}
-impl Response for () {}
-impl Response for i64 {}
+impl<T: Serialize + DeserializeOwned> Replayable for Json<T> {}
+impl Replayable for serde_json::Value {}
+impl Replayable for String {}
+impl Replayable for () {}
+impl Replayable for i64 {}
 
 /// Headers never stored, whatever the handler returns: they carry credentials or session state
 /// that must not be replayed to whoever retries the key.
-pub const UNSTORED_HEADERS: [&str; 2] = ["set-cookie", "authorization"];
+const UNSTORED_HEADERS: [&str; 2] = ["set-cookie", "authorization"];
 
 /// An HTTP-shaped response, with the default policy of the contract: 2xx and 3xx are remembered
-/// as successes, 4xx as permanent failures (except 429, which is released), 5xx are released so
-/// the retry runs again. `Set-Cookie` and `Authorization` are never stored: they are left out
+/// as successes, 4xx as permanent failures except 408, 409, 425 and 429 (released, like 5xx,
+/// so the retry runs again). `Set-Cookie` and `Authorization` are never stored: they are left out
 /// whenever the response is serialised, however they were added.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 pub struct StoredResponse {
+    /// The HTTP status code.
     pub status: u16,
+    /// Header names and values, in order (never `Set-Cookie` or `Authorization` once stored).
     #[serde(default)]
     pub headers: Vec<(String, String)>,
+    /// The JSON body.
     #[serde(default)]
     pub body: serde_json::Value,
 }
@@ -84,19 +88,19 @@ impl Serialize for StoredResponse {
     }
 }
 
-impl Response for StoredResponse {
-    fn class(&self) -> Class {
+impl Replayable for StoredResponse {
+    fn verdict(&self) -> Verdict {
         match self.status {
-            429 => Class::Transient,
-            200..=399 => Class::Success,
-            400..=499 => Class::Failure,
-            _ => Class::Transient,
+            408 | 409 | 425 | 429 => Verdict::Transient,
+            200..=399 => Verdict::Success,
+            400..=499 => Verdict::Failure,
+            _ => Verdict::Transient,
         }
     }
 }
 
 /// Serialises a response for storage.
-pub(crate) fn to_stored<T: Response>(value: &T) -> Result<serde_json::Value, serde_json::Error> {
+pub(crate) fn to_stored<T: Replayable>(value: &T) -> Result<serde_json::Value, serde_json::Error> {
     serde_json::to_value(value)
 }
 
@@ -106,17 +110,19 @@ mod tests {
     use serde_json::json;
 
     #[test]
-    fn http_policy_remembers_2xx_to_4xx_except_429() {
-        let class = |s| StoredResponse::json(s, json!(null)).class();
-        assert_eq!(class(200), Class::Success);
-        assert_eq!(class(201), Class::Success);
-        assert_eq!(class(302), Class::Success);
-        assert_eq!(class(400), Class::Failure);
-        assert_eq!(class(404), Class::Failure);
-        assert_eq!(class(422), Class::Failure);
-        assert_eq!(class(429), Class::Transient);
-        assert_eq!(class(500), Class::Transient);
-        assert_eq!(class(503), Class::Transient);
+    fn http_policy_remembers_2xx_to_4xx_except_408_409_425_429() {
+        let class = |s| StoredResponse::json(s, json!(null)).verdict();
+        assert_eq!(class(200), Verdict::Success);
+        assert_eq!(class(201), Verdict::Success);
+        assert_eq!(class(302), Verdict::Success);
+        assert_eq!(class(400), Verdict::Failure);
+        assert_eq!(class(404), Verdict::Failure);
+        assert_eq!(class(422), Verdict::Failure);
+        for released in [408, 409, 425, 429] {
+            assert_eq!(class(released), Verdict::Transient, "{released}");
+        }
+        assert_eq!(class(500), Verdict::Transient);
+        assert_eq!(class(503), Verdict::Transient);
     }
 
     #[test]
@@ -138,7 +144,7 @@ mod tests {
 
     #[test]
     fn plain_values_are_successes() {
-        assert_eq!(Json(json!({"a": 1})).class(), Class::Success);
+        assert_eq!(Json(json!({"a": 1})).verdict(), Verdict::Success);
         assert_eq!(to_stored(&Json(vec![1, 2])).unwrap(), json!([1, 2]));
     }
 }

@@ -2,7 +2,7 @@
 //! implementation and (b) `Idempotency::run`; then a replay, a mismatch and a transient failure.
 //! Run it with `bash scripts/demo.sh`.
 
-use idempotency_client::{Error, Fingerprint, Idempotency, Key, Outcome};
+use idempotency_client::{Error, Fingerprint, Idempotency, Key, Outcome, StoredResponse, Tx, TxFuture};
 use idempotency_testkit::Charge;
 use serde_json::json;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -104,7 +104,7 @@ fn charge(
     key: &Key,
     amount: i64,
     status: u16,
-) -> impl for<'t> FnMut(&'t deadpool_postgres::Transaction<'_>) -> idempotency_client::Work<'t, idempotency_client::StoredResponse, tokio_postgres::Error> + Send {
+) -> impl for<'t> FnMut(&'t Tx<'_>) -> TxFuture<'t, StoredResponse, tokio_postgres::Error> + Send {
     Charge::of(key).user("idempotency").amount(amount).status(status).delay(Duration::from_millis(50)).handler(runs)
 }
 

@@ -1,6 +1,6 @@
 //! The private cluster of `scripts/pg.sh` and fresh databases on it.
 
-use idempotency_client::{Config, Idempotency, Key};
+use idempotency_client::{Idempotency, Key, Settings};
 use std::net::SocketAddr;
 use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -78,20 +78,15 @@ pub async fn test_database() -> &'static str {
     .await
 }
 
-/// A handle with `config` on the database of this test process (shared by its tests).
-pub async fn handle(config: Config) -> Idempotency {
-    with_config(test_database().await, 100, config)
+/// A handle with `settings` on the database of this test process (shared by its tests).
+pub async fn handle(settings: Settings) -> Idempotency {
+    Idempotency::connect_with(test_database().await, 100, settings).expect("pool")
 }
 
-/// A handle with `config` on a fresh database `name` of its own (for tests that change the
+/// A handle with `settings` on a fresh database `name` of its own (for tests that change the
 /// server or count everything in a database).
-pub async fn handle_in(name: &str, config: Config) -> Idempotency {
-    with_config(&fresh_database(name).await, 32, config)
-}
-
-fn with_config(url: &str, pool_size: usize, config: Config) -> Idempotency {
-    let base = Idempotency::connect(url, pool_size).expect("pool");
-    Idempotency::with_config(base.pool().clone(), config)
+pub async fn handle_in(name: &str, settings: Settings) -> Idempotency {
+    Idempotency::connect_with(&fresh_database(name).await, 32, settings).expect("pool")
 }
 
 /// A pooled superuser connection to the test database, for assertions and direct `ops` calls.

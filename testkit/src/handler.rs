@@ -1,8 +1,7 @@
 //! The business handler of the tests and the demo: "charge a card" by writing one `charges` row
 //! tagged with the key, counting every run.
 
-use deadpool_postgres::Transaction;
-use idempotency_client::{Key, StoredResponse, Work};
+use idempotency_client::{Key, StoredResponse, Tx, TxFuture};
 use serde_json::json;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -51,7 +50,7 @@ impl Charge {
 
     /// The closure for `Idempotency::run`: counts the run in `runs`, writes the row, waits, then
     /// answers `{"id", "run", "charged"}` with the status.
-    pub fn handler<E>(self, runs: &Arc<AtomicUsize>) -> impl for<'t> FnMut(&'t Transaction<'_>) -> Work<'t, StoredResponse, E> + Send
+    pub fn handler<E>(self, runs: &Arc<AtomicUsize>) -> impl for<'t> FnMut(&'t Tx<'_>) -> TxFuture<'t, StoredResponse, E> + Send
     where
         E: Send + 'static + From<tokio_postgres::Error>,
     {
@@ -59,14 +58,14 @@ impl Charge {
     }
 
     /// [`handler`](Charge::handler), but failing with `fail` after the write.
-    pub fn failing<E>(self, runs: &Arc<AtomicUsize>, fail: E) -> impl for<'t> FnMut(&'t Transaction<'_>) -> Work<'t, StoredResponse, E> + Send
+    pub fn failing<E>(self, runs: &Arc<AtomicUsize>, fail: E) -> impl for<'t> FnMut(&'t Tx<'_>) -> TxFuture<'t, StoredResponse, E> + Send
     where
         E: Clone + Send + Sync + 'static + From<tokio_postgres::Error>,
     {
         self.run_with(runs, Some(move || fail.clone()))
     }
 
-    fn run_with<E, F>(self, runs: &Arc<AtomicUsize>, fail: Option<F>) -> impl for<'t> FnMut(&'t Transaction<'_>) -> Work<'t, StoredResponse, E> + Send
+    fn run_with<E, F>(self, runs: &Arc<AtomicUsize>, fail: Option<F>) -> impl for<'t> FnMut(&'t Tx<'_>) -> TxFuture<'t, StoredResponse, E> + Send
     where
         E: Send + 'static + From<tokio_postgres::Error>,
         F: Fn() -> E + Send + 'static,

@@ -1,5 +1,6 @@
-//! A TCP proxy in front of the private cluster. It counts round trips (client→server write
-//! bursts: a pipelined batch of messages is one) and the serialization failures (SQLSTATE 40001)
+//! A TCP proxy in front of the private cluster. It counts round trips (client writes that follow
+//! an answer from the server: messages pipelined together count once, however the socket splits
+//! them) and the serialization failures (SQLSTATE 40001)
 //! the server reports, and can cut the first connection that sends `COMMIT`, to make a commit's
 //! outcome unknown to the client.
 
@@ -28,7 +29,7 @@ pub enum Cut {
 #[derive(Debug, Clone)]
 pub struct Proxy {
     addr: SocketAddr,
-    bursts: Arc<AtomicU64>,
+    round_trips: Arc<AtomicU64>,
     cuts: Arc<AtomicU64>,
     serialization_failures: Arc<AtomicU64>,
 }
@@ -38,7 +39,7 @@ impl Proxy {
     pub async fn start(upstream: SocketAddr, cut: Option<Cut>) -> Proxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind the proxy");
         let addr = listener.local_addr().expect("proxy address");
-        let proxy = Proxy { addr, bursts: Arc::default(), cuts: Arc::default(), serialization_failures: Arc::default() };
+        let proxy = Proxy { addr, round_trips: Arc::default(), cuts: Arc::default(), serialization_failures: Arc::default() };
         let armed = Arc::new(AtomicBool::new(cut.is_some()));
         let shared = proxy.clone();
         tokio::spawn(async move {
@@ -55,9 +56,9 @@ impl Proxy {
         format!("postgresql://postgres@{}/{db}?connect_timeout=5", self.addr)
     }
 
-    /// Client→server write bursts so far, over all connections.
-    pub fn bursts(&self) -> u64 {
-        self.bursts.load(Ordering::SeqCst)
+    /// Round trips so far, over all connections: client writes that followed a server answer.
+    pub fn round_trips(&self) -> u64 {
+        self.round_trips.load(Ordering::SeqCst)
     }
 
     /// Connections cut at COMMIT so far.
@@ -75,12 +76,16 @@ impl Proxy {
         let (mut cr, mut cw) = client.into_split();
         let (mut sr, mut sw) = server.into_split();
         let failures = self.serialization_failures.clone();
+        // Set by every server answer, taken by the next client write: one round trip.
+        let answered = Arc::new(AtomicBool::new(true));
+        let heard = answered.clone();
         let back = tokio::spawn(async move {
             // Server to client, counting 40001 error fields; the tail of each read is kept so a
             // field split across two reads still counts once.
             let mut buf = vec![0u8; 64 * 1024];
             let mut tail: Vec<u8> = Vec::new();
             while let Ok(n) = sr.read(&mut buf).await {
+                heard.store(true, Ordering::SeqCst);
                 if n == 0 || cw.write_all(&buf[..n]).await.is_err() {
                     break;
                 }
@@ -102,6 +107,9 @@ impl Proxy {
                 Ok(n) => n,
             };
             let chunk = &buf[..n];
+            if answered.swap(false, Ordering::SeqCst) {
+                self.round_trips.fetch_add(1, Ordering::SeqCst);
+            }
             if let Some(cut) = cut {
                 if chunk.windows(COMMIT.len()).any(|w| w == COMMIT) && armed.swap(false, Ordering::SeqCst) {
                     self.cuts.fetch_add(1, Ordering::SeqCst);
@@ -118,7 +126,6 @@ impl Proxy {
             if sw.write_all(chunk).await.is_err() {
                 break;
             }
-            self.bursts.fetch_add(1, Ordering::SeqCst);
         }
         back.abort();
     }

@@ -3,7 +3,7 @@
 
 use idempotency_client::ops::{self, RecoverAction, ReserveOptions, ReserveOutcome, Status};
 use idempotency_client::{
-    Config, Disposition, Error, Fingerprint, HandlerError, Idempotency, Key, Outcome, StoredResponse,
+    Disposition, Error, Fingerprint, HandlerError, Idempotency, Key, Outcome, Settings, StoredResponse,
 };
 use idempotency_testkit::{admin, charges_for, fresh_database, handle, unique_key, Charge};
 use serde_json::json;
@@ -42,13 +42,13 @@ fn fp(v: serde_json::Value) -> Fingerprint {
 
 #[tokio::test]
 async fn duplicate_replays_and_runs_once() {
-    let idem = handle(Config::default()).await;
+    let idem = handle(Settings::default()).await;
     let key = unique_key("checklist.duplicate");
     let runs = Arc::new(AtomicUsize::new(0));
     let first = idem.run(&key, &fp(json!({"amount": 100})), Charge::of(&key).handler::<Failure>(&runs)).await.unwrap();
     let second = idem.run(&key, &fp(json!({"amount": 100})), Charge::of(&key).handler::<Failure>(&runs)).await.unwrap();
     assert!(matches!(first, Outcome::Executed(_)));
-    assert!(second.replayed());
+    assert!(second.is_replayed());
     assert_eq!(first.value(), second.value(), "the replay is the stored response");
     assert_eq!(runs.load(Ordering::SeqCst), 1);
     assert_eq!(charges_for(&admin().await, &key).await, 1);
@@ -56,7 +56,7 @@ async fn duplicate_replays_and_runs_once() {
 
 #[tokio::test]
 async fn same_key_with_a_different_payload_is_a_mismatch() {
-    let idem = handle(Config::default()).await;
+    let idem = handle(Settings::default()).await;
     let key = unique_key("checklist.mismatch");
     let runs = Arc::new(AtomicUsize::new(0));
     idem.run(&key, &fp(json!({"amount": 100})), Charge::of(&key).handler::<Failure>(&runs)).await.unwrap();
@@ -67,7 +67,7 @@ async fn same_key_with_a_different_payload_is_a_mismatch() {
 }
 
 async fn concurrent_duplicates(wait: bool) -> (Vec<Result<Outcome<StoredResponse>, Error<Failure>>>, usize, i64) {
-    let idem = handle(Config { wait, ..Config::default() }).await;
+    let idem = handle(Settings { wait, ..Settings::default() }).await;
     let key = unique_key(if wait { "checklist.concurrent.wait" } else { "checklist.concurrent.nowait" });
     let runs = Arc::new(AtomicUsize::new(0));
     let start = Arc::new(tokio::sync::Barrier::new(64));
@@ -122,15 +122,16 @@ async fn concurrent_duplicates_run_once_and_waiting_duplicates_replay() {
 
 #[tokio::test]
 async fn permanent_failure_is_stored_and_replayed_as_failure() {
-    let idem = handle(Config::default()).await;
+    let idem = handle(Settings::default()).await;
     let admin = admin().await;
+    let schema = idem.schema().await.unwrap();
 
     // A 4xx result is remembered as FAILED (never as a success), with its writes.
     let key = unique_key("checklist.permanent.response");
     let runs = Arc::new(AtomicUsize::new(0));
     let first = idem.run(&key, &fp(json!({"a": 1})), Charge::of(&key).status(402).handler::<Failure>(&runs)).await.unwrap();
     assert!(matches!(&first, Outcome::Executed(r) if r.status == 402));
-    let record = ops::lookup(&admin, &key).await.unwrap().expect("record");
+    let record = ops::lookup(&admin, &schema, &key).await.unwrap().expect("record");
     assert_eq!(record.status, "FAILED", "an error response is never recorded as success");
     let err = idem.run(&key, &fp(json!({"a": 1})), Charge::of(&key).handler::<Failure>(&runs)).await.unwrap_err();
     match &err {
@@ -145,7 +146,7 @@ async fn permanent_failure_is_stored_and_replayed_as_failure() {
     let runs = Arc::new(AtomicUsize::new(0));
     let declined = Failure(Some(json!({"status": 402, "body": {"error": "card declined"}})));
     let err = idem.run(&key, &fp(json!({"a": 1})), Charge::of(&key).failing(&runs, declined)).await.unwrap_err();
-    assert!(matches!(err, Error::Handler(_)), "{err:?}");
+    assert!(matches!(err, Error::Handler { .. }), "{err:?}");
     assert_eq!(charges_for(&admin, &key).await, 0, "the failed attempt's writes rolled back");
     let err = idem.run(&key, &fp(json!({"a": 1})), Charge::of(&key).handler::<Failure>(&runs)).await.unwrap_err();
     assert!(matches!(&err, Error::Failed { response: Some(r) } if r["body"]["error"] == "card declined"), "{err:?}");
@@ -154,8 +155,9 @@ async fn permanent_failure_is_stored_and_replayed_as_failure() {
 
 #[tokio::test]
 async fn transient_failure_releases_and_reexecutes() {
-    let idem = handle(Config::default()).await;
+    let idem = handle(Settings::default()).await;
     let admin = admin().await;
+    let schema = idem.schema().await.unwrap();
     let key = unique_key("checklist.transient");
     let runs = Arc::new(AtomicUsize::new(0));
     // A 5xx result is released: its writes roll back and the retry runs again.
@@ -164,24 +166,24 @@ async fn transient_failure_releases_and_reexecutes() {
     assert_eq!(charges_for(&admin, &key).await, 0);
     // So is a transient handler error.
     let err = idem.run(&key, &fp(json!({"a": 1})), Charge::of(&key).failing(&runs, Failure(None))).await.unwrap_err();
-    assert!(matches!(err, Error::Handler(Failure(None))));
+    assert!(matches!(err, Error::Handler { error: Failure(None), .. }));
     assert_eq!(charges_for(&admin, &key).await, 0);
     let third = idem.run(&key, &fp(json!({"a": 1})), Charge::of(&key).handler::<Failure>(&runs)).await.unwrap();
     assert!(matches!(&third, Outcome::Executed(r) if r.status == 201));
     assert_eq!(runs.load(Ordering::SeqCst), 3);
     assert_eq!(charges_for(&admin, &key).await, 1);
-    let reservation = ops::reserve(&admin, &key, fp(json!({"a": 1})).as_str(), &ReserveOptions::default()).await.unwrap();
+    let reservation = ops::reserve(&admin, &schema, &key, fp(json!({"a": 1})).as_str(), &ReserveOptions::default()).await.unwrap();
     assert_eq!(reservation.attempts, 2, "two transient failures were counted");
 }
 
 #[tokio::test]
 async fn max_retries_transient_failures_poison_the_key() {
-    let idem = handle(Config { max_retries: Some(3), ..Config::default() }).await;
+    let idem = handle(Settings { max_retries: Some(3), ..Settings::default() }).await;
     let key = unique_key("checklist.poison");
     let runs = Arc::new(AtomicUsize::new(0));
     for _ in 0..3 {
         let err = idem.run(&key, &fp(json!({"a": 1})), Charge::of(&key).failing(&runs, Failure(None))).await.unwrap_err();
-        assert!(matches!(err, Error::Handler(_)), "{err:?}");
+        assert!(matches!(err, Error::Handler { .. }), "{err:?}");
     }
     let err = idem.run(&key, &fp(json!({"a": 1})), Charge::of(&key).handler::<Failure>(&runs)).await.unwrap_err();
     assert!(matches!(err, Error::Failed { response: None }), "{err:?}");
@@ -206,7 +208,7 @@ async fn store_down_is_store_unavailable_within_a_bounded_time() {
 
 #[tokio::test]
 async fn keys_are_isolated_per_user_and_per_operation() {
-    let idem = handle(Config::default()).await;
+    let idem = handle(Settings::default()).await;
     let runs = Arc::new(AtomicUsize::new(0));
     let base = unique_key("checklist.scope");
     let other_user = Key::new(base.operation(), format!("{}-other", base.user_id()), base.key()).unwrap();
@@ -224,6 +226,7 @@ async fn recover_stuck_unblocks_a_crashed_workers_key() {
     let url = fresh_database("idem_checklist_recover").await;
     let idem = Idempotency::connect(&url, 8).unwrap();
     let client = idem.pool().get().await.unwrap();
+    let schema = idem.schema().await.unwrap();
     let runs = Arc::new(AtomicUsize::new(0));
     let short = ReserveOptions { lease: Some(Duration::from_millis(200)), ..ReserveOptions::default() };
 
@@ -231,7 +234,7 @@ async fn recover_stuck_unblocks_a_crashed_workers_key() {
     let first = unique_key("checklist.crash.first");
     let second = unique_key("checklist.crash.second");
     for key in [&first, &second] {
-        let r = ops::reserve(&client, key, fp(json!({})).as_str(), &short).await.unwrap();
+        let r = ops::reserve(&client, &schema, key, fp(json!({})).as_str(), &short).await.unwrap();
         assert!(matches!(r.outcome, ReserveOutcome::Created(_)));
     }
     let err = idem.run(&first, &fp(json!({})), Charge::of(&first).handler::<Failure>(&runs)).await.unwrap_err();
@@ -239,9 +242,9 @@ async fn recover_stuck_unblocks_a_crashed_workers_key() {
     tokio::time::sleep(Duration::from_millis(300)).await;
 
     // Oldest lease first: `fail` takes the first worker's key, `release` the second's.
-    assert_eq!(ops::recover_stuck(&client, 1, RecoverAction::Fail, None).await.unwrap(), 1);
-    assert_eq!(ops::recover_stuck(&client, 10, RecoverAction::Release, None).await.unwrap(), 1);
-    assert_eq!(ops::recover_stuck(&client, 10, RecoverAction::Release, None).await.unwrap(), 0);
+    assert_eq!(ops::recover_stuck(&client, &schema, 1, RecoverAction::Fail, None).await.unwrap(), 1);
+    assert_eq!(ops::recover_stuck(&client, &schema, 10, RecoverAction::Release, None).await.unwrap(), 1);
+    assert_eq!(ops::recover_stuck(&client, &schema, 10, RecoverAction::Release, None).await.unwrap(), 0);
 
     let err = idem.run(&first, &fp(json!({})), Charge::of(&first).handler::<Failure>(&runs)).await.unwrap_err();
     assert!(matches!(err, Error::Failed { response: None }), "fail: at most once, never rerun: {err:?}");
@@ -254,16 +257,16 @@ async fn recover_stuck_unblocks_a_crashed_workers_key() {
 async fn sweep_frees_an_expired_key() {
     let url = fresh_database("idem_checklist_sweep").await;
     let ttl = Duration::from_millis(200);
-    let idem = Idempotency::connect(&url, 8).unwrap();
-    let idem = Idempotency::with_config(idem.pool().clone(), Config { ttl: Some(ttl), ..Config::default() });
+    let idem = Idempotency::connect_with(&url, 8, Settings { ttl: Some(ttl), ..Settings::default() }).unwrap();
+    let schema = idem.schema().await.unwrap();
     let runs = Arc::new(AtomicUsize::new(0));
     let key = unique_key("checklist.sweep");
     idem.run(&key, &fp(json!({})), Charge::of(&key).handler::<Failure>(&runs)).await.unwrap();
-    assert!(idem.run(&key, &fp(json!({})), Charge::of(&key).handler::<Failure>(&runs)).await.unwrap().replayed());
+    assert!(idem.run(&key, &fp(json!({})), Charge::of(&key).handler::<Failure>(&runs)).await.unwrap().is_replayed());
     tokio::time::sleep(Duration::from_millis(300)).await;
     let client = idem.pool().get().await.unwrap();
-    assert_eq!(ops::sweep(&client, 100).await.unwrap(), 1);
-    assert!(ops::lookup(&client, &key).await.unwrap().is_none());
+    assert_eq!(ops::sweep(&client, &schema, 100).await.unwrap(), 1);
+    assert!(ops::lookup(&client, &schema, &key).await.unwrap().is_none());
     let out = idem.run(&key, &fp(json!({"new": true})), Charge::of(&key).handler::<Failure>(&runs)).await.unwrap();
     assert!(matches!(out, Outcome::Executed(_)), "the expired key is free, even for another payload");
     assert_eq!(runs.load(Ordering::SeqCst), 2);
@@ -274,23 +277,24 @@ async fn stale_token_can_never_complete() {
     let url = fresh_database("idem_checklist_stale").await;
     let idem = Idempotency::connect(&url, 8).unwrap();
     let client = idem.pool().get().await.unwrap();
+    let schema = idem.schema().await.unwrap();
     let key = unique_key("checklist.stale");
     let short = ReserveOptions { lease: Some(Duration::from_millis(100)), ..ReserveOptions::default() };
-    let ReserveOutcome::Created(old) = ops::reserve(&client, &key, "h", &short).await.unwrap().outcome else {
+    let ReserveOutcome::Created(old) = ops::reserve(&client, &schema, &key, "h", &short).await.unwrap().outcome else {
         panic!("created")
     };
     tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(ops::recover_stuck(&client, 10, RecoverAction::Release, None).await.unwrap(), 1);
-    let ReserveOutcome::Created(new) = ops::reserve(&client, &key, "h", &ReserveOptions::default()).await.unwrap().outcome
+    assert_eq!(ops::recover_stuck(&client, &schema, 10, RecoverAction::Release, None).await.unwrap(), 1);
+    let ReserveOutcome::Created(new) = ops::reserve(&client, &schema, &key, "h", &ReserveOptions::default()).await.unwrap().outcome
     else {
         panic!("created")
     };
     assert!(new > old);
-    assert!(!ops::complete(&client, &key, old, Some(&json!({"by": "old"})), Status::Success).await.unwrap());
-    assert!(!ops::heartbeat(&client, &key, old, None).await.unwrap());
-    assert_eq!(ops::release(&client, &key, old, None).await.unwrap(), ops::ReleaseOutcome::Stale);
-    assert!(ops::complete(&client, &key, new, Some(&json!({"by": "new"})), Status::Success).await.unwrap());
-    assert_eq!(ops::lookup(&client, &key).await.unwrap().unwrap().response, Some(json!({"by": "new"})));
+    assert!(!ops::complete(&client, &schema, &key, old, Some(&json!({"by": "old"})), Status::Success).await.unwrap());
+    assert!(!ops::heartbeat(&client, &schema, &key, old, None).await.unwrap());
+    assert_eq!(ops::release(&client, &schema, &key, old, None).await.unwrap(), ops::ReleaseOutcome::Stale);
+    assert!(ops::complete(&client, &schema, &key, new, Some(&json!({"by": "new"})), Status::Success).await.unwrap());
+    assert_eq!(ops::lookup(&client, &schema, &key).await.unwrap().unwrap().response, Some(json!({"by": "new"})));
 }
 
 #[tokio::test]
@@ -305,17 +309,17 @@ async fn invalid_keys_are_refused_by_key_new_with_http_400() {
 
 #[tokio::test]
 async fn check_extension_reports_the_version_or_its_absence() {
-    let idem = handle(Config::default()).await;
+    let idem = handle(Settings::default()).await;
     assert_eq!(idem.check_extension().await.unwrap(), "0.1.0");
     let admin = admin().await;
     admin.batch_execute("DROP DATABASE IF EXISTS idem_no_extension WITH (FORCE)").await.unwrap();
     admin.batch_execute("CREATE DATABASE idem_no_extension").await.unwrap();
     let bare = Idempotency::connect(&idempotency_testkit::database_url("idem_no_extension"), 2).unwrap();
     let err = bare.check_extension().await.unwrap_err();
-    assert!(matches!(err, Error::ExtensionMissing(_)), "{err:?}");
+    assert!(matches!(err, Error::ExtensionMissing { .. }), "{err:?}");
     // And a call without the extension fails as ExtensionMissing, not as an obscure error.
     let key = unique_key("checklist.noext");
     let runs = Arc::new(AtomicUsize::new(0));
     let err = bare.run(&key, &fp(json!({})), Charge::of(&key).handler::<Failure>(&runs)).await.unwrap_err();
-    assert!(matches!(err, Error::ExtensionMissing(_)), "{err:?}");
+    assert!(matches!(err, Error::ExtensionMissing { .. }), "{err:?}");
 }

@@ -24,19 +24,20 @@ async fn dump_and_restore_keep_records_counters_and_token_order() {
     let src_url = fresh_database("idem_dump_src").await;
     let src = Idempotency::connect(&src_url, 4).unwrap();
     let client = src.pool().get().await.unwrap();
+    let schema = src.schema().await.unwrap();
     let fp = Fingerprint::of_json(&json!({"a": 1})).unwrap();
     let opts = ReserveOptions::default();
     // One key in each state, plus a retry counter.
     for (i, end) in ["success", "failed", "processing", "released"].iter().enumerate() {
         let key = Key::new("dump", "u", format!("k{i}")).unwrap();
-        let ReserveOutcome::Created(token) = ops::reserve(&client, &key, fp.as_str(), &opts).await.unwrap().outcome else {
+        let ReserveOutcome::Created(token) = ops::reserve(&client, &schema, &key, fp.as_str(), &opts).await.unwrap().outcome else {
             panic!("created")
         };
         match *end {
-            "success" => assert!(ops::complete(&client, &key, token, Some(&json!({"n": 12.50})), Status::Success).await.unwrap()),
-            "failed" => assert!(ops::complete(&client, &key, token, Some(&json!({"status": 402})), Status::Failed).await.unwrap()),
+            "success" => assert!(ops::complete(&client, &schema, &key, token, Some(&json!({"n": 12.50})), Status::Success).await.unwrap()),
+            "failed" => assert!(ops::complete(&client, &schema, &key, token, Some(&json!({"status": 402})), Status::Failed).await.unwrap()),
             "released" => {
-                ops::release(&client, &key, token, None).await.unwrap();
+                ops::release(&client, &schema, &key, token, None).await.unwrap();
             }
             _ => {}
         }
@@ -63,13 +64,13 @@ async fn dump_and_restore_keep_records_counters_and_token_order() {
 
     // Tokens keep increasing after the restore, and the restored keys behave.
     let key = Key::new("dump", "u", "after-restore").unwrap();
-    let ReserveOutcome::Created(token) = ops::reserve(&restored, &key, fp.as_str(), &opts).await.unwrap().outcome else {
+    let ReserveOutcome::Created(token) = ops::reserve(&restored, &schema, &key, fp.as_str(), &opts).await.unwrap().outcome else {
         panic!("created")
     };
     assert!(token.0 > max_token, "token {} after restore must exceed {max_token}", token.0);
-    let replay = ops::reserve(&restored, &Key::new("dump", "u", "k0").unwrap(), fp.as_str(), &opts).await.unwrap();
+    let replay = ops::reserve(&restored, &schema, &Key::new("dump", "u", "k0").unwrap(), fp.as_str(), &opts).await.unwrap();
     assert_eq!(replay.outcome, ReserveOutcome::Replay(Some(json!({"n": 12.50}))));
-    let retried = ops::reserve(&restored, &Key::new("dump", "u", "k3").unwrap(), fp.as_str(), &opts).await.unwrap();
+    let retried = ops::reserve(&restored, &schema, &Key::new("dump", "u", "k3").unwrap(), fp.as_str(), &opts).await.unwrap();
     assert!(matches!(retried.outcome, ReserveOutcome::Created(_)));
     assert_eq!(retried.attempts, 1, "the retry counter survived the restore");
 }

@@ -3,7 +3,7 @@
 //! every key, each key has exactly one business row and one SUCCESS record.
 //! Its own test binary: it restarts the shared private cluster.
 
-use idempotency_client::{Fingerprint, Idempotency, Key, Outcome, StoredResponse};
+use idempotency_client::{Settings, Fingerprint, Idempotency, Key, Outcome, StoredResponse};
 use idempotency_testkit::{fresh_database, root};
 use serde_json::json;
 use std::collections::HashSet;
@@ -24,7 +24,7 @@ fn pg(args: &[&str]) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn server_crash_under_load_loses_no_acknowledged_key_and_runs_none_twice() {
     let url = fresh_database("idem_fault_crash").await;
-    let idem = Idempotency::connect(&url, WORKERS * 2).unwrap();
+    let idem = Idempotency::new(Idempotency::connect(&url, WORKERS * 2).unwrap().pool().clone(), Settings::default());
     let fp = Fingerprint::of_json(&json!({"amount": 1})).unwrap();
     let mut report = Vec::new();
     for round in 0..ROUNDS {
@@ -92,7 +92,7 @@ async fn server_crash_under_load_loses_no_acknowledged_key_and_runs_none_twice()
                 .run(&keys[i], &fp, |_tx| Box::pin(async { Ok::<_, tokio_postgres::Error>(StoredResponse::json(500, json!({}))) }))
                 .await
                 .unwrap();
-            assert!(again.replayed(), "round {round}: acknowledged key {i} did not replay: {again:?}");
+            assert!(again.is_replayed(), "round {round}: acknowledged key {i} did not replay: {again:?}");
         }
         let rows = client
             .query(

@@ -4,7 +4,7 @@
 //! cluster, so it runs in its own test binary.)
 
 use idempotency_client::ops::{self, RecoverAction, ReleaseOutcome, ReserveOptions, Status, Token};
-use idempotency_client::{Config, Error, Fingerprint, Idempotency, Key, Outcome, StoredResponse, Work};
+use idempotency_client::{Error, Fingerprint, Idempotency, Key, Outcome, Settings, StoredResponse, Tx, TxFuture};
 use idempotency_testkit::proxy::{Cut, Proxy};
 use idempotency_testkit::{charges_for, cluster_addr, fresh_database, handle_in, unique_key, Charge};
 use serde_json::json;
@@ -21,13 +21,13 @@ fn charge(
     runs: &Arc<AtomicUsize>,
     key: &Key,
     delay: Duration,
-) -> impl for<'t> FnMut(&'t deadpool_postgres::Transaction<'_>) -> Work<'t, StoredResponse, tokio_postgres::Error> + Send {
+) -> impl for<'t> FnMut(&'t Tx<'_>) -> TxFuture<'t, StoredResponse, tokio_postgres::Error> + Send {
     Charge::of(key).amount(1).delay(delay).handler(runs)
 }
 
 /// A handle whose connections go through a proxy that cuts the first COMMIT, and a direct one.
 async fn through_proxy(name: &str, cut: Cut) -> (Idempotency, Idempotency, Proxy) {
-    let direct = handle_in(name, Config::default()).await;
+    let direct = handle_in(name, Settings::default()).await;
     let proxy = Proxy::start(cluster_addr(), Some(cut)).await;
     let via = Idempotency::connect(&proxy.url(name), 2).unwrap();
     (via, direct, proxy)
@@ -40,7 +40,7 @@ async fn lost_commit_acknowledgement_replays_on_retry_and_never_runs_twice() {
     let runs = Arc::new(AtomicUsize::new(0));
     let first = via.run(&key, &fp(), charge(&runs, &key, Duration::ZERO)).await;
     assert_eq!(proxy.cuts(), 1, "the proxy cut the connection at COMMIT");
-    assert!(matches!(first, Err(Error::StoreUnavailable(_)) | Err(Error::Db(_))), "the client cannot know: {first:?}");
+    assert!(matches!(first, Err(Error::StoreUnavailable(_)) | Err(Error::Database(_))), "the client cannot know: {first:?}");
     // The client retries with the same key (honouring 409 + Retry-After while the server is
     // still finishing the cut-off transaction): the commit did happen, so it replays.
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -50,7 +50,7 @@ async fn lost_commit_acknowledgement_replays_on_retry_and_never_runs_twice() {
             other => break other.unwrap(),
         }
     };
-    assert!(retry.replayed(), "{retry:?}");
+    assert!(retry.is_replayed(), "{retry:?}");
     assert_eq!(runs.load(Ordering::SeqCst), 1, "executed once");
     assert_eq!(charges_for(&direct.pool().get().await.unwrap(), &key).await, 1);
 }
@@ -65,8 +65,9 @@ async fn connection_lost_before_commit_executes_once_on_retry() {
     assert!(first.is_err(), "{first:?}");
     // Nothing committed, nothing left behind: the retry executes.
     let client = direct.pool().get().await.unwrap();
+    let schema = direct.schema().await.unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
-    while ops::lookup(&client, &key).await.unwrap().is_some() {
+    while ops::lookup(&client, &schema, &key).await.unwrap().is_some() {
         assert!(Instant::now() < deadline, "the aborted reservation never went away");
         tokio::time::sleep(Duration::from_millis(20)).await; // the backend is still rolling back
     }
@@ -80,7 +81,7 @@ async fn connection_lost_before_commit_executes_once_on_retry() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_terminated_holder_lets_a_waiting_duplicate_run_once() {
-    let idem = handle_in("idem_fault_terminate", Config { wait: true, ..Config::default() }).await;
+    let idem = handle_in("idem_fault_terminate", Settings { wait: true, ..Settings::default() }).await;
     let key = unique_key("fault.terminate");
     let runs = Arc::new(AtomicUsize::new(0));
     let (pid_tx, pid_rx) = tokio::sync::oneshot::channel::<i32>();
@@ -100,7 +101,7 @@ async fn a_terminated_holder_lets_a_waiting_duplicate_run_once() {
                     }
                     tokio::time::sleep(Duration::from_secs(30)).await; // stuck until terminated
                     Ok::<_, tokio_postgres::Error>(StoredResponse::json(201, json!({"by": "holder"})))
-                }) as Work<'_, _, _>
+                }) as TxFuture<'_, _, _>
             })
             .await
         })
@@ -128,8 +129,9 @@ async fn a_terminated_holder_lets_a_waiting_duplicate_run_once() {
 async fn a_killed_two_phase_worker_is_recovered_and_fenced() {
     // Long enough that a slow machine still heartbeats (a third of a lease apart) in time.
     let lease = Duration::from_secs(1);
-    let idem = handle_in("idem_fault_killed_worker", Config { lease: Some(lease), ..Config::default() }).await;
+    let idem = handle_in("idem_fault_killed_worker", Settings { lease: Some(lease), ..Settings::default() }).await;
     let admin = idem.pool().get().await.unwrap();
+    let schema = idem.schema().await.unwrap();
     let mut tokens: Vec<(Key, Token)> = Vec::new();
     for (name, action) in [("fault.killed.fail", RecoverAction::Fail), ("fault.killed.release", RecoverAction::Release)] {
         let key = unique_key(name);
@@ -145,14 +147,14 @@ async fn a_killed_two_phase_worker_is_recovered_and_fenced() {
         };
         // Let it reserve and heartbeat a few times, then kill it.
         tokio::time::sleep(2 * lease).await;
-        let record = ops::lookup(&admin, &key).await.unwrap().expect("reserved");
+        let record = ops::lookup(&admin, &schema, &key).await.unwrap().expect("reserved");
         assert_eq!(record.status, "PROCESSING");
-        assert_eq!(ops::recover_stuck(&admin, 100, RecoverAction::Fail, None).await.unwrap(), 0, "heartbeats keep it live");
+        assert_eq!(ops::recover_stuck(&admin, &schema, 100, RecoverAction::Fail, None).await.unwrap(), 0, "heartbeats keep it live");
         worker.abort();
         let _ = worker.await;
         // Its heartbeat stopped with it: once the lease passes, recovery takes the key.
         tokio::time::sleep(lease + Duration::from_millis(500)).await;
-        assert_eq!(ops::recover_stuck(&admin, 100, action, None).await.unwrap(), 1);
+        assert_eq!(ops::recover_stuck(&admin, &schema, 100, action, None).await.unwrap(), 1);
         tokens.push((key, record.token));
     }
     let runs = Arc::new(AtomicUsize::new(0));
@@ -163,9 +165,9 @@ async fn a_killed_two_phase_worker_is_recovered_and_fenced() {
     assert!(matches!(out, Outcome::Executed(_)), "release: the retry runs");
     // The dead worker's late calls are all rejected.
     for (key, token) in &tokens {
-        assert!(!ops::complete(&admin, key, *token, Some(&json!({"late": 1})), Status::Success).await.unwrap());
-        assert_eq!(ops::release(&admin, key, *token, None).await.unwrap(), ReleaseOutcome::Stale);
-        assert!(!ops::heartbeat(&admin, key, *token, None).await.unwrap());
+        assert!(!ops::complete(&admin, &schema, key, *token, Some(&json!({"late": 1})), Status::Success).await.unwrap());
+        assert_eq!(ops::release(&admin, &schema, key, *token, None).await.unwrap(), ReleaseOutcome::Stale);
+        assert!(!ops::heartbeat(&admin, &schema, key, *token, None).await.unwrap());
     }
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
@@ -178,7 +180,7 @@ async fn pool_exhaustion_is_a_bounded_store_unavailable() {
     cfg.url = Some(url);
     let wait = Some(Duration::from_millis(300));
     cfg.pool = Some(PoolConfig { max_size: 1, timeouts: Timeouts { wait, create: wait, recycle: wait }, ..PoolConfig::default() });
-    let idem = Idempotency::new(cfg.create_pool(Some(Runtime::Tokio1), tokio_postgres::NoTls).unwrap());
+    let idem = Idempotency::new(cfg.create_pool(Some(Runtime::Tokio1), tokio_postgres::NoTls).unwrap(), Settings::default());
     let held = idem.pool().get().await.unwrap();
     let key = unique_key("fault.pool");
     let runs = Arc::new(AtomicUsize::new(0));
@@ -192,8 +194,9 @@ async fn pool_exhaustion_is_a_bounded_store_unavailable() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn timeouts_are_typed_errors_and_leave_no_reservation_behind() {
-    let idem = handle_in("idem_fault_timeouts", Config::default()).await;
+    let idem = handle_in("idem_fault_timeouts", Settings::default()).await;
     let admin = idem.pool().get().await.unwrap();
+    let schema = idem.schema().await.unwrap();
 
     // statement_timeout inside the closure: a transient failure, rolled back and released.
     let key = unique_key("fault.statement_timeout");
@@ -204,15 +207,15 @@ async fn timeouts_are_typed_errors_and_leave_no_reservation_behind() {
                 tx.execute("INSERT INTO charges (user_id, amount, k) VALUES ('u', 1, 'timeout')", &[]).await?;
                 tx.query_one("SELECT pg_sleep(5)", &[]).await?;
                 Ok(StoredResponse::json(201, json!({})))
-            }) as Work<'_, StoredResponse, tokio_postgres::Error>
+            }) as TxFuture<'_, StoredResponse, tokio_postgres::Error>
         })
         .await
         .unwrap_err();
     match &err {
-        Error::Handler(e) => assert_eq!(e.code(), Some(&tokio_postgres::error::SqlState::QUERY_CANCELED)),
+        Error::Handler { error: e, .. } => assert_eq!(e.code(), Some(&tokio_postgres::error::SqlState::QUERY_CANCELED)),
         other => panic!("{other:?}"),
     }
-    assert!(ops::lookup(&admin, &key).await.unwrap().is_none(), "no reservation left behind");
+    assert!(ops::lookup(&admin, &schema, &key).await.unwrap().is_none(), "no reservation left behind");
     let rows: i64 = admin.query_one("SELECT count(*) AS n FROM charges WHERE k = 'timeout'", &[]).await.unwrap().get("n");
     assert_eq!(rows, 0);
 
@@ -228,15 +231,15 @@ async fn timeouts_are_typed_errors_and_leave_no_reservation_behind() {
                 tx.batch_execute("SET LOCAL lock_timeout = '100ms'").await?;
                 tx.execute("UPDATE charges SET amount = 3 WHERE id = -1", &[]).await?;
                 Ok(StoredResponse::json(201, json!({})))
-            }) as Work<'_, StoredResponse, tokio_postgres::Error>
+            }) as TxFuture<'_, StoredResponse, tokio_postgres::Error>
         })
         .await
         .unwrap_err();
     match &err {
-        Error::Handler(e) => assert_eq!(e.code(), Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE)),
+        Error::Handler { error: e, .. } => assert_eq!(e.code(), Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE)),
         other => panic!("{other:?}"),
     }
-    assert!(ops::lookup(&admin, &key).await.unwrap().is_none());
+    assert!(ops::lookup(&admin, &schema, &key).await.unwrap().is_none());
     btx.rollback().await.unwrap();
 
     // statement_timeout on a reservation waiting for an uncommitted holder: a typed error
@@ -244,28 +247,27 @@ async fn timeouts_are_typed_errors_and_leave_no_reservation_behind() {
     let key = unique_key("fault.wait_timeout");
     let mut holder_client = idem.pool().get().await.unwrap();
     let holder = holder_client.transaction().await.unwrap();
-    ops::reserve(&holder, &key, fp().as_str(), &ReserveOptions::default()).await.unwrap();
+    ops::reserve(&holder, &schema, &key, fp().as_str(), &ReserveOptions::default()).await.unwrap();
     let mut waiter_client = idem.pool().get().await.unwrap();
     let tx = waiter_client.transaction().await.unwrap();
     tx.batch_execute("SET LOCAL statement_timeout = '200ms'").await.unwrap();
     let started = Instant::now();
     let wait = ReserveOptions { wait: true, ..ReserveOptions::default() };
-    let err = ops::reserve(&tx, &key, fp().as_str(), &wait).await.unwrap_err();
+    let err = ops::reserve(&tx, &schema, &key, fp().as_str(), &wait).await.unwrap_err();
     assert!(started.elapsed() < Duration::from_secs(3), "{:?}", started.elapsed());
     assert_eq!(err.sqlstate(), Some(&tokio_postgres::error::SqlState::QUERY_CANCELED), "{err:?}");
     drop(tx);
     holder.rollback().await.unwrap();
-    assert!(ops::lookup(&admin, &key).await.unwrap().is_none());
+    assert!(ops::lookup(&admin, &schema, &key).await.unwrap().is_none());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn repeatable_read_duplicates_are_retried_on_40001_and_run_once() {
-    let config = Config { isolation: Some(tokio_postgres::IsolationLevel::RepeatableRead), wait: true, ..Config::default() };
+    let config = Settings { isolation: Some(tokio_postgres::IsolationLevel::RepeatableRead), wait: true, ..Settings::default() };
     // Through a proxy that counts the 40001 errors the server sends: the test must see retries.
-    let direct = handle_in("idem_fault_rr", Config::default()).await;
+    drop(handle_in("idem_fault_rr", Settings::default()).await);
     let proxy = Proxy::start(cluster_addr(), None).await;
-    let idem = Idempotency::with_config(Idempotency::connect(&proxy.url("idem_fault_rr"), 32).unwrap().pool().clone(), config);
-    drop(direct);
+    let idem = Idempotency::connect_with(&proxy.url("idem_fault_rr"), 32, config).unwrap();
     // A long REPEATABLE READ reader holds an old snapshot throughout.
     let mut reader = idem.pool().get().await.unwrap();
     let snapshot = reader.build_transaction().isolation_level(tokio_postgres::IsolationLevel::RepeatableRead).start().await.unwrap();

@@ -5,7 +5,7 @@
 #[allow(dead_code)]
 mod app;
 
-use idempotency_client::{Config, Idempotency};
+use idempotency_client::{Settings, Idempotency};
 use idempotency_testkit::{admin, handle};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
@@ -34,7 +34,7 @@ async fn charges_of(user: &str) -> i64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn post_charges_maps_every_outcome_to_http() {
-    let url = serve(handle(Config::default()).await).await;
+    let url = serve(handle(Settings::default()).await).await;
 
     let (status, _, body) = post(&url, None, "http-a", json!({"amount": 100})).await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
@@ -71,7 +71,7 @@ async fn post_charges_maps_every_outcome_to_http() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_concurrent_requests_with_one_key_charge_once() {
-    let url = serve(handle(Config::default()).await).await;
+    let url = serve(handle(Settings::default()).await).await;
     for round in 0..10 {
         let key = format!("race-{round}");
         let (a, b) = tokio::join!(

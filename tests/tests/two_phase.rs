@@ -1,10 +1,8 @@
 //! `run_external`, the two-phase flow: the heartbeat keeps a long call's key; a worker that lost
 //! its key cannot complete it, and its local writes roll back.
 
-use deadpool_postgres::Transaction;
-use futures_util::future::BoxFuture;
 use idempotency_client::ops::{self, RecoverAction};
-use idempotency_client::{Config, Error, Fingerprint, Idempotency, Key, Outcome, StoredResponse};
+use idempotency_client::{Error, Fingerprint, Idempotency, Key, Outcome, Settings, StoredResponse, Tx, TxFuture};
 use idempotency_testkit::{charges_for, handle_in, unique_key};
 use serde_json::json;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -12,12 +10,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 async fn private(name: &str, lease: Duration) -> Idempotency {
-    handle_in(name, Config { lease: Some(lease), ..Config::default() }).await
+    handle_in(name, Settings { lease: Some(lease), ..Settings::default() }).await
 }
 
 /// The local write of the two-phase flow: one row tagged with the key.
-fn record(tag: String) -> impl for<'t> FnOnce(&'t Transaction<'_>, &'t StoredResponse) -> BoxFuture<'t, Result<(), tokio_postgres::Error>> + Send {
+fn record(tag: String) -> impl for<'t> FnMut(&'t Tx<'_>, &'t StoredResponse) -> TxFuture<'t, (), tokio_postgres::Error> + Send {
     move |tx, _response| {
+        let tag = tag.clone();
         Box::pin(async move {
             tx.execute("INSERT INTO charges (user_id, amount, k) VALUES ('u', 1, $1)", &[&tag]).await?;
             Ok(())
@@ -36,16 +35,17 @@ async fn heartbeat_keeps_the_key_through_a_call_longer_than_the_lease() {
 
     // An operator recovers stuck keys every 100 ms during the call.
     let recovered = Arc::new(AtomicUsize::new(0));
+    let schema = idem.schema().await.unwrap();
     let stop = Arc::new(tokio::sync::Notify::new());
     let recoverer = {
-        let (pool, recovered, stop) = (idem.pool().clone(), recovered.clone(), stop.clone());
+        let (pool, recovered, stop, schema) = (idem.pool().clone(), recovered.clone(), stop.clone(), schema.clone());
         tokio::spawn(async move {
             let client = pool.get().await.unwrap();
             loop {
                 tokio::select! {
                     _ = stop.notified() => return,
                     _ = tokio::time::sleep(Duration::from_millis(100)) => {
-                        let n = ops::recover_stuck(&client, 100, RecoverAction::Fail, None).await.unwrap();
+                        let n = ops::recover_stuck(&client, &schema, 100, RecoverAction::Fail, None).await.unwrap();
                         recovered.fetch_add(n as usize, Ordering::SeqCst);
                     }
                 }
@@ -76,13 +76,13 @@ async fn heartbeat_keeps_the_key_through_a_call_longer_than_the_lease() {
     assert_eq!(calls.load(Ordering::SeqCst), 1);
     let client = idem.pool().get().await.unwrap();
     assert_eq!(charges_for(&client, &key).await, 1);
-    assert_eq!(ops::lookup(&client, &key).await.unwrap().unwrap().status, "SUCCESS");
+    assert_eq!(ops::lookup(&client, &schema, &key).await.unwrap().unwrap().status, "SUCCESS");
     // And the replay does not call out again.
     let again = idem
         .run_external(&key, &fp, async { Ok::<_, tokio_postgres::Error>(StoredResponse::json(500, json!({}))) }, record("again".into()))
         .await
         .unwrap();
-    assert!(again.replayed());
+    assert!(again.is_replayed());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -91,11 +91,12 @@ async fn a_worker_that_lost_its_key_cannot_complete_it() {
     let idem = private("idem_two_phase_lost", lease).await;
     let key = unique_key("external.lost");
     let fp = Fingerprint::of_json(&json!({"a": 1})).unwrap();
+    let schema = idem.schema().await.unwrap();
 
     // While the worker is out calling, its lease is cut short (as if its heartbeats had stopped
     // reaching the database), the key is recovered and a new attempt takes it over.
     let call = {
-        let (pool, key) = (idem.pool().clone(), key.clone());
+        let (pool, key, schema) = (idem.pool().clone(), key.clone(), schema.clone());
         async move {
             tokio::time::sleep(Duration::from_millis(100)).await;
             let mut client = pool.get().await.unwrap();
@@ -108,9 +109,9 @@ async fn a_worker_that_lost_its_key_cannot_complete_it() {
             )
             .await
             .unwrap();
-            assert_eq!(ops::recover_stuck(&tx, 10, RecoverAction::Release, None).await.unwrap(), 1);
+            assert_eq!(ops::recover_stuck(&tx, &schema, 10, RecoverAction::Release, None).await.unwrap(), 1);
             tx.commit().await.unwrap();
-            let newer = ops::reserve(&client, &key, "other-request", &ops::ReserveOptions::default()).await.unwrap();
+            let newer = ops::reserve(&client, &schema, &key, "other-request", &ops::ReserveOptions::default()).await.unwrap();
             assert!(matches!(newer.outcome, ops::ReserveOutcome::Created(_)));
             Ok::<_, tokio_postgres::Error>(StoredResponse::json(201, json!({"late": true})))
         }
@@ -120,7 +121,7 @@ async fn a_worker_that_lost_its_key_cannot_complete_it() {
     assert_eq!(err.http_status(), 409);
     let client = idem.pool().get().await.unwrap();
     assert_eq!(charges_for(&client, &key).await, 0, "the stale worker's local write rolled back");
-    let record = ops::lookup(&client, &key).await.unwrap().unwrap();
+    let record = ops::lookup(&client, &schema, &key).await.unwrap().unwrap();
     assert_eq!((record.status.as_str(), record.request_hash.as_str()), ("PROCESSING", "other-request"));
 }
 
