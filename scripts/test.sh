@@ -73,7 +73,8 @@ record pg_test "$p" "$f" "$status"
 
 layer install
 # cargo pgrx test installed a debug build; the remaining layers test the release build.
-(cd extension && cargo pgrx install --release --pg-config "$PG_CONFIG") >"$logs/install.log" 2>&1
+(cd extension && cargo pgrx install --release --pg-config "$PG_CONFIG") >"$logs/install.log" 2>&1 &&
+    python3 scripts/sqlbuild.py install-files "$sharedir/extension" >>"$logs/install.log" 2>&1 # released + update scripts
 status=$?
 tail -1 "$logs/install.log"
 record install "$([ $status = 0 ] && echo 1 || echo 0)" 0 "$status"
@@ -96,13 +97,13 @@ pg_regress_layer() {
 layer regress
 url=$(scripts/pg.sh start) || { record regress 0 1 1; url=; }
 if [ -n "$url" ]; then
-    pg_regress_layer regress "$pgxs/src/test/regress/pg_regress" --schedule=tests/regress/schedule
+    pg_regress_layer regress "$pgxs/src/test/regress/pg_regress" --load-extension=idempotency --schedule=tests/regress/schedule
 fi
 
 layer isolation
 if [ -n "$url" ]; then
     # shellcheck disable=SC2046
-    pg_regress_layer isolation "$pgxs/src/test/isolation/pg_isolation_regress" \
+    pg_regress_layer isolation "$pgxs/src/test/isolation/pg_isolation_regress" --load-extension=idempotency \
         $(cd tests/isolation/specs && ls -- *.spec | sed 's/\.spec$//' | sort)
 fi
 

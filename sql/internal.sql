@@ -1,4 +1,4 @@
--- idempotency 0.1.0: internal helpers (not API; EXECUTE revoked from PUBLIC in privileges.sql).
+-- idempotency: internal helpers (not API; EXECUTE revoked from PUBLIC in privileges.sql).
 
 CREATE FUNCTION @extschema@._idem_setting(name text) RETURNS text
     LANGUAGE c VOLATILE STRICT PARALLEL SAFE
@@ -7,6 +7,40 @@ CREATE FUNCTION @extschema@._idem_setting(name text) RETURNS text
 
 COMMENT ON FUNCTION @extschema@._idem_setting(text) IS
     'Internal: loads the library (which defines the idempotency.* settings) and returns a setting''s current value.';
+
+-- A setting's text as the API reads it: the session's value, or the default when it is unset or
+-- empty (RESET of a setting made before the library loaded leaves an empty placeholder). A value
+-- the setting would not accept (a placeholder set before the library loaded) is 22023 naming it.
+CREATE FUNCTION @extschema@._idem_conf(name text) RETURNS text
+    LANGUAGE plpgsql VOLATILE PARALLEL SAFE
+    SET search_path = pg_catalog, pg_temp
+    AS $fn$
+DECLARE
+    v       text := coalesce(nullif(current_setting('idempotency.' || name, true), ''),
+                             @extschema@._idem_setting('idempotency.' || name));
+    pattern text := CASE name
+                        WHEN 'max_retries' THEN '^[[:space:]]*[0-9]+[[:space:]]*$'
+                        WHEN 'max_response_bytes' THEN '^[[:space:]]*[0-9]+[[:space:]]*(B|kB|MB|GB|TB)?[[:space:]]*$'
+                        ELSE '^[[:space:]]*[0-9]+(\.[0-9]+)?[[:space:]]*(us|ms|s|min|h|d)?[[:space:]]*$' END;
+    valid   boolean := v ~ pattern;
+BEGIN
+    IF valid AND name = 'max_retries' THEN
+        valid := v::numeric <= 2147483647;
+    END IF;
+    IF valid IS NOT TRUE THEN
+        RAISE EXCEPTION 'invalid value for parameter "idempotency.%": %', name, @extschema@._idem_echo(v)
+            USING ERRCODE = '22023',
+                  HINT = CASE name
+                             WHEN 'max_retries' THEN 'Use a whole number.'
+                             WHEN 'max_response_bytes' THEN 'Use a number of bytes, optionally with a unit: B, kB, MB, GB or TB.'
+                             ELSE 'Use a number of seconds, optionally with a unit: us, ms, s, min, h or d (such as 90s or 5min).' END;
+    END IF;
+    RETURN v;
+END
+$fn$;
+
+COMMENT ON FUNCTION @extschema@._idem_conf(text) IS
+    'Internal: the text of setting idempotency.<name>, its default when unset or empty; raises 22023 naming the setting when invalid.';
 
 CREATE FUNCTION @extschema@._idem_max_response_bytes() RETURNS integer
     LANGUAGE c VOLATILE PARALLEL SAFE
@@ -107,9 +141,7 @@ CREATE FUNCTION @extschema@._idem_interval(name text, value interval) RETURNS in
     SET search_path = pg_catalog, pg_temp
     AS $fn$
 DECLARE
-    v interval := coalesce(value,
-                           current_setting('idempotency.' || name, true)::interval,
-                           @extschema@._idem_setting('idempotency.' || name)::interval);
+    v interval := coalesce(value, @extschema@._idem_conf(name)::interval);
 BEGIN
     IF v <= interval '0' THEN
         RAISE EXCEPTION '% must be a positive interval, got %', name, v USING ERRCODE = '22023';
@@ -130,9 +162,7 @@ CREATE FUNCTION @extschema@._idem_max_retries(value integer) RETURNS integer
     SET search_path = pg_catalog, pg_temp
     AS $fn$
 DECLARE
-    v integer := coalesce(value,
-                          current_setting('idempotency.max_retries', true)::integer,
-                          @extschema@._idem_setting('idempotency.max_retries')::integer);
+    v integer := coalesce(value, @extschema@._idem_conf('max_retries')::integer);
 BEGIN
     IF v < 1 THEN
         RAISE EXCEPTION 'max_retries must be at least 1, got %', v USING ERRCODE = '22023';

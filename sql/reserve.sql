@@ -1,4 +1,4 @@
--- idempotency 0.1.0: idem_reserve.
+-- idempotency: idem_reserve.
 --
 -- How one key stays at most once:
 --   1. Read the committed record (and its retry counter) in one primary-key probe. A live record
@@ -78,11 +78,15 @@ BEGIN
 
         -- Absent, or expired and free to take over: a new attempt would start now.
         IF v_ttl IS NULL THEN
-            -- The durations, settled only when creating: a replay never reads a setting.
-            v_ttl := coalesce(ttl, current_setting('idempotency.ttl', true)::interval);
-            v_lease := coalesce(lease, least(current_setting('idempotency.lease', true)::interval, v_ttl));
+            -- The durations, settled only when creating: a replay never reads a setting. Settings
+            -- as the loaded library shows them (such as 1d or 90s) are taken here; anything else
+            -- (unset, empty, set before the library loaded) is settled by _idem_durations.
+            v_ttl := coalesce(ttl, CASE WHEN current_setting('idempotency.ttl', true) ~ '^[0-9]+(s|min|h|d)$'
+                                        THEN current_setting('idempotency.ttl', true)::interval END);
+            v_lease := coalesce(lease, CASE WHEN current_setting('idempotency.lease', true) ~ '^[0-9]+(s|min|h|d)$'
+                                            THEN least(current_setting('idempotency.lease', true)::interval, v_ttl) END);
             IF v_ttl IS NULL OR v_lease IS NULL OR v_lease > v_ttl THEN
-                -- Library not loaded in this session yet, or an explicit lease over the default ttl.
+                -- A setting not in that form, or an explicit lease over the default ttl.
                 SELECT d.settled_ttl, d.settled_lease INTO v_ttl, v_lease
                   FROM @extschema@._idem_durations(ttl, lease) AS d;
             END IF;

@@ -1,0 +1,5 @@
+-- idempotency 0.1.0 -> 0.2.0, the part a replay of the functions cannot do: nothing.
+--
+-- 0.2.0 changes only functions (settings: an empty or reset setting means its default, an
+-- invalid one is 22023 naming it; the new internal _idem_conf). scripts/sqlbuild.py appends
+-- every function of 0.2.0, its comment and its privileges to this file.
