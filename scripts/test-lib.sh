@@ -88,7 +88,7 @@ suites() {
     local name=$1 prepare=$2 schedule=${SCHEDULE:-tests/regress/schedule} status p f
     for suite in regress isolation; do
         local db=idem_$suite out=$root/target/$name-$suite
-        psql_db postgres -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" -c "CREATE DATABASE $db" &&
+        psql_db postgres -c "SET client_min_messages = warning" -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" -c "CREATE DATABASE $db" &&
             "$prepare" "$db" || { fail "$name $suite: prepare $db"; continue; }
         rm -rf "$out"
         local args=(--schedule="$schedule")

@@ -8,9 +8,10 @@ CREATE FUNCTION @extschema@._idem_setting(name text) RETURNS text
 COMMENT ON FUNCTION @extschema@._idem_setting(text) IS
     'Internal: loads the library (which defines the idempotency.* settings) and returns a setting''s current value.';
 
--- A setting's text as the API reads it: the session's value, or the default when it is unset or
--- empty (RESET of a setting made before the library loaded leaves an empty placeholder). A value
--- the setting would not accept (a placeholder set before the library loaded) is 22023 naming it.
+-- A duration or count setting's text as the API reads it: the session's value, or the default when
+-- it is unset or empty (RESET of a setting made before the library loaded leaves an empty
+-- placeholder). A value the setting would not accept (a placeholder set before the library loaded)
+-- is 22023 naming it.
 CREATE FUNCTION @extschema@._idem_conf(name text) RETURNS text
     LANGUAGE plpgsql VOLATILE PARALLEL SAFE
     SET search_path = pg_catalog, pg_temp
@@ -20,7 +21,6 @@ DECLARE
                              @extschema@._idem_setting('idempotency.' || name));
     pattern text := CASE name
                         WHEN 'max_retries' THEN '^[[:space:]]*[0-9]+[[:space:]]*$'
-                        WHEN 'max_response_bytes' THEN '^[[:space:]]*[0-9]+[[:space:]]*(B|kB|MB|GB|TB)?[[:space:]]*$'
                         ELSE '^[[:space:]]*[0-9]+(\.[0-9]+)?[[:space:]]*(us|ms|s|min|h|d)?[[:space:]]*$' END;
     valid   boolean := v ~ pattern;
 BEGIN
@@ -32,7 +32,6 @@ BEGIN
             USING ERRCODE = '22023',
                   HINT = CASE name
                              WHEN 'max_retries' THEN 'Use a whole number.'
-                             WHEN 'max_response_bytes' THEN 'Use a number of bytes, optionally with a unit: B, kB, MB, GB or TB.'
                              ELSE 'Use a number of seconds, optionally with a unit: us, ms, s, min, h or d (such as 90s or 5min).' END;
     END IF;
     RETURN v;

@@ -350,10 +350,16 @@ BEGIN
 END
 $fn$;
 
+-- The jsonb form hashes jsonb's own text, as the extension does (PL/pgSQL, as the text form may
+-- be created after it).
 CREATE FUNCTION @extschema@.idem_fingerprint(request jsonb) RETURNS text
-    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+    LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
     SET search_path = pg_catalog, pg_temp
-    AS $fn$ SELECT @extschema@.idem_fingerprint(request::text) $fn$;
+    AS $fn$
+BEGIN
+    RETURN @extschema@.idem_fingerprint(request::text);
+END
+$fn$;
 
 CREATE FUNCTION @extschema@.idem_fingerprint(request bytea) RETURNS text
     LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
