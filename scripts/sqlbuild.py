@@ -155,6 +155,29 @@ def split(text):
     return out
 
 
+def identity_types(args):
+    """The argument types that identify a function (no names, defaults or OUT arguments)."""
+    parts, depth, cur = [], 0, ""
+    for ch in args:
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if ch == "," and depth == 0:
+            parts.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    if cur.strip():
+        parts.append(cur)
+    out = []
+    for part in parts:
+        words = re.split(r"\s+DEFAULT\s+|\s*=\s*", part.strip(), maxsplit=1, flags=re.I)[0].split()
+        mode = "in"
+        if words and words[0].upper() in ("IN", "OUT", "INOUT", "VARIADIC"):
+            mode = words.pop(0).lower()
+        if mode != "out":
+            out.append(" ".join(words[1:]).lower())  # every argument of the sources is named
+    return out
+
+
 class Stmt:
     def __init__(self, comments, sql):
         self.comments = comments
@@ -173,6 +196,7 @@ class Stmt:
                 depth += {"(": 1, ")": -1}.get(head[j], 0)
                 j += 1
             self.key = m.group(1) + "(" + head[m.end():j - 1].strip() + ")"
+            self.identity = m.group(1).lower() + "(" + ",".join(identity_types(head[m.end():j - 1])) + ")"
             header = head.split(" AS ", 1)[0]
             self.language = re.search(r"\bLANGUAGE\s+(\w+)", header, re.I).group(1).lower()
         elif re.match(r"COMMENT ON FUNCTION\b", head):
@@ -218,9 +242,12 @@ def upgrade_statements(old, new):
     if not os.path.exists(hand):
         die(f"no upgrade source sql/upgrade/{EXT}--{old}--{new}.sql (an empty file is fine)")
     out = split(read(hand))
+    existing = {s.identity for s in install_statements(old) if s.kind == "function"}
     for s in install_statements(new):
         if s.kind == "function":
-            out.append(s.or_replace())
+            # A function new in this version is created, never replaced: CREATE OR REPLACE would
+            # adopt an object someone else may have planted under that name.
+            out.append(s.or_replace() if s.identity in existing else s)
         elif s.kind in ("function_comment", "privilege"):
             out.append(s)
     return out

@@ -50,13 +50,42 @@ pub async fn fresh_database(name: &str) -> String {
     let url = database_url(name);
     let (db, conn) = tokio_postgres::connect(&url, NoTls).await.expect("connect to the test database");
     tokio::spawn(conn);
-    db.batch_execute(
-        "CREATE EXTENSION idempotency;
-         CREATE TABLE charges (id bigserial PRIMARY KEY, user_id text NOT NULL, amount bigint NOT NULL, k text);",
-    )
-    .await
-    .expect("CREATE EXTENSION idempotency (is the release build installed? cargo pgrx install --release)");
+    install(&url, &db).await;
+    db.batch_execute("CREATE TABLE charges (id bigserial PRIMARY KEY, user_id text NOT NULL, amount bigint NOT NULL, k text);")
+        .await
+        .expect("create the charges table");
     url
+}
+
+/// Installs idempotency into the schema `public` of the database at `url`: the extension, or with
+/// `IDEM_INSTALL=portable` the portable script (`IDEM_PORTABLE_SCRIPT`, default
+/// `target/idempotency-portable.sql`, built by `bash scripts/portable.sh`) run by the psql of
+/// `PG_CONFIG`, exactly as its users run it.
+async fn install(url: &str, db: &tokio_postgres::Client) {
+    if std::env::var("IDEM_INSTALL").as_deref() != Ok("portable") {
+        db.batch_execute("CREATE EXTENSION idempotency;")
+            .await
+            .expect("CREATE EXTENSION idempotency (is the release build installed? cargo pgrx install --release)");
+        return;
+    }
+    let script = std::env::var_os("IDEM_PORTABLE_SCRIPT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join("target/idempotency-portable.sql"));
+    let pg_config = std::env::var("PG_CONFIG").unwrap_or_else(|_| "/usr/lib/postgresql/15/bin/pg_config".into());
+    let bindir = Command::new(&pg_config).arg("--bindir").output().unwrap_or_else(|e| panic!("{pg_config} --bindir: {e}"));
+    let psql = PathBuf::from(String::from_utf8_lossy(&bindir.stdout).trim()).join("psql");
+    let out = Command::new(&psql)
+        .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-v", "schema=public", "-f"])
+        .arg(&script)
+        .arg(url)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", psql.display()));
+    assert!(
+        out.status.success(),
+        "portable install of {} failed (bash scripts/portable.sh > {0} first?): {}",
+        script.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// The database of this test process, created once.
