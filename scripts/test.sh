@@ -9,6 +9,8 @@
 #   isolation   pg_isolation_regress specs (tests/isolation) against the private cluster
 #   e2e         cargo test -p idempotency-tests: the client end to end against the private cluster
 #   bench       the benchmark in smoke mode: every case runs and produces numbers (no speed asserted)
+#   upgrade     scripts/test-upgrade.sh: updates from every released version, schema diff, load
+#   portable    scripts/test-portable.sh: the portable install, fingerprint parity, suites, upgrade
 #   pgspot      pgspot over the generated install script
 set -uo pipefail
 
@@ -125,6 +127,16 @@ if [ -n "$url" ]; then
     record bench "$([ $status = 0 ] && echo 1 || echo 0)" 0 "$status"
 fi
 scripts/pg.sh stop || true
+
+# The upgrade and portable layers run their own throwaway cluster on the (now free) test port.
+for name in upgrade portable; do
+    layer "$name"
+    IDEM_PG_PORT=$port bash "scripts/test-$name.sh" >"$logs/$name.log" 2>&1
+    status=$?
+    grep -E '^FAILED|^   ' "$logs/$name.log" | head -60
+    read -r p f < <(tail -1 "$logs/$name.log" | awk '/passed,.*failed/ { print $1, $3; next } { print 0, 1 }')
+    record "$name" "$p" "$f" "$status"
+done
 
 layer pgspot
 # Every finding fails the layer unless it is explained in tests/pgspot-ignore (code + reason).
