@@ -89,4 +89,4 @@ pub use error::Error;
 #[cfg(feature = "client")]
 pub use response::{Class, Json, Response, StoredResponse, UNSTORED_HEADERS};
 #[cfg(feature = "client")]
-pub use store::{Config, Disposition, HandlerError, Idempotency, Outcome, Work, SUPPORTED_EXTENSION};
+pub use store::{Config, Disposition, HandlerError, Idempotency, Outcome, Work, SUPPORTED_EXTENSIONS};

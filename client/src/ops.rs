@@ -30,8 +30,17 @@ pub const LOOKUP_SQL: &str = "SELECT operation, user_id, key, request_hash, stat
      FROM idem_lookup(operation => $1, user_id => $2, key => $3)";
 pub const STATS_SQL: &str = "SELECT processing, success, failed, stuck, expired, \
      extract(epoch FROM oldest_processing_age)::float8 AS oldest_processing_secs FROM idem_stats()";
-pub const EXTENSION_VERSION_SQL: &str =
-    "SELECT extversion FROM pg_catalog.pg_extension WHERE extname = 'idempotency'";
+/// The version of the install whose `idem_reserve` the search_path finds: the extension's, or a
+/// portable install's (`_idem_portable_version()` in that schema); else any extension's; else NULL.
+pub const EXTENSION_VERSION_SQL: &str = "
+    WITH api AS (SELECT p.pronamespace AS ns FROM pg_catalog.pg_proc AS p
+                  WHERE p.oid = pg_catalog.to_regproc('idem_reserve'))
+    SELECT coalesce(
+        (SELECT e.extversion FROM pg_catalog.pg_extension AS e, api
+          WHERE e.extname = 'idempotency' AND e.extnamespace = api.ns),
+        (SELECT pg_catalog.substring(p.prosrc, '''([0-9][^'']*)''') FROM pg_catalog.pg_proc AS p, api
+          WHERE p.pronamespace = api.ns AND p.proname = '_idem_portable_version'),
+        (SELECT e.extversion FROM pg_catalog.pg_extension AS e WHERE e.extname = 'idempotency')) AS extversion";
 
 /// The fencing token of a `created` reservation: pass it to every later call for the attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -294,9 +303,9 @@ pub async fn stats<C: GenericClient>(client: &C) -> Result<Stats, Error> {
     })
 }
 
-/// The installed extension version, or None when it is not installed in this database.
+/// The installed version (extension or portable), or None when neither is installed here.
 pub async fn extension_version<C: GenericClient>(client: &C) -> Result<Option<String>, Error> {
     let stmt = client.prepare_cached(EXTENSION_VERSION_SQL).await?;
-    let row = client.query_opt(&stmt, &[]).await?;
-    row.map(|r| col(&r, "extversion")).transpose()
+    let row = client.query_one(&stmt, &[]).await?;
+    col(&row, "extversion")
 }

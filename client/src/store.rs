@@ -11,8 +11,8 @@ use serde_json::Value;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// The extension versions this client speaks (major.minor).
-pub const SUPPORTED_EXTENSION: &str = "0.1";
+/// The extension versions this client speaks (major.minor): 0.2 changed no signature or outcome.
+pub const SUPPORTED_EXTENSIONS: &[&str] = &["0.1", "0.2"];
 
 /// How a closure error is recorded.
 #[derive(Debug, Clone, PartialEq)]
@@ -161,9 +161,10 @@ impl Idempotency {
             None => Err(Error::ExtensionMissing(
                 "the idempotency extension is not installed in this database (CREATE EXTENSION idempotency)".into(),
             )),
-            Some(v) if v == SUPPORTED_EXTENSION || v.starts_with(&format!("{SUPPORTED_EXTENSION}.")) => Ok(v),
+            Some(v) if SUPPORTED_EXTENSIONS.iter().any(|s| v == *s || v.starts_with(&format!("{s}."))) => Ok(v),
             Some(v) => Err(Error::ExtensionMissing(format!(
-                "the idempotency extension is at version {v}; this client speaks {SUPPORTED_EXTENSION}.x"
+                "the idempotency extension is at version {v}; this client speaks {}",
+                SUPPORTED_EXTENSIONS.iter().map(|s| format!("{s}.x")).collect::<Vec<_>>().join(", ")
             ))),
         }
     }

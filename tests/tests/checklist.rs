@@ -353,7 +353,8 @@ async fn invalid_keys_fail_before_a_round_trip() {
 #[tokio::test]
 async fn check_extension_reports_the_version_or_its_absence() {
     let idem = handle(Config::default()).await;
-    assert_eq!(idem.check_extension().await.unwrap(), "0.1.0");
+    // The extension, or the portable install (IDEM_INSTALL=portable): the version of this build.
+    assert_eq!(idem.check_extension().await.unwrap(), env!("CARGO_PKG_VERSION"));
     let admin = admin().await;
     admin.batch_execute("DROP DATABASE IF EXISTS idem_no_extension WITH (FORCE)").await.unwrap();
     admin.batch_execute("CREATE DATABASE idem_no_extension").await.unwrap();
