@@ -8,6 +8,7 @@
 #   regress     pg_regress golden files (tests/regress) against the private cluster
 #   isolation   pg_isolation_regress specs (tests/isolation) against the private cluster
 #   e2e         cargo test -p idempotency-tests: the client end to end against the private cluster
+#   e2e_portable  the same tests against the portable install (IDEM_INSTALL=portable)
 #   bench       the benchmark in smoke mode: every case runs and produces numbers (no speed asserted)
 #   upgrade     scripts/test-upgrade.sh: updates from every released version, schema diff, load
 #   portable    scripts/test-portable.sh: the portable install, fingerprint parity, suites, upgrade
@@ -109,15 +110,19 @@ if [ -n "$url" ]; then
         $(cd tests/isolation/specs && ls -- *.spec | sed 's/\.spec$//' | sort)
 fi
 
-layer e2e
-if [ -n "$url" ]; then
-    cargo test -p idempotency-tests >"$logs/e2e.log" 2>&1
+# e2e against the extension, then against the portable install (IDEM_INSTALL, tests/src/lib.rs).
+for e2e in e2e e2e_portable; do
+    layer $e2e
+    [ -n "$url" ] || continue
+    install=extension
+    [ $e2e = e2e_portable ] && install=portable && bash scripts/portable.sh >target/idempotency-portable.sql
+    IDEM_INSTALL=$install cargo test -p idempotency-tests >"$logs/$e2e.log" 2>&1
     status=$?
-    grep -E '^(test |test result|error)' "$logs/e2e.log" | grep -v '\.\.\. ok$'
-    [ $status = 0 ] || grep -A30 -- '---- ' "$logs/e2e.log" | head -80
-    read -r p f < <(cargo_counts "$logs/e2e.log")
-    record e2e "$p" "$f" "$status"
-fi
+    grep -E '^(test |test result|error)' "$logs/$e2e.log" | grep -v '\.\.\. ok$'
+    [ $status = 0 ] || grep -A30 -- '---- ' "$logs/$e2e.log" | head -80
+    read -r p f < <(cargo_counts "$logs/$e2e.log")
+    record $e2e "$p" "$f" "$status"
+done
 
 layer bench
 if [ -n "$url" ]; then
