@@ -97,20 +97,26 @@ refused() { # refused LABEL EXPECTED-MESSAGE COMMAND...: fails, says why, change
     elif ! grep -q -- "$want" <<<"$out"; then
         fail "$label: refused with a clear error" "$out"
     elif ! diff -u "$logs/portable-schema-before.txt" <(schema_of idem_portable idem) >/dev/null ||
-        [ "$(psql_db idem_portable -At -c "SELECT count(*) FROM pg_proc WHERE pronamespace = 'ext'::regnamespace")" != "$ext_functions" ]; then
+        [ "$(object_count)" != "$objects" ]; then
         fail "$label: refused, changing nothing" "the schema changed"
     else
         pass "$label: refused ($(grep -m1 -o 'ERROR: .*' <<<"$out" | cut -c1-110)), nothing changed"
     fi
 }
-ext_functions=$(psql_db idem_portable -At -c "SELECT count(*) FROM pg_proc WHERE pronamespace = 'ext'::regnamespace")
+object_count() { # every relation, function and type outside the system schemas
+    psql_db idem_portable -At -c "WITH sys(ns) AS (SELECT oid FROM pg_namespace WHERE nspname IN ('pg_catalog', 'information_schema', 'pg_toast'))
+        SELECT (SELECT count(*) FROM pg_class WHERE relnamespace NOT IN (SELECT ns FROM sys))
+             + (SELECT count(*) FROM pg_proc WHERE pronamespace NOT IN (SELECT ns FROM sys))
+             + (SELECT count(*) FROM pg_type WHERE typnamespace NOT IN (SELECT ns FROM sys))"
+}
+psql_db idem_portable -c "CREATE SCHEMA locked" -c "GRANT USAGE ON SCHEMA locked TO idem_other"
+objects=$(object_count)
 refused "a second install into the same schema" "already holds idempotency" install_portable idem_portable idem idem_owner
 refused "an install into the schema holding the extension" "holds the idempotency extension" install_portable idem_portable ext
 refused "an install into a missing schema" "does not exist" install_portable idem_portable nosuchschema
 refused "an install without -v schema" "missing -v schema" \
     "$bindir/psql" -X -q -h 127.0.0.1 -p "$port" -U postgres -d idem_portable -f "$script"
-refused "an install by a role without CREATE on the schema" "permission denied" \
-    bash -c "psql_db() { :; }; '$bindir/psql' -X -q -h 127.0.0.1 -p $port -U idem_other -d idem_portable -v schema=public -f '$script'"
+refused "an install by a role without CREATE on the schema" "permission denied" install_portable idem_portable locked idem_other
 
 echo "-- parity of idem_fingerprint with the extension"
 psql_db idem_portable -c "CREATE SCHEMA port"
