@@ -82,22 +82,26 @@ def chain():
 
 
 def split(text):
-    """Top-level statements of a SQL text, each with the comment lines just above it.
+    """Top-level statements of a SQL text, each with the `--` comment block just above it.
 
     Knows comments, quoted strings and identifiers, E'' strings and dollar quotes; enough for
     the sources of this project, and it fails loudly on anything unterminated."""
-    stmts, i, n, start, pending = [], 0, len(text), 0, []
+    out, i, n, start, code = [], 0, len(text), 0, None
     while i < n:
         c = text[i]
         if text.startswith("--", i):
             j = text.find("\n", i)
             i = n if j < 0 else j + 1
-        elif text.startswith("/*", i):
+            continue
+        if text.startswith("/*", i):
             j = text.find("*/", i + 2)
             if j < 0:
                 die("unterminated /* comment")
             i = j + 2
-        elif c == "'" or c == '"':
+            continue
+        if code is None and not c.isspace():
+            code = i  # the statement itself starts here; what precedes it is comments
+        if c == "'" or c == '"':
             escaped = c == "'" and i > 0 and text[i - 1] in "eE" and (i < 2 or not (text[i - 2].isalnum() or text[i - 2] == "_"))
             j = i + 1
             while True:
@@ -124,34 +128,21 @@ def split(text):
             else:
                 i += 1
         elif c == ";":
-            stmts.append(text[start:i + 1])
+            # The `--` lines directly above the statement (no blank line between) document it.
+            block = []
+            for line in reversed(text[start:code].splitlines()):
+                if not line.strip().startswith("--"):
+                    if block or line.strip():
+                        break
+                    continue
+                block.insert(0, line.rstrip())
+            out.append(Stmt(block, text[code:i + 1].strip()))
             i += 1
-            start = i
+            start, code = i, None
         else:
             i += 1
-    trailing = re.sub(r"/\*.*?\*/|--[^\n]*", "", text[start:], flags=re.S)
-    if trailing.strip():
-        die(f"text after the last statement: {trailing.strip()[:60]!r}")
-    out = []
-    for raw in stmts:
-        raw = re.sub(r"/\*.*?\*/\n?", "", raw, flags=re.S) if raw.lstrip().startswith("/*") or "\n/*" in raw.split("CREATE", 1)[0] else raw
-        lines = raw.strip("\n").splitlines()
-        # Leading comment lines (and blank lines) belong to the statement as its documentation;
-        # only the comment block right above it is kept.
-        k = 0
-        while k < len(lines) and (not lines[k].strip() or lines[k].lstrip().startswith("--")):
-            k += 1
-        comments = [l for l in lines[:k]]
-        while comments and comments[0].strip() and not comments[-1].strip():
-            comments.pop()
-        block = []
-        for l in reversed(comments):
-            if not l.strip():
-                break
-            block.insert(0, l)
-        sql = "\n".join(lines[k:]).strip()
-        if sql:
-            out.append(Stmt(block, sql))
+    if code is not None:
+        die(f"text after the last statement: {text[code:code + 60]!r}")
     return out
 
 
