@@ -18,11 +18,12 @@ failed=0
 
 as_server() { if [ "$(id -u)" = 0 ]; then sudo -u postgres -- "$@"; else "$@"; fi; }
 
-# psql DB ARGS...: psql against the test cluster, stopping at the first error.
+# psql_db DB ARGS...: psql against the test cluster, stopping at the first error; as the role
+# in $as (default postgres).
 psql_db() {
     local db=$1
     shift
-    "$bindir/psql" -X -q -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$port" -U postgres -d "$db" "$@"
+    "$bindir/psql" -X -q -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$port" -U "${as:-postgres}" -d "$db" "$@"
 }
 
 # cluster_start NAME: a fresh cluster under target/test-clusters/NAME-MAJOR.

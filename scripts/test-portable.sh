@@ -34,7 +34,7 @@ cluster_start portable || { fail "start a cluster on port $port"; summary; exit 
 
 # install_portable DB SCHEMA [ROLE]: the documented command.
 install_portable() {
-    "$bindir/psql" -X -q -h 127.0.0.1 -p "$port" -U "${3:-postgres}" -d "$1" -v schema="$2" -f "${4:-$script}"
+    as=${3:-postgres} psql_db "$1" -v ON_ERROR_STOP=0 -v schema="$2" -f "${4:-$script}"
 }
 
 echo "-- install (no superuser)"
@@ -74,9 +74,9 @@ SELECT 'the operator functions are not PUBLIC',
        AND NOT has_function_privilege('public', 'idem.idem_lookup(text,text,text)', 'EXECUTE')
        AND NOT has_function_privilege('public', 'idem.idem_stats()', 'EXECUTE');
 SQL
-psql_db idem_portable -c "GRANT USAGE ON SCHEMA idem TO idem_app" -U idem_owner >/dev/null 2>&1 ||
-    "$bindir/psql" -X -q -h 127.0.0.1 -p "$port" -U idem_owner -d idem_portable -c "GRANT USAGE ON SCHEMA idem TO idem_app"
-sql_checks idem_portable /dev/stdin -U idem_app <<'SQL'
+# The schema's owner grants the app role what the README's recipe grants.
+as=idem_owner psql_db idem_portable -c "GRANT USAGE ON SCHEMA idem TO idem_app"
+as=idem_app sql_checks idem_portable /dev/stdin <<'SQL'
 BEGIN;
 SELECT token AS t FROM idem.idem_reserve('o', 'u', 'k', idem.idem_fingerprint('{"a": 1}'::jsonb)) \gset
 INSERT INTO public.orders VALUES (1);
@@ -114,8 +114,7 @@ objects=$(object_count)
 refused "a second install into the same schema" "already holds idempotency" install_portable idem_portable idem idem_owner
 refused "an install into the schema holding the extension" "holds the idempotency extension" install_portable idem_portable ext
 refused "an install into a missing schema" "does not exist" install_portable idem_portable nosuchschema
-refused "an install without -v schema" "missing -v schema" \
-    "$bindir/psql" -X -q -h 127.0.0.1 -p "$port" -U postgres -d idem_portable -f "$script"
+refused "an install without -v schema" "missing -v schema" psql_db idem_portable -v ON_ERROR_STOP=0 -f "$script"
 refused "an install by a role without CREATE on the schema" "permission denied" install_portable idem_portable locked idem_other
 
 echo "-- parity of idem_fingerprint with the extension"
