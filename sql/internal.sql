@@ -21,7 +21,7 @@ DECLARE
                              @extschema@._idem_setting('idempotency.' || name));
     pattern text := CASE name
                         WHEN 'max_retries' THEN '^[[:space:]]*[0-9]+[[:space:]]*$'
-                        ELSE '^[[:space:]]*[0-9]+(\.[0-9]+)?[[:space:]]*(us|ms|s|min|h|d)?[[:space:]]*$' END;
+                        ELSE '^[[:space:]]*[0-9]+([.][0-9]+)?[[:space:]]*(us|ms|s|min|h|d)?[[:space:]]*$' END;
     valid   boolean := v ~ pattern;
 BEGIN
     IF valid AND name = 'max_retries' THEN
