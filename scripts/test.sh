@@ -19,6 +19,9 @@
 #   isolation * pg_isolation_regress specs (tests/isolation) against the private cluster
 #   e2e *       cargo test -p idempotency-tests: the client end to end against the private cluster
 #               (core: the checklist test binary, which holds the concurrency tests)
+#   e2e_portable * the same tests against the portable install (IDEM_INSTALL=portable)
+#   upgrade *   scripts/test-upgrade.sh: updates from every released version, schema diff, load
+#   portable *  scripts/test-portable.sh: the portable install, fingerprint parity, suites, upgrade
 #   bench       the benchmark in smoke mode: every case runs and produces numbers (no speed asserted)
 #   pgspot      pgspot over the generated install script
 #
@@ -199,7 +202,8 @@ run_major() {
 
     layer install
     # cargo pgrx test installed a debug build; the remaining layers test the release build.
-    (cd extension && cargo pgrx install --release --pg-config "$config" "${features[@]}") >"$logs/install.log" 2>&1
+    (cd extension && cargo pgrx install --release --pg-config "$config" "${features[@]}") >"$logs/install.log" 2>&1 &&
+        python3 scripts/sqlbuild.py install-files "$("$config" --sharedir)/extension" >>"$logs/install.log" 2>&1 # released + update scripts
     status=$?
     tail -1 "$logs/install.log"
     record install "$([ $status = 0 ] && echo 1 || echo 0)" 0 "$status"
@@ -208,22 +212,32 @@ run_major() {
     local url
     url=$(scripts/pg.sh start) || { record regress 0 1 1; url=; }
     if [ -n "$url" ]; then
-        pg_regress_run regress regress "$config" src/test/regress/pg_regress --schedule=tests/regress/schedule
+        pg_regress_run regress regress "$config" src/test/regress/pg_regress --load-extension=idempotency \
+            --schedule=tests/regress/schedule
 
         layer isolation
         # shellcheck disable=SC2046
-        pg_regress_run isolation isolation "$config" src/test/isolation/pg_isolation_regress \
+        pg_regress_run isolation isolation "$config" src/test/isolation/pg_isolation_regress --load-extension=idempotency \
             $(cd tests/isolation/specs && ls -- *.spec | sed 's/\.spec$//' | sort)
 
-        layer e2e
-        local e2e=(-p idempotency-tests)
+        # e2e against the extension, then against the portable install (IDEM_INSTALL: the test kit
+        # installs target/idempotency-portable.sql instead of CREATE EXTENSION).
+        local e2e=(-p idempotency-tests) kind install
         [ "$full" = 1 ] || e2e+=(--test checklist)
-        cargo test "${e2e[@]}" >"$logs/e2e.log" 2>&1
-        status=$?
-        grep -E '^(test |test result|error)' "$logs/e2e.log" | grep -v '\.\.\. ok$'
-        [ $status = 0 ] || grep -A30 -- '---- ' "$logs/e2e.log" | head -80
-        read -r p f < <(cargo_counts "$logs/e2e.log")
-        record e2e "$p" "$f" "$status"
+        for kind in e2e e2e_portable; do
+            layer $kind
+            install=extension
+            if [ $kind = e2e_portable ]; then
+                install=portable
+                bash scripts/portable.sh >target/idempotency-portable.sql || { record $kind 0 1 1; continue; }
+            fi
+            IDEM_INSTALL=$install cargo test "${e2e[@]}" >"$logs/$kind.log" 2>&1
+            status=$?
+            grep -E '^(test |test result|error)' "$logs/$kind.log" | grep -v '\.\.\. ok$'
+            [ $status = 0 ] || grep -A30 -- '---- ' "$logs/$kind.log" | head -80
+            read -r p f < <(cargo_counts "$logs/$kind.log")
+            record $kind "$p" "$f" "$status"
+        done
 
         if [ "$full" = 1 ]; then
             layer bench
@@ -234,6 +248,17 @@ run_major() {
         fi
     fi
     scripts/pg.sh stop || true
+
+    # The upgrade and portable layers run their own throwaway cluster on the (now free) port.
+    local name
+    for name in upgrade portable; do
+        layer "$name"
+        bash "scripts/test-$name.sh" >"$logs/$name.log" 2>&1
+        status=$?
+        grep -E '^FAILED|^   ' "$logs/$name.log" | head -60
+        read -r p f < <(tail -1 "$logs/$name.log" | awk '/passed,.*failed/ { print $1, $3; next } { print 0, 1 }')
+        record "$name" "$p" "$f" "$status"
+    done
 
     if [ "$full" = 1 ]; then
         layer pgspot

@@ -1,21 +1,6 @@
--- Installation: objects, comments, pinned search_path, GUC defaults, dump registration.
-CREATE EXTENSION idempotency;
-
--- Helpers for the later files: a reservation without its volatile columns, and an error catcher
--- that prints SQLSTATE and message (so golden files check the message names the argument).
-CREATE FUNCTION res(op text, u text, k text, h text, ttl interval DEFAULT NULL,
-                    lease interval DEFAULT NULL, wait boolean DEFAULT false)
-    RETURNS TABLE (outcome text, has_token boolean, response jsonb, attempts integer)
-    LANGUAGE sql AS $$
-        SELECT r.outcome, r.token IS NOT NULL, r.response, r.attempts
-          FROM idem_reserve(op, u, k, h, ttl, lease, wait) AS r $$;
-CREATE FUNCTION err(sql text) RETURNS text LANGUAGE plpgsql AS $$
-BEGIN
-    EXECUTE sql;
-    RETURN 'ok';
-EXCEPTION WHEN OTHERS THEN
-    RETURN SQLSTATE || ': ' || SQLERRM;
-END $$;
+-- Installation (the extension, installed by the harness: pg_regress --load-extension, or
+-- CREATE EXTENSION ... VERSION '0.1.0' and ALTER EXTENSION ... UPDATE in scripts/test-upgrade.sh):
+-- objects, comments, pinned search_path, GUC defaults, dump registration.
 
 \dx+ idempotency
 
@@ -41,7 +26,8 @@ SELECT p.proname, p.prosecdef AS security_definer, p.provolatile AS volatility, 
   JOIN pg_language l ON l.oid = p.prolang
  ORDER BY p.proname, p.oid::regprocedure::text;
 
--- GUC defaults.
+-- GUC defaults, once a call into the library has loaded it.
+SELECT length(idem_fingerprint(''::bytea)) AS loads_the_library;
 SHOW idempotency.ttl;
 SHOW idempotency.lease;
 SHOW idempotency.max_retries;
