@@ -353,7 +353,9 @@ def cmd_portable(version=None):
     version = version or current_version()
     replacements, used = portable_replacements(), set()
     stmts = portable(install_statements(version), replacements, used)
-    check_all_used(replacements, used)
+    if version == current_version():
+        # (An older version, built only to test portable upgrades, had fewer C functions.)
+        check_all_used(replacements, used)
     out = header(f"idempotency {version}, portable install: no native library, no superuser.")
     out += ["-- Usage: psql -v schema=NAME -f idempotency-portable.sql   (NAME exists; you own it)",
             "-- Installs into that schema in one transaction; fails, changing nothing, if the schema",
