@@ -35,7 +35,7 @@ while [ $# -gt 0 ]; do
     case "$1" in
     --all-majors) all_majors=1 ;;
     --majors) only=${2:?--majors needs a list such as \"14 17\"}; shift ;;
-    *) echo "test.sh: unknown argument '$1'; usage:" >&2; sed -n '5,9p' "$0" >&2; exit 2 ;;
+    *) echo "test.sh: unknown argument '$1'; usage:" >&2; sed -n '6,9p' "$0" >&2; exit 2 ;;
     esac
     shift
 done
