@@ -10,7 +10,7 @@
 #   parity     idem_fingerprint: PL/pgSQL against the extension's Rust, on IDEM_PARITY_COUNT
 #              (default 5000) generated JSON texts and their jsonb values, plus invalid texts
 #   defaults   the portable defaults of the settings equal the extension's
-#   suites     the regress suite (less install and privileges, which test the extension's own
+#   suites     the regress suite (less install, members, guc_prefix and privileges, which test the extension's own
 #              catalog entries and CREATE EXTENSION) and the isolation suite, on a portable install
 #   upgrade    the portable upgrade script between consecutive versions: records kept, answers
 #              unchanged, schema equal to a fresh portable install, suites pass, a second run refused
@@ -131,7 +131,7 @@ for setting in ttl lease max_retries max_response_bytes; do
 done
 
 echo "-- suites on a portable install"
-grep -vxE 'test: (install|privileges)' tests/regress/schedule >"$root/target/portable-schedule"
+grep -vxE 'test: (install|members|guc_prefix|privileges)' tests/regress/schedule >"$root/target/portable-schedule"
 prepare_portable() { install_portable "$1" public; }
 SCHEDULE=$root/target/portable-schedule suites portable prepare_portable
 

@@ -39,7 +39,7 @@ while [ $# -gt 0 ]; do
     case "$1" in
     --all-majors) all_majors=1 ;;
     --majors) only=${2:?--majors needs a list such as \"14 17\"}; shift ;;
-    *) sed -n '2,9p' "$0" >&2; exit 2 ;;
+    *) echo "test.sh: unknown argument '$1'; usage:" >&2; sed -n '6,9p' "$0" >&2; exit 2 ;;
     esac
     shift
 done
@@ -66,12 +66,13 @@ failed_layers=0
 record() {
     local layer=$1 pass=$2 fail=$3 status=$4
     if [ "$status" != 0 ] && [ "$fail" = 0 ]; then fail=1; fi # a crash or build failure counts
+    if [ "$pass" = 0 ] && [ "$fail" = 0 ]; then fail=1; fi     # so does a layer that counted nothing
     total_pass=$((total_pass + pass))
     total_fail=$((total_fail + fail))
     major_pass=$((major_pass + pass))
     major_fail=$((major_fail + fail))
     [ "$fail" = 0 ] || failed_layers=$((failed_layers + 1))
-    summary+=("$(printf 'pg%s %-10s %5s passed, %s failed' "$major" "$layer" "$pass" "$fail")")
+    summary+=("$(printf 'pg%s %-16s %5s passed, %s failed  %4ss' "$major" "$layer" "$pass" "$fail" "$((SECONDS - layer_started))")")
     printf '== pg%s %s: %s passed, %s failed (log: %s)\n' "$major" "$layer" "$pass" "$fail" "${logs#$root/}/$layer.log"
 }
 
@@ -81,12 +82,18 @@ cargo_counts() {
          END { printf "%d %d\n", p, f }' "$1"
 }
 
-# Counts pg_regress / pg_isolation_regress result lines.
+# Counts pg_regress / pg_isolation_regress result lines: `test name ... ok` up to 15, TAP lines
+# (`ok 1 - name`, `not ok 1 - name`) from 16.
 regress_counts() {
-    awk '/\.\.\. +ok/ { p++ } /\.\.\. +FAILED/ || /\.\.\. +failed/ { f++ } END { printf "%d %d\n", p, f }' "$1"
+    awk '/\.\.\. +ok/ || /^ok [0-9]+ / { p++ } /\.\.\. +FAILED/ || /\.\.\. +failed/ || /^not ok [0-9]+ / { f++ }
+         END { printf "%d %d\n", p, f }' "$1"
 }
 
-layer() { printf '\n== pg%s %s\n' "$major" "$1"; }
+# layer NAME: starts a layer (its time, in the summary, runs until its record).
+layer() {
+    printf '\n== pg%s %s\n' "$major" "$1"
+    layer_started=$SECONDS
+}
 
 # pg_regress_run NAME LOGNAME CONFIG DRIVER ARGS...: a pg_regress-style run of tests/NAME against
 # the private cluster, with CONFIG's binaries; records it as LOGNAME.
@@ -100,7 +107,7 @@ pg_regress_run() {
     "$pgxs/$driver" --bindir="$("$config" --bindir)" --host=127.0.0.1 --port="$IDEM_PG_PORT" --user=postgres \
         --dbname="idem_$logname" --inputdir="tests/$name" --outputdir="$out" "$@" >"$logs/$logname.log" 2>&1
     local status=$?
-    grep -E '\.\.\.|tests|FAIL' "$logs/$logname.log"
+    grep -E '\.\.\.|tests|FAIL|^(not )?ok ' "$logs/$logname.log"
     [ $status = 0 ] || head -150 "$out/regression.diffs" 2>/dev/null
     read -r p f < <(regress_counts "$logs/$logname.log")
     record "$logname" "$p" "$f" "$status"
@@ -134,7 +141,7 @@ run_major() {
     logs=$root/target/test-logs/pg$major
     mkdir -p "$logs"
     printf '\n######## PostgreSQL %s (%s, port %s, %s layers)\n' "$major" "$config" "$IDEM_PG_PORT" \
-        "$([ "$full" = 1 ] && echo every || echo core)"
+        "$([ "$full" = 1 ] && echo all || echo core)"
     local features=(--no-default-features --features "pg$major")
     local runas=()
     [ "$(id -u)" = 0 ] && runas=(--runas postgres)
@@ -174,6 +181,7 @@ run_major() {
             tar -xzf "$pkg/idempotency-$version-pg$major-linux-"*.tar.gz -C "$tested" &&
             PG_CONFIG=$copy "$tested"/idempotency-*/install.sh >>"$logs/package.log" 2>&1
         if [ $? = 0 ]; then package_smoke package_tarball "$copy"; else record package_tarball 0 1 1; fi
+        layer_started=$SECONDS
         # The .deb: dpkg into Debian's own directories when the default major is Debian's (and
         # removed again); otherwise its files, unpacked, into a fresh copy of the tree.
         local deb
@@ -276,10 +284,12 @@ run_major() {
         fi
     fi
     per_major+=("$(printf 'pg%s: %d passed, %d failed (%s layers, %ds)' "$major" "$major_pass" "$major_fail" \
-        "$([ "$full" = 1 ] && echo every || echo core)" "$((SECONDS - started))")")
+        "$([ "$full" = 1 ] && echo all || echo core)" "$((SECONDS - started))")")
 }
 
 per_major=()
+# The default major first: it runs every layer.
+majors="$(printf '%s\n' $majors | grep -x "$default_major") $(printf '%s\n' $majors | grep -vx "$default_major")"
 for m in $majors; do
     started=$SECONDS
     if [ "$m" = "$default_major" ]; then
