@@ -17,8 +17,9 @@ CREATE FUNCTION @extschema@.idem_complete(
     AS $fn$
 #variable_conflict use_variable
 DECLARE
-    v_limit bigint;
-    v_size  bigint;
+    v_limit   bigint;
+    v_size    bigint;
+    v_counted bigint; -- receives _idem_count
 BEGIN
     IF NOT (octet_length(operation) BETWEEN 1 AND 255 AND octet_length(user_id) BETWEEN 1 AND 255
             AND octet_length(key) BETWEEN 1 AND 255
@@ -47,7 +48,13 @@ BEGIN
        SET status = status, response = response, updated_at = clock_timestamp()
      WHERE r.operation = operation AND r.user_id = user_id AND r.key = key
        AND r.token = token AND r.status = 'PROCESSING';
-    RETURN FOUND;
+    IF FOUND THEN
+        v_counted := @extschema@._idem_count(CASE status WHEN 'SUCCESS' THEN 'completions_success'
+                                                                        ELSE 'completions_failed' END);
+        RETURN true;
+    END IF;
+    v_counted := @extschema@._idem_count('stale_tokens');
+    RETURN false;
 END
 $fn$;
 
@@ -66,8 +73,9 @@ CREATE FUNCTION @extschema@.idem_release(
     AS $fn$
 #variable_conflict use_variable
 DECLARE
-    v_max integer;
-    v_rec record;
+    v_max     integer;
+    v_rec     record;
+    v_counted bigint; -- receives _idem_count
 BEGIN
     IF NOT (octet_length(operation) BETWEEN 1 AND 255 AND octet_length(user_id) BETWEEN 1 AND 255
             AND octet_length(key) BETWEEN 1 AND 255
@@ -83,6 +91,7 @@ BEGIN
        AND r.token = token AND r.status = 'PROCESSING'
        FOR UPDATE;
     IF NOT FOUND THEN
+        v_counted := @extschema@._idem_count('stale_tokens');
         RETURN 'stale';
     END IF;
     RETURN @extschema@._idem_release_locked(operation, user_id, key, v_rec.created_at,
@@ -105,8 +114,9 @@ CREATE FUNCTION @extschema@.idem_heartbeat(
     AS $fn$
 #variable_conflict use_variable
 DECLARE
-    v_now   timestamptz := clock_timestamp();
-    v_until timestamptz;
+    v_now     timestamptz := clock_timestamp();
+    v_until   timestamptz;
+    v_counted bigint; -- receives _idem_count
 BEGIN
     IF NOT (octet_length(operation) BETWEEN 1 AND 255 AND octet_length(user_id) BETWEEN 1 AND 255
             AND octet_length(key) BETWEEN 1 AND 255
@@ -123,7 +133,11 @@ BEGIN
            updated_at = v_now
      WHERE r.operation = operation AND r.user_id = user_id AND r.key = key
        AND r.token = token AND r.status = 'PROCESSING';
-    RETURN FOUND;
+    IF NOT FOUND THEN
+        v_counted := @extschema@._idem_count('stale_tokens');
+        RETURN false;
+    END IF;
+    RETURN true;
 END
 $fn$;
 

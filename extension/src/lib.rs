@@ -1,7 +1,8 @@
 //! The `idempotency` PostgreSQL extension.
 //!
 //! The state machine (tables, `idem_reserve`, `idem_complete`, ...) is PL/pgSQL in `sql/`; this
-//! crate holds only what SQL is the wrong tool for: the GUCs and request fingerprinting. Every
+//! crate holds only what SQL is the wrong tool for: the GUCs, request fingerprinting, and, when
+//! the library is preloaded, the shared-memory counters and the maintenance worker. Every
 //! Rust function here is declared by hand in `sql/` (`sql = false`), so the install script is
 //! exactly the reviewed SQL, qualified with `@extschema@` throughout.
 
@@ -9,6 +10,8 @@ use pgrx::prelude::*;
 
 mod fingerprint;
 mod guc;
+mod metrics;
+mod worker;
 
 pgrx::pg_module_magic!();
 
@@ -18,11 +21,17 @@ pgrx::extension_sql_file!("../../sql/reserve.sql", name = "reserve", requires = 
 pgrx::extension_sql_file!("../../sql/finish.sql", name = "finish", requires = ["reserve"]);
 pgrx::extension_sql_file!("../../sql/maintenance.sql", name = "maintenance", requires = ["finish"]);
 pgrx::extension_sql_file!("../../sql/helpers.sql", name = "helpers", requires = ["maintenance"]);
+pgrx::extension_sql_file!("../../sql/operations.sql", name = "operations", requires = ["helpers"]);
 pgrx::extension_sql_file!("../../sql/privileges.sql", name = "privileges", finalize);
 
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {
     guc::register();
+    // Shared memory and background workers can only be set up while the server starts.
+    if unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
+        metrics::init();
+        worker::register();
+    }
 }
 
 #[cfg(any(test, feature = "pg_test"))]
