@@ -53,7 +53,11 @@ DECLARE
     v_success   double precision;
     v_failed    double precision;
     v_schema    name;
-    v_analyzed  boolean;
+    v_null_frac real;
+    v_distinct  double precision;
+    v_mcv       text[];
+    v_mcf       real[];
+    v_other     double precision;
 BEGIN
     SELECT count(*), count(*) FILTER (WHERE r.lease_expires_at <= v_now), v_now - min(r.created_at)
       INTO processing, stuck, oldest_processing_age
@@ -67,17 +71,24 @@ BEGIN
     SELECT c.reltuples, c.relpages, n.nspname INTO v_tuples, v_pages, v_schema
       FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace
      WHERE c.oid = v_rel;
-    SELECT coalesce(sum(f.freq) FILTER (WHERE f.val = 'SUCCESS'), 0),
-           coalesce(sum(f.freq) FILTER (WHERE f.val = 'FAILED'), 0),
-           count(*) > 0
-      INTO v_success, v_failed, v_analyzed
+    SELECT s.null_frac, s.n_distinct, s.most_common_vals::text::text[], s.most_common_freqs
+      INTO v_null_frac, v_distinct, v_mcv, v_mcf
       FROM pg_stats AS s
-      LEFT JOIN LATERAL unnest(s.most_common_vals::text::text[], s.most_common_freqs) AS f(val, freq) ON true
      WHERE s.schemaname = v_schema AND s.tablename = 'idem_records' AND s.attname = 'status';
-    IF v_tuples < 0 OR NOT v_analyzed THEN
-        -- Never analyzed: no estimate to give.
-        RETURN;
+    IF NOT FOUND OR v_tuples < 0 THEN
+        RETURN; -- never analyzed: no estimate to give
     END IF;
+    -- As the planner estimates `status = value`: its frequency among the most common values, else
+    -- an equal share of what they leave to the other distinct values.
+    IF v_distinct < 0 THEN
+        v_distinct := -v_distinct * v_tuples;
+    END IF;
+    v_other := (1 - v_null_frac - coalesce((SELECT sum(f) FROM unnest(v_mcf) AS f), 0))
+               / greatest(v_distinct - coalesce(cardinality(v_mcv), 0), 1);
+    v_success := coalesce(v_mcf[array_position(v_mcv, 'SUCCESS')], v_other);
+    v_failed := coalesce(v_mcf[array_position(v_mcv, 'FAILED')], v_other);
+    -- The row count scaled to the table's current size, as the planner does; the finished records
+    -- are what the exact processing count leaves, split by the two frequencies.
     v_rows := CASE WHEN v_pages > 0
                    THEN v_tuples / v_pages * (pg_relation_size(v_rel) / current_setting('block_size')::integer)
                    ELSE v_tuples END;

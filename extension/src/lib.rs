@@ -87,6 +87,36 @@ mod tests {
         Spi::run("SET idempotency.max_retries = 0").unwrap();
     }
 
+    #[pg_test]
+    fn maintenance_gucs_are_registered_with_their_defaults() {
+        for (name, want) in [
+            ("idempotency.maintenance_databases", ""),
+            ("idempotency.maintenance_interval", "1min"),
+            ("idempotency.maintenance_batch_size", "10000"),
+            ("idempotency.recover_action", "fail"),
+        ] {
+            let got: String = one(&format!("SELECT current_setting('{name}')"));
+            assert_eq!(got, want, "{name}");
+        }
+    }
+
+    // The test server does not preload the library: counting is a no-op, metrics refuse.
+    #[pg_test]
+    fn counting_without_preloading_is_a_no_op() {
+        let got = Spi::get_one::<i64>("SELECT _idem_count('swept', 5)");
+        assert_eq!(got, Ok(None));
+    }
+
+    #[pg_test(error = "event must be one of reservations_created, reservations_replay, reservations_in_progress, reservations_mismatch, reservations_failed, completions_success, completions_failed, releases, poisonings, stale_tokens, recovered, swept, worker_passes, got \"nope\"")]
+    fn counting_an_unknown_event_is_an_error() {
+        Spi::run("SELECT _idem_count('nope', 1)").unwrap();
+    }
+
+    #[pg_test(error = "idem_metrics() needs the idempotency library preloaded: its counters live in shared memory reserved at server start")]
+    fn metrics_without_preloading_raise() {
+        Spi::run("SELECT * FROM idem_metrics()").unwrap();
+    }
+
     #[pg_test(error = "invalid configuration parameter name \"idempotency.no_such_setting\"")]
     fn guc_prefix_is_reserved() {
         Spi::run("SET idempotency.no_such_setting = 1").unwrap();
