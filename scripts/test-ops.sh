@@ -129,7 +129,7 @@ bindir=$("$PG_CONFIG" --bindir)
 # ---------------------------------------------------------------------------------------------
 printf '== maintenance worker and counters (%s, port %s)\n' "$("$PG_CONFIG" --version)" "$port"
 cluster_start worker "$PG_CONFIG" "$port" "shared_preload_libraries = 'idempotency'
-idempotency.maintenance_databases = 'idem_ops, idem_noext, idem_nosuchdb'
+idempotency.maintenance_databases = 'idem_ops, idem_noext, idem_noconn, idem_nosuchdb'
 idempotency.maintenance_interval = 1
 max_worker_processes = 16" || { echo "0 passed, 1 failed"; exit 1; }
 P=$port
@@ -137,9 +137,10 @@ P=$port
 check "the launcher runs when preloaded" \
     until_equal 30 $P postgres "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'idempotency maintenance launcher'" 1
 check "the launcher logs its settings at start" \
-    until_logged 10 worker 'idempotency maintenance launcher started: databases idem_ops, idem_noext, idem_nosuchdb, every 1 s, batch size 10000, recover action fail'
+    until_logged 10 worker 'idempotency maintenance launcher started: databases idem_ops, idem_noext, idem_noconn, idem_nosuchdb, every 1 s, batch size 10000, recover action fail'
 
 q $P postgres "CREATE DATABASE idem_ops" && q $P postgres "CREATE DATABASE idem_noext"
+q $P postgres "CREATE DATABASE idem_noconn ALLOW_CONNECTIONS false"
 q $P idem_ops "CREATE EXTENSION idempotency"
 q $P idem_ops "CREATE ROLE idem_watcher LOGIN; GRANT pg_monitor TO idem_watcher; CREATE ROLE idem_plain LOGIN"
 
@@ -158,6 +159,8 @@ passes=$(q $P idem_ops "SELECT value FROM idem_metrics() WHERE name = 'worker_pa
 sleep 3 # a few more passes: conditions below must still have been logged only once
 check "a database without the extension is logged once" \
     eq "$(log_count worker 'database "idem_noext" does not have the idempotency extension; skipping it')" 1
+check "a database that does not allow connections is logged once" \
+    eq "$(log_count worker 'database "idem_noconn" does not allow connections; skipping it')" 1
 check "a database that does not exist is logged once" \
     eq "$(log_count worker 'database "idem_nosuchdb" does not exist; skipping it')" 1
 summaries=$(log_count worker 'idempotency maintenance in database "idem_ops"')

@@ -130,10 +130,11 @@ pub extern "C-unwind" fn _idem_launcher_main(_arg: pg_sys::Datum) {
     }
 }
 
-/// The OID of database `db`, read with a heap scan of pg_database as the autovacuum launcher does:
-/// a process connected to no database may not have the relcache entries of pg_database's indexes
-/// (they come from a cache file that does not exist yet right after initdb).
-fn database_oid(db: &str) -> Option<pg_sys::Oid> {
+/// The OID of database `db` and whether it allows connections, read with a heap scan of
+/// pg_database as the autovacuum launcher does: a process connected to no database may not have
+/// the relcache entries of pg_database's indexes (they come from a cache file that does not exist
+/// yet right after initdb).
+fn database_oid(db: &str) -> Option<(pg_sys::Oid, bool)> {
     BackgroundWorker::transaction(|| unsafe {
         let lock = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
         let rel = pg_sys::table_open(pg_sys::DatabaseRelationId, lock);
@@ -147,7 +148,8 @@ fn database_oid(db: &str) -> Option<pg_sys::Oid> {
             let header = (*tuple).t_data;
             let form = header.cast::<u8>().add(usize::from((*header).t_hoff)).cast::<pg_sys::FormData_pg_database>();
             if CStr::from_ptr((*form).datname.data.as_ptr()).to_bytes() == db.as_bytes() {
-                found = Some((*form).oid);
+                // datconnlimit -2: a database left invalid by an interrupted DROP DATABASE.
+                found = Some(((*form).oid, (*form).datallowconn && (*form).datconnlimit != -2));
                 break;
             }
         }
@@ -159,13 +161,23 @@ fn database_oid(db: &str) -> Option<pg_sys::Oid> {
 
 /// One pass over one database: start its worker and wait for it to finish.
 fn run_pass(db: &str, logged: &mut HashSet<String>) {
-    let Some(oid) = database_oid(db) else {
-        if logged.insert(format!("no database {db}")) {
-            warning!("idempotency maintenance: database \"{db}\" does not exist; skipping it");
+    let oid = match database_oid(db) {
+        Some((oid, true)) => oid,
+        Some((_, false)) => {
+            if logged.insert(format!("no connections {db}")) {
+                warning!("idempotency maintenance: database \"{db}\" does not allow connections; skipping it");
+            }
+            return;
         }
-        return;
+        None => {
+            if logged.insert(format!("no database {db}")) {
+                warning!("idempotency maintenance: database \"{db}\" does not exist; skipping it");
+            }
+            return;
+        }
     };
     logged.remove(&format!("no database {db}"));
+    logged.remove(&format!("no connections {db}"));
 
     metrics::set_pass(metrics::PASS_STARTED);
     let worker = BackgroundWorkerBuilder::new(&format!("{WORKER_TYPE} {db}"))
