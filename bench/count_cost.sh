@@ -37,7 +37,12 @@ shared_preload_libraries = 'idempotency'
 shared_buffers = 256MB
 max_connections = 100
 CONF
-as_server "$bindir/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w start >/dev/null
+# The port is in the kernel's ephemeral range: a client socket elsewhere may hold it for a moment.
+for try in 1 2 3 4 5 6; do
+    as_server "$bindir/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w start >/dev/null && break
+    [ "$try" = 6 ] && { tail -5 "$dir/server.log"; exit 1; }
+    sleep 2
+done
 trap 'as_server "$bindir/pg_ctl" -D "$dir/data" -m fast -w stop >/dev/null' EXIT
 
 for db in before after; do
@@ -49,8 +54,10 @@ for f in internal reserve finish maintenance; do
     git -C "$root" show "$base:sql/$f.sql" | sed -e 's/@extschema@/public/g' -e 's/^CREATE FUNCTION/CREATE OR REPLACE FUNCTION/' \
         -e 's|MODULE_PATHNAME|$libdir/idempotency|'
 done | q before >/dev/null
-[ "$(q before -c "SELECT count(*) FROM pg_proc WHERE prosrc LIKE '%_idem_count%'")" = 0 ]
-[ "$(q after -c "SELECT count(*) FROM pg_proc WHERE prosrc LIKE '%_idem_count%'")" -gt 0 ]
+# AFTER_SQL: a statement to run in `after` first (an experiment, e.g. a different volatility).
+[ -n "${AFTER_SQL:-}" ] && q after -c "$AFTER_SQL"
+[ "$(q before -c "SELECT count(*) FROM pg_proc WHERE strpos(prosrc, '_idem_count(') > 0")" = 0 ]
+[ "$(q after -c "SELECT count(*) FROM pg_proc WHERE strpos(prosrc, '_idem_count(') > 0")" -gt 0 ]
 
 tps() { # tps DB SCRIPT
     "$bindir/pgbench" -n -M prepared -c "$clients" -j 2 -T "$run_s" -h 127.0.0.1 -p "$port" -U postgres \

@@ -19,7 +19,7 @@ CREATE FUNCTION @extschema@.idem_complete(
 DECLARE
     v_limit   bigint;
     v_size    bigint;
-    v_counted bigint; -- receives _idem_count
+    v_counted boolean; -- receives _idem_count
 BEGIN
     IF NOT (octet_length(operation) BETWEEN 1 AND 255 AND octet_length(user_id) BETWEEN 1 AND 255
             AND octet_length(key) BETWEEN 1 AND 255
@@ -75,7 +75,7 @@ CREATE FUNCTION @extschema@.idem_release(
 DECLARE
     v_max     integer;
     v_rec     record;
-    v_counted bigint; -- receives _idem_count
+    v_counted boolean; -- receives _idem_count
 BEGIN
     IF NOT (octet_length(operation) BETWEEN 1 AND 255 AND octet_length(user_id) BETWEEN 1 AND 255
             AND octet_length(key) BETWEEN 1 AND 255
@@ -116,7 +116,7 @@ CREATE FUNCTION @extschema@.idem_heartbeat(
 DECLARE
     v_now     timestamptz := clock_timestamp();
     v_until   timestamptz;
-    v_counted bigint; -- receives _idem_count
+    v_counted boolean; -- receives _idem_count
 BEGIN
     IF NOT (octet_length(operation) BETWEEN 1 AND 255 AND octet_length(user_id) BETWEEN 1 AND 255
             AND octet_length(key) BETWEEN 1 AND 255

@@ -182,7 +182,7 @@ CREATE FUNCTION @extschema@._idem_release_locked(
 DECLARE
     v_now      timestamptz := clock_timestamp();
     v_attempts integer;
-    v_counted  bigint; -- receives _idem_count
+    v_counted  boolean; -- receives _idem_count
 BEGIN
     -- A counter that expired before this record was created belongs to an earlier life of the
     -- key: start again from 1.

@@ -18,7 +18,7 @@ DECLARE
     v_max integer;
     v_n       bigint := 0;
     v_rec     record;
-    v_counted bigint; -- receives _idem_count
+    v_counted boolean; -- receives _idem_count
 BEGIN
     PERFORM @extschema@._idem_check_batch_size(batch_size);
     PERFORM @extschema@._idem_require('action', action IS NULL);
@@ -78,7 +78,7 @@ DECLARE
     v_now      timestamptz := clock_timestamp();
     v_records  bigint;
     v_counters bigint := 0;
-    v_counted  bigint; -- receives _idem_count
+    v_counted  boolean; -- receives _idem_count
 BEGIN
     PERFORM @extschema@._idem_check_batch_size(batch_size);
 

@@ -1,16 +1,18 @@
 -- idempotency 0.2.0: operations — the counters, the operators' statistics and the maintenance
 -- procedure for pg_cron. docs/operations.md is the guide.
 
--- Counting is an atomic add in shared memory (no table write); a no-op returning NULL unless the
--- library is in shared_preload_libraries. The API functions call it in an assignment, which
--- PL/pgSQL evaluates as a simple expression, without executor start-up.
-CREATE FUNCTION @extschema@._idem_count(event text, n bigint DEFAULT 1) RETURNS bigint
-    LANGUAGE c VOLATILE STRICT PARALLEL SAFE
+-- Counting is an atomic add in shared memory (no table write); a no-op returning false unless
+-- the library is in shared_preload_libraries. The API functions call it in an assignment, which
+-- PL/pgSQL evaluates as a simple expression, without executor start-up. STABLE, truthfully: it
+-- changes no database state and answers the same for the same arguments; so the assignment
+-- takes no new snapshot (a VOLATILE one would).
+CREATE FUNCTION @extschema@._idem_count(event text, n bigint DEFAULT 1) RETURNS boolean
+    LANGUAGE c STABLE STRICT PARALLEL SAFE
     SET search_path = pg_catalog, pg_temp
     AS 'MODULE_PATHNAME', '_idem_count_wrapper';
 
 COMMENT ON FUNCTION @extschema@._idem_count(text, bigint) IS
-    'Internal: adds n to the shared-memory counter event and returns its new value; NULL, counting nothing, when the library is not preloaded.';
+    'Internal: adds n to the shared-memory counter event; false, counting nothing, when the library is not preloaded.';
 
 REVOKE EXECUTE ON FUNCTION @extschema@._idem_count(text, bigint) FROM PUBLIC;
 

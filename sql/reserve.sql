@@ -35,7 +35,7 @@ DECLARE
     v_token    bigint;
     v_locked   boolean := false;
     v_outcome  text;
-    v_counted  bigint; -- receives _idem_count: an assignment is PL/pgSQL's cheapest call
+    v_counted  boolean; -- receives _idem_count: an assignment is PL/pgSQL's cheapest call
 BEGIN
     -- One cheap expression on the happy path; the helpers raise the precise error otherwise.
     IF NOT (octet_length(operation) BETWEEN 1 AND 255 AND octet_length(user_id) BETWEEN 1 AND 255

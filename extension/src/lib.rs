@@ -103,8 +103,8 @@ mod tests {
     // The test server does not preload the library: counting is a no-op, metrics refuse.
     #[pg_test]
     fn counting_without_preloading_is_a_no_op() {
-        let got = Spi::get_one::<i64>("SELECT _idem_count('swept', 5)");
-        assert_eq!(got, Ok(None));
+        let got = Spi::get_one::<bool>("SELECT _idem_count('swept', 5)");
+        assert_eq!(got, Ok(Some(false)));
     }
 
     #[pg_test(error = "event must be one of reservations_created, reservations_replay, reservations_in_progress, reservations_mismatch, reservations_failed, completions_success, completions_failed, releases, poisonings, stale_tokens, recovered, swept, worker_passes, got \"nope\"")]

@@ -87,13 +87,13 @@ pub fn pass() -> u32 {
     shared().map_or(PASS_DONE, |s| s.pass.load(Ordering::SeqCst))
 }
 
-/// `_idem_count(event text, n bigint) RETURNS bigint`: adds `n` to the counter `event` and
-/// returns its new value; NULL (and nothing counted) when the library is not preloaded. PL/pgSQL
-/// calls it in an assignment, which runs as a simple expression (no executor start-up).
+/// `_idem_count(event text, n bigint) RETURNS boolean`: adds `n` to the counter `event`; true
+/// when counted, false (nothing counted) when the library is not preloaded. Declared STABLE: it
+/// changes no database state and answers the same for the same arguments, so PL/pgSQL evaluates
+/// the assignment that calls it as a simple expression without taking a new snapshot.
 #[pg_extern(sql = false)]
-fn _idem_count(event: &str, n: i64) -> Option<i64> {
-    let n = u64::try_from(n).unwrap_or(0);
-    add(event, n).map(|v| i64::try_from(v).unwrap_or(i64::MAX))
+fn _idem_count(event: &str, n: i64) -> bool {
+    add(event, u64::try_from(n).unwrap_or(0)).is_some()
 }
 
 /// `idem_metrics() RETURNS TABLE (name text, value bigint)`: every counter since the server

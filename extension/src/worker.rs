@@ -100,21 +100,10 @@ pub extern "C-unwind" fn _idem_launcher_main(_arg: pg_sys::Datum) {
     log!("idempotency maintenance launcher started: {}", describe(&settings));
     // Conditions already logged, so each is logged once, not every interval.
     let mut logged: HashSet<String> = HashSet::new();
+    // When the last pass started: the next is due one interval later. Signals and worker
+    // notifications wake the latch early; only a due pass runs.
+    let mut last_start: Option<Instant> = None;
     loop {
-        let started = Instant::now();
-        let mut timeout = None;
-        if let (Some(interval), false) = (settings.interval, settings.databases.is_empty()) {
-            for db in &settings.databases {
-                if shutdown_requested() {
-                    break;
-                }
-                run_pass(db, &mut logged);
-            }
-            timeout = Some(interval.saturating_sub(started.elapsed()));
-        }
-        if !shutdown_requested() {
-            wait(timeout);
-        }
         if shutdown_requested() {
             log!("idempotency maintenance launcher shutting down");
             // Exit code 1: the postmaster restarts us after RESTART, unless the server is stopping.
@@ -126,6 +115,22 @@ pub extern "C-unwind" fn _idem_launcher_main(_arg: pg_sys::Datum) {
                 log!("idempotency maintenance settings reloaded: {}", describe(&new));
                 settings = new;
             }
+        }
+        let due = match (settings.interval, settings.databases.is_empty()) {
+            (Some(interval), false) => Some(last_start.map_or_else(Instant::now, |s| s + interval)),
+            _ => None, // disabled or nothing to do: sleep until a signal
+        };
+        match due {
+            Some(due) if Instant::now() >= due => {
+                last_start = Some(Instant::now());
+                for db in &settings.databases {
+                    if shutdown_requested() {
+                        break;
+                    }
+                    run_pass(db, &mut logged);
+                }
+            }
+            _ => wait(due.map(|d| d.saturating_duration_since(Instant::now()))),
         }
     }
 }
