@@ -9,6 +9,7 @@
 #   BASE         the commit whose sql/ has no counting (default: the parent of the commit that
 #                added it)
 #   SECONDS_PER_RUN (default 10), ROUNDS (default 2), CLIENTS (default 8)
+#   SCRIPTS (default "fresh.sql replay.sql"; empty: only the single-session measurement)
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -67,11 +68,41 @@ tps() { # tps DB SCRIPT
 printf 'base %s, %s clients, %s s per run, %s (%s)\n' "$(git -C "$root" rev-parse --short "$base")" "$clients" "$run_s" \
     "$("$bindir/postgres" --version)" "$(nproc) cores"
 printf '%-12s %5s %10s %10s %10s %10s %7s\n' script round before after after before 'after/before'
-for script in fresh.sql replay.sql; do
+for script in ${SCRIPTS-fresh.sql replay.sql}; do
     for r in $(seq "$rounds"); do
         a1=$(tps before "$script"); b1=$(tps after "$script"); b2=$(tps after "$script"); a2=$(tps before "$script")
         awk -v s="$script" -v r="$r" -v a1="$a1" -v b1="$b1" -v b2="$b2" -v a2="$a2" \
             'BEGIN { printf "%-12s %5d %10.0f %10.0f %10.0f %10.0f %7.3f\n", s, r, a1, b1, b2, a2, (b1 + b2) / (a1 + a2) }'
     done
+done
+
+# The same question without pgbench and the scheduler: one session, CPU time per call.
+# A PL/pgSQL loop of one counting assignment against the same loop without the call, and a loop
+# of idem_reserve replays in each database, alternated.
+micro() { # micro DB N: µs per replay, µs per counting assignment, µs per empty assignment
+    q "$1" -c "
+CREATE FUNCTION pg_temp.per_call(what text, n integer) RETURNS numeric LANGUAGE plpgsql AS \$f\$
+DECLARE v boolean; r record; t timestamptz := clock_timestamp();
+BEGIN
+    FOR i IN 1..n LOOP
+        CASE what
+            WHEN 'replay' THEN r := idem_reserve('bench.replay', 'u', 'r' || (i % 100000 + 1), 'h');
+            WHEN 'count' THEN v := _idem_count('reservations_replay', 0);
+            ELSE v := i > 0;
+        END CASE;
+    END LOOP;
+    RETURN round((extract(epoch FROM clock_timestamp() - t) * 1e6 / n)::numeric, 3);
+END \$f\$;
+SELECT pg_temp.per_call('replay', $2) || ' ' || pg_temp.per_call('count', $2 * 10) || ' ' || pg_temp.per_call('empty', $2 * 10)"
+}
+printf '\n%-6s %24s %24s %22s %22s\n' round 'replay µs/call before' 'replay µs/call after' 'counting µs/assign' 'empty µs/assign'
+for r in $(seq "$rounds"); do
+    read -r b1 _ _ < <(micro before 100000)
+    read -r a1 c1 e1 < <(micro after 100000)
+    read -r a2 c2 e2 < <(micro after 100000)
+    read -r b2 _ _ < <(micro before 100000)
+    awk -v r="$r" -v b="$b1 $b2" -v a="$a1 $a2" -v c="$c1 $c2" -v e="$e1 $e2" 'BEGIN {
+        split(b, B, " "); split(a, A, " "); split(c, C, " "); split(e, E, " ");
+        printf "%-6d %24.3f %24.3f %22.3f %22.3f\n", r, (B[1] + B[2]) / 2, (A[1] + A[2]) / 2, (C[1] + C[2]) / 2, (E[1] + E[2]) / 2 }'
 done
 q after -c "SELECT name || ' = ' || value FROM idem_metrics() WHERE value > 0"

@@ -5,10 +5,10 @@
 -- the library is in shared_preload_libraries. The API functions call it in an assignment, which
 -- PL/pgSQL evaluates as a simple expression, without executor start-up. STABLE, truthfully: it
 -- changes no database state and answers the same for the same arguments; so the assignment
--- takes no new snapshot (a VOLATILE one would).
+-- takes no new snapshot (a VOLATILE one would). No pinned search_path: it runs no SQL, and a SET
+-- clause would cost a GUC save and restore on every call (measured: ~2.5 µs of ~3 µs).
 CREATE FUNCTION @extschema@._idem_count(event text, n bigint DEFAULT 1) RETURNS boolean
     LANGUAGE c STABLE STRICT PARALLEL SAFE
-    SET search_path = pg_catalog, pg_temp
     AS 'MODULE_PATHNAME', '_idem_count_wrapper';
 
 COMMENT ON FUNCTION @extschema@._idem_count(text, bigint) IS
