@@ -175,7 +175,8 @@ class Stmt:
         self.sql = sql
         head = " ".join(sql.split())
         self.head = head
-        m = re.match(r"CREATE (?:OR REPLACE )?FUNCTION\s+([^\s(]+)\s*\(", head)
+        # Procedures are routines like functions: replayed, commented and granted alike.
+        m = re.match(r"CREATE (?:OR REPLACE )?(?:FUNCTION|PROCEDURE)\s+([^\s(]+)\s*\(", head)
         self.kind = "other"
         self.key = None
         if m:
@@ -190,7 +191,7 @@ class Stmt:
             self.identity = m.group(1).lower() + "(" + ",".join(identity_types(head[m.end():j - 1])) + ")"
             header = head.split(" AS ", 1)[0]
             self.language = re.search(r"\bLANGUAGE\s+(\w+)", header, re.I).group(1).lower()
-        elif re.match(r"COMMENT ON FUNCTION\b", head):
+        elif re.match(r"COMMENT ON (?:FUNCTION|PROCEDURE)\b", head):
             self.kind = "function_comment"
         elif re.match(r"(REVOKE|GRANT)\b", head):
             self.kind = "privilege"
@@ -202,7 +203,7 @@ class Stmt:
 
     def or_replace(self):
         assert self.kind == "function"
-        return Stmt(self.comments, re.sub(r"^CREATE FUNCTION\b", "CREATE OR REPLACE FUNCTION", self.sql))
+        return Stmt(self.comments, re.sub(r"^CREATE (FUNCTION|PROCEDURE)\b", r"CREATE OR REPLACE \1", self.sql))
 
 
 def source_files():

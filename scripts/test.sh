@@ -23,6 +23,8 @@
 #   upgrade *   scripts/test-upgrade.sh: updates from every released version, schema diff, load
 #   portable *  scripts/test-portable.sh: the portable install, fingerprint parity, suites, upgrade
 #   bench       the benchmark in smoke mode: every case runs and produces numbers (no speed asserted)
+#   ops         scripts/test-ops.sh: the maintenance worker, the counters and the pg_cron recipe
+#               on preloaded servers of their own
 #   pgspot      pgspot over the generated install script
 #
 # Each major's private cluster is scripts/pg.sh's (port 554NN; IDEM_PG_PORT overrides the default
@@ -259,9 +261,12 @@ run_major() {
 
     # The upgrade and portable layers run their own throwaway cluster on the (now free) port.
     local name
-    for name in upgrade portable; do
+    local names=(upgrade portable)
+    [ "$full" = 1 ] && names+=(ops) # the worker and pg_cron need a preloaded server of their own
+    for name in "${names[@]}"; do
         layer "$name"
-        bash "scripts/test-$name.sh" >"$logs/$name.log" 2>&1
+        IDEM_OPS_PORT=$((IDEM_PG_PORT + 20)) IDEM_CRON_PORT=$((IDEM_PG_PORT + 21)) \
+            bash "scripts/test-$name.sh" >"$logs/$name.log" 2>&1
         status=$?
         grep -E '^FAILED|^   ' "$logs/$name.log" | head -60
         read -r p f < <(tail -1 "$logs/$name.log" | awk '/passed,.*failed/ { print $1, $3; next } { print 0, 1 }')
@@ -273,7 +278,7 @@ run_major() {
         # Every finding fails the layer.
         local script
         script="$("$config" --sharedir)/extension/idempotency--$version.sql"
-        python3 -m pgspot "$script" >"$logs/pgspot.log" 2>&1
+        python3 -m pgspot --proc-without-search-path 'extschema.idem_maintain(batch_size integer,action text)' "$script" >"$logs/pgspot.log" 2>&1
         status=$?
         cat "$logs/pgspot.log"
         findings=$(grep -cE '^PS[0-9]+' "$logs/pgspot.log")

@@ -17,8 +17,9 @@ CREATE FUNCTION @extschema@.idem_complete(
     AS $fn$
 #variable_conflict use_variable
 DECLARE
-    v_limit bigint;
-    v_size  bigint;
+    v_limit   bigint;
+    v_size    bigint;
+    v_counted boolean; -- receives _idem_count
 BEGIN
     -- The argument rules (native: see idem_reserve); a failed check raises.
     IF NOT (@extschema@._idem_check_scope(operation, user_id, key)
@@ -45,7 +46,13 @@ BEGIN
        SET status = status, response = response, updated_at = clock_timestamp()
      WHERE r.operation = operation AND r.user_id = user_id AND r.key = key
        AND r.token = token AND r.status = 'PROCESSING';
-    RETURN FOUND;
+    IF FOUND THEN
+        v_counted := @extschema@._idem_count(CASE status WHEN 'SUCCESS' THEN 'completions_success'
+                                                                        ELSE 'completions_failed' END);
+        RETURN true;
+    END IF;
+    v_counted := @extschema@._idem_count('stale_tokens');
+    RETURN false;
 END
 $fn$;
 
@@ -64,8 +71,9 @@ CREATE FUNCTION @extschema@.idem_release(
     AS $fn$
 #variable_conflict use_variable
 DECLARE
-    v_max integer;
-    v_rec record;
+    v_max     integer;
+    v_rec     record;
+    v_counted boolean; -- receives _idem_count
 BEGIN
     -- The argument rules (native: see idem_reserve); a failed check raises.
     IF NOT (@extschema@._idem_check_scope(operation, user_id, key)
@@ -80,6 +88,7 @@ BEGIN
        AND r.token = token AND r.status = 'PROCESSING'
        FOR UPDATE;
     IF NOT FOUND THEN
+        v_counted := @extschema@._idem_count('stale_tokens');
         RETURN 'stale';
     END IF;
     RETURN @extschema@._idem_release_locked(operation, user_id, key, v_rec.created_at,
@@ -102,8 +111,9 @@ CREATE FUNCTION @extschema@.idem_heartbeat(
     AS $fn$
 #variable_conflict use_variable
 DECLARE
-    v_now   timestamptz := clock_timestamp();
-    v_until timestamptz;
+    v_now     timestamptz := clock_timestamp();
+    v_until   timestamptz;
+    v_counted boolean; -- receives _idem_count
 BEGIN
     -- The argument rules (native: see idem_reserve); a failed check raises.
     IF NOT (@extschema@._idem_check_scope(operation, user_id, key)
@@ -119,7 +129,11 @@ BEGIN
            updated_at = v_now
      WHERE r.operation = operation AND r.user_id = user_id AND r.key = key
        AND r.token = token AND r.status = 'PROCESSING';
-    RETURN FOUND;
+    IF NOT FOUND THEN
+        v_counted := @extschema@._idem_count('stale_tokens');
+        RETURN false;
+    END IF;
+    RETURN true;
 END
 $fn$;
 

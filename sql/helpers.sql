@@ -1,4 +1,4 @@
--- idempotency: fingerprints and the operators' views.
+-- idempotency: fingerprints and the operators' lookup.
 
 CREATE FUNCTION @extschema@.idem_fingerprint(request jsonb) RETURNS text
     LANGUAGE c IMMUTABLE STRICT PARALLEL SAFE
@@ -42,29 +42,4 @@ $fn$;
 COMMENT ON FUNCTION @extschema@.idem_lookup(text, text, text) IS
     'For operators: the record of (operation, user_id, key), zero or one row. Not granted to PUBLIC.';
 
-CREATE FUNCTION @extschema@.idem_stats(
-    OUT processing            bigint,
-    OUT success               bigint,
-    OUT failed                bigint,
-    OUT stuck                 bigint,
-    OUT expired               bigint,
-    OUT oldest_processing_age interval)
-    LANGUAGE plpgsql STABLE SECURITY DEFINER
-    SET search_path = pg_catalog, pg_temp
-    AS $fn$
-DECLARE
-    v_now timestamptz := clock_timestamp();
-BEGIN
-    SELECT count(*) FILTER (WHERE r.status = 'PROCESSING'),
-           count(*) FILTER (WHERE r.status = 'SUCCESS'),
-           count(*) FILTER (WHERE r.status = 'FAILED'),
-           count(*) FILTER (WHERE r.status = 'PROCESSING' AND r.lease_expires_at <= v_now),
-           count(*) FILTER (WHERE r.status <> 'PROCESSING' AND r.expires_at <= v_now),
-           v_now - min(r.created_at) FILTER (WHERE r.status = 'PROCESSING')
-      INTO processing, success, failed, stuck, expired, oldest_processing_age
-      FROM @extschema@.idem_records AS r;
-END
-$fn$;
-
-COMMENT ON FUNCTION @extschema@.idem_stats() IS
-    'For operators: records by status, stuck PROCESSING records (lease expired), expired records awaiting idem_sweep, and the age of the oldest PROCESSING record. Scans the table. Not granted to PUBLIC.';
+-- idem_stats: sql/operations.sql.

@@ -190,6 +190,7 @@ CREATE FUNCTION @extschema@._idem_release_locked(
 DECLARE
     v_now      timestamptz := clock_timestamp();
     v_attempts integer;
+    v_counted  boolean; -- receives _idem_count
 BEGIN
     -- A counter that expired before this record was created belongs to an earlier life of the
     -- key: start again from 1.
@@ -204,10 +205,12 @@ BEGIN
         UPDATE @extschema@.idem_records AS r
            SET status = 'FAILED', updated_at = v_now
          WHERE r.operation = operation AND r.user_id = user_id AND r.key = key;
+        v_counted := @extschema@._idem_count('poisonings');
         RETURN 'poisoned';
     END IF;
     DELETE FROM @extschema@.idem_records AS r
      WHERE r.operation = operation AND r.user_id = user_id AND r.key = key;
+    v_counted := @extschema@._idem_count('releases');
     RETURN 'released';
 END
 $fn$;

@@ -16,8 +16,9 @@ CREATE FUNCTION @extschema@.idem_recover_stuck(
 DECLARE
     v_now timestamptz := clock_timestamp();
     v_max integer;
-    v_n   bigint := 0;
-    v_rec record;
+    v_n       bigint := 0;
+    v_rec     record;
+    v_counted boolean; -- receives _idem_count
 BEGIN
     PERFORM @extschema@._idem_check_batch_size(batch_size);
     PERFORM @extschema@._idem_require('action', action IS NULL);
@@ -42,6 +43,7 @@ BEGIN
           FROM stuck AS s
          WHERE r.operation = s.operation AND r.user_id = s.user_id AND r.key = s.key;
         GET DIAGNOSTICS v_n = ROW_COUNT;
+        v_counted := @extschema@._idem_count('recovered', v_n);
         RETURN v_n;
     END IF;
 
@@ -58,6 +60,7 @@ BEGIN
                                                  v_rec.created_at, v_rec.expires_at, v_max);
         v_n := v_n + 1;
     END LOOP;
+    v_counted := @extschema@._idem_count('recovered', v_n);
     RETURN v_n;
 END
 $fn$;
@@ -75,6 +78,7 @@ DECLARE
     v_now      timestamptz := clock_timestamp();
     v_records  bigint;
     v_counters bigint := 0;
+    v_counted  boolean; -- receives _idem_count
 BEGIN
     PERFORM @extschema@._idem_check_batch_size(batch_size);
 
@@ -107,6 +111,7 @@ BEGIN
            AND t.expires_at <= v_now;
         GET DIAGNOSTICS v_counters = ROW_COUNT;
     END IF;
+    v_counted := @extschema@._idem_count('swept', v_records + v_counters);
     RETURN v_records + v_counters;
 END
 $fn$;

@@ -34,6 +34,8 @@ DECLARE
     v_attempts integer;
     v_token    bigint;
     v_locked   boolean := false;
+    v_outcome  text;
+    v_counted  boolean; -- receives _idem_count: an assignment is PL/pgSQL's cheapest call
 BEGIN
     -- The argument rules, checked natively (extension/src/args.rs, on the client crate's key
     -- rules): each check raises 22004/22023 naming the argument, or answers true.
@@ -64,16 +66,14 @@ BEGIN
            AND (v_rec.expires_at > v_now
                 OR (v_rec.status = 'PROCESSING' AND v_rec.lease_expires_at > v_now)) THEN
             -- A live record decides.
-            v_attempts := coalesce(v_rec.attempts, 0);
-            IF v_rec.request_hash <> request_hash THEN
-                RETURN ROW('mismatch', NULL, NULL, v_attempts, v_rec.expires_at)::@extschema@.idem_reservation;
-            END IF;
-            RETURN ROW(CASE v_rec.status WHEN 'SUCCESS' THEN 'replay'
-                                         WHEN 'FAILED' THEN 'failed'
-                                         ELSE 'in_progress' END,
-                       NULL,
-                       CASE WHEN v_rec.status <> 'PROCESSING' THEN v_rec.response END,
-                       v_attempts, v_rec.expires_at)::@extschema@.idem_reservation;
+            v_outcome := CASE WHEN v_rec.request_hash <> request_hash THEN 'mismatch'
+                              WHEN v_rec.status = 'SUCCESS' THEN 'replay'
+                              WHEN v_rec.status = 'FAILED' THEN 'failed'
+                              ELSE 'in_progress' END;
+            v_counted := @extschema@._idem_count('reservations_' || v_outcome);
+            RETURN ROW(v_outcome, NULL,
+                       CASE WHEN v_outcome IN ('replay', 'failed') THEN v_rec.response END,
+                       coalesce(v_rec.attempts, 0), v_rec.expires_at)::@extschema@.idem_reservation;
         END IF;
 
         -- Absent, or expired and free to take over: a new attempt would start now.
@@ -88,6 +88,7 @@ BEGIN
                                           FROM @extschema@.idem_retries AS t
                                          WHERE t.operation = operation AND t.user_id = user_id
                                            AND t.key = key AND t.expires_at > v_now), 0);
+                v_counted := @extschema@._idem_count('reservations_in_progress');
                 RETURN ROW('in_progress', NULL, NULL, v_attempts, NULL)::@extschema@.idem_reservation;
             END IF;
             v_locked := true;
@@ -132,11 +133,13 @@ BEGIN
                    SET expires_at = greatest(t.expires_at, v_now + v_ttl)
                  WHERE t.operation = operation AND t.user_id = user_id AND t.key = key;
             END IF;
+            v_counted := @extschema@._idem_count('reservations_created');
             RETURN ROW('created', v_token, NULL, v_attempts, v_now + v_ttl)::@extschema@.idem_reservation;
         END IF;
         -- Lost a race with a commit, a takeover, a recovery or a sweep: read the key again.
     END LOOP;
     -- The key kept changing under us; answer as a busy key so the caller retries later.
+    v_counted := @extschema@._idem_count('reservations_in_progress');
     RETURN ROW('in_progress', NULL, NULL, coalesce(v_attempts, 0), NULL)::@extschema@.idem_reservation;
 END
 $fn$;

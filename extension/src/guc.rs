@@ -2,12 +2,65 @@
 //! `max_response_bytes` through `_idem_max_response_bytes()`, and `_idem_setting()` shows any of
 //! them (calling either loads this library, and with it these definitions).
 
-use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
+use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting, PostgresGucEnum};
 use pgrx::prelude::*;
 use std::cell::Cell;
 use std::ffi::{c_int, c_void, CStr, CString};
+use std::time::Duration;
 
 static MAX_RESPONSE_BYTES: GucSetting<i32> = GucSetting::<i32>::new(1024 * 1024);
+
+// The maintenance worker's settings (PGC_SIGHUP: postgresql.conf or ALTER SYSTEM, then a reload).
+static MAINTENANCE_DATABASES: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
+static MAINTENANCE_INTERVAL: GucSetting<i32> = GucSetting::<i32>::new(60);
+static MAINTENANCE_BATCH_SIZE: GucSetting<i32> = GucSetting::<i32>::new(10_000);
+static RECOVER_ACTION: GucSetting<RecoverAction> = GucSetting::<RecoverAction>::new(RecoverAction::Fail);
+
+/// `idempotency.recover_action`: what the worker's `idem_recover_stuck` does with a stuck record.
+#[derive(PostgresGucEnum, Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum RecoverAction {
+    #[name = c"fail"]
+    Fail,
+    #[name = c"release"]
+    Release,
+}
+
+impl RecoverAction {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            RecoverAction::Fail => "fail",
+            RecoverAction::Release => "release",
+        }
+    }
+}
+
+/// The maintenance settings as one value, so the launcher can tell when a reload changed them.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub(crate) struct Maintenance {
+    /// `idempotency.maintenance_databases`: comma-separated, blanks around names ignored.
+    pub(crate) databases: Vec<String>,
+    /// `idempotency.maintenance_interval`; `None` when 0 (disabled).
+    pub(crate) interval: Option<Duration>,
+    pub(crate) batch_size: i32,
+    pub(crate) action: RecoverAction,
+}
+
+impl Maintenance {
+    pub(crate) fn current() -> Self {
+        let databases = MAINTENANCE_DATABASES
+            .get()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let seconds = MAINTENANCE_INTERVAL.get();
+        Maintenance {
+            databases: databases.split(',').map(str::trim).filter(|d| !d.is_empty()).map(String::from).collect(),
+            interval: (seconds > 0).then(|| Duration::from_secs(seconds.unsigned_abs().into())),
+            batch_size: MAINTENANCE_BATCH_SIZE.get(),
+            action: RECOVER_ACTION.get(),
+        }
+    }
+}
+
 
 /// A setting the API reads with `NULL` arguments, and the value a session gave it before this
 /// library loaded when PostgreSQL could not take that value (it then warns and keeps the default;
@@ -144,6 +197,42 @@ pub(crate) fn register() {
         i32::MAX,
         GucContext::Userset,
         GucFlags::UNIT_BYTE,
+    );
+    GucRegistry::define_string_guc(
+        c"idempotency.maintenance_databases",
+        c"Databases the maintenance worker recovers and sweeps, comma-separated.",
+        c"Empty: the worker idles. Needs idempotency in shared_preload_libraries.",
+        &MAINTENANCE_DATABASES,
+        GucContext::Sighup,
+        GucFlags::empty(),
+    );
+    GucRegistry::define_int_guc(
+        c"idempotency.maintenance_interval",
+        c"Time between the starts of two maintenance passes; 0 disables the worker.",
+        c"",
+        &MAINTENANCE_INTERVAL,
+        0,
+        i32::MAX,
+        GucContext::Sighup,
+        GucFlags::UNIT_S,
+    );
+    GucRegistry::define_int_guc(
+        c"idempotency.maintenance_batch_size",
+        c"Rows per maintenance transaction (the batch_size of idem_recover_stuck and idem_sweep).",
+        c"",
+        &MAINTENANCE_BATCH_SIZE,
+        1,
+        i32::MAX,
+        GucContext::Sighup,
+        GucFlags::empty(),
+    );
+    GucRegistry::define_enum_guc(
+        c"idempotency.recover_action",
+        c"The action of the maintenance worker's idem_recover_stuck: fail or release.",
+        c"",
+        &RECOVER_ACTION,
+        GucContext::Sighup,
+        GucFlags::empty(),
     );
     // From 15 the prefix is reserved: a misspelt `idempotency.*` name is an error. 14 has only
     // the older call, which warns about placeholders that exist now and reserves nothing, so a

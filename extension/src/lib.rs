@@ -2,7 +2,8 @@
 //!
 //! The state machine (tables, `idem_reserve`, `idem_complete`, ...) is PL/pgSQL in `sql/`; this
 //! crate holds what SQL is the wrong tool for: the GUCs, the argument rules (shared with the
-//! client crate) and request fingerprinting. Every
+//! client crate), request fingerprinting, and, when the library is preloaded, the shared-memory
+//! counters and the maintenance worker. Every
 //! Rust function here is declared by hand in `sql/` (`sql = false`), so the install script is
 //! exactly the reviewed SQL, qualified with `@extschema@` throughout.
 
@@ -11,6 +12,8 @@ use pgrx::prelude::*;
 mod args;
 mod fingerprint;
 mod guc;
+mod metrics;
+mod worker;
 
 pgrx::pg_module_magic!();
 
@@ -20,12 +23,18 @@ pgrx::extension_sql_file!("../../sql/reserve.sql", name = "reserve", requires = 
 pgrx::extension_sql_file!("../../sql/finish.sql", name = "finish", requires = ["reserve"]);
 pgrx::extension_sql_file!("../../sql/maintenance.sql", name = "maintenance", requires = ["finish"]);
 pgrx::extension_sql_file!("../../sql/helpers.sql", name = "helpers", requires = ["maintenance"]);
+pgrx::extension_sql_file!("../../sql/operations.sql", name = "operations", requires = ["helpers"]);
 pgrx::extension_sql_file!("../../sql/privileges.sql", name = "privileges", finalize);
 
 /// Called by PostgreSQL when it loads the library: registers the settings.
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {
     guc::register();
+    // Shared memory and background workers can only be set up while the server starts.
+    if unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
+        metrics::init();
+        worker::register();
+    }
 }
 
 #[cfg(any(test, feature = "pg_test"))]
@@ -79,6 +88,36 @@ mod tests {
     #[pg_test(error = "0 is outside the valid range for parameter \"idempotency.max_retries\" (1 .. 2147483647)")]
     fn guc_bounds_are_enforced() {
         Spi::run("SET idempotency.max_retries = 0").unwrap();
+    }
+
+    #[pg_test]
+    fn maintenance_gucs_are_registered_with_their_defaults() {
+        for (name, want) in [
+            ("idempotency.maintenance_databases", ""),
+            ("idempotency.maintenance_interval", "1min"),
+            ("idempotency.maintenance_batch_size", "10000"),
+            ("idempotency.recover_action", "fail"),
+        ] {
+            let got: String = one(&format!("SELECT current_setting('{name}')"));
+            assert_eq!(got, want, "{name}");
+        }
+    }
+
+    // The test server does not preload the library: counting is a no-op, metrics refuse.
+    #[pg_test]
+    fn counting_without_preloading_is_a_no_op() {
+        let got = Spi::get_one::<bool>("SELECT _idem_count('swept', 5)");
+        assert_eq!(got, Ok(Some(false)));
+    }
+
+    #[pg_test(error = "event must be one of reservations_created, reservations_replay, reservations_in_progress, reservations_mismatch, reservations_failed, completions_success, completions_failed, releases, poisonings, stale_tokens, recovered, swept, worker_passes, got \"nope\"")]
+    fn counting_an_unknown_event_is_an_error() {
+        Spi::run("SELECT _idem_count('nope', 1)").unwrap();
+    }
+
+    #[pg_test(error = "idem_metrics() needs the idempotency library preloaded: its counters live in shared memory reserved at server start")]
+    fn metrics_without_preloading_raise() {
+        Spi::run("SELECT * FROM idem_metrics()").unwrap();
     }
 
     #[cfg(not(feature = "pg14"))]

@@ -73,7 +73,7 @@ GRANT EXECUTE ON FUNCTION idem.idem_sweep(integer), idem.idem_stats() TO idem_st
 GRANT USAGE ON SCHEMA idem TO idem_stranger;
 SET ROLE idem_stranger;
 SELECT idem.idem_sweep();
-SELECT success FROM idem.idem_stats();
+SELECT processing FROM idem.idem_stats();
 RESET ROLE;
 
 \c idem_regress

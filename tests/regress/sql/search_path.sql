@@ -32,6 +32,7 @@ SELECT (public.idem_reserve('sp', 'u', 'k3', 'h', lease => '10 ms')).outcome;
 SELECT pg_catalog.pg_sleep(0.05);
 SELECT public.idem_recover_stuck();
 SELECT public.idem_sweep();
+ANALYZE public.idem_records;
 SELECT processing, success, failed FROM public.idem_stats();
 SELECT length(public.idem_fingerprint('{"a": 1}'::jsonb)) AS fingerprint_length;
 SELECT public.err($$SELECT public.idem_reserve('sp', 'u', '', 'h')$$);

@@ -1,0 +1,311 @@
+//! Scheduled maintenance: `idem_recover_stuck` and `idem_sweep` in every database listed in
+//! `idempotency.maintenance_databases`, every `idempotency.maintenance_interval`.
+//!
+//! A PostgreSQL process connects to one database for its whole life, so one process cannot visit
+//! a list of them. As pg_partman's worker does, a static *launcher* (registered when the library
+//! is preloaded, connected to no database) wakes every interval and, for each listed database in
+//! turn, starts a short-lived dynamic *worker* connected to it, then waits for it to finish. The
+//! worker runs both functions batch after batch, each batch its own transaction, until a batch
+//! comes back less than full, logs a one-line summary when it did work, and exits.
+//!
+//! Chosen over one long-lived worker per database because a settings reload then needs no
+//! bookkeeping of running workers (the next pass reads the new list), the databases are served one
+//! at a time (one worker slot, never a burst of processes), and a worker's error ends only its pass.
+//!
+//! The launcher rereads the settings on SIGHUP; on SIGTERM it stops its running worker and exits
+//! with code 1, so the postmaster restarts it after `RESTART` unless the server is shutting down
+//! (`pg_terminate_backend` on the launcher is a restart, not a way to disable it: use
+//! `idempotency.maintenance_interval = 0`).
+
+use crate::guc::Maintenance;
+use crate::metrics;
+use pgrx::bgworkers::{
+    BackgroundWorker, BackgroundWorkerBuilder, BackgroundWorkerStatus, BgWorkerStartTime, SignalWakeFlags,
+};
+use pgrx::prelude::*;
+use std::collections::HashSet;
+use std::ffi::{CStr, CString};
+use std::time::{Duration, Instant};
+
+/// How long the postmaster waits before restarting a launcher that exited.
+const RESTART: Duration = Duration::from_secs(5);
+const WORKER_TYPE: &str = "idempotency maintenance";
+
+/// Registers the launcher. Call from `_PG_init` while preloading only.
+pub(crate) fn register() {
+    BackgroundWorkerBuilder::new("idempotency maintenance launcher")
+        .set_type("idempotency maintenance launcher")
+        .set_library("idempotency")
+        .set_function("_idem_launcher_main")
+        .enable_spi_access()
+        .set_start_time(BgWorkerStartTime::RecoveryFinished)
+        .set_restart_time(Some(RESTART))
+        .load();
+}
+
+fn shutdown_requested() -> bool {
+    // Set by pgrx's SIGTERM handler; never reset.
+    unsafe { pg_sys::ShutdownRequestPending != 0 }
+}
+
+/// Waits on the process latch (signals and worker notifications set it) for at most `timeout`.
+fn wait(timeout: Option<Duration>) {
+    let mut events = pg_sys::WL_LATCH_SET | pg_sys::WL_EXIT_ON_PM_DEATH;
+    let mut ms: std::ffi::c_long = -1;
+    if let Some(t) = timeout {
+        events |= pg_sys::WL_TIMEOUT;
+        ms = t.as_millis().try_into().unwrap_or(std::ffi::c_long::MAX);
+    }
+    unsafe {
+        pg_sys::WaitLatch(pg_sys::MyLatch, events as i32, ms, pg_sys::PG_WAIT_EXTENSION);
+        pg_sys::ResetLatch(pg_sys::MyLatch);
+    }
+    pg_sys::check_for_interrupts!();
+}
+
+/// Rereads postgresql.conf if a SIGHUP arrived.
+fn reload_if_requested() -> bool {
+    unsafe {
+        if pg_sys::ConfigReloadPending == 0 {
+            return false;
+        }
+        pg_sys::ConfigReloadPending = 0;
+        pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP);
+    }
+    true
+}
+
+fn describe(s: &Maintenance) -> String {
+    match (s.interval, s.databases.is_empty()) {
+        (None, _) => "disabled (idempotency.maintenance_interval = 0)".to_string(),
+        (Some(_), true) => "no database configured (idempotency.maintenance_databases is empty); idle".to_string(),
+        (Some(i), false) => format!(
+            "databases {}, every {} s, batch size {}, recover action {}",
+            s.databases.join(", "),
+            i.as_secs(),
+            s.batch_size,
+            s.action.as_str()
+        ),
+    }
+}
+
+#[pg_guard]
+#[no_mangle]
+pub extern "C-unwind" fn _idem_launcher_main(_arg: pg_sys::Datum) {
+    BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
+    // No database: the launcher only reads the shared catalog pg_database.
+    BackgroundWorker::connect_worker_to_spi(None, None);
+
+    let mut settings = Maintenance::current();
+    log!("idempotency maintenance launcher started: {}", describe(&settings));
+    // Conditions already logged, so each is logged once, not every interval.
+    let mut logged: HashSet<String> = HashSet::new();
+    // When the last pass started: the next is due one interval later. Signals and worker
+    // notifications wake the latch early; only a due pass runs.
+    let mut last_start: Option<Instant> = None;
+    loop {
+        if shutdown_requested() {
+            log!("idempotency maintenance launcher shutting down");
+            // Exit code 1: the postmaster restarts us after RESTART, unless the server is stopping.
+            unsafe { pg_sys::proc_exit(1) };
+        }
+        if reload_if_requested() {
+            let new = Maintenance::current();
+            if new != settings {
+                log!("idempotency maintenance settings reloaded: {}", describe(&new));
+                settings = new;
+            }
+        }
+        let due = match (settings.interval, settings.databases.is_empty()) {
+            (Some(interval), false) => Some(last_start.map_or_else(Instant::now, |s| s + interval)),
+            _ => None, // disabled or nothing to do: sleep until a signal
+        };
+        match due {
+            Some(due) if Instant::now() >= due => {
+                last_start = Some(Instant::now());
+                for db in &settings.databases {
+                    if shutdown_requested() {
+                        break;
+                    }
+                    run_pass(db, &mut logged);
+                }
+            }
+            _ => wait(due.map(|d| d.saturating_duration_since(Instant::now()))),
+        }
+    }
+}
+
+/// The OID of database `db` and whether it allows connections, read with a heap scan of
+/// pg_database as the autovacuum launcher does: a process connected to no database may not have
+/// the relcache entries of pg_database's indexes (they come from a cache file that does not exist
+/// yet right after initdb).
+fn database_oid(db: &str) -> Option<(pg_sys::Oid, bool)> {
+    BackgroundWorker::transaction(|| unsafe {
+        let lock = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
+        let rel = pg_sys::table_open(pg_sys::DatabaseRelationId, lock);
+        let scan = pg_sys::table_beginscan_catalog(rel, 0, std::ptr::null_mut());
+        let mut found = None;
+        loop {
+            let tuple = pg_sys::heap_getnext(scan, pg_sys::ScanDirection::ForwardScanDirection);
+            if tuple.is_null() {
+                break;
+            }
+            let header = (*tuple).t_data;
+            let form = header.cast::<u8>().add(usize::from((*header).t_hoff)).cast::<pg_sys::FormData_pg_database>();
+            if CStr::from_ptr((*form).datname.data.as_ptr()).to_bytes() == db.as_bytes() {
+                // datconnlimit -2: a database left invalid by an interrupted DROP DATABASE.
+                found = Some(((*form).oid, (*form).datallowconn && (*form).datconnlimit != -2));
+                break;
+            }
+        }
+        pg_sys::table_endscan(scan);
+        pg_sys::table_close(rel, lock);
+        found
+    })
+}
+
+/// One pass over one database: start its worker and wait for it to finish.
+fn run_pass(db: &str, logged: &mut HashSet<String>) {
+    let oid = match database_oid(db) {
+        Some((oid, true)) => oid,
+        Some((_, false)) => {
+            if logged.insert(format!("no connections {db}")) {
+                warning!("idempotency maintenance: database \"{db}\" does not allow connections; skipping it");
+            }
+            return;
+        }
+        None => {
+            if logged.insert(format!("no database {db}")) {
+                warning!("idempotency maintenance: database \"{db}\" does not exist; skipping it");
+            }
+            return;
+        }
+    };
+    logged.remove(&format!("no database {db}"));
+    logged.remove(&format!("no connections {db}"));
+
+    metrics::set_pass(metrics::PASS_STARTED);
+    let worker = BackgroundWorkerBuilder::new(&format!("{WORKER_TYPE} {db}"))
+        .set_type(WORKER_TYPE)
+        .set_library("idempotency")
+        .set_function("_idem_maintenance_main")
+        .enable_spi_access()
+        .set_argument(oid.into_datum())
+        .set_extra(db)
+        .set_notify_pid(unsafe { pg_sys::MyProcPid })
+        .load_dynamic();
+    let Ok(worker) = worker else {
+        if logged.insert(format!("no slot {db}")) {
+            warning!(
+                "idempotency maintenance: could not start a worker for database \"{db}\" (max_worker_processes reached?); will retry every interval"
+            );
+        }
+        return;
+    };
+    logged.remove(&format!("no slot {db}"));
+
+    // The postmaster sets our latch when the worker starts and when it exits.
+    loop {
+        match worker.pid() {
+            Err(BackgroundWorkerStatus::Stopped) | Err(BackgroundWorkerStatus::PostmasterDied) => break,
+            _ => {}
+        }
+        if shutdown_requested() {
+            let _ = worker.terminate().wait_for_shutdown();
+            return;
+        }
+        wait(Some(Duration::from_secs(1)));
+    }
+
+    let missing = format!("no extension {db}");
+    match metrics::pass() {
+        metrics::PASS_DONE => {
+            if logged.remove(&missing) {
+                log!("idempotency maintenance: database \"{db}\" now has the idempotency extension");
+            }
+        }
+        metrics::PASS_NO_EXTENSION => {
+            if logged.insert(missing) {
+                log!(
+                    "idempotency maintenance: database \"{db}\" does not have the idempotency extension; skipping it until it does"
+                );
+            }
+        }
+        _ => warning!("idempotency maintenance: the worker for database \"{db}\" stopped before finishing its pass"),
+    }
+}
+
+/// Runs `sql` (one batch, `$1` = batch size) in its own transaction until a batch is less than
+/// full. Returns the rows handled and the number of transactions.
+fn drain(sql: &str, batch_size: i32, action: Option<&str>) -> (i64, i64) {
+    let (mut total, mut transactions) = (0i64, 0i64);
+    let activity = CString::new(sql).unwrap_or_default();
+    while !shutdown_requested() {
+        let n = BackgroundWorker::transaction(|| {
+            unsafe { pg_sys::pgstat_report_activity(pg_sys::BackendState::STATE_RUNNING, activity.as_ptr()) };
+            let result = match action {
+                Some(a) => Spi::get_one_with_args::<i64>(sql, &[batch_size.into(), a.into()]),
+                None => Spi::get_one_with_args::<i64>(sql, &[batch_size.into()]),
+            };
+            match result {
+                Ok(n) => n.unwrap_or(0),
+                Err(e) => error!("idempotency maintenance: {sql}: {e}"),
+            }
+        });
+        unsafe { pg_sys::pgstat_report_activity(pg_sys::BackendState::STATE_IDLE, std::ptr::null()) };
+        total += n;
+        transactions += 1;
+        if n < i64::from(batch_size) {
+            break;
+        }
+    }
+    (total, transactions)
+}
+
+#[pg_guard]
+#[no_mangle]
+pub extern "C-unwind" fn _idem_maintenance_main(arg: pg_sys::Datum) {
+    BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
+    let oid = unsafe { pg_sys::Oid::from_datum(arg, false) }.unwrap_or(pg_sys::InvalidOid);
+    BackgroundWorker::connect_worker_to_spi_by_oid(Some(oid), None);
+    let db = BackgroundWorker::get_extra();
+    let settings = Maintenance::current();
+
+    let schema = BackgroundWorker::transaction(|| {
+        // One row whatever happens: NULL when the extension is not installed here.
+        Spi::get_one::<String>(
+            "SELECT (SELECT pg_catalog.quote_ident(n.nspname)
+                       FROM pg_catalog.pg_extension AS e
+                       JOIN pg_catalog.pg_namespace AS n ON n.oid OPERATOR(pg_catalog.=) e.extnamespace
+                      WHERE e.extname OPERATOR(pg_catalog.=) 'idempotency')",
+        )
+    });
+    let schema = match schema {
+        Ok(Some(s)) => s,
+        Ok(None) => {
+            metrics::set_pass(metrics::PASS_NO_EXTENSION);
+            return;
+        }
+        Err(e) => error!("idempotency maintenance: looking up the extension in database \"{db}\": {e}"),
+    };
+
+    let started = Instant::now();
+    let action = settings.action.as_str();
+    let (recovered, recover_xacts) = drain(
+        &format!("SELECT {schema}.idem_recover_stuck(batch_size => $1, action => $2)"),
+        settings.batch_size,
+        Some(action),
+    );
+    let (swept, sweep_xacts) =
+        drain(&format!("SELECT {schema}.idem_sweep(batch_size => $1)"), settings.batch_size, None);
+    metrics::add("worker_passes", 1);
+    if recovered + swept > 0 {
+        log!(
+            "idempotency maintenance in database \"{db}\": recovered {recovered} (action {action}), swept {swept}, in {} transactions of at most {} rows, {:.3} s",
+            recover_xacts + sweep_xacts,
+            settings.batch_size,
+            started.elapsed().as_secs_f64()
+        );
+    }
+    metrics::set_pass(metrics::PASS_DONE);
+}
