@@ -9,7 +9,7 @@ use std::ffi::CString;
 pub(crate) static TTL: GucSetting<i32> = GucSetting::<i32>::new(24 * 60 * 60);
 pub(crate) static LEASE: GucSetting<i32> = GucSetting::<i32>::new(5 * 60);
 pub(crate) static MAX_RETRIES: GucSetting<i32> = GucSetting::<i32>::new(3);
-static MAX_RESPONSE_BYTES: GucSetting<i32> = GucSetting::<i32>::new(1024 * 1024);
+pub(crate) static MAX_RESPONSE_BYTES: GucSetting<i32> = GucSetting::<i32>::new(1024 * 1024);
 
 pub(crate) fn register() {
     GucRegistry::define_int_guc(

@@ -1,16 +1,18 @@
 //! The `idempotency` PostgreSQL extension.
 //!
-//! The state machine (tables, `idem_reserve`, `idem_complete`, ...) is PL/pgSQL in `sql/`; this
-//! crate holds what SQL is the wrong tool for: the GUCs, the argument rules (shared with the
-//! client crate) and request fingerprinting. Every
-//! Rust function here is declared by hand in `sql/` (`sql = false`), so the install script is
-//! exactly the reviewed SQL, qualified with `@extschema@` throughout.
+//! The schema and the PL/pgSQL state machine are in `sql/` (the portable implementation); this
+//! crate holds the native hot path that replaces `idem_reserve`, `idem_complete`,
+//! `idem_release` and `idem_heartbeat` ([`native`], declared in `sql/native.sql`), the GUCs,
+//! the argument rules (shared with the client crate) and request fingerprinting. Every Rust
+//! function here is declared by hand in `sql/`, so the install script is exactly the reviewed
+//! SQL, qualified with `@extschema@` throughout.
 
 use pgrx::prelude::*;
 
 mod args;
 mod fingerprint;
 mod guc;
+mod native;
 
 pgrx::pg_module_magic!();
 
@@ -20,12 +22,16 @@ pgrx::extension_sql_file!("../../sql/reserve.sql", name = "reserve", requires = 
 pgrx::extension_sql_file!("../../sql/finish.sql", name = "finish", requires = ["reserve"]);
 pgrx::extension_sql_file!("../../sql/maintenance.sql", name = "maintenance", requires = ["finish"]);
 pgrx::extension_sql_file!("../../sql/helpers.sql", name = "helpers", requires = ["maintenance"]);
+// The native hot path replaces the PL/pgSQL idem_reserve/complete/release/heartbeat (the
+// portable install leaves this file out).
+pgrx::extension_sql_file!("../../sql/native.sql", name = "native", requires = ["helpers"]);
 pgrx::extension_sql_file!("../../sql/privileges.sql", name = "privileges", finalize);
 
 /// Called by PostgreSQL when it loads the library: registers the settings.
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {
     guc::register();
+    native::catalog::register_invalidation();
 }
 
 #[cfg(any(test, feature = "pg_test"))]
