@@ -76,18 +76,44 @@ unsafe fn bytes<'a>(value: Datum) -> &'a [u8] {
     unsafe { pgrx::varlena::varlena_to_byte_slice(pg_sys::pg_detoast_datum_packed(value.cast_mut_ptr())) }
 }
 
+/// A snapshot taken as a statement of a VOLATILE function takes it: after a command counter
+/// increment (rows this transaction wrote earlier in the same statement are visible), new
+/// under READ COMMITTED, the transaction's under REPEATABLE READ and SERIALIZABLE.
+struct Snapshot(pg_sys::Snapshot);
+
+impl Snapshot {
+    fn take() -> Self {
+        // SAFETY: inside a transaction; the registered copy is released in Drop, or by the
+        // resource owner if an error unwinds first.
+        unsafe {
+            pg_sys::CommandCounterIncrement();
+            Snapshot(pg_sys::RegisterSnapshot(pg_sys::GetTransactionSnapshot()))
+        }
+    }
+}
+
+impl Drop for Snapshot {
+    fn drop(&mut self) {
+        // SAFETY: registered in `take`, unregistered once.
+        unsafe { pg_sys::UnregisterSnapshot(self.0) };
+    }
+}
+
 /// Looks `scope` up in `heap` through its primary key `index` and, if a row is visible, maps
 /// it with `read` (which must copy out anything it keeps: the row lives in a shared buffer).
-fn probe<T>(heap: Oid, index: Oid, scope: &Scope<'_>, read: impl FnOnce(*mut pg_sys::TupleTableSlot) -> T) -> Option<T> {
-    // Rows this transaction wrote earlier in the same statement are visible, as they are to a
-    // statement in a VOLATILE function.
+fn probe<T>(
+    snapshot: &Snapshot,
+    heap: Oid,
+    index: Oid,
+    scope: &Scope<'_>,
+    read: impl FnOnce(*mut pg_sys::TupleTableSlot) -> T,
+) -> Option<T> {
     // SAFETY: plain calls into PostgreSQL inside a transaction, on relations of our catalog; every
     // resource is released below on success, and by the resource owner if an error unwinds.
     unsafe {
-        pg_sys::CommandCounterIncrement();
+        let snapshot = snapshot.0;
         let heap = pg_sys::table_open(heap, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
         let index = pg_sys::index_open(index, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
-        let snapshot = pg_sys::RegisterSnapshot(pg_sys::GetTransactionSnapshot());
         let slot = pg_sys::table_slot_create(heap, std::ptr::null_mut());
         let mut keys: [pg_sys::ScanKeyData; 3] = std::mem::zeroed();
         for (i, (entry, part)) in keys.iter_mut().zip([scope.operation, scope.user_id, scope.key]).enumerate() {
@@ -108,17 +134,47 @@ fn probe<T>(heap: Oid, index: Oid, scope: &Scope<'_>, read: impl FnOnce(*mut pg_
         let result = found.then(|| read(slot));
         pg_sys::index_endscan(scan);
         pg_sys::ExecDropSingleTupleTableSlot(slot);
-        pg_sys::UnregisterSnapshot(snapshot);
         pg_sys::index_close(index, pg_sys::NoLock as pg_sys::LOCKMODE);
         pg_sys::table_close(heap, pg_sys::NoLock as pg_sys::LOCKMODE);
         result
     }
 }
 
-/// The record of `scope`, compared with `request_hash`.
-pub(crate) fn record(catalog: &Catalog, scope: &Scope<'_>, request_hash: &str) -> Option<Record> {
+/// A retry counter: the transient failures counted, and until when the counter lives.
+#[derive(Clone, Copy)]
+pub(crate) struct Counter {
+    attempts: i32,
+    expires_at: pg_sys::TimestampTz,
+}
+
+/// What one read of a key finds: its record and its retry counter, both seen by one snapshot
+/// (as the PL/pgSQL version reads both in one statement).
+pub(crate) struct Key {
+    pub(crate) record: Option<Record>,
+    counter: Option<Counter>,
+}
+
+impl Key {
+    /// The transient failures counted by a counter still live after `after` (0 without one).
+    pub(crate) fn attempts(&self, after: pg_sys::TimestampTz) -> i32 {
+        match self.counter {
+            Some(c) if c.expires_at > after => c.attempts,
+            _ => 0,
+        }
+    }
+}
+
+/// Reads the record of `scope` (compared with `request_hash`) and its retry counter.
+pub(crate) fn key(catalog: &Catalog, scope: &Scope<'_>, request_hash: &str) -> Key {
+    let snapshot = Snapshot::take();
+    let record = record(&snapshot, catalog, scope, request_hash);
+    let counter = counter(&snapshot, catalog, scope);
+    Key { record, counter }
+}
+
+fn record(snapshot: &Snapshot, catalog: &Catalog, scope: &Scope<'_>, request_hash: &str) -> Option<Record> {
     let cols = &catalog.rec;
-    probe(catalog.records, catalog.records_pkey, scope, |slot| {
+    probe(snapshot, catalog.records, catalog.records_pkey, scope, |slot| {
         // SAFETY: slot holds an idem_records row; the columns are the catalog's; text values
         // are read while the buffer is pinned, the response is copied out.
         unsafe {
@@ -145,16 +201,15 @@ pub(crate) fn record(catalog: &Catalog, scope: &Scope<'_>, request_hash: &str) -
     })
 }
 
-/// The transient failures counted for `scope` by a retry counter still live after `after`
-/// (0 without one).
-pub(crate) fn attempts(catalog: &Catalog, scope: &Scope<'_>, after: pg_sys::TimestampTz) -> i32 {
+fn counter(snapshot: &Snapshot, catalog: &Catalog, scope: &Scope<'_>) -> Option<Counter> {
     let cols = &catalog.ret;
-    probe(catalog.retries, catalog.retries_pkey, scope, |slot| {
+    probe(snapshot, catalog.retries, catalog.retries_pkey, scope, |slot| {
         // SAFETY: slot holds an idem_retries row; both columns are by-value NOT NULL.
         unsafe {
-            let expires_at = required(slot, cols.expires_at).value() as i64;
-            if expires_at > after { required(slot, cols.attempts).value() as i32 } else { 0 }
+            Counter {
+                attempts: required(slot, cols.attempts).value() as i32,
+                expires_at: required(slot, cols.expires_at).value() as i64,
+            }
         }
     })
-    .unwrap_or(0)
 }

@@ -1,8 +1,8 @@
 //! `idem_reserve`, native: the algorithm of sql/reserve.sql.
 //!
-//! 1. Read the committed record with one primary-key probe ([`probe::record`]); a live record
-//!    answers at once (replay, failed, in_progress, mismatch) with its retry counter read by a
-//!    second probe. No lock, no executor, no SPI.
+//! 1. Read the committed record and its retry counter with primary-key probes under one
+//!    snapshot ([`probe::key`]); a live record answers at once (replay, failed, in_progress,
+//!    mismatch). No lock, no executor, no SPI.
 //! 2. Absent or expired: take the key's transaction-scoped advisory lock, the same lock as the
 //!    PL/pgSQL version (`pg_advisory_xact_lock(hashtextextended(operation || E'\x1f' || user_id
 //!    || E'\x1f' || key, 0))`), so both versions see each other's uncommitted reservations
@@ -153,17 +153,18 @@ fn reserve(catalog: &Catalog, scope: &Scope<'_>, request_hash: Text<'_>, ttl: Da
     for _ in 0..ATTEMPTS {
         // SAFETY: reads the clock.
         let now = unsafe { pg_sys::GetCurrentTimestamp() };
-        let record = probe::record(catalog, scope, request_hash.str);
-        if let Some(record) = &record {
+        let found = probe::key(catalog, scope, request_hash.str);
+        if let Some(record) = &found.record {
             if record.live(now) {
-                return answer(record, probe::attempts(catalog, scope, record.created_at));
+                // The retry counter counts if it was live when the record was created.
+                return answer(record, found.attempts(record.created_at));
             }
         }
         // Absent, or expired and free to take over: a new attempt would start now.
         if !locked {
             if !lock(scope, wait) {
                 // Another transaction is creating this key and has not committed.
-                return Answer::busy(probe::attempts(catalog, scope, now), None);
+                return Answer::busy(found.attempts(now), None);
             }
             locked = true;
             if wait {
@@ -173,7 +174,7 @@ fn reserve(catalog: &Catalog, scope: &Scope<'_>, request_hash: Text<'_>, ttl: Da
         let token = next_token(catalog);
         let lease_end = call::plus(now, lease);
         let expires_at = call::plus(now, ttl);
-        let stmt = if record.is_some() { Stmt::TakeOver } else { Stmt::Insert };
+        let stmt = if found.record.is_some() { Stmt::TakeOver } else { Stmt::Insert };
         let params = [
             Some(scope.operation.datum),
             Some(scope.user_id.datum),
@@ -186,8 +187,9 @@ fn reserve(catalog: &Catalog, scope: &Scope<'_>, request_hash: Text<'_>, ttl: Da
         ];
         let created = plans::connected(|| plans::execute(catalog, stmt, &params)) == 1;
         if created {
-            // The retry counter, if one is live: this attempt continues its count.
-            let attempts = probe::attempts(catalog, scope, now);
+            // The retry counter, if one is live: this attempt continues its count (read with the
+            // key; the advisory lock keeps other releases of this key out meanwhile).
+            let attempts = found.attempts(now);
             if attempts > 0 {
                 // A retry of a released key: keep its counter alive as long as this record.
                 let keep = [params[0], params[1], params[2], Some(Datum::from(expires_at))];
