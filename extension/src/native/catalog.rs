@@ -56,8 +56,18 @@ impl Catalog {
     }
 }
 
+/// Whether the backend is exiting: the cache is then dropped by the thread-local destructors,
+/// and nothing is worth freeing.
+pub(crate) fn exiting() -> bool {
+    // SAFETY: a plain read of a flag PostgreSQL sets when proc_exit starts.
+    unsafe { pg_sys::proc_exit_inprogress }
+}
+
 impl Drop for Catalog {
     fn drop(&mut self) {
+        if exiting() {
+            return;
+        }
         // SAFETY: the descriptor was copied into TopMemoryContext by `resolve` and nothing else
         // holds it: the last `Rc` is going away.
         unsafe { pg_sys::FreeTupleDesc(self.reservation) };

@@ -104,6 +104,9 @@ pub(crate) struct Plans {
 
 impl Drop for Plans {
     fn drop(&mut self) {
+        if super::catalog::exiting() {
+            return;
+        }
         for plan in &self.kept {
             if let Some(plan) = plan.take() {
                 // SAFETY: a plan kept by SPI_keepplan and used by nobody now (the catalog that
