@@ -265,12 +265,20 @@ def portable_replacements():
     return out
 
 
-def portable(stmts, replacements, used):
-    """The portable form of a statement list: C functions swapped, extension-only statements dropped."""
+def portable(stmts, replacements, used, keep_extension_only=False):
+    """The portable form of a statement list: C functions swapped, extension-only statements
+    dropped (kept for pg_tle, which has the extension machinery)."""
     out = []
+    defined = set()  # functions already defined in SQL or PL/pgSQL by an earlier statement
     for s in stmts:
-        if s.kind == "extension_only":
+        if s.kind == "extension_only" and not keep_extension_only:
             continue
+        if s.kind == "function" and s.language == "c" and s.identity in defined:
+            # A native replacement of a function the sources define in PL/pgSQL (sql/native.sql):
+            # the portable install keeps the PL/pgSQL one.
+            continue
+        if s.kind == "function" and s.language != "c":
+            defined.add(s.identity)
         if s.kind == "function" and s.language == "c":
             plain_key = s.key
             r = replacements.get(plain_key)
@@ -439,15 +447,7 @@ def cmd_pgtle():
             f"--   CREATE EXTENSION {EXT};", ""]
     # pg_tle keeps the extension machinery, so pg_extension_config_dump stays: only C is swapped.
     def tle(stmts):
-        used = set()
-        res = []
-        for s in stmts:
-            if s.kind == "function" and s.language == "c":
-                r = replacements.get(s.key) or die(f"no portable replacement for {s.key}")
-                res.append(r.or_replace() if s.sql.startswith("CREATE OR REPLACE") else r)
-            else:
-                res.append(s)
-        return res
+        return portable(stmts, replacements, set(), keep_extension_only=True)
     first = versions[0]
     out.append(f"SELECT pgtle.install_extension('{EXT}', '{first}', '{comment}', $_pgtle_$\n"
                f"{pgtle_body(tle(install_statements(first)))}\n$_pgtle_$);\n")

@@ -16,12 +16,12 @@ const MAX_YEARS: i32 = 1000;
 const USECS_PER_DAY: i128 = 86_400_000_000;
 
 #[allow(unreachable_code)] // ereport!(ERROR) diverges, but is typed `()`
-fn raise(code: PgSqlErrorCode, message: String) -> ! {
+pub(crate) fn raise(code: PgSqlErrorCode, message: String) -> ! {
     ereport!(ERROR, code, message);
     unreachable!("ereport(ERROR) returned")
 }
 
-fn required<T>(name: &str, value: Option<T>) -> T {
+pub(crate) fn required<T>(name: &str, value: Option<T>) -> T {
     value.unwrap_or_else(|| raise(PgSqlErrorCode::ERRCODE_NULL_VALUE_NOT_ALLOWED, format!("{name} must not be NULL")))
 }
 
@@ -32,7 +32,7 @@ fn refuse(e: KeyError) -> ! {
 /// `_idem_check_scope(operation text, user_id text, key text) RETURNS boolean`: true, or the
 /// error of the first argument that breaks the key rules.
 #[pg_extern(sql = false, immutable, parallel_safe)]
-fn _idem_check_scope(operation: Option<&str>, user_id: Option<&str>, key: Option<&str>) -> bool {
+pub(crate) fn _idem_check_scope(operation: Option<&str>, user_id: Option<&str>, key: Option<&str>) -> bool {
     for (name, value) in [("operation", operation), ("user_id", user_id), ("key", key)] {
         key::check_part(name, required(name, value)).unwrap_or_else(|e| refuse(e));
     }
@@ -41,14 +41,14 @@ fn _idem_check_scope(operation: Option<&str>, user_id: Option<&str>, key: Option
 
 /// `_idem_check_request_hash(request_hash text) RETURNS boolean`: true, or 22004/22023.
 #[pg_extern(sql = false, immutable, parallel_safe)]
-fn _idem_check_request_hash(request_hash: Option<&str>) -> bool {
+pub(crate) fn _idem_check_request_hash(request_hash: Option<&str>) -> bool {
     key::check_request_hash(required("request_hash", request_hash)).unwrap_or_else(|e| refuse(e));
     true
 }
 
 /// `_idem_require(name text, is_null boolean) RETURNS boolean`: true, or 22004 naming `name`.
 #[pg_extern(sql = false, immutable, parallel_safe)]
-fn _idem_require(name: &str, is_null: Option<bool>) -> bool {
+pub(crate) fn _idem_require(name: &str, is_null: Option<bool>) -> bool {
     if is_null != Some(false) {
         raise(PgSqlErrorCode::ERRCODE_NULL_VALUE_NOT_ALLOWED, format!("{name} must not be NULL"));
     }
@@ -82,7 +82,7 @@ fn checked(name: &str, value: Interval) -> Interval {
 
 /// `_idem_ttl(ttl interval) RETURNS interval`: an explicit ttl, checked, or `idempotency.ttl`.
 #[pg_extern(sql = false, stable, parallel_safe)]
-fn _idem_ttl(ttl: Option<Interval>) -> Interval {
+pub(crate) fn _idem_ttl(ttl: Option<Interval>) -> Interval {
     match ttl {
         Some(ttl) => checked("ttl", ttl),
         None => seconds(&guc::TTL),
@@ -93,7 +93,7 @@ fn _idem_ttl(ttl: Option<Interval>) -> Interval {
 /// at most the (settled) ttl; or `idempotency.lease` capped at the ttl. With a NULL ttl the
 /// lease is settled on its own (heartbeat).
 #[pg_extern(sql = false, stable, parallel_safe)]
-fn _idem_lease(lease: Option<Interval>, ttl: Option<Interval>) -> Interval {
+pub(crate) fn _idem_lease(lease: Option<Interval>, ttl: Option<Interval>) -> Interval {
     let default = || seconds(&guc::LEASE);
     match (lease, ttl) {
         (Some(lease), Some(ttl)) => {
@@ -118,7 +118,7 @@ fn _idem_lease(lease: Option<Interval>, ttl: Option<Interval>) -> Interval {
 /// `_idem_max_retries(max_retries integer) RETURNS integer`: an explicit value, at least 1, or
 /// `idempotency.max_retries`.
 #[pg_extern(sql = false, stable, parallel_safe)]
-fn _idem_max_retries(max_retries: Option<i32>) -> i32 {
+pub(crate) fn _idem_max_retries(max_retries: Option<i32>) -> i32 {
     match max_retries {
         Some(n) if n < 1 => raise(PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE, format!("max_retries must be at least 1, got {n}")),
         Some(n) => n,

@@ -8,7 +8,7 @@ use std::cell::Cell;
 use std::ffi::{c_int, c_void, CStr, CString};
 use std::time::Duration;
 
-static MAX_RESPONSE_BYTES: GucSetting<i32> = GucSetting::<i32>::new(1024 * 1024);
+pub(crate) static MAX_RESPONSE_BYTES: GucSetting<i32> = GucSetting::<i32>::new(1024 * 1024);
 
 // The maintenance worker's settings (PGC_SIGHUP: postgresql.conf or ALTER SYSTEM, then a reload).
 static MAINTENANCE_DATABASES: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);

@@ -1,11 +1,12 @@
 //! The `idempotency` PostgreSQL extension.
 //!
-//! The state machine (tables, `idem_reserve`, `idem_complete`, ...) is PL/pgSQL in `sql/`; this
-//! crate holds what SQL is the wrong tool for: the GUCs, the argument rules (shared with the
-//! client crate), request fingerprinting, and, when the library is preloaded, the shared-memory
-//! counters and the maintenance worker. Every
-//! Rust function here is declared by hand in `sql/` (`sql = false`), so the install script is
-//! exactly the reviewed SQL, qualified with `@extschema@` throughout.
+//! The schema and the PL/pgSQL state machine are in `sql/` (the portable implementation); this
+//! crate holds the native hot path that replaces `idem_reserve`, `idem_complete`,
+//! `idem_release` and `idem_heartbeat` ([`native`], declared in `sql/native.sql`), the GUCs,
+//! the argument rules (shared with the client crate), request fingerprinting, and, when the
+//! library is preloaded, the shared-memory counters and the maintenance worker. Every Rust
+//! function here is declared by hand in `sql/`, so the install script is exactly the reviewed
+//! SQL, qualified with `@extschema@` throughout.
 
 use pgrx::prelude::*;
 
@@ -13,6 +14,7 @@ mod args;
 mod fingerprint;
 mod guc;
 mod metrics;
+mod native;
 mod worker;
 
 pgrx::pg_module_magic!();
@@ -24,12 +26,16 @@ pgrx::extension_sql_file!("../../sql/finish.sql", name = "finish", requires = ["
 pgrx::extension_sql_file!("../../sql/maintenance.sql", name = "maintenance", requires = ["finish"]);
 pgrx::extension_sql_file!("../../sql/helpers.sql", name = "helpers", requires = ["maintenance"]);
 pgrx::extension_sql_file!("../../sql/operations.sql", name = "operations", requires = ["helpers"]);
+// The native hot path replaces the PL/pgSQL idem_reserve/complete/release/heartbeat (the
+// portable install leaves this file out).
+pgrx::extension_sql_file!("../../sql/native.sql", name = "native", requires = ["operations"]);
 pgrx::extension_sql_file!("../../sql/privileges.sql", name = "privileges", finalize);
 
 /// Called by PostgreSQL when it loads the library: registers the settings.
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {
     guc::register();
+    native::catalog::register_invalidation();
     // Shared memory and background workers can only be set up while the server starts.
     if unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
         metrics::init();

@@ -1,0 +1,223 @@
+//! What the native functions work on, resolved once per backend: the OIDs of the extension's
+//! relations (in the schema of the function being called), the column numbers they read, the
+//! `idem_reservation` row type, and the kept SPI plans ([`Plans`]).
+//!
+//! PostgreSQL tells every backend when a relation changes or goes away (relcache invalidation);
+//! [`invalidated`] marks the cache stale when that concerns one of these relations (or all
+//! relations), and the next call resolves everything again. A call in progress keeps the
+//! catalog it started with (an `Rc`), so nothing is freed under it.
+
+use super::plans::Plans;
+use crate::args::raise;
+use pgrx::pg_sys::errcodes::PgSqlErrorCode;
+use pgrx::pg_sys::{self, AttrNumber, Oid};
+use std::cell::{Cell, RefCell};
+use std::ffi::CString;
+use std::rc::Rc;
+
+/// Column numbers of `idem_records` that the probe reads.
+pub(crate) struct RecordColumns {
+    pub(crate) request_hash: AttrNumber,
+    pub(crate) status: AttrNumber,
+    pub(crate) response: AttrNumber,
+    pub(crate) lease_expires_at: AttrNumber,
+    pub(crate) expires_at: AttrNumber,
+    pub(crate) created_at: AttrNumber,
+}
+
+/// Column numbers of `idem_retries` that the probe reads.
+pub(crate) struct RetryColumns {
+    pub(crate) attempts: AttrNumber,
+    pub(crate) expires_at: AttrNumber,
+}
+
+pub(crate) struct Catalog {
+    /// The extension's schema, and its name quoted for SQL text.
+    pub(crate) schema: Oid,
+    pub(crate) schema_sql: String,
+    pub(crate) records: Oid,
+    pub(crate) records_pkey: Oid,
+    pub(crate) retries: Oid,
+    pub(crate) retries_pkey: Oid,
+    pub(crate) token_seq: Oid,
+    /// The `idem_reservation` composite type: its pg_class entry and its tuple descriptor
+    /// (a copy in TopMemoryContext, freed with the catalog).
+    reservation_rel: Oid,
+    pub(crate) reservation: pg_sys::TupleDesc,
+    pub(crate) rec: RecordColumns,
+    pub(crate) ret: RetryColumns,
+    pub(crate) plans: Plans,
+}
+
+impl Catalog {
+    fn concerns(&self, relid: Oid) -> bool {
+        [self.records, self.records_pkey, self.retries, self.retries_pkey, self.token_seq, self.reservation_rel]
+            .contains(&relid)
+    }
+}
+
+/// Whether the backend is exiting: the cache is then dropped by the thread-local destructors,
+/// and nothing is worth freeing.
+pub(crate) fn exiting() -> bool {
+    // SAFETY: a plain read of a flag PostgreSQL sets when proc_exit starts.
+    unsafe { pg_sys::proc_exit_inprogress }
+}
+
+impl Drop for Catalog {
+    fn drop(&mut self) {
+        if exiting() {
+            return;
+        }
+        // SAFETY: the descriptor was copied into TopMemoryContext by `resolve` and nothing else
+        // holds it: the last `Rc` is going away.
+        unsafe { pg_sys::FreeTupleDesc(self.reservation) };
+    }
+}
+
+thread_local! {
+    /// The functions known to live in the cached catalog's schema, and the catalog.
+    static CURRENT: RefCell<Option<(Vec<Oid>, Rc<Catalog>)>> = const { RefCell::new(None) };
+    /// Set by [`invalidated`]; the next call resolves again.
+    static STALE: Cell<bool> = const { Cell::new(false) };
+}
+
+/// The relcache invalidation callback (registered in `_PG_init`): marks the cache stale when
+/// the invalidation concerns one of its relations, all relations, or arrives while no catalog
+/// is cached (it may be for relations being resolved right now). Never frees anything: it can
+/// run in the middle of a call, whenever PostgreSQL processes invalidation messages.
+///
+/// # Safety
+/// Called by PostgreSQL's invalidation machinery with a relation OID (or InvalidOid).
+pub(crate) unsafe extern "C-unwind" fn invalidated(_arg: pg_sys::Datum, relid: Oid) {
+    let concerned = CURRENT.with(|current| match current.try_borrow() {
+        Ok(current) => match current.as_ref() {
+            Some((_, catalog)) => relid == pg_sys::InvalidOid || catalog.concerns(relid),
+            None => true,
+        },
+        Err(_) => true,
+    });
+    if concerned {
+        STALE.with(|stale| stale.set(true));
+    }
+}
+
+/// Registers [`invalidated`]; called once, from `_PG_init`.
+pub(crate) fn register_invalidation() {
+    // SAFETY: a static function pointer; PostgreSQL keeps it for the life of the backend.
+    unsafe { pg_sys::CacheRegisterRelcacheCallback(Some(invalidated), pg_sys::Datum::from(0)) };
+}
+
+/// The catalog of the schema that holds function `fn_oid` (one of the extension's functions).
+pub(crate) fn for_function(fn_oid: Oid) -> Rc<Catalog> {
+    if STALE.with(|stale| stale.replace(false)) {
+        CURRENT.with(|current| current.borrow_mut().take());
+    }
+    let known = CURRENT.with(|current| {
+        current.borrow().as_ref().and_then(|(functions, catalog)| functions.contains(&fn_oid).then(|| Rc::clone(catalog)))
+    });
+    if let Some(catalog) = known {
+        return catalog;
+    }
+    // SAFETY: a syscache lookup of an OID; InvalidOid if there is no such function.
+    let schema = unsafe { pg_sys::get_func_namespace(fn_oid) };
+    let same_schema = CURRENT.with(|current| {
+        let mut current = current.borrow_mut();
+        match current.as_mut() {
+            Some((functions, catalog)) if catalog.schema == schema => {
+                functions.push(fn_oid);
+                Some(Rc::clone(catalog))
+            }
+            _ => None,
+        }
+    });
+    if let Some(catalog) = same_schema {
+        return catalog;
+    }
+    let catalog = Rc::new(resolve(schema));
+    CURRENT.with(|current| *current.borrow_mut() = Some((vec![fn_oid], Rc::clone(&catalog))));
+    catalog
+}
+
+fn missing(what: &str) -> ! {
+    raise(
+        PgSqlErrorCode::ERRCODE_UNDEFINED_OBJECT,
+        format!("the idempotency extension's {what} is missing from its schema: reinstall the extension"),
+    )
+}
+
+fn relation(schema: Oid, name: &str) -> Oid {
+    let Ok(c) = CString::new(name) else { missing(name) };
+    // SAFETY: a valid C string and a namespace OID; InvalidOid when there is no such relation.
+    let oid = unsafe { pg_sys::get_relname_relid(c.as_ptr(), schema) };
+    if oid == pg_sys::InvalidOid {
+        missing(name);
+    }
+    oid
+}
+
+fn column(rel: Oid, table: &str, name: &str) -> AttrNumber {
+    let Ok(c) = CString::new(name) else { missing(name) };
+    // SAFETY: a valid C string and a relation OID; InvalidAttrNumber (0) when there is none.
+    let attnum = unsafe { pg_sys::get_attnum(rel, c.as_ptr()) };
+    if attnum <= 0 {
+        missing(&format!("column {table}.{name}"));
+    }
+    attnum
+}
+
+fn resolve(schema: Oid) -> Catalog {
+    // SAFETY: a syscache lookup; NULL if the schema is gone.
+    let name = unsafe { pg_sys::get_namespace_name(schema) };
+    if name.is_null() {
+        missing("schema");
+    }
+    // SAFETY: a non-NULL palloc'd C string; quote_identifier returns it or a palloc'd copy.
+    let schema_sql = unsafe { std::ffi::CStr::from_ptr(pg_sys::quote_identifier(name)) }.to_string_lossy().into_owned();
+    let records = relation(schema, "idem_records");
+    let retries = relation(schema, "idem_retries");
+    let reservation_rel = relation(schema, "idem_reservation");
+    let records_pkey = relation(schema, "idem_records_pkey");
+    let retries_pkey = relation(schema, "idem_retries_pkey");
+    let token_seq = relation(schema, "idem_token_seq");
+    let rec = RecordColumns {
+        request_hash: column(records, "idem_records", "request_hash"),
+        status: column(records, "idem_records", "status"),
+        response: column(records, "idem_records", "response"),
+        lease_expires_at: column(records, "idem_records", "lease_expires_at"),
+        expires_at: column(records, "idem_records", "expires_at"),
+        created_at: column(records, "idem_records", "created_at"),
+    };
+    let ret = RetryColumns {
+        attempts: column(retries, "idem_retries", "attempts"),
+        expires_at: column(retries, "idem_retries", "expires_at"),
+    };
+    // SAFETY: a pg_class OID of a composite type; InvalidOid if it has no row type.
+    let reservation_type = unsafe { pg_sys::get_rel_type_id(reservation_rel) };
+    if reservation_type == pg_sys::InvalidOid {
+        missing("type idem_reservation");
+    }
+    // The descriptor last, once nothing else can fail: it is copied into TopMemoryContext so it
+    // lives as long as the catalog (freed in Drop); the previous context is restored at once.
+    // SAFETY: see above; lookup_rowtype_tupdesc_copy raises only for a missing type, checked.
+    let reservation = unsafe {
+        let previous = pg_sys::CurrentMemoryContext;
+        pg_sys::CurrentMemoryContext = pg_sys::TopMemoryContext;
+        let desc = pg_sys::lookup_rowtype_tupdesc_copy(reservation_type, -1);
+        pg_sys::CurrentMemoryContext = previous;
+        desc
+    };
+    Catalog {
+        schema,
+        schema_sql,
+        records,
+        records_pkey,
+        retries,
+        retries_pkey,
+        token_seq,
+        reservation_rel,
+        reservation,
+        rec,
+        ret,
+        plans: Plans::default(),
+    }
+}

@@ -1,0 +1,174 @@
+//! `idem_complete`, `idem_release` and `idem_heartbeat`, native: the calls an attempt makes
+//! with its token (sql/finish.sql). Each is one fenced statement on the record, by a kept SPI
+//! plan; a stale token, or a record no longer PROCESSING, changes nothing and answers
+//! false / 'stale'.
+
+use super::call::{self, v1_function_info, Text};
+use super::catalog;
+use super::plans::{self, Stmt};
+use crate::args::{self, raise};
+use crate::guc;
+use crate::metrics;
+use pgrx::datum::Interval;
+use pgrx::pg_sys::errcodes::PgSqlErrorCode;
+use pgrx::pg_sys::{self, Datum};
+use pgrx::prelude::*;
+
+/// The scope and token arguments (0 to 3) every function here takes, checked: the rules of
+/// `_idem_check_scope` and a non-NULL token.
+///
+/// # Safety
+/// `fcinfo` is a valid call whose arguments 0-2 are text and 3 is bigint.
+unsafe fn scope_and_token<'a>(fcinfo: pg_sys::FunctionCallInfo) -> ([Text<'a>; 3], i64) {
+    // SAFETY: guaranteed by the caller.
+    let (operation, user_id, key, token) = unsafe {
+        (
+            call::text(fcinfo, 0, "operation"),
+            call::text(fcinfo, 1, "user_id"),
+            call::text(fcinfo, 2, "key"),
+            call::arg::<i64>(fcinfo, 3),
+        )
+    };
+    args::_idem_check_scope(operation.map(|t| t.str), user_id.map(|t| t.str), key.map(|t| t.str));
+    let token = args::required("token", token);
+    // Present: _idem_check_scope raises 22004 for a NULL.
+    let scope = [args::required("operation", operation), args::required("user_id", user_id), args::required("key", key)];
+    (scope, token)
+}
+
+fn now() -> pg_sys::TimestampTz {
+    // SAFETY: reads the clock.
+    unsafe { pg_sys::GetCurrentTimestamp() }
+}
+
+v1_function_info!(pg_finfo_idem_complete_native);
+
+/// `idem_complete(operation text, user_id text, key text, token bigint, response jsonb,
+/// status text) RETURNS boolean`.
+///
+/// # Safety
+/// Called by PostgreSQL's function manager with the 6 arguments declared in sql/native.sql.
+#[pg_guard]
+#[no_mangle]
+pub unsafe extern "C-unwind" fn idem_complete_native(fcinfo: pg_sys::FunctionCallInfo) -> Datum {
+    // SAFETY: the declaration in sql/native.sql fixes the argument types read here.
+    let ([operation, user_id, key], token) = unsafe { scope_and_token(fcinfo) };
+    // SAFETY: as above.
+    let (response, status, fn_oid) =
+        unsafe { (call::datum(fcinfo, 4), call::text(fcinfo, 5, "status"), call::function_oid(fcinfo)) };
+    let status = args::required("status", status);
+    if !matches!(status.str, "SUCCESS" | "FAILED") {
+        raise(
+            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+            format!("status must be 'SUCCESS' or 'FAILED', got {}", call::echo(status.str)),
+        );
+    }
+    if let Some(response) = response {
+        let limit = i64::from(guc::MAX_RESPONSE_BYTES.get());
+        // SAFETY: jsonb_out of a jsonb datum returns a palloc'd C string (its text form).
+        let size = unsafe {
+            let text = pg_sys::DirectFunctionCall1Coll(Some(call::builtins::jsonb_out), pg_sys::InvalidOid, response);
+            let size = std::ffi::CStr::from_ptr(text.cast_mut_ptr()).to_bytes().len();
+            pg_sys::pfree(text.cast_mut_ptr());
+            size as i64
+        };
+        if size > limit {
+            // Never echo the value: it may be huge, and it may be private.
+            raise(
+                PgSqlErrorCode::ERRCODE_PROGRAM_LIMIT_EXCEEDED,
+                format!("response must be at most {limit} bytes (idempotency.max_response_bytes), got {size}"),
+            );
+        }
+    }
+    let catalog = catalog::for_function(fn_oid);
+    let params = [
+        Some(operation.datum),
+        Some(user_id.datum),
+        Some(key.datum),
+        Some(Datum::from(token)),
+        Some(status.datum),
+        response,
+        Some(Datum::from(now())),
+    ];
+    let done = plans::connected(|| plans::execute(&catalog, Stmt::Complete, &params)) > 0;
+    let event = match (done, status.str) {
+        (false, _) => "stale_tokens",
+        (true, "SUCCESS") => "completions_success",
+        (true, _) => "completions_failed",
+    };
+    metrics::add(event, 1);
+    Datum::from(done)
+}
+
+v1_function_info!(pg_finfo_idem_release_native);
+
+/// `idem_release(operation text, user_id text, key text, token bigint, max_retries integer)
+/// RETURNS text`.
+///
+/// # Safety
+/// Called by PostgreSQL's function manager with the 5 arguments declared in sql/native.sql.
+#[pg_guard]
+#[no_mangle]
+pub unsafe extern "C-unwind" fn idem_release_native(fcinfo: pg_sys::FunctionCallInfo) -> Datum {
+    // SAFETY: the declaration in sql/native.sql fixes the argument types read here.
+    let ([operation, user_id, key], token) = unsafe { scope_and_token(fcinfo) };
+    // SAFETY: as above.
+    let (max_retries, fn_oid) = unsafe { (call::arg::<i32>(fcinfo, 4), call::function_oid(fcinfo)) };
+    let max_retries = args::_idem_max_retries(max_retries);
+    let catalog = catalog::for_function(fn_oid);
+    let scope = [Some(operation.datum), Some(user_id.datum), Some(key.datum)];
+    let outcome = plans::connected(|| {
+        let lock = [scope[0], scope[1], scope[2], Some(Datum::from(token))];
+        if plans::execute(&catalog, Stmt::LockForRelease, &lock) == 0 {
+            metrics::add("stale_tokens", 1);
+            return "stale".to_owned();
+        }
+        // The shared step (sql/internal.sql), also used by idem_recover_stuck: count the
+        // failure, then poison or delete the record.
+        let (created_at, expires_at) = (plans::first_row(1), plans::first_row(2));
+        let step = [scope[0], scope[1], scope[2], created_at, expires_at, Some(Datum::from(max_retries))];
+        plans::execute(&catalog, Stmt::ReleaseLocked, &step);
+        match plans::first_row(1) {
+            // SAFETY: a text datum in SPI memory, copied out before SPI_finish frees it.
+            Some(word) => unsafe { String::from_utf8_lossy(pgrx::varlena::varlena_to_byte_slice(
+                pg_sys::pg_detoast_datum_packed(word.cast_mut_ptr()),
+            )) }
+            .into_owned(),
+            None => raise(PgSqlErrorCode::ERRCODE_INTERNAL_ERROR, "_idem_release_locked answered NULL".into()),
+        }
+    });
+    call::text_datum(outcome.as_bytes())
+}
+
+v1_function_info!(pg_finfo_idem_heartbeat_native);
+
+/// `idem_heartbeat(operation text, user_id text, key text, token bigint, lease interval)
+/// RETURNS boolean`.
+///
+/// # Safety
+/// Called by PostgreSQL's function manager with the 5 arguments declared in sql/native.sql.
+#[pg_guard]
+#[no_mangle]
+pub unsafe extern "C-unwind" fn idem_heartbeat_native(fcinfo: pg_sys::FunctionCallInfo) -> Datum {
+    let now = now();
+    // SAFETY: the declaration in sql/native.sql fixes the argument types read here.
+    let ([operation, user_id, key], token) = unsafe { scope_and_token(fcinfo) };
+    // SAFETY: as above.
+    let (lease, fn_oid) = unsafe { (call::arg::<Interval>(fcinfo, 4), call::function_oid(fcinfo)) };
+    let lease = args::_idem_lease(lease, None).into_datum().unwrap_or(Datum::from(0));
+    let until = call::plus(now, lease);
+    let catalog = catalog::for_function(fn_oid);
+    let params = [
+        Some(operation.datum),
+        Some(user_id.datum),
+        Some(key.datum),
+        Some(Datum::from(token)),
+        Some(Datum::from(until)),
+        Some(Datum::from(now)),
+    ];
+    let done = plans::connected(|| plans::execute(&catalog, Stmt::Heartbeat, &params)) > 0;
+    if !done {
+        metrics::add("stale_tokens", 1);
+    }
+    Datum::from(done)
+}

@@ -1,0 +1,191 @@
+//! The writes of the native functions: SPI plans prepared on first use in a backend and kept
+//! (SPI_keepplan), so each call runs a cached plan with no parsing or planning. The plan
+//! cache re-plans them when their tables change.
+//!
+//! Every name is schema-qualified and every operator `OPERATOR(pg_catalog.…)`: the text never
+//! depends on the caller's search_path. Each statement is the one the PL/pgSQL implementation
+//! runs (sql/reserve.sql, sql/finish.sql), with the clock passed in instead of read inside
+//! the statement.
+
+use super::catalog::Catalog;
+use crate::args::raise;
+use pgrx::pg_sys::errcodes::PgSqlErrorCode;
+use pgrx::pg_sys::{self, Datum, Oid};
+use std::cell::Cell;
+use std::ffi::CString;
+
+/// The statements, in the order of [`Plans::kept`].
+#[derive(Clone, Copy)]
+pub(crate) enum Stmt {
+    /// $1-$3 scope, $4 request_hash, $5 token, $6 lease end, $7 expiry, $8 now.
+    Insert,
+    /// Same parameters: take over an expired record, re-checking expiry on the newest version.
+    TakeOver,
+    /// $1-$3 scope, $4 the new record's expiry: a live retry counter lives as long.
+    KeepRetries,
+    /// $1-$3 scope, $4 token, $5 status, $6 response, $7 now.
+    Complete,
+    /// $1-$3 scope, $4 token, $5 lease end, $6 now.
+    Heartbeat,
+    /// $1-$3 scope, $4 token: lock the PROCESSING record, answer created_at, expires_at.
+    LockForRelease,
+    /// $1-$3 scope, $4 created_at, $5 expires_at, $6 max_retries: the shared release step.
+    ReleaseLocked,
+}
+
+const STATEMENTS: usize = 7;
+
+const SCOPE: &str = "r.operation OPERATOR(pg_catalog.=) $1 AND r.user_id OPERATOR(pg_catalog.=) $2 \
+                     AND r.key OPERATOR(pg_catalog.=) $3";
+
+fn text(stmt: Stmt, s: &str) -> (String, &'static [Oid]) {
+    use pg_sys::{INT4OID as INT4, INT8OID as INT8, JSONBOID as JSONB, TEXTOID as TEXT, TIMESTAMPTZOID as TSTZ};
+    const RESERVE: &[Oid] = &[TEXT, TEXT, TEXT, TEXT, INT8, TSTZ, TSTZ, TSTZ];
+    match stmt {
+        Stmt::Insert => (
+            format!(
+                "INSERT INTO {s}.idem_records AS r (operation, user_id, key, request_hash, status, token, response, \
+                 lease_expires_at, expires_at, created_at, updated_at) \
+                 VALUES ($1, $2, $3, $4, 'PROCESSING', $5, NULL, $6, $7, $8, $8) \
+                 ON CONFLICT ON CONSTRAINT idem_records_pkey DO NOTHING"
+            ),
+            RESERVE,
+        ),
+        Stmt::TakeOver => (
+            format!(
+                "UPDATE {s}.idem_records AS r SET request_hash = $4, status = 'PROCESSING', token = $5, response = NULL, \
+                 lease_expires_at = $6, expires_at = $7, created_at = $8, updated_at = $8 \
+                 WHERE {SCOPE} AND r.expires_at OPERATOR(pg_catalog.<=) $8 \
+                 AND (r.status OPERATOR(pg_catalog.<>) 'PROCESSING' OR r.lease_expires_at OPERATOR(pg_catalog.<=) $8)"
+            ),
+            RESERVE,
+        ),
+        Stmt::KeepRetries => (
+            format!(
+                "UPDATE {s}.idem_retries AS r SET expires_at = GREATEST(r.expires_at, $4) WHERE {SCOPE}"
+            ),
+            &[TEXT, TEXT, TEXT, TSTZ],
+        ),
+        Stmt::Complete => (
+            format!(
+                "UPDATE {s}.idem_records AS r SET status = $5, response = $6, updated_at = $7 \
+                 WHERE {SCOPE} AND r.token OPERATOR(pg_catalog.=) $4 AND r.status OPERATOR(pg_catalog.=) 'PROCESSING'"
+            ),
+            &[TEXT, TEXT, TEXT, INT8, TEXT, JSONB, TSTZ],
+        ),
+        Stmt::Heartbeat => (
+            format!(
+                "UPDATE {s}.idem_records AS r SET lease_expires_at = $5, expires_at = GREATEST(r.expires_at, $5), \
+                 updated_at = $6 \
+                 WHERE {SCOPE} AND r.token OPERATOR(pg_catalog.=) $4 AND r.status OPERATOR(pg_catalog.=) 'PROCESSING'"
+            ),
+            &[TEXT, TEXT, TEXT, INT8, TSTZ, TSTZ],
+        ),
+        Stmt::LockForRelease => (
+            format!(
+                "SELECT r.created_at, r.expires_at FROM {s}.idem_records AS r \
+                 WHERE {SCOPE} AND r.token OPERATOR(pg_catalog.=) $4 AND r.status OPERATOR(pg_catalog.=) 'PROCESSING' \
+                 FOR UPDATE"
+            ),
+            &[TEXT, TEXT, TEXT, INT8],
+        ),
+        Stmt::ReleaseLocked => (
+            format!("SELECT {s}._idem_release_locked($1, $2, $3, $4, $5, $6)"),
+            &[TEXT, TEXT, TEXT, TSTZ, TSTZ, INT4],
+        ),
+    }
+}
+
+/// The kept plans of one catalog, prepared on first use, freed with it.
+#[derive(Default)]
+pub(crate) struct Plans {
+    kept: [Cell<Option<std::ptr::NonNull<pg_sys::_SPI_plan>>>; STATEMENTS],
+}
+
+impl Drop for Plans {
+    fn drop(&mut self) {
+        if super::catalog::exiting() {
+            return;
+        }
+        for plan in &self.kept {
+            if let Some(plan) = plan.take() {
+                // SAFETY: a plan kept by SPI_keepplan and used by nobody now (the catalog that
+                // owns it is being dropped); SPI_freeplan needs no SPI connection.
+                unsafe { pg_sys::SPI_freeplan(plan.as_ptr()) };
+            }
+        }
+    }
+}
+
+fn spi_failed(what: &str, code: i32) -> ! {
+    raise(PgSqlErrorCode::ERRCODE_INTERNAL_ERROR, format!("SPI {what} failed with code {code}"))
+}
+
+/// Runs `f` connected to SPI. An error inside `f` unwinds past SPI_finish; PostgreSQL's
+/// (sub)transaction abort then cleans up the connection.
+pub(crate) fn connected<T>(f: impl FnOnce() -> T) -> T {
+    // SAFETY: called from a function executing inside a transaction.
+    let code = unsafe { pg_sys::SPI_connect() };
+    if code != pg_sys::SPI_OK_CONNECT as i32 {
+        spi_failed("connect", code);
+    }
+    let result = f();
+    // SAFETY: connected above, in this same call.
+    unsafe { pg_sys::SPI_finish() };
+    result
+}
+
+fn plan(catalog: &Catalog, stmt: Stmt) -> pg_sys::SPIPlanPtr {
+    let slot = &catalog.plans.kept[stmt as usize];
+    if let Some(plan) = slot.get() {
+        return plan.as_ptr();
+    }
+    let (sql, types) = text(stmt, &catalog.schema_sql);
+    let Ok(sql) = CString::new(sql) else { spi_failed("prepare", 0) };
+    let mut types = types.to_vec();
+    let nargs = types.len() as i32;
+    // SAFETY: connected to SPI (every caller runs inside `connected`); a valid C string and
+    // nargs argument types. SPI_keepplan moves the plan out of the SPI procedure's memory.
+    let plan = unsafe {
+        let plan = pg_sys::SPI_prepare(sql.as_ptr(), nargs, types.as_mut_ptr());
+        if plan.is_null() || pg_sys::SPI_keepplan(plan) != 0 {
+            spi_failed("prepare", pg_sys::SPI_result);
+        }
+        plan
+    };
+    slot.set(std::ptr::NonNull::new(plan));
+    plan
+}
+
+/// Executes `stmt` with `args` (`None` is NULL); answers the number of rows it processed.
+/// Must run inside [`connected`].
+pub(crate) fn execute(catalog: &Catalog, stmt: Stmt, args: &[Option<Datum>]) -> u64 {
+    let plan = plan(catalog, stmt);
+    let mut values: Vec<Datum> = args.iter().map(|a| a.unwrap_or(Datum::from(0))).collect();
+    let nulls: Vec<std::ffi::c_char> = args.iter().map(|a| if a.is_some() { b' ' } else { b'n' } as std::ffi::c_char).collect();
+    // SAFETY: a kept plan whose parameter count and types are those of `text(stmt)`, matched by
+    // the callers; not read-only, so each statement sees the writes before it.
+    unsafe {
+        let code = pg_sys::SPI_execute_plan(plan, values.as_mut_ptr(), nulls.as_ptr(), false, 0);
+        if code < 0 {
+            spi_failed("execute", code);
+        }
+        pg_sys::SPI_processed
+    }
+}
+
+/// Column `n` (from 1) of the first row the last statement returned, `None` for NULL.
+/// Must run inside [`connected`], after [`execute`] answered at least one row.
+pub(crate) fn first_row(n: i32) -> Option<Datum> {
+    // SAFETY: the last SPI statement returned rows (checked by the caller), so SPI_tuptable and
+    // its first row are valid; by-reference values live in the SPI procedure's memory.
+    unsafe {
+        let table = pg_sys::SPI_tuptable;
+        if table.is_null() || pg_sys::SPI_processed == 0 {
+            spi_failed("result", 0);
+        }
+        let mut isnull = false;
+        let value = pg_sys::SPI_getbinval(*(*table).vals, (*table).tupdesc, n, &mut isnull);
+        (!isnull).then_some(value)
+    }
+}

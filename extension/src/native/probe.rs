@@ -1,0 +1,215 @@
+//! One row through a primary-key index, without the executor: open the table and its primary
+//! key, take a snapshot as a statement would (a new one per call under READ COMMITTED, the
+//! transaction's under REPEATABLE READ and SERIALIZABLE), look the key up with
+//! index_beginscan / index_getnext_slot, copy out what is needed, close.
+//!
+//! The index access method does what the executor's index scan does for visibility and for
+//! SERIALIZABLE (predicate locks on the index page and the tuple, conflict-out checks); the
+//! locks on the relations are kept until the end of the transaction, as the executor keeps them.
+
+use super::call::Text;
+use super::catalog::Catalog;
+use crate::args::raise;
+use pgrx::pg_sys::errcodes::PgSqlErrorCode;
+use pgrx::pg_sys::{self, Datum, Oid};
+
+/// The `status` of a record.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Status {
+    Processing,
+    Success,
+    Failed,
+}
+
+/// What `idem_reserve` needs from a record.
+pub(crate) struct Record {
+    pub(crate) same_hash: bool,
+    pub(crate) status: Status,
+    /// The stored response (a detoasted copy in the current memory context) of a finished record.
+    pub(crate) response: Option<Datum>,
+    pub(crate) lease_expires_at: pg_sys::TimestampTz,
+    pub(crate) expires_at: pg_sys::TimestampTz,
+    pub(crate) created_at: pg_sys::TimestampTz,
+}
+
+impl Record {
+    /// Whether the record still decides (not expired and free to take over) at `now`.
+    pub(crate) fn live(&self, now: pg_sys::TimestampTz) -> bool {
+        self.expires_at > now || (self.status == Status::Processing && self.lease_expires_at > now)
+    }
+}
+
+/// The key columns of both tables, in their primary keys' order.
+pub(crate) struct Scope<'a> {
+    pub(crate) operation: Text<'a>,
+    pub(crate) user_id: Text<'a>,
+    pub(crate) key: Text<'a>,
+}
+
+/// A column of the row in `slot`, or `None` when it is NULL.
+///
+/// # Safety
+/// `slot` holds a row of a relation that has column `attnum`.
+unsafe fn column(slot: *mut pg_sys::TupleTableSlot, attnum: pg_sys::AttrNumber) -> Option<Datum> {
+    let mut isnull = false;
+    // SAFETY: guaranteed by the caller; slot_getattr deforms the row as far as attnum.
+    let value = unsafe { pg_sys::slot_getattr(slot, i32::from(attnum), &mut isnull) };
+    (!isnull).then_some(value)
+}
+
+/// A NOT NULL column, or an error naming it (a broken table, never expected).
+///
+/// # Safety
+/// As [`column`].
+unsafe fn required(slot: *mut pg_sys::TupleTableSlot, attnum: pg_sys::AttrNumber) -> Datum {
+    // SAFETY: guaranteed by the caller.
+    unsafe { column(slot, attnum) }
+        .unwrap_or_else(|| raise(PgSqlErrorCode::ERRCODE_DATA_CORRUPTED, format!("NULL in NOT NULL column {attnum}")))
+}
+
+/// The bytes of a text datum.
+///
+/// # Safety
+/// `value` is a text datum that stays valid while the slice is used.
+unsafe fn bytes<'a>(value: Datum) -> &'a [u8] {
+    // SAFETY: guaranteed by the caller; detoasting a short inline text is a no-op.
+    unsafe { pgrx::varlena::varlena_to_byte_slice(pg_sys::pg_detoast_datum_packed(value.cast_mut_ptr())) }
+}
+
+/// A snapshot taken as a statement of a VOLATILE function takes it: after a command counter
+/// increment (rows this transaction wrote earlier in the same statement are visible), new
+/// under READ COMMITTED, the transaction's under REPEATABLE READ and SERIALIZABLE.
+struct Snapshot(pg_sys::Snapshot);
+
+impl Snapshot {
+    fn take() -> Self {
+        // SAFETY: inside a transaction; the registered copy is released in Drop, or by the
+        // resource owner if an error unwinds first.
+        unsafe {
+            pg_sys::CommandCounterIncrement();
+            Snapshot(pg_sys::RegisterSnapshot(pg_sys::GetTransactionSnapshot()))
+        }
+    }
+}
+
+impl Drop for Snapshot {
+    fn drop(&mut self) {
+        // SAFETY: registered in `take`, unregistered once.
+        unsafe { pg_sys::UnregisterSnapshot(self.0) };
+    }
+}
+
+/// Looks `scope` up in `heap` through its primary key `index` and, if a row is visible, maps
+/// it with `read` (which must copy out anything it keeps: the row lives in a shared buffer).
+fn probe<T>(
+    snapshot: &Snapshot,
+    heap: Oid,
+    index: Oid,
+    scope: &Scope<'_>,
+    read: impl FnOnce(*mut pg_sys::TupleTableSlot) -> T,
+) -> Option<T> {
+    // SAFETY: plain calls into PostgreSQL inside a transaction, on relations of our catalog; every
+    // resource is released below on success, and by the resource owner if an error unwinds.
+    unsafe {
+        let snapshot = snapshot.0;
+        let heap = pg_sys::table_open(heap, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
+        let index = pg_sys::index_open(index, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
+        let slot = pg_sys::table_slot_create(heap, std::ptr::null_mut());
+        let mut keys: [pg_sys::ScanKeyData; 3] = std::mem::zeroed();
+        for (i, (entry, part)) in keys.iter_mut().zip([scope.operation, scope.user_id, scope.key]).enumerate() {
+            pg_sys::ScanKeyInit(
+                entry,
+                (i + 1) as pg_sys::AttrNumber,
+                pg_sys::BTEqualStrategyNumber as pg_sys::StrategyNumber,
+                pg_sys::regproc::from(pg_sys::F_TEXTEQ),
+                part.datum,
+            );
+            // Compare as the index is ordered: with its column's collation (ScanKeyInit assumes
+            // C, right only for catalogs).
+            entry.sk_collation = *(*index).rd_indcollation.add(i);
+        }
+        let scan = pg_sys::index_beginscan(heap, index, snapshot, 3, 0);
+        pg_sys::index_rescan(scan, keys.as_mut_ptr(), 3, std::ptr::null_mut(), 0);
+        let found = pg_sys::index_getnext_slot(scan, pg_sys::ScanDirection::ForwardScanDirection, slot);
+        let result = found.then(|| read(slot));
+        pg_sys::index_endscan(scan);
+        pg_sys::ExecDropSingleTupleTableSlot(slot);
+        pg_sys::index_close(index, pg_sys::NoLock as pg_sys::LOCKMODE);
+        pg_sys::table_close(heap, pg_sys::NoLock as pg_sys::LOCKMODE);
+        result
+    }
+}
+
+/// A retry counter: the transient failures counted, and until when the counter lives.
+#[derive(Clone, Copy)]
+pub(crate) struct Counter {
+    attempts: i32,
+    expires_at: pg_sys::TimestampTz,
+}
+
+/// What one read of a key finds: its record and its retry counter, both seen by one snapshot
+/// (as the PL/pgSQL version reads both in one statement).
+pub(crate) struct Key {
+    pub(crate) record: Option<Record>,
+    counter: Option<Counter>,
+}
+
+impl Key {
+    /// The transient failures counted by a counter still live after `after` (0 without one).
+    pub(crate) fn attempts(&self, after: pg_sys::TimestampTz) -> i32 {
+        match self.counter {
+            Some(c) if c.expires_at > after => c.attempts,
+            _ => 0,
+        }
+    }
+}
+
+/// Reads the record of `scope` (compared with `request_hash`) and its retry counter.
+pub(crate) fn key(catalog: &Catalog, scope: &Scope<'_>, request_hash: &str) -> Key {
+    let snapshot = Snapshot::take();
+    let record = record(&snapshot, catalog, scope, request_hash);
+    let counter = counter(&snapshot, catalog, scope);
+    Key { record, counter }
+}
+
+fn record(snapshot: &Snapshot, catalog: &Catalog, scope: &Scope<'_>, request_hash: &str) -> Option<Record> {
+    let cols = &catalog.rec;
+    probe(snapshot, catalog.records, catalog.records_pkey, scope, |slot| {
+        // SAFETY: slot holds an idem_records row; the columns are the catalog's; text values
+        // are read while the buffer is pinned, the response is copied out.
+        unsafe {
+            let status = match bytes(required(slot, cols.status)) {
+                b"PROCESSING" => Status::Processing,
+                b"SUCCESS" => Status::Success,
+                b"FAILED" => Status::Failed,
+                _ => raise(PgSqlErrorCode::ERRCODE_DATA_CORRUPTED, "idem_records holds an unknown status".into()),
+            };
+            let same_hash = bytes(required(slot, cols.request_hash)) == request_hash.as_bytes();
+            let response = match status {
+                Status::Processing => None,
+                _ => column(slot, cols.response).map(|v| Datum::from(pg_sys::pg_detoast_datum_copy(v.cast_mut_ptr()))),
+            };
+            Record {
+                same_hash,
+                status,
+                response,
+                lease_expires_at: required(slot, cols.lease_expires_at).value() as i64,
+                expires_at: required(slot, cols.expires_at).value() as i64,
+                created_at: required(slot, cols.created_at).value() as i64,
+            }
+        }
+    })
+}
+
+fn counter(snapshot: &Snapshot, catalog: &Catalog, scope: &Scope<'_>) -> Option<Counter> {
+    let cols = &catalog.ret;
+    probe(snapshot, catalog.retries, catalog.retries_pkey, scope, |slot| {
+        // SAFETY: slot holds an idem_retries row; both columns are by-value NOT NULL.
+        unsafe {
+            Counter {
+                attempts: required(slot, cols.attempts).value() as i32,
+                expires_at: required(slot, cols.expires_at).value() as i64,
+            }
+        }
+    })
+}

@@ -1,0 +1,216 @@
+//! `idem_reserve`, native: the algorithm of sql/reserve.sql.
+//!
+//! 1. Read the committed record and its retry counter with primary-key probes under one
+//!    snapshot ([`probe::key`]); a live record answers at once (replay, failed, in_progress,
+//!    mismatch). No lock, no executor, no SPI.
+//! 2. Absent or expired: take the key's transaction-scoped advisory lock, the same lock as the
+//!    PL/pgSQL version (`pg_advisory_xact_lock(hashtextextended(operation || E'\x1f' || user_id
+//!    || E'\x1f' || key, 0))`), so both versions see each other's uncommitted reservations
+//!    during an upgrade.
+//! 3. Create with INSERT … ON CONFLICT DO NOTHING, or take over with the re-checking UPDATE
+//!    (kept SPI plans). The primary key and the re-check decide; a lost race reads again.
+
+use super::call::{self, v1_function_info, Text};
+use super::catalog::{self, Catalog};
+use super::plans::{self, Stmt};
+use super::probe::{self, Scope, Status};
+use crate::args;
+use crate::metrics;
+use pgrx::datum::Interval;
+use pgrx::pg_sys::{self, Datum};
+use pgrx::prelude::*;
+
+/// How often a reservation reads the key again after losing a race before it answers
+/// `in_progress` (as sql/reserve.sql).
+const ATTEMPTS: usize = 8;
+
+/// The answer, as the `idem_reservation` row.
+struct Answer {
+    outcome: &'static str,
+    token: Option<i64>,
+    response: Option<Datum>,
+    attempts: i32,
+    expires_at: Option<pg_sys::TimestampTz>,
+}
+
+impl Answer {
+    fn busy(attempts: i32, expires_at: Option<pg_sys::TimestampTz>) -> Self {
+        Answer { outcome: "in_progress", token: None, response: None, attempts, expires_at }
+    }
+
+    fn into_datum(self, catalog: &Catalog) -> Datum {
+        // Every answer leaves through here: count it (a no-op unless preloaded).
+        metrics::add(
+            match self.outcome {
+                "created" => "reservations_created",
+                "replay" => "reservations_replay",
+                "failed" => "reservations_failed",
+                "mismatch" => "reservations_mismatch",
+                _ => "reservations_in_progress",
+            },
+            1,
+        );
+        let mut values = [
+            call::text_datum(self.outcome.as_bytes()),
+            Datum::from(self.token.unwrap_or(0)),
+            self.response.unwrap_or(Datum::from(0)),
+            Datum::from(self.attempts),
+            Datum::from(self.expires_at.unwrap_or(0)),
+        ];
+        let mut nulls = [false, self.token.is_none(), self.response.is_none(), false, self.expires_at.is_none()];
+        // SAFETY: the descriptor is the idem_reservation type's (5 columns of these types);
+        // HeapTupleHeaderGetDatum flattens any toasted value, as a composite datum requires.
+        unsafe {
+            let tuple = pg_sys::heap_form_tuple(catalog.reservation, values.as_mut_ptr(), nulls.as_mut_ptr());
+            pg_sys::HeapTupleHeaderGetDatum((*tuple).t_data)
+        }
+    }
+}
+
+/// The answer to a live record.
+fn answer(record: &probe::Record, attempts: i32) -> Answer {
+    let outcome = match (record.same_hash, record.status) {
+        (false, _) => "mismatch",
+        (true, Status::Success) => "replay",
+        (true, Status::Failed) => "failed",
+        (true, Status::Processing) => "in_progress",
+    };
+    let response = if record.same_hash { record.response } else { None };
+    Answer { outcome, token: None, response, attempts, expires_at: Some(record.expires_at) }
+}
+
+/// The key's advisory lock: taken (waiting if `wait`), or false when another transaction holds it.
+fn lock(scope: &Scope<'_>, wait: bool) -> bool {
+    let mut joined = Vec::with_capacity(scope.operation.str.len() + scope.user_id.str.len() + scope.key.str.len() + 2);
+    joined.extend_from_slice(scope.operation.str.as_bytes());
+    joined.push(0x1f);
+    joined.extend_from_slice(scope.user_id.str.as_bytes());
+    joined.push(0x1f);
+    joined.extend_from_slice(scope.key.str.as_bytes());
+    let joined = call::text_datum(&joined);
+    // SAFETY: builtins called as SQL calls them: hashtextextended(text, bigint) under the
+    // database's default collation (as the PL/pgSQL expression), then the bigint advisory lock
+    // functions, which need no flinfo.
+    unsafe {
+        let hash = pg_sys::DirectFunctionCall2Coll(
+            Some(call::builtins::hashtextextended),
+            pg_sys::DEFAULT_COLLATION_OID,
+            joined,
+            Datum::from(0i64),
+        );
+        if wait {
+            pg_sys::DirectFunctionCall1Coll(Some(call::builtins::pg_advisory_xact_lock_int8), pg_sys::InvalidOid, hash);
+            true
+        } else {
+            pg_sys::DirectFunctionCall1Coll(Some(call::builtins::pg_try_advisory_xact_lock_int8), pg_sys::InvalidOid, hash).value() != 0
+        }
+    }
+}
+
+fn next_token(catalog: &Catalog) -> i64 {
+    // SAFETY: nextval_oid(regclass) of the extension's sequence; needs no flinfo. Runs as the
+    // function's owner (SECURITY DEFINER), who may use the sequence.
+    unsafe {
+        pg_sys::DirectFunctionCall1Coll(Some(call::builtins::nextval_oid), pg_sys::InvalidOid, Datum::from(catalog.token_seq)).value()
+            as i64
+    }
+}
+
+fn interval_datum(i: Interval) -> Datum {
+    i.into_datum().unwrap_or(Datum::from(0))
+}
+
+v1_function_info!(pg_finfo_idem_reserve_native);
+
+/// `idem_reserve(operation text, user_id text, key text, request_hash text, ttl interval,
+/// lease interval, wait boolean) RETURNS idem_reservation`.
+///
+/// # Safety
+/// Called by PostgreSQL's function manager with the 7 arguments declared in sql/native.sql.
+#[pg_guard]
+#[no_mangle]
+pub unsafe extern "C-unwind" fn idem_reserve_native(fcinfo: pg_sys::FunctionCallInfo) -> Datum {
+    // SAFETY: the declaration in sql/native.sql fixes the argument types read here.
+    let (operation, user_id, key, request_hash, ttl, lease, wait, fn_oid) = unsafe {
+        (
+            call::text(fcinfo, 0, "operation"),
+            call::text(fcinfo, 1, "user_id"),
+            call::text(fcinfo, 2, "key"),
+            call::text(fcinfo, 3, "request_hash"),
+            call::arg::<Interval>(fcinfo, 4),
+            call::arg::<Interval>(fcinfo, 5),
+            call::arg::<bool>(fcinfo, 6),
+            call::function_oid(fcinfo),
+        )
+    };
+    args::_idem_check_scope(operation.map(|t| t.str), user_id.map(|t| t.str), key.map(|t| t.str));
+    args::_idem_check_request_hash(request_hash.map(|t| t.str));
+    let wait = args::required("wait", wait);
+    // Present: the checks above raise 22004 for a NULL.
+    let (operation, user_id, key, request_hash) = (
+        args::required("operation", operation),
+        args::required("user_id", user_id),
+        args::required("key", key),
+        args::required("request_hash", request_hash),
+    );
+    let ttl = args::_idem_ttl(ttl);
+    let lease = args::_idem_lease(lease, Some(ttl));
+    let catalog = catalog::for_function(fn_oid);
+    reserve(&catalog, &Scope { operation, user_id, key }, request_hash, interval_datum(ttl), interval_datum(lease), wait)
+        .into_datum(&catalog)
+}
+
+fn reserve(catalog: &Catalog, scope: &Scope<'_>, request_hash: Text<'_>, ttl: Datum, lease: Datum, wait: bool) -> Answer {
+    let mut locked = false;
+    for _ in 0..ATTEMPTS {
+        // SAFETY: reads the clock.
+        let now = unsafe { pg_sys::GetCurrentTimestamp() };
+        let found = probe::key(catalog, scope, request_hash.str);
+        if let Some(record) = &found.record {
+            if record.live(now) {
+                // The retry counter counts if it was live when the record was created.
+                return answer(record, found.attempts(record.created_at));
+            }
+        }
+        // Absent, or expired and free to take over: a new attempt would start now.
+        if !locked {
+            if !lock(scope, wait) {
+                // Another transaction is creating this key and has not committed.
+                return Answer::busy(found.attempts(now), None);
+            }
+            locked = true;
+            if wait {
+                continue; // the holder may have committed while we waited: read again
+            }
+        }
+        let token = next_token(catalog);
+        let lease_end = call::plus(now, lease);
+        let expires_at = call::plus(now, ttl);
+        let stmt = if found.record.is_some() { Stmt::TakeOver } else { Stmt::Insert };
+        let params = [
+            Some(scope.operation.datum),
+            Some(scope.user_id.datum),
+            Some(scope.key.datum),
+            Some(request_hash.datum),
+            Some(Datum::from(token)),
+            Some(Datum::from(lease_end)),
+            Some(Datum::from(expires_at)),
+            Some(Datum::from(now)),
+        ];
+        let created = plans::connected(|| plans::execute(catalog, stmt, &params)) == 1;
+        if created {
+            // The retry counter, if one is live: this attempt continues its count (read with the
+            // key; the advisory lock keeps other releases of this key out meanwhile).
+            let attempts = found.attempts(now);
+            if attempts > 0 {
+                // A retry of a released key: keep its counter alive as long as this record.
+                let keep = [params[0], params[1], params[2], Some(Datum::from(expires_at))];
+                plans::connected(|| plans::execute(catalog, Stmt::KeepRetries, &keep));
+            }
+            return Answer { outcome: "created", token: Some(token), response: None, attempts, expires_at: Some(expires_at) };
+        }
+        // Lost a race with a commit, a takeover, a recovery or a sweep: read the key again.
+    }
+    // The key kept changing under us; answer as a busy key so the caller retries later.
+    Answer::busy(0, None)
+}
