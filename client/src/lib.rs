@@ -107,6 +107,8 @@ mod handle;
 pub mod ops;
 #[cfg(feature = "client")]
 mod response;
+#[cfg(feature = "tower")]
+pub mod layer;
 
 #[cfg(feature = "client")]
 pub use error::Error;
