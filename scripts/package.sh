@@ -37,6 +37,10 @@ for major in ${*:-$("$env_sh" majors)}; do
     mkdir -p "$out/$name/lib" "$out/$name/extension"
     cp "$out/root$("$config" --pkglibdir)"/idempotency.so "$out/$name/lib/"
     cp "$out/root$("$config" --sharedir)"/extension/idempotency* "$out/$name/extension/"
+    # Every released install script and every update script, so that CREATE EXTENSION ... VERSION
+    # of an older release and ALTER EXTENSION idempotency UPDATE work from the package.
+    python3 "$root/scripts/sqlbuild.py" install-files "$out/$name/extension" >>"$out/build.log" 2>&1 \
+        || { tail -30 "$out/build.log" >&2; exit 1; }
     cat >"$out/$name/install.sh" <<INSTALL
 #!/bin/sh
 # Installs idempotency $version for PostgreSQL $major into the directories of \$PG_CONFIG (or of the

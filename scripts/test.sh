@@ -19,6 +19,9 @@
 #   isolation * pg_isolation_regress specs (tests/isolation) against the private cluster
 #   e2e *       cargo test -p idempotency-tests: the client end to end against the private cluster
 #               (core: the checklist test binary, which holds the concurrency tests)
+#   e2e_portable * the same tests against the portable install (IDEM_INSTALL=portable)
+#   upgrade *   scripts/test-upgrade.sh: updates from every released version, schema diff, load
+#   portable *  scripts/test-portable.sh: the portable install, fingerprint parity, suites, upgrade
 #   bench       the benchmark in smoke mode: every case runs and produces numbers (no speed asserted)
 #   pgspot      pgspot over the generated install script
 #
@@ -36,7 +39,7 @@ while [ $# -gt 0 ]; do
     case "$1" in
     --all-majors) all_majors=1 ;;
     --majors) only=${2:?--majors needs a list such as \"14 17\"}; shift ;;
-    *) sed -n '2,9p' "$0" >&2; exit 2 ;;
+    *) echo "test.sh: unknown argument '$1'; usage:" >&2; sed -n '6,9p' "$0" >&2; exit 2 ;;
     esac
     shift
 done
@@ -63,12 +66,13 @@ failed_layers=0
 record() {
     local layer=$1 pass=$2 fail=$3 status=$4
     if [ "$status" != 0 ] && [ "$fail" = 0 ]; then fail=1; fi # a crash or build failure counts
+    if [ "$pass" = 0 ] && [ "$fail" = 0 ]; then fail=1; fi     # so does a layer that counted nothing
     total_pass=$((total_pass + pass))
     total_fail=$((total_fail + fail))
     major_pass=$((major_pass + pass))
     major_fail=$((major_fail + fail))
     [ "$fail" = 0 ] || failed_layers=$((failed_layers + 1))
-    summary+=("$(printf 'pg%s %-10s %5s passed, %s failed' "$major" "$layer" "$pass" "$fail")")
+    summary+=("$(printf 'pg%s %-16s %5s passed, %s failed  %4ss' "$major" "$layer" "$pass" "$fail" "$((SECONDS - layer_started))")")
     printf '== pg%s %s: %s passed, %s failed (log: %s)\n' "$major" "$layer" "$pass" "$fail" "${logs#$root/}/$layer.log"
 }
 
@@ -78,12 +82,18 @@ cargo_counts() {
          END { printf "%d %d\n", p, f }' "$1"
 }
 
-# Counts pg_regress / pg_isolation_regress result lines.
+# Counts pg_regress / pg_isolation_regress result lines: `test name ... ok` up to 15, TAP lines
+# (`ok 1 - name`, `not ok 1 - name`) from 16.
 regress_counts() {
-    awk '/\.\.\. +ok/ { p++ } /\.\.\. +FAILED/ || /\.\.\. +failed/ { f++ } END { printf "%d %d\n", p, f }' "$1"
+    awk '/\.\.\. +ok/ || /^ok [0-9]+ / { p++ } /\.\.\. +FAILED/ || /\.\.\. +failed/ || /^not ok [0-9]+ / { f++ }
+         END { printf "%d %d\n", p, f }' "$1"
 }
 
-layer() { printf '\n== pg%s %s\n' "$major" "$1"; }
+# layer NAME: starts a layer (its time, in the summary, runs until its record).
+layer() {
+    printf '\n== pg%s %s\n' "$major" "$1"
+    layer_started=$SECONDS
+}
 
 # pg_regress_run NAME LOGNAME CONFIG DRIVER ARGS...: a pg_regress-style run of tests/NAME against
 # the private cluster, with CONFIG's binaries; records it as LOGNAME.
@@ -97,7 +107,7 @@ pg_regress_run() {
     "$pgxs/$driver" --bindir="$("$config" --bindir)" --host=127.0.0.1 --port="$IDEM_PG_PORT" --user=postgres \
         --dbname="idem_$logname" --inputdir="tests/$name" --outputdir="$out" "$@" >"$logs/$logname.log" 2>&1
     local status=$?
-    grep -E '\.\.\.|tests|FAIL' "$logs/$logname.log"
+    grep -E '\.\.\.|tests|FAIL|^(not )?ok ' "$logs/$logname.log"
     [ $status = 0 ] || head -150 "$out/regression.diffs" 2>/dev/null
     read -r p f < <(regress_counts "$logs/$logname.log")
     record "$logname" "$p" "$f" "$status"
@@ -131,7 +141,7 @@ run_major() {
     logs=$root/target/test-logs/pg$major
     mkdir -p "$logs"
     printf '\n######## PostgreSQL %s (%s, port %s, %s layers)\n' "$major" "$config" "$IDEM_PG_PORT" \
-        "$([ "$full" = 1 ] && echo every || echo core)"
+        "$([ "$full" = 1 ] && echo all || echo core)"
     local features=(--no-default-features --features "pg$major")
     local runas=()
     [ "$(id -u)" = 0 ] && runas=(--runas postgres)
@@ -171,6 +181,7 @@ run_major() {
             tar -xzf "$pkg/idempotency-$version-pg$major-linux-"*.tar.gz -C "$tested" &&
             PG_CONFIG=$copy "$tested"/idempotency-*/install.sh >>"$logs/package.log" 2>&1
         if [ $? = 0 ]; then package_smoke package_tarball "$copy"; else record package_tarball 0 1 1; fi
+        layer_started=$SECONDS
         # The .deb: dpkg into Debian's own directories when the default major is Debian's (and
         # removed again); otherwise its files, unpacked, into a fresh copy of the tree.
         local deb
@@ -199,7 +210,8 @@ run_major() {
 
     layer install
     # cargo pgrx test installed a debug build; the remaining layers test the release build.
-    (cd extension && cargo pgrx install --release --pg-config "$config" "${features[@]}") >"$logs/install.log" 2>&1
+    (cd extension && cargo pgrx install --release --pg-config "$config" "${features[@]}") >"$logs/install.log" 2>&1 &&
+        python3 scripts/sqlbuild.py install-files "$("$config" --sharedir)/extension" >>"$logs/install.log" 2>&1 # released + update scripts
     status=$?
     tail -1 "$logs/install.log"
     record install "$([ $status = 0 ] && echo 1 || echo 0)" 0 "$status"
@@ -208,22 +220,32 @@ run_major() {
     local url
     url=$(scripts/pg.sh start) || { record regress 0 1 1; url=; }
     if [ -n "$url" ]; then
-        pg_regress_run regress regress "$config" src/test/regress/pg_regress --schedule=tests/regress/schedule
+        pg_regress_run regress regress "$config" src/test/regress/pg_regress --load-extension=idempotency \
+            --schedule=tests/regress/schedule
 
         layer isolation
         # shellcheck disable=SC2046
-        pg_regress_run isolation isolation "$config" src/test/isolation/pg_isolation_regress \
+        pg_regress_run isolation isolation "$config" src/test/isolation/pg_isolation_regress --load-extension=idempotency \
             $(cd tests/isolation/specs && ls -- *.spec | sed 's/\.spec$//' | sort)
 
-        layer e2e
-        local e2e=(-p idempotency-tests)
+        # e2e against the extension, then against the portable install (IDEM_INSTALL: the test kit
+        # installs target/idempotency-portable.sql instead of CREATE EXTENSION).
+        local e2e=(-p idempotency-tests) kind install
         [ "$full" = 1 ] || e2e+=(--test checklist)
-        cargo test "${e2e[@]}" >"$logs/e2e.log" 2>&1
-        status=$?
-        grep -E '^(test |test result|error)' "$logs/e2e.log" | grep -v '\.\.\. ok$'
-        [ $status = 0 ] || grep -A30 -- '---- ' "$logs/e2e.log" | head -80
-        read -r p f < <(cargo_counts "$logs/e2e.log")
-        record e2e "$p" "$f" "$status"
+        for kind in e2e e2e_portable; do
+            layer $kind
+            install=extension
+            if [ $kind = e2e_portable ]; then
+                install=portable
+                bash scripts/portable.sh >target/idempotency-portable.sql || { record $kind 0 1 1; continue; }
+            fi
+            IDEM_INSTALL=$install cargo test "${e2e[@]}" >"$logs/$kind.log" 2>&1
+            status=$?
+            grep -E '^(test |test result|error)' "$logs/$kind.log" | grep -v '\.\.\. ok$'
+            [ $status = 0 ] || grep -A30 -- '---- ' "$logs/$kind.log" | head -80
+            read -r p f < <(cargo_counts "$logs/$kind.log")
+            record $kind "$p" "$f" "$status"
+        done
 
         if [ "$full" = 1 ]; then
             layer bench
@@ -234,6 +256,17 @@ run_major() {
         fi
     fi
     scripts/pg.sh stop || true
+
+    # The upgrade and portable layers run their own throwaway cluster on the (now free) port.
+    local name
+    for name in upgrade portable; do
+        layer "$name"
+        bash "scripts/test-$name.sh" >"$logs/$name.log" 2>&1
+        status=$?
+        grep -E '^FAILED|^   ' "$logs/$name.log" | head -60
+        read -r p f < <(tail -1 "$logs/$name.log" | awk '/passed,.*failed/ { print $1, $3; next } { print 0, 1 }')
+        record "$name" "$p" "$f" "$status"
+    done
 
     if [ "$full" = 1 ]; then
         layer pgspot
@@ -251,10 +284,12 @@ run_major() {
         fi
     fi
     per_major+=("$(printf 'pg%s: %d passed, %d failed (%s layers, %ds)' "$major" "$major_pass" "$major_fail" \
-        "$([ "$full" = 1 ] && echo every || echo core)" "$((SECONDS - started))")")
+        "$([ "$full" = 1 ] && echo all || echo core)" "$((SECONDS - started))")")
 }
 
 per_major=()
+# The default major first: it runs every layer.
+majors="$(printf '%s\n' $majors | grep -x "$default_major") $(printf '%s\n' $majors | grep -vx "$default_major")"
 for m in $majors; do
     started=$SECONDS
     if [ "$m" = "$default_major" ]; then

@@ -1,4 +1,4 @@
--- idempotency 0.1.0: the calls an attempt makes with its token.
+-- idempotency: the calls an attempt makes with its token.
 --
 -- Each is a conditional update fenced by (token, status = 'PROCESSING'): a stale token, or a
 -- record that completed, was recovered or was taken over, changes nothing and answers

@@ -1,4 +1,4 @@
--- idempotency 0.1.0: fingerprints and the operators' views.
+-- idempotency: fingerprints and the operators' views.
 
 CREATE FUNCTION @extschema@.idem_fingerprint(request jsonb) RETURNS text
     LANGUAGE c IMMUTABLE STRICT PARALLEL SAFE

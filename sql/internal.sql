@@ -8,6 +8,84 @@ CREATE FUNCTION @extschema@._idem_setting(name text) RETURNS text
 COMMENT ON FUNCTION @extschema@._idem_setting(text) IS
     'Internal: loads the library (which defines the idempotency.* settings) and returns a setting''s current value.';
 
+-- A duration or count setting's text as the PL/pgSQL twins of the native argument rules read it
+-- (sql/portable/args.sql; the extension reads its settings natively): the session's value, or
+-- the default when it is unset or empty (RESET of a setting made before the library loaded leaves
+-- an empty placeholder). A value the setting would not accept is 22023 naming it.
+CREATE FUNCTION @extschema@._idem_conf(name text) RETURNS text
+    LANGUAGE plpgsql VOLATILE PARALLEL SAFE
+    SET search_path = pg_catalog, pg_temp
+    AS $fn$
+DECLARE
+    v       text := coalesce(nullif(current_setting('idempotency.' || name, true), ''),
+                             @extschema@._idem_setting('idempotency.' || name));
+    pattern text := CASE name
+                        WHEN 'max_retries' THEN '^[[:space:]]*[0-9]+[[:space:]]*$'
+                        ELSE '^[[:space:]]*[0-9]+([.][0-9]+)?[[:space:]]*(us|ms|s|min|h|d)?[[:space:]]*$' END;
+    valid   boolean := v ~ pattern;
+BEGIN
+    IF valid AND name = 'max_retries' THEN
+        valid := v::numeric <= 2147483647;
+    END IF;
+    IF valid IS NOT TRUE THEN
+        RAISE EXCEPTION 'invalid value for parameter "idempotency.%": %', name, @extschema@._idem_echo(v)
+            USING ERRCODE = '22023',
+                  HINT = CASE name
+                             WHEN 'max_retries' THEN 'Use a whole number.'
+                             ELSE 'Use a number of seconds, optionally with a unit: us, ms, s, min, h or d (such as 90s or 5min).' END;
+    END IF;
+    RETURN v;
+END
+$fn$;
+
+COMMENT ON FUNCTION @extschema@._idem_conf(text) IS
+    'Internal: the text of setting idempotency.<name>, its default when unset or empty; raises 22023 naming the setting when invalid.';
+
+-- The rule of one key part or request_hash, for the PL/pgSQL twins of the native checks.
+CREATE FUNCTION @extschema@._idem_check_part(name text, value text, forbid_controls boolean)
+    RETURNS boolean
+    LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+    SET search_path = pg_catalog, pg_temp
+    AS $fn$
+BEGIN
+    IF value IS NULL THEN
+        RAISE EXCEPTION '% must not be NULL', name USING ERRCODE = '22004';
+    END IF;
+    IF octet_length(value) NOT BETWEEN 1 AND 255 THEN
+        RAISE EXCEPTION '% must be 1 to 255 bytes, got %', name, octet_length(value)
+            USING ERRCODE = '22023';
+    END IF;
+    IF forbid_controls AND value ~ E'[\\x01-\\x1f\\x7f-\\x9f]' THEN
+        RAISE EXCEPTION '% must not contain control characters (U+0000-U+001F, U+007F-U+009F), found one at byte %',
+            name, octet_length(substring(value FROM E'^[^\\x01-\\x1f\\x7f-\\x9f]*'))
+            USING ERRCODE = '22023';
+    END IF;
+    RETURN true;
+END
+$fn$;
+
+COMMENT ON FUNCTION @extschema@._idem_check_part(text, text, boolean) IS
+    'Internal (PL/pgSQL twins of the native checks): true, or 22004/22023 naming the argument when a key part or request_hash breaks the input rules.';
+
+-- An explicit ttl or lease, for the PL/pgSQL twins: positive and at most 1000 years.
+CREATE FUNCTION @extschema@._idem_checked_interval(name text, value interval) RETURNS interval
+    LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+    SET search_path = pg_catalog, pg_temp
+    AS $fn$
+BEGIN
+    IF value <= interval '0' THEN
+        RAISE EXCEPTION '% must be a positive interval, got %', name, value USING ERRCODE = '22023';
+    END IF;
+    IF value > interval '1000 years' THEN
+        RAISE EXCEPTION '% must be at most 1000 years, got %', name, value USING ERRCODE = '22023';
+    END IF;
+    RETURN value;
+END
+$fn$;
+
+COMMENT ON FUNCTION @extschema@._idem_checked_interval(text, interval) IS
+    'Internal (PL/pgSQL twins of the native checks): an explicit ttl or lease; 22023 unless positive and at most 1000 years.';
+
 CREATE FUNCTION @extschema@._idem_max_response_bytes() RETURNS integer
     LANGUAGE c VOLATILE PARALLEL SAFE
     SET search_path = pg_catalog, pg_temp

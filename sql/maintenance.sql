@@ -1,4 +1,4 @@
--- idempotency 0.1.0: recovery of stuck attempts and the sweep of expired records.
+-- idempotency: recovery of stuck attempts and the sweep of expired records.
 --
 -- Both work in batches over partial indexes, lock with SKIP LOCKED (never waiting on, nor touching,
 -- a row a live transaction holds), and re-check every condition on the locked row version, so

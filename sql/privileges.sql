@@ -1,4 +1,4 @@
--- idempotency 0.1.0: privileges.
+-- idempotency: privileges.
 --
 -- The API functions are SECURITY DEFINER (owned by the role that ran CREATE EXTENSION), so a role
 -- needs only USAGE on the schema and EXECUTE on them. Nobody else reads or changes records.
@@ -17,6 +17,9 @@ REVOKE EXECUTE ON FUNCTION
 -- Internals run inside the API functions, as their owner.
 REVOKE EXECUTE ON FUNCTION
     @extschema@._idem_setting(text),
+    @extschema@._idem_conf(text),
+    @extschema@._idem_check_part(text, text, boolean),
+    @extschema@._idem_checked_interval(text, interval),
     @extschema@._idem_max_response_bytes(),
     @extschema@._idem_check_scope(text, text, text),
     @extschema@._idem_check_request_hash(text),

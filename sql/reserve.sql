@@ -1,4 +1,4 @@
--- idempotency 0.1.0: idem_reserve.
+-- idempotency: idem_reserve.
 --
 -- How one key stays at most once:
 --   1. Read the committed record (and its retry counter) in one primary-key probe. A live record

@@ -1,4 +1,4 @@
--- idempotency 0.1.0: tables, the token sequence and the reservation type.
+-- idempotency: tables, the token sequence and the reservation type.
 --
 -- Every object is qualified with @extschema@ and every operator with pg_catalog: nothing here
 -- depends on the search_path at CREATE EXTENSION time.

@@ -1,5 +1,5 @@
-//! The scope of an idempotency key, validated with the same rules as the SQL API, so bad input
-//! fails before a round trip.
+//! The scope of an idempotency key, validated with the SQL API's own rules (the extension links
+//! this module and applies them natively), so bad input fails before a round trip.
 //!
 //! `operation`, `user_id` and `key` are each 1 to 255 bytes with no control characters
 //! (U+0000–U+001F, U+007F–U+009F); `request_hash` is 1 to 255 bytes. The messages are the ones
@@ -45,8 +45,9 @@ fn is_control(c: char) -> bool {
     matches!(c, '\u{0}'..='\u{1f}' | '\u{7f}'..='\u{9f}')
 }
 
-/// Checks one of `operation`, `user_id`, `key`.
-fn check_part(name: &'static str, value: &str) -> Result<(), KeyError> {
+/// Checks one of `operation`, `user_id`, `key` (`name` says which): 1 to 255 bytes, no control
+/// characters. The extension applies exactly this function to its arguments.
+pub fn check_part(name: &'static str, value: &str) -> Result<(), KeyError> {
     check_length(name, value)?;
     match value.char_indices().find(|&(_, c)| is_control(c)) {
         Some((offset, _)) => Err(KeyError::ControlCharacter { name, offset }),
@@ -54,9 +55,9 @@ fn check_part(name: &'static str, value: &str) -> Result<(), KeyError> {
     }
 }
 
-/// Checks `request_hash` (length only: any text is allowed).
-#[cfg_attr(not(feature = "client"), allow(dead_code))]
-pub(crate) fn check_request_hash(value: &str) -> Result<(), KeyError> {
+/// Checks `request_hash`: 1 to 255 bytes (any text is allowed). The extension applies exactly
+/// this function to its argument.
+pub fn check_request_hash(value: &str) -> Result<(), KeyError> {
     check_length("request_hash", value)
 }
 

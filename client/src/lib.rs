@@ -94,7 +94,7 @@
 #![deny(missing_docs)]
 
 pub mod fingerprint;
-mod key;
+pub mod key;
 
 pub use fingerprint::{Fingerprint, FingerprintError};
 pub use key::{Key, KeyError};

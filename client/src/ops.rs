@@ -12,13 +12,21 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 use tokio_postgres::{Row, Statement};
 
-/// The extension versions this client speaks (major.minor).
-const SUPPORTED_EXTENSION: &str = "0.1";
+/// The extension versions this client speaks (major.minor): 0.2 changed no signature or outcome.
+const SUPPORTED_EXTENSIONS: &[&str] = &["0.1", "0.2"];
 
-/// Where the extension lives, and the statements of this crate qualified with it.
-const EXTENSION_SQL: &str = "SELECT n.nspname AS schema, e.extversion AS version \
-     FROM pg_catalog.pg_extension e JOIN pg_catalog.pg_namespace n ON n.oid = e.extnamespace \
-     WHERE e.extname = 'idempotency'";
+/// Where the extension lives and its version: the extension's schema, else the schema of a
+/// portable install (which records its version in `_idem_portable_version()`), so the client
+/// cannot tell the two apart.
+const EXTENSION_SQL: &str = "SELECT schema, version FROM ( \
+       SELECT 0 AS rank, n.nspname AS schema, e.extversion AS version \
+         FROM pg_catalog.pg_extension e JOIN pg_catalog.pg_namespace n ON n.oid = e.extnamespace \
+        WHERE e.extname = 'idempotency' \
+       UNION ALL \
+       SELECT 1, n.nspname, pg_catalog.substring(p.prosrc, '''([0-9][^'']*)''') \
+         FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace \
+        WHERE p.proname = '_idem_portable_version') AS installs \
+     ORDER BY rank, schema LIMIT 1";
 
 /// The schema the extension's functions are called in (`CREATE EXTENSION idempotency SCHEMA
 /// s`), with this crate's statements qualified with it. Cheap to clone.
@@ -88,7 +96,7 @@ impl Schema {
     }
 
     /// The schema the extension is installed in, from `pg_extension`, after checking that it is
-    /// at a version this client speaks (0.1.x). [`Error::ExtensionMissing`] otherwise.
+    /// at a version this client speaks (0.1.x or 0.2.x). [`Error::ExtensionMissing`] otherwise.
     pub async fn of_extension<C: GenericClient>(client: &C) -> Result<Self, Error> {
         let (schema, _) = installed(client).await?;
         Schema::named(schema)
@@ -140,11 +148,12 @@ pub(crate) async fn installed<C: GenericClient>(client: &C) -> Result<(String, S
         });
     };
     let (schema, version): (String, String) = (col(&row, "schema")?, col(&row, "version")?);
-    if version == SUPPORTED_EXTENSION || version.starts_with(&format!("{SUPPORTED_EXTENSION}.")) {
+    if SUPPORTED_EXTENSIONS.iter().any(|s| version == *s || version.starts_with(&format!("{s}."))) {
         Ok((schema, version))
     } else {
+        let speaks: Vec<String> = SUPPORTED_EXTENSIONS.iter().map(|s| format!("{s}.x")).collect();
         Err(Error::ExtensionMissing {
-            reason: format!("the idempotency extension is at version {version}; this client speaks {SUPPORTED_EXTENSION}.x"),
+            reason: format!("the idempotency extension is at version {version}; this client speaks {}", speaks.join(", ")),
             source: None,
         })
     }

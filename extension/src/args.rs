@@ -62,7 +62,8 @@ fn span(i: &Interval) -> i128 {
 
 /// A setting in seconds as the interval `current_setting()` shows it: whole days as days (`1d`
 /// is `1 day`, which keeps its calendar meaning across a DST change), anything else as time.
-fn seconds(s: i32) -> Interval {
+fn seconds(setting: &guc::Setting) -> Interval {
+    let s = setting.get().unwrap_or_else(|message| raise(PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE, message));
     let (days, secs) = if s % 86_400 == 0 { (s / 86_400, 0) } else { (0, s) };
     Interval::new(0, days, i64::from(secs) * 1_000_000).unwrap_or_else(|e| raise(PgSqlErrorCode::ERRCODE_INTERNAL_ERROR, e.to_string()))
 }
@@ -84,7 +85,7 @@ fn checked(name: &str, value: Interval) -> Interval {
 fn _idem_ttl(ttl: Option<Interval>) -> Interval {
     match ttl {
         Some(ttl) => checked("ttl", ttl),
-        None => seconds(guc::TTL.get()),
+        None => seconds(&guc::TTL),
     }
 }
 
@@ -93,7 +94,7 @@ fn _idem_ttl(ttl: Option<Interval>) -> Interval {
 /// lease is settled on its own (heartbeat).
 #[pg_extern(sql = false, stable, parallel_safe)]
 fn _idem_lease(lease: Option<Interval>, ttl: Option<Interval>) -> Interval {
-    let default = || seconds(guc::LEASE.get());
+    let default = || seconds(&guc::LEASE);
     match (lease, ttl) {
         (Some(lease), Some(ttl)) => {
             let lease = checked("lease", lease);
@@ -121,6 +122,6 @@ fn _idem_max_retries(max_retries: Option<i32>) -> i32 {
     match max_retries {
         Some(n) if n < 1 => raise(PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE, format!("max_retries must be at least 1, got {n}")),
         Some(n) => n,
-        None => guc::MAX_RETRIES.get(),
+        None => guc::MAX_RETRIES.get().unwrap_or_else(|message| raise(PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE, message)),
     }
 }

@@ -1,47 +1,140 @@
-//! The extension's settings. `sql/` reads them with `current_setting()`, falling back to
-//! `_idem_setting()` (which loads this library, and with it these definitions) when a session
-//! has not loaded the library yet.
+//! The extension's settings. The argument rules (`args.rs`) read them natively; `sql/` reads
+//! `max_response_bytes` through `_idem_max_response_bytes()`, and `_idem_setting()` shows any of
+//! them (calling either loads this library, and with it these definitions).
 
 use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 use pgrx::prelude::*;
-use std::ffi::CString;
+use std::cell::Cell;
+use std::ffi::{c_int, c_void, CStr, CString};
 
-pub(crate) static TTL: GucSetting<i32> = GucSetting::<i32>::new(24 * 60 * 60);
-pub(crate) static LEASE: GucSetting<i32> = GucSetting::<i32>::new(5 * 60);
-pub(crate) static MAX_RETRIES: GucSetting<i32> = GucSetting::<i32>::new(3);
 static MAX_RESPONSE_BYTES: GucSetting<i32> = GucSetting::<i32>::new(1024 * 1024);
 
+/// A setting the API reads with `NULL` arguments, and the value a session gave it before this
+/// library loaded when PostgreSQL could not take that value (it then warns and keeps the default;
+/// the API instead raises 22023 naming the setting, as the portable install does, until the
+/// session sets or resets it).
+pub(crate) struct Setting {
+    name: &'static CStr,
+    pub(crate) value: &'static GucSetting<i32>,
+    unit: GucFlags,
+    refused: Cell<Option<String>>,
+}
+
+// SAFETY: a backend runs one thread; the `Cell` is only touched from it (register, the assign
+// hooks and the API functions all run on the backend's main thread).
+unsafe impl Sync for Setting {}
+
+pub(crate) static TTL: Setting = Setting::new(c"idempotency.ttl", &TTL_VALUE, GucFlags::UNIT_S);
+pub(crate) static LEASE: Setting = Setting::new(c"idempotency.lease", &LEASE_VALUE, GucFlags::UNIT_S);
+pub(crate) static MAX_RETRIES: Setting = Setting::new(c"idempotency.max_retries", &MAX_RETRIES_VALUE, GucFlags::empty());
+
+impl Setting {
+    const fn new(name: &'static CStr, value: &'static GucSetting<i32>, unit: GucFlags) -> Self {
+        Setting { name, value, unit, refused: Cell::new(None) }
+    }
+
+    /// The setting's value, or 22023 naming it when the session set it, before the library
+    /// loaded, to a value it cannot take.
+    pub(crate) fn get(&self) -> Result<i32, String> {
+        match self.refused.take() {
+            None => Ok(self.value.get()),
+            Some(v) => {
+                let message = format!("invalid value for parameter \"{}\": {}", self.name.to_string_lossy(), echo(&v));
+                self.refused.set(Some(v));
+                Err(message)
+            }
+        }
+    }
+
+    /// The placeholder a session set before the library loaded, if PostgreSQL will refuse it.
+    /// An empty one (left by RESET) means the default, as PostgreSQL treats it.
+    fn refused_placeholder(&self) -> Option<String> {
+        // SAFETY: a valid C string; with missing_ok the call returns NULL when nothing is set.
+        let raw = unsafe { pg_sys::GetConfigOption(self.name.as_ptr(), true, false) };
+        if raw.is_null() {
+            return None;
+        }
+        // SAFETY: GetConfigOption returns a NUL-terminated string that lives until the next
+        // change of the setting; it is copied at once.
+        let text = unsafe { CStr::from_ptr(raw) };
+        let shown = text.to_string_lossy().into_owned();
+        if shown.trim().is_empty() {
+            return None;
+        }
+        let mut parsed: c_int = 0;
+        // SAFETY: valid pointers; parse_int reads the string and writes the result.
+        let ok = unsafe { pg_sys::parse_int(text.as_ptr(), &mut parsed, self.unit.bits(), std::ptr::null_mut()) };
+        (!ok || parsed < 1).then_some(shown)
+    }
+}
+
+/// A rejected value as error messages show it: quoted if at most 32 bytes, else its size.
+fn echo(value: &str) -> String {
+    if value.len() <= 32 { format!("'{}'", value.replace('\'', "''")) } else { format!("a {}-byte value", value.len()) }
+}
+
+static TTL_VALUE: GucSetting<i32> = GucSetting::<i32>::new(24 * 60 * 60);
+static LEASE_VALUE: GucSetting<i32> = GucSetting::<i32>::new(5 * 60);
+static MAX_RETRIES_VALUE: GucSetting<i32> = GucSetting::<i32>::new(3);
+
+// Any assignment after the definition (SET, RESET, a rollback restoring a value) replaces a
+// refused placeholder.
+#[pg_guard]
+unsafe extern "C-unwind" fn ttl_assigned(_value: c_int, _extra: *mut c_void) {
+    TTL.refused.set(None);
+}
+#[pg_guard]
+unsafe extern "C-unwind" fn lease_assigned(_value: c_int, _extra: *mut c_void) {
+    LEASE.refused.set(None);
+}
+#[pg_guard]
+unsafe extern "C-unwind" fn max_retries_assigned(_value: c_int, _extra: *mut c_void) {
+    MAX_RETRIES.refused.set(None);
+}
+
 pub(crate) fn register() {
-    GucRegistry::define_int_guc(
-        c"idempotency.ttl",
-        c"How long a record is kept, counted from its reservation, when idem_reserve gets ttl => NULL.",
-        c"After it an idempotency key may be reused and the record swept.",
-        &TTL,
-        1,
-        i32::MAX,
-        GucContext::Userset,
-        GucFlags::UNIT_S,
-    );
-    GucRegistry::define_int_guc(
-        c"idempotency.lease",
-        c"How long an attempt holds a key before idem_recover_stuck may take it, when lease => NULL.",
-        c"Defaulted leases are capped at the record's ttl; idem_heartbeat extends a lease.",
-        &LEASE,
-        1,
-        i32::MAX,
-        GucContext::Userset,
-        GucFlags::UNIT_S,
-    );
-    GucRegistry::define_int_guc(
-        c"idempotency.max_retries",
-        c"Transient failures after which a key is poisoned (FAILED), when max_retries => NULL.",
-        c"",
-        &MAX_RETRIES,
-        1,
-        i32::MAX,
-        GucContext::Userset,
-        GucFlags::empty(),
-    );
+    let definitions: [(&Setting, &'static CStr, &'static CStr, pg_sys::GucIntAssignHook); 3] = [
+        (
+            &TTL,
+            c"How long a record is kept, counted from its reservation, when idem_reserve gets ttl => NULL.",
+            c"After it an idempotency key may be reused and the record swept.",
+            Some(ttl_assigned),
+        ),
+        (
+            &LEASE,
+            c"How long an attempt holds a key before idem_recover_stuck may take it, when lease => NULL.",
+            c"Defaulted leases are capped at the record's ttl; idem_heartbeat extends a lease.",
+            Some(lease_assigned),
+        ),
+        (
+            &MAX_RETRIES,
+            c"Transient failures after which a key is poisoned (FAILED), when max_retries => NULL.",
+            c"",
+            Some(max_retries_assigned),
+        ),
+    ];
+    for (setting, short, long, assigned) in definitions {
+        // Read before the definition replaces the placeholder; remembered after it, because the
+        // definition itself assigns the default (and so runs the hook).
+        let refused = setting.refused_placeholder();
+        // SAFETY: the hooks are #[pg_guard] and only reset a Cell.
+        unsafe {
+            GucRegistry::define_int_guc_with_hooks(
+                setting.name,
+                short,
+                long,
+                setting.value,
+                1,
+                i32::MAX,
+                GucContext::Userset,
+                setting.unit,
+                None,
+                assigned,
+                None,
+            );
+        }
+        setting.refused.set(refused);
+    }
     GucRegistry::define_int_guc(
         c"idempotency.max_response_bytes",
         c"The largest response idem_complete stores, as bytes of its jsonb text.",
@@ -77,7 +170,7 @@ fn _idem_setting(name: &str) -> Option<String> {
         if value.is_null() {
             None
         } else {
-            Some(std::ffi::CStr::from_ptr(value).to_string_lossy().into_owned())
+            Some(CStr::from_ptr(value).to_string_lossy().into_owned())
         }
     }
 }

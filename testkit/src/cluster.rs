@@ -2,12 +2,13 @@
 
 use idempotency_client::{Idempotency, Key, Settings};
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 use tokio_postgres::NoTls;
 
-use crate::root;
+use crate::{pg_bin, root};
 
 /// Starts the private cluster if needed; returns the URL of its `postgres` database.
 pub fn cluster_url() -> &'static str {
@@ -42,7 +43,8 @@ pub fn database_url(name: &str) -> String {
     }
 }
 
-/// Drops and recreates database `name` with the extension and a `charges` business table.
+/// Drops and recreates database `name` with idempotency installed (see [`install`]) and a
+/// `charges` business table.
 pub async fn fresh_database(name: &str) -> String {
     let (admin, conn) = tokio_postgres::connect(cluster_url(), NoTls).await.expect("connect to the private cluster");
     tokio::spawn(conn);
@@ -52,13 +54,40 @@ pub async fn fresh_database(name: &str) -> String {
     let url = database_url(name);
     let (db, conn) = tokio_postgres::connect(&url, NoTls).await.expect("connect to the test database");
     tokio::spawn(conn);
-    db.batch_execute(
-        "CREATE EXTENSION idempotency;
-         CREATE TABLE charges (id bigserial PRIMARY KEY, user_id text NOT NULL, amount bigint NOT NULL, k text);",
-    )
-    .await
-    .expect("CREATE EXTENSION idempotency (is the release build installed? cargo pgrx install --release)");
+    install(&url, &db).await;
+    db.batch_execute("CREATE TABLE charges (id bigserial PRIMARY KEY, user_id text NOT NULL, amount bigint NOT NULL, k text);")
+        .await
+        .expect("create the charges table");
     url
+}
+
+/// Installs idempotency into the schema `public` of the database at `url`: the extension, or with
+/// `IDEM_INSTALL=portable` the portable script (`IDEM_PORTABLE_SCRIPT`, default
+/// `target/idempotency-portable.sql`, built by `bash scripts/portable.sh`) run by the psql of
+/// `PG_CONFIG`, exactly as its users run it.
+async fn install(url: &str, db: &tokio_postgres::Client) {
+    if std::env::var("IDEM_INSTALL").as_deref() != Ok("portable") {
+        db.batch_execute("CREATE EXTENSION idempotency;")
+            .await
+            .expect("CREATE EXTENSION idempotency (is the release build installed? cargo pgrx install --release)");
+        return;
+    }
+    let script = std::env::var_os("IDEM_PORTABLE_SCRIPT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join("target/idempotency-portable.sql"));
+    let psql = pg_bin("psql");
+    let out = Command::new(&psql)
+        .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-v", "schema=public", "-f"])
+        .arg(&script)
+        .arg(url)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", psql.display()));
+    assert!(
+        out.status.success(),
+        "portable install of {} failed (bash scripts/portable.sh > {0} first?): {}",
+        script.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// The database of this test process, created once.

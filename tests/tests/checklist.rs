@@ -310,7 +310,8 @@ async fn invalid_keys_are_refused_by_key_new_with_http_400() {
 #[tokio::test]
 async fn check_extension_reports_the_version_or_its_absence() {
     let idem = handle(Settings::default()).await;
-    assert_eq!(idem.check_extension().await.unwrap(), "0.1.0");
+    // The extension, or the portable install (IDEM_INSTALL=portable): the version of this build.
+    assert_eq!(idem.check_extension().await.unwrap(), env!("CARGO_PKG_VERSION"));
     let admin = admin().await;
     admin.batch_execute("DROP DATABASE IF EXISTS idem_no_extension WITH (FORCE)").await.unwrap();
     admin.batch_execute("CREATE DATABASE idem_no_extension").await.unwrap();

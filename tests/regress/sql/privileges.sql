@@ -7,7 +7,6 @@ SELECT p.oid::regprocedure AS function, has_function_privilege('public', p.oid, 
   FROM pg_proc p JOIN pg_depend d ON d.objid = p.oid AND d.deptype = 'e'
   JOIN pg_extension e ON e.oid = d.refobjid AND e.extname = 'idempotency'
  ORDER BY p.oid::regprocedure::text;
-SELECT c.relname, c.relacl FROM pg_class c WHERE c.relname IN ('idem_records', 'idem_retries', 'idem_token_seq') ORDER BY 1;
 
 CREATE ROLE idem_plain;
 SET ROLE idem_plain;

@@ -1,0 +1,367 @@
+-- idempotency, portable build only: idem_fingerprint in PL/pgSQL, replacing the extension's
+-- LANGUAGE c functions of the same signatures (scripts/portable.sh substitutes them; the
+-- COMMENT and privilege statements of sql/ apply unchanged).
+--
+-- A statement-by-statement port of the canonicaliser in client/src/fingerprint.rs (the one the
+-- extension calls): same rules, same limits, same error messages with the same byte offsets.
+-- It is iterative, with an explicit stack, so 1024 levels of nesting cost no call depth.
+
+CREATE FUNCTION @extschema@.idem_fingerprint(request text) RETURNS text
+    LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
+    SET search_path = pg_catalog, pg_temp
+    AS $fn$
+DECLARE
+    max_depth CONSTANT integer := 1024;                -- fingerprint.rs MAX_DEPTH
+    b        bytea   := convert_to(request, 'UTF8');
+    n        integer := length(b);
+    pos      integer := 0;                            -- byte offset, as in the Rust errors
+    budget   bigint  := 67108864;                     -- fingerprint.rs MAX_CANONICAL_BYTES
+    reason   text;
+    c        integer;
+    v        bytea;                                   -- the value just read, canonical
+    -- Open containers: kind ('a'/'o'), array output so far, first member index, pending key.
+    top      integer := 0;
+    f_kind   text[]  := '{}';
+    f_out    bytea[] := '{}';
+    f_first  integer[] := '{}';
+    f_kdec   bytea[] := '{}';
+    f_kenc   bytea[] := '{}';
+    -- Members of the open objects, innermost last: decoded key, canonical key, canonical value.
+    m_dec    bytea[] := '{}';
+    m_enc    bytea[] := '{}';
+    m_val    bytea[] := '{}';
+    mcount   integer := 0;
+    want_key boolean := false;
+    -- Strings
+    dec      bytea;
+    enc      bytea;
+    start    integer;
+    code     integer;
+    lo       integer;
+    -- Numbers
+    neg      boolean;
+    digits   text;
+    sig      text;
+    trimmed  text;
+    expo     numeric;
+    e        numeric;
+    e_neg    boolean;
+    sig_len  integer;
+    point    numeric;
+    plain    numeric;
+    growth   numeric;
+    word     text;
+BEGIN
+    <<main>>
+    LOOP
+        -- A value (or, in an object, a key) is next; whitespace first.
+        LOOP
+            c := CASE WHEN pos < n THEN get_byte(b, pos) ELSE -1 END;
+            EXIT WHEN c NOT IN (32, 9, 10, 13);
+            pos := pos + 1;
+        END LOOP;
+        IF want_key AND c <> 34 THEN
+            reason := 'expected a string key in an object';
+            EXIT main;
+        END IF;
+
+        IF c = 123 OR c = 91 THEN                       -- { or [
+            IF top + 1 > max_depth THEN
+                RAISE EXCEPTION 'request nests objects and arrays deeper than % levels', max_depth
+                    USING ERRCODE = '54000';
+            END IF;
+            pos := pos + 1;
+            top := top + 1;
+            f_kind[top] := CASE c WHEN 123 THEN 'o' ELSE 'a' END;
+            f_out[top] := decode('5b', 'hex');
+            f_first[top] := mcount + 1;
+            LOOP
+                c := CASE WHEN pos < n THEN get_byte(b, pos) ELSE -1 END;
+                EXIT WHEN c NOT IN (32, 9, 10, 13);
+                pos := pos + 1;
+            END LOOP;
+            IF (f_kind[top] = 'o' AND c = 125) OR (f_kind[top] = 'a' AND c = 93) THEN
+                pos := pos + 1;
+                v := CASE f_kind[top] WHEN 'o' THEN decode('7b7d', 'hex') ELSE decode('5b5d', 'hex') END;
+                top := top - 1;
+            ELSE
+                want_key := f_kind[top] = 'o';
+                CONTINUE main;
+            END IF;
+
+        ELSIF c = 34 THEN                               -- a string: decoded and re-escaped
+            pos := pos + 1;
+            dec := ''::bytea;
+            enc := ''::bytea;
+            LOOP
+                start := pos;
+                LOOP
+                    c := CASE WHEN pos < n THEN get_byte(b, pos) ELSE -1 END;
+                    EXIT WHEN c = 34 OR c = 92 OR c < 32;
+                    pos := pos + 1;
+                END LOOP;
+                IF pos > start THEN
+                    dec := dec || substring(b FROM start + 1 FOR pos - start);
+                    enc := enc || substring(b FROM start + 1 FOR pos - start);
+                END IF;
+                IF c = 34 THEN
+                    pos := pos + 1;
+                    EXIT;
+                ELSIF c = -1 THEN
+                    reason := 'unterminated string';
+                    EXIT main;
+                ELSIF c <> 92 THEN
+                    reason := 'control character in a string';
+                    EXIT main;
+                END IF;
+                -- An escape.
+                pos := pos + 1;
+                IF pos >= n THEN
+                    reason := 'unterminated escape';
+                    EXIT main;
+                END IF;
+                c := get_byte(b, pos);
+                pos := pos + 1;
+                code := CASE c WHEN 34 THEN 34 WHEN 92 THEN 92 WHEN 47 THEN 47 WHEN 98 THEN 8
+                               WHEN 102 THEN 12 WHEN 110 THEN 10 WHEN 114 THEN 13 WHEN 116 THEN 9 END;
+                IF c = 117 THEN                         -- \uXXXX, surrogate pairs combined
+                    FOR half IN 1..2 LOOP
+                        IF pos + 4 > n THEN
+                            reason := 'short unicode escape';
+                            EXIT main;
+                        END IF;
+                        IF convert_from(substring(b FROM pos + 1 FOR 4), 'SQL_ASCII') !~ '^[0-9a-fA-F]{4}$' THEN
+                            reason := 'invalid unicode escape';
+                            EXIT main;
+                        END IF;
+                        lo := ('x' || lpad(convert_from(substring(b FROM pos + 1 FOR 4), 'SQL_ASCII'), 8, '0'))::bit(32)::integer;
+                        pos := pos + 4;
+                        IF half = 1 THEN
+                            code := lo;
+                            IF code BETWEEN 56320 AND 57343 THEN
+                                reason := 'low surrogate without a high surrogate';
+                                EXIT main;
+                            END IF;
+                            EXIT WHEN code NOT BETWEEN 55296 AND 56319;
+                            IF NOT (pos + 1 < n AND get_byte(b, pos) = 92 AND get_byte(b, pos + 1) = 117) THEN
+                                reason := 'high surrogate without a low surrogate';
+                                EXIT main;
+                            END IF;
+                            pos := pos + 2;
+                        ELSE
+                            IF lo NOT BETWEEN 56320 AND 57343 THEN
+                                reason := 'high surrogate without a low surrogate';
+                                EXIT main;
+                            END IF;
+                            code := 65536 + (code - 55296) * 1024 + (lo - 56320);
+                        END IF;
+                    END LOOP;
+                ELSIF code IS NULL THEN
+                    reason := 'invalid escape';
+                    EXIT main;
+                END IF;
+                -- The code point's UTF-8 bytes, and serde_json's escape of it.
+                v := decode(CASE
+                    WHEN code < 128 THEN lpad(to_hex(code), 2, '0')
+                    WHEN code < 2048 THEN to_hex(192 + code / 64) || to_hex(128 + code % 64)
+                    WHEN code < 65536 THEN to_hex(224 + code / 4096) || to_hex(128 + code / 64 % 64)
+                                           || to_hex(128 + code % 64)
+                    ELSE to_hex(240 + code / 262144) || to_hex(128 + code / 4096 % 64)
+                         || to_hex(128 + code / 64 % 64) || to_hex(128 + code % 64) END, 'hex');
+                dec := dec || v;
+                enc := enc || CASE code
+                    WHEN 34 THEN decode('5c22', 'hex') WHEN 92 THEN decode('5c5c', 'hex')
+                    WHEN 8 THEN decode('5c62', 'hex') WHEN 12 THEN decode('5c66', 'hex')
+                    WHEN 10 THEN decode('5c6e', 'hex') WHEN 13 THEN decode('5c72', 'hex')
+                    WHEN 9 THEN decode('5c74', 'hex')
+                    ELSE CASE WHEN code < 32 THEN convert_to('\u00' || lpad(to_hex(code), 2, '0'), 'UTF8')
+                              ELSE v END END;
+            END LOOP;
+            IF want_key THEN
+                f_kdec[top] := dec;
+                f_kenc[top] := decode('22', 'hex') || enc || decode('22', 'hex');
+                want_key := false;
+                LOOP
+                    c := CASE WHEN pos < n THEN get_byte(b, pos) ELSE -1 END;
+                    EXIT WHEN c NOT IN (32, 9, 10, 13);
+                    pos := pos + 1;
+                END LOOP;
+                IF c <> 58 THEN
+                    reason := 'expected '':'' after an object key';
+                    EXIT main;
+                END IF;
+                pos := pos + 1;
+                CONTINUE main;
+            END IF;
+            v := decode('22', 'hex') || enc || decode('22', 'hex');
+
+        ELSIF c = 45 OR c BETWEEN 48 AND 57 THEN        -- a number: exact, plain decimal
+            neg := c = 45;
+            IF neg THEN
+                pos := pos + 1;
+            END IF;
+            start := pos;
+            LOOP
+                c := CASE WHEN pos < n THEN get_byte(b, pos) ELSE -1 END;
+                EXIT WHEN c NOT BETWEEN 48 AND 57;
+                pos := pos + 1;
+            END LOOP;
+            IF pos = start OR (pos - start > 1 AND get_byte(b, start) = 48) THEN
+                reason := 'invalid number';
+                EXIT main;
+            END IF;
+            digits := convert_from(substring(b FROM start + 1 FOR pos - start), 'SQL_ASCII');
+            expo := 0;
+            IF c = 46 THEN                              -- .
+                pos := pos + 1;
+                lo := pos;
+                LOOP
+                    c := CASE WHEN pos < n THEN get_byte(b, pos) ELSE -1 END;
+                    EXIT WHEN c NOT BETWEEN 48 AND 57;
+                    pos := pos + 1;
+                END LOOP;
+                IF pos = lo THEN
+                    reason := 'invalid number';
+                    EXIT main;
+                END IF;
+                digits := digits || convert_from(substring(b FROM lo + 1 FOR pos - lo), 'SQL_ASCII');
+                expo := lo - pos;
+            END IF;
+            IF c = 101 OR c = 69 THEN                   -- e E
+                pos := pos + 1;
+                c := CASE WHEN pos < n THEN get_byte(b, pos) ELSE -1 END;
+                e_neg := c = 45;
+                IF c = 45 OR c = 43 THEN
+                    pos := pos + 1;
+                END IF;
+                lo := pos;
+                e := 0;
+                LOOP
+                    c := CASE WHEN pos < n THEN get_byte(b, pos) ELSE -1 END;
+                    EXIT WHEN c NOT BETWEEN 48 AND 57;
+                    -- Past 10^19 the size budget refuses the number anyway (Rust saturates).
+                    IF e < 1e19 THEN
+                        e := e * 10 + (c - 48);
+                    END IF;
+                    pos := pos + 1;
+                END LOOP;
+                IF pos = lo THEN
+                    reason := 'invalid number';
+                    EXIT main;
+                END IF;
+                expo := expo + CASE WHEN e_neg THEN -e ELSE e END;
+            END IF;
+            sig := ltrim(digits, '0');
+            IF sig = '' THEN
+                v := decode('30', 'hex');
+            ELSE
+                trimmed := rtrim(sig, '0');
+                expo := expo + (length(sig) - length(trimmed));
+                sig := trimmed;
+                sig_len := length(sig);
+                plain := CASE WHEN expo >= 0 THEN sig_len + expo
+                              WHEN sig_len + expo > 0 THEN sig_len + 1
+                              ELSE 2 - expo END;
+                growth := greatest(plain - (pos - start + CASE WHEN neg THEN 1 ELSE 0 END), 0);
+                IF growth > budget THEN
+                    RAISE EXCEPTION 'request''s canonical form would exceed % bytes', 67108864
+                        USING ERRCODE = '54000';
+                END IF;
+                budget := budget - growth;
+                point := sig_len + expo;
+                v := convert_to(CASE WHEN neg THEN '-' ELSE '' END || CASE
+                         WHEN expo >= 0 THEN sig || repeat('0', expo::integer)
+                         WHEN point > 0 THEN substr(sig, 1, point::integer) || '.' || substr(sig, point::integer + 1)
+                         ELSE '0.' || repeat('0', (-point)::integer) || sig END, 'UTF8');
+            END IF;
+
+        ELSIF c IN (116, 102, 110) THEN                 -- true false null
+            word := CASE c WHEN 116 THEN 'true' WHEN 102 THEN 'false' ELSE 'null' END;
+            IF substring(b FROM pos + 1 FOR length(word)) <> convert_to(word, 'UTF8') THEN
+                reason := 'expected true, false or null';
+                EXIT main;
+            END IF;
+            pos := pos + length(word);
+            v := convert_to(word, 'UTF8');
+
+        ELSIF c = -1 THEN
+            reason := 'unexpected end of input';
+            EXIT main;
+        ELSE
+            reason := 'expected a value';
+            EXIT main;
+        END IF;
+
+        -- v is complete: hand it to its container, closing every container that ends here.
+        LOOP
+            IF top = 0 THEN
+                LOOP
+                    c := CASE WHEN pos < n THEN get_byte(b, pos) ELSE -1 END;
+                    EXIT WHEN c NOT IN (32, 9, 10, 13);
+                    pos := pos + 1;
+                END LOOP;
+                IF pos <> n THEN
+                    reason := 'trailing characters after the value';
+                    EXIT main;
+                END IF;
+                RETURN encode(sha256(v), 'hex');
+            END IF;
+            IF f_kind[top] = 'a' THEN
+                f_out[top] := f_out[top] || CASE WHEN length(f_out[top]) = 1 THEN ''::bytea
+                                                 ELSE decode('2c', 'hex') END || v;
+            ELSE
+                mcount := mcount + 1;
+                m_dec[mcount] := f_kdec[top];
+                m_enc[mcount] := f_kenc[top];
+                m_val[mcount] := v;
+            END IF;
+            LOOP
+                c := CASE WHEN pos < n THEN get_byte(b, pos) ELSE -1 END;
+                EXIT WHEN c NOT IN (32, 9, 10, 13);
+                pos := pos + 1;
+            END LOOP;
+            IF c = 44 THEN                              -- ,
+                pos := pos + 1;
+                want_key := f_kind[top] = 'o';
+                CONTINUE main;
+            ELSIF f_kind[top] = 'a' AND c = 93 THEN     -- ]
+                pos := pos + 1;
+                v := f_out[top] || decode('5d', 'hex');
+            ELSIF f_kind[top] = 'o' AND c = 125 THEN    -- }: keys in byte order, the last duplicate wins
+                pos := pos + 1;
+                SELECT decode('7b', 'hex')
+                       || string_agg(u.k || decode('3a', 'hex') || u.val, decode('2c', 'hex') ORDER BY u.d)
+                       || decode('7d', 'hex')
+                  INTO v
+                  FROM (SELECT DISTINCT ON (m.d) m.d, m.k, m.val
+                          FROM unnest(m_dec[f_first[top]:mcount], m_enc[f_first[top]:mcount],
+                                      m_val[f_first[top]:mcount]) WITH ORDINALITY AS m(d, k, val, i)
+                         ORDER BY m.d, m.i DESC) AS u;
+                mcount := f_first[top] - 1;
+            ELSE
+                reason := CASE f_kind[top] WHEN 'a' THEN 'expected '','' or '']'' in an array'
+                                           ELSE 'expected '','' or ''}'' in an object' END;
+                EXIT main;
+            END IF;
+            top := top - 1;
+        END LOOP;
+    END LOOP;
+    RAISE EXCEPTION 'request is not valid JSON at byte %: %', pos, reason USING ERRCODE = '22023';
+END
+$fn$;
+
+-- The jsonb form hashes jsonb's own text, as the extension does (PL/pgSQL, as the text form may
+-- be created after it).
+CREATE FUNCTION @extschema@.idem_fingerprint(request jsonb) RETURNS text
+    LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
+    SET search_path = pg_catalog, pg_temp
+    AS $fn$
+BEGIN
+    RETURN @extschema@.idem_fingerprint(request::text);
+END
+$fn$;
+
+CREATE FUNCTION @extschema@.idem_fingerprint(request bytea) RETURNS text
+    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+    SET search_path = pg_catalog, pg_temp
+    AS $fn$ SELECT encode(sha256(request), 'hex') $fn$;
