@@ -101,6 +101,15 @@ async fn serve(idem: Idempotency, mode: Mode, configure: impl FnOnce(Builder) ->
     Served { url, app, started: Mutex::new(rx) }
 }
 
+/// Waits until the held request's handler started; fails if the request was answered without it.
+async fn started(served: &Served, request: &mut tokio::task::JoinHandle<Answer>) {
+    let mut started = served.started.lock().await;
+    tokio::select! {
+        _ = started.recv() => {}
+        answer = request => panic!("answered without reaching the handler: {:?}", answer.map(|a| a.body)),
+    }
+}
+
 /// An answer: status, headers, body.
 #[derive(Debug)]
 struct Answer {
@@ -210,12 +219,12 @@ async fn every_answer(mode: Mode) {
     assert_eq!(rows(u.unwrap(), "k-5xx").await, expected);
 
     // A duplicate while the first holds the key: 409 with Retry-After.
-    let holder = {
+    let mut holder = {
         let url = url.to_owned();
         let u = u.map(str::to_owned);
         tokio::spawn(async move { send(&url, Some("k-held"), u.as_deref(), json!({"amount": 1, "hold": true})).await })
     };
-    served.started.lock().await.recv().await;
+    started(&served, &mut holder).await;
     let busy = send(url, Some("k-held"), u, json!({"amount": 1, "hold": true})).await;
     busy.problem(409, types::IN_PROGRESS);
     assert_eq!(busy.header("retry-after"), Some("1"));
@@ -319,11 +328,11 @@ async fn disconnected_client(mode: Mode) {
     let served = Arc::new(serve(handle(Settings::default()).await, mode, |b| b).await);
     let u = user("gone", mode);
     let request = json!({"amount": 9, "hold": true});
-    let client = {
+    let mut client = {
         let (served, u, request) = (served.clone(), u.clone(), request.clone());
         tokio::spawn(async move { send(&served.url, Some("k-gone"), Some(&u), request).await })
     };
-    served.started.lock().await.recv().await;
+    started(&served, &mut client).await;
     client.abort(); // the client hangs up while the handler runs
     assert!(client.await.unwrap_err().is_cancelled());
     served.app.gate.add_permits(1);
