@@ -164,8 +164,8 @@ fn user(test: &str, mode: Mode) -> String {
 
 async fn every_answer(mode: Mode) {
     let served = serve(handle(Settings::default()).await, mode, |b| b.body_limit(1024)).await;
-    let (url, u) = (served.url.as_str(), user("answers", mode));
-    let u = Some(u.as_str());
+    let (url, name) = (served.url.as_str(), user("answers", mode));
+    let u = Some(name.as_str());
     let charge = json!({"amount": 100});
 
     send(url, None, u, charge.clone()).await.problem(400, types::KEY_MISSING);
@@ -194,7 +194,7 @@ async fn every_answer(mode: Mode) {
         assert_eq!(again.header(unstored), None, "{unstored} is never replayed");
     }
     assert_eq!(served.app.runs.load(Ordering::SeqCst), 1);
-    assert_eq!(rows(u.unwrap(), "k-1").await, 1);
+    assert_eq!(rows(&name, "k-1").await, 1);
 
     // Same key, another request; the same body in another key order is the same request.
     send(url, Some("k-1"), u, json!({"amount": 999})).await.problem(422, types::MISMATCH);
@@ -216,7 +216,7 @@ async fn every_answer(mode: Mode) {
     assert_eq!(served.app.runs.load(Ordering::SeqCst), runs + 2, "a released key runs again");
     // In-transaction, the released attempts' rows rolled back; two-phase, they are the handler's.
     let expected = if mode == Mode::InTransaction { 0 } else { 2 };
-    assert_eq!(rows(u.unwrap(), "k-5xx").await, expected);
+    assert_eq!(rows(&name, "k-5xx").await, expected);
 
     // A duplicate while the first holds the key: 409 with Retry-After.
     let mut holder = {
@@ -236,7 +236,7 @@ async fn every_answer(mode: Mode) {
     let theirs = send(url, Some("k-1"), Some(&other), charge.clone()).await;
     assert_eq!((theirs.status, theirs.replayed()), (StatusCode::CREATED, false));
     assert_ne!(theirs.body["id"], first.body["id"]);
-    assert_eq!((rows(u.unwrap(), "k-1").await, rows(&other, "k-1").await), (1, 1));
+    assert_eq!((rows(&name, "k-1").await, rows(&other, "k-1").await), (1, 1));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -357,6 +357,31 @@ async fn disconnected_client_is_answered_by_the_retry_in_transaction() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn disconnected_client_is_answered_by_the_retry_two_phase() {
     disconnected_client(Mode::TwoPhase).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_waiting_duplicate_replays_the_holders_response() {
+    let served = serve(handle(Settings::default()).await, Mode::InTransaction, |b| b.wait(true)).await;
+    let u = user("wait", Mode::InTransaction);
+    let request = json!({"amount": 2, "hold": true});
+    let send_one = || {
+        let (url, u, request) = (served.url.clone(), u.clone(), request.clone());
+        tokio::spawn(async move { send(&url, Some("k-wait"), Some(&u), request).await })
+    };
+    let mut holder = send_one();
+    started(&served, &mut holder).await;
+    let duplicate = send_one();
+    // The duplicate blocks on the holder's uncommitted reservation before the holder goes on.
+    let blocked = "SELECT count(*) AS n FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()";
+    while admin().await.query_one(blocked, &[]).await.unwrap().get::<_, i64>("n") == 0 {
+        tokio::task::yield_now().await;
+    }
+    served.app.gate.add_permits(1);
+    let (first, second) = (holder.await.unwrap(), duplicate.await.unwrap());
+    assert_eq!((first.status, first.replayed()), (StatusCode::CREATED, false));
+    assert_eq!((second.status, second.replayed()), (StatusCode::CREATED, true), "{}", second.body);
+    assert_eq!(second.body, first.body);
+    assert_eq!(served.app.runs.load(Ordering::SeqCst), 1);
 }
 
 #[tokio::test]
