@@ -14,7 +14,7 @@
 //! store is down. The handler only charges. Set `IDEM_SCHEMA` to name the extension's schema
 //! (otherwise it is looked up in `pg_extension`).
 
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
@@ -36,7 +36,7 @@ pub(crate) const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS charges (id bigseria
 
 /// Charges `{"amount": N}` for the `X-User`, through the request's transaction. A 4xx is stored
 /// and replayed like a 201; a 500 (a database error) releases the key for the retry.
-async fn create_charge(tx: Transaction, headers: axum::http::HeaderMap, body: String) -> Response {
+async fn create_charge(tx: Transaction, headers: HeaderMap, body: String) -> Response {
     let user = headers.get("x-user").and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
     let amount = serde_json::from_str::<Value>(&body).ok().and_then(|v| v.get("amount").and_then(Value::as_i64));
     let Some(amount) = amount.filter(|a| *a > 0) else {
