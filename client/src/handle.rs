@@ -352,7 +352,16 @@ impl Idempotency {
     /// only commit a completed key). A closure with one statement costs three round trips.
     /// Prepare your statements with `tx.prepare_cached(..)`: a query given as a string costs an
     /// extra round trip to parse it.
-    pub async fn run<T, E, F>(&self, key: &Key, fingerprint: &Fingerprint, mut work: F) -> Result<Outcome<T>, Error<E>>
+    pub async fn run<T, E, F>(&self, key: &Key, fingerprint: &Fingerprint, work: F) -> Result<Outcome<T>, Error<E>>
+    where
+        T: Replayable + Send,
+        E: HandlerError + Send,
+        F: for<'t> FnMut(&'t Tx<'_>) -> TxFuture<'t, T, E> + Send,
+    {
+        crate::trace::call("run", key, self.run_traced(key, fingerprint, work)).await
+    }
+
+    async fn run_traced<T, E, F>(&self, key: &Key, fingerprint: &Fingerprint, mut work: F) -> Result<Outcome<T>, Error<E>>
     where
         T: Replayable + Send,
         E: HandlerError + Send,
@@ -471,6 +480,22 @@ impl Idempotency {
     /// and never calls out again, and [`Error::RecordFailed`] hands you the result to reconcile
     /// your local state. The heartbeat stops on every exit path.
     pub async fn run_external<T, E, C, R>(
+        &self,
+        key: &Key,
+        fingerprint: &Fingerprint,
+        call: C,
+        record: R,
+    ) -> Result<Outcome<T>, Error<E>>
+    where
+        T: Replayable + Send + Sync,
+        E: HandlerError + Send,
+        C: std::future::Future<Output = Result<T, E>> + Send,
+        R: for<'t> FnMut(&'t Tx<'_>, &'t T) -> TxFuture<'t, (), E> + Send,
+    {
+        crate::trace::call("run_external", key, self.run_external_traced(key, fingerprint, call, record)).await
+    }
+
+    async fn run_external_traced<T, E, C, R>(
         &self,
         key: &Key,
         fingerprint: &Fingerprint,

@@ -5,7 +5,7 @@ use axum::http::StatusCode;
 use axum::routing::post;
 use axum::Router;
 use idempotency_client::layer::{IdempotencyLayer, Transaction};
-use idempotency_client::Settings;
+use idempotency_client::{Fingerprint, Key, Settings};
 use idempotency_testkit::handle;
 use metrics::{SharedString, Unit};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
@@ -21,7 +21,8 @@ use tracing_subscriber::registry::LookupSpan;
 
 type Fields = HashMap<String, String>;
 
-/// Records the fields of every `idempotency.request` span, as they were when it closed.
+/// Records the fields of every `idempotency.*` span (and its name, as `span`), as they were when
+/// it closed.
 #[derive(Clone, Default)]
 struct Capture {
     open: Arc<Mutex<HashMap<u64, Fields>>>,
@@ -42,8 +43,8 @@ impl Visit for Visitor<'_> {
 
 impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Capture {
     fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, _: Context<'_, S>) {
-        if attrs.metadata().name() == "idempotency.request" {
-            let mut fields = Fields::new();
+        if attrs.metadata().name().starts_with("idempotency.") {
+            let mut fields = Fields::from([("span".to_owned(), attrs.metadata().name().to_owned())]);
             attrs.record(&mut Visitor(&mut fields));
             self.open.lock().unwrap().insert(id.into_u64(), fields);
         }
@@ -91,6 +92,7 @@ async fn spans_and_metrics_for_every_decision() {
         let status = request["status"].as_u64().map_or(StatusCode::CREATED, |s| StatusCode::from_u16(s as u16).unwrap());
         (status, body)
     });
+    let idem_direct = idem.clone();
     let hashed = IdempotencyLayer::builder(idem.clone()).anonymous().build().unwrap();
     let raw = IdempotencyLayer::builder(idem).anonymous().operation("obs.raw").log_keys(true).build().unwrap();
     let app = Router::new()
@@ -127,7 +129,13 @@ async fn spans_and_metrics_for_every_decision() {
 
     // One span per covered request, closed with its outcome; the key hashed unless configured.
     let spans = capture.closed.lock().unwrap().clone();
-    let of = |operation: &str| spans.iter().filter(|s| s.get("operation").map(String::as_str) == Some(operation)).collect::<Vec<_>>();
+    let of = |operation: &str| {
+        spans
+            .iter()
+            .filter(|s| s.get("span").map(String::as_str) == Some("idempotency.request"))
+            .filter(|s| s.get("operation").map(String::as_str) == Some(operation))
+            .collect::<Vec<_>>()
+    };
     let obs = of(op);
     let outcomes: Vec<_> = obs.iter().map(|s| s.get("outcome").cloned().unwrap_or_default()).collect();
     assert_eq!(outcomes, ["executed", "replayed", "mismatch", "released", "rejected"]);
@@ -140,4 +148,19 @@ async fn spans_and_metrics_for_every_decision() {
         }
     }
     assert_eq!(of("obs.raw")[0].get("key").map(String::as_str), Some("obs-raw-1"));
+
+    // A direct call of the handle has its own span, without the key.
+    let key = Key::new("obs.direct", "u", "obs-direct-1").unwrap();
+    let fingerprint = Fingerprint::of_bytes(b"direct");
+    let outcome = idem_direct
+        .run(&key, &fingerprint, |_tx| Box::pin(async { Ok::<_, tokio_postgres::Error>(json!({"ok": true})) }))
+        .await
+        .unwrap();
+    assert!(outcome.is_executed());
+    let spans = capture.closed.lock().unwrap().clone();
+    let call = spans.iter().find(|s| s.get("operation").map(String::as_str) == Some("obs.direct")).expect("a call span");
+    assert_eq!(call.get("span").map(String::as_str), Some("idempotency.call"));
+    assert_eq!(call.get("call").map(String::as_str), Some("run"));
+    assert_eq!(call.get("outcome").map(String::as_str), Some("executed"));
+    assert!(call.contains_key("duration_ms") && !call.values().any(|v| v.contains("obs-direct-1")), "{call:?}");
 }
