@@ -384,6 +384,24 @@ async fn a_waiting_duplicate_replays_the_holders_response() {
     assert_eq!(served.app.runs.load(Ordering::SeqCst), 1);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_key_passes_through_when_configured() {
+    // Two-phase: the handler runs on every request without a key, with no idempotency.
+    let served = serve(handle(Settings::default()).await, Mode::TwoPhase, |b| b.require_key(false)).await;
+    let u = user("optional", Mode::TwoPhase);
+    for _ in 0..2 {
+        let answer = send(&served.url, None, Some(&u), json!({"amount": 1})).await;
+        assert_eq!((answer.status, answer.replayed()), (StatusCode::CREATED, false));
+    }
+    assert_eq!((served.app.runs.load(Ordering::SeqCst), rows(&u, "").await), (2, 2));
+
+    // In-transaction: a handler that needs the transaction gets a 500 problem without a key.
+    let served = serve(handle(Settings::default()).await, Mode::InTransaction, |b| b.require_key(false)).await;
+    let u = user("optional", Mode::InTransaction);
+    send(&served.url, None, Some(&u), json!({"amount": 1})).await.problem(500, types::NO_TRANSACTION);
+    assert_eq!(served.app.runs.load(Ordering::SeqCst), 0);
+}
+
 #[tokio::test]
 async fn unsafe_configurations_are_refused() {
     let idem = Idempotency::connect("postgresql://u@127.0.0.1:1/db", 1).unwrap();

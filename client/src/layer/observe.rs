@@ -2,6 +2,7 @@
 //! (feature `metrics`) `idempotency_requests_total` and `idempotency_duration_seconds` through
 //! the `metrics` facade, both labelled with `operation` and `outcome`.
 
+use super::problem::Problem;
 use sha2::{Digest, Sha256};
 use std::time::{Duration, Instant};
 use tracing::field::Empty;
@@ -84,6 +85,14 @@ impl Observed {
         } else {
             self.span.record("key", key_hash(key).as_str());
         }
+    }
+
+    /// Closes a request answered before it reached the store (400, 401, 413) with `problem`.
+    pub(crate) fn reject<B: From<bytes::Bytes>>(self, problem: Problem) -> http::Response<B> {
+        let status = problem.status();
+        self.span.in_scope(|| tracing::info!(status, "idempotency request rejected"));
+        self.finish(Outcome::Rejected, status);
+        problem.into_response()
     }
 
     /// Closes the request: span fields, the decision event, the metrics.

@@ -99,41 +99,21 @@ where
     let operation = super::request::operation(&config, &parts);
     let observed = Observed::start(&operation, config.mode.label());
     observed.key(&raw_key, config.log_keys);
-    let span = observed.span().clone();
-    let early = |problem: Problem| {
-        let status = problem.status();
-        span.in_scope(|| tracing::info!(status, "idempotency request rejected"));
-        let outcome = if status == 503 { Seen::StoreUnavailable } else { Seen::Rejected };
-        (problem.into_response(), outcome)
-    };
     let Some(user) = super::request::user(&config, &parts) else {
-        let (response, outcome) =
-            early(Problem::new(401, types::USER_MISSING, "No user", "the idempotency scope found no user for this request"));
-        observed.finish(outcome, 401);
-        return Ok(response);
+        let detail = "the idempotency scope found no user for this request";
+        return Ok(observed.reject(Problem::new(401, types::USER_MISSING, "No user", detail)));
     };
     let key = match Key::new(operation, user, raw_key) {
         Ok(key) => key,
-        Err(e) => {
-            let (response, outcome) = early(Problem::new(400, types::KEY_INVALID, "Invalid idempotency key", e.to_string()));
-            observed.finish(outcome, 400);
-            return Ok(response);
-        }
+        Err(e) => return Ok(observed.reject(Problem::new(400, types::KEY_INVALID, "Invalid idempotency key", e.to_string()))),
     };
     let bytes = match Limited::new(body, config.body_limit).collect().await {
         Ok(collected) => collected.to_bytes(),
-        Err(e) => {
-            let problem = if e.is::<LengthLimitError>() {
-                let detail = format!("the body is larger than {} bytes", config.body_limit);
-                Problem::new(413, types::BODY_TOO_LARGE, "Request body too large", detail)
-            } else {
-                Problem::new(400, types::BODY_UNREADABLE, "Request body unreadable", e.to_string())
-            };
-            let status = problem.status();
-            let (response, outcome) = early(problem);
-            observed.finish(outcome, status);
-            return Ok(response);
+        Err(e) if e.is::<LengthLimitError>() => {
+            let detail = format!("the body is larger than {} bytes", config.body_limit);
+            return Ok(observed.reject(Problem::new(413, types::BODY_TOO_LARGE, "Request body too large", detail)));
         }
+        Err(e) => return Ok(observed.reject(Problem::new(400, types::BODY_UNREADABLE, "Request body unreadable", e.to_string()))),
     };
     let fingerprint = super::request::fingerprint(&config, &parts, &bytes);
     let req = Request::from_parts(parts, B::from(bytes));
@@ -148,7 +128,7 @@ where
                 Mode::TwoPhase => two_phase(&config, inner, key, fingerprint, req).await,
             }
         }
-        .instrument(span.clone())
+        .instrument(observed.span().clone())
     };
     let answer = match tokio::spawn(run).await {
         Ok(answer) => answer,
@@ -172,11 +152,7 @@ where
 /// Answers a request refused before it was identified (no key, a malformed one).
 fn reject<R: From<Bytes>, SE>(config: &Config, parts: &http::request::Parts, problem: Problem) -> Result<Response<R>, SE> {
     let operation = super::request::operation(config, parts);
-    let observed = Observed::start(&operation, config.mode.label());
-    let status = problem.status();
-    observed.span().in_scope(|| tracing::info!(status, "idempotency request rejected"));
-    observed.finish(Seen::Rejected, status);
-    Ok(problem.into_response())
+    Ok(Observed::start(&operation, config.mode.label()).reject(problem))
 }
 
 /// How a covered request ends.
