@@ -154,7 +154,10 @@ impl Builder {
         self
     }
 
-    /// The operation name keys are scoped to (by default the method and matched route).
+    /// The operation name keys are scoped to, and the `operation` label of spans and metrics.
+    /// By default the method and the matched route (`POST /charges/{id}`) when the layer is added
+    /// with axum's `route_layer`; otherwise the method and the request's path, which has one
+    /// value per path (`/charges/7`): name the operation then.
     pub fn operation(mut self, name: impl Into<String>) -> Self {
         self.operation = Some(name.into());
         self
