@@ -24,7 +24,7 @@ use serde_json::{json, Value};
 
 /// The routes, over a handle whose database has the [`SCHEMA`] table.
 pub(crate) fn router(idem: Idempotency) -> Router {
-    let idempotent = IdempotencyLayer::builder(idem)
+    let idempotent = IdempotencyLayer::in_transaction(idem)
         .user(|req| req.headers.get("x-user")?.to_str().ok().map(str::to_owned))
         .build()
         .expect("a complete layer configuration");

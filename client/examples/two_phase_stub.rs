@@ -19,7 +19,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
-use idempotency_client::layer::{IdempotencyLayer, Mode};
+use idempotency_client::layer::IdempotencyLayer;
 use idempotency_client::Idempotency;
 use serde_json::{json, Value};
 use std::collections::HashMap;
@@ -44,8 +44,7 @@ async fn provider() -> std::io::Result<String> {
 
 /// The app's routes: `POST /payouts` in two-phase mode, calling `provider_url`.
 fn router(idem: Idempotency, provider_url: String) -> Router {
-    let idempotent = IdempotencyLayer::builder(idem)
-        .mode(Mode::TwoPhase)
+    let idempotent = IdempotencyLayer::two_phase(idem)
         .lease(Duration::from_secs(30))
         .user(|req| req.headers.get("x-user")?.to_str().ok().map(str::to_owned))
         .build()

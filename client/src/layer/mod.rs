@@ -112,9 +112,20 @@ impl std::fmt::Debug for IdempotencyLayer {
 }
 
 impl IdempotencyLayer {
-    /// A builder over the handle `idem` (its pool, schema and settings are the defaults).
+    /// A builder over the handle `idem` (its pool, schema and settings are the defaults), in
+    /// [`Mode::InTransaction`] unless [`Builder::mode`] says otherwise.
     pub fn builder(idem: Idempotency) -> Builder {
         Builder::new(idem)
+    }
+
+    /// A builder for an in-transaction route: its handler writes through the [`Transaction`].
+    pub fn in_transaction(idem: Idempotency) -> Builder {
+        Builder::new(idem).mode(Mode::InTransaction)
+    }
+
+    /// A builder for a two-phase route: its handler's effects leave the database.
+    pub fn two_phase(idem: Idempotency) -> Builder {
+        Builder::new(idem).mode(Mode::TwoPhase)
     }
 }
 
