@@ -55,11 +55,14 @@
 //! **Two-phase** ([`Mode::TwoPhase`]). The layer reserves the key with a lease in a transaction
 //! of its own and commits it (a duplicate now gets 409), runs the handler while a background task
 //! renews the lease, then stores the response. The handler's effects are its own: nothing is
-//! rolled back. If the process crashes while the handler runs, the key stays `PROCESSING` until
-//! its lease ends (default 60 s); then `idem_recover_stuck` (or the next reservation) marks it
-//! failed or takes it over, and a retry may run the handler again, so the outside call should
-//! carry the same idempotency key downstream (Stripe's `Idempotency-Key`). A panic or a transient
-//! answer releases the key at once.
+//! rolled back. A panic or a transient answer releases the key at once. If the process crashes
+//! while the handler runs, the key stays `PROCESSING` (duplicates get 409 `in-progress`) until
+//! its lease ends (default 60 s) and your recovery job's `idem_recover_stuck` handles it: with
+//! `action => 'fail'` (the default) the key is failed and retries get 409 `failed`, never a
+//! second run; with `'release'` the next retry runs the handler again. Without a recovery job
+//! the key is taken over once its ttl has passed. Whenever a second run is possible, the outside
+//! call should carry the same idempotency key downstream (Stripe's `Idempotency-Key`), as
+//! `client/examples/two_phase_stub.rs` does.
 //!
 //! In both modes the route runs to its end in a task of its own: a client that disconnects
 //! mid-request does not cancel it, and its retry replays the stored response.
