@@ -29,6 +29,7 @@ use deadpool_postgres::{Client, Pool};
 use futures_util::future::BoxFuture;
 use serde_json::Value;
 use std::ops::Deref;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::OnceCell;
@@ -273,6 +274,12 @@ impl Idempotency {
         &self.settings
     }
 
+    /// The same pool and schema with other settings (the layer's per-route ttl, lease, wait).
+    #[cfg_attr(not(feature = "tower"), allow(dead_code))]
+    pub(crate) fn with_settings(&self, settings: Settings) -> Self {
+        Idempotency { pool: self.pool.clone(), settings: Arc::new(settings), schema: self.schema.clone() }
+    }
+
     /// The extension's schema: [`Settings::schema`], or looked up once in `pg_extension` (and
     /// its version checked) on first use.
     pub async fn schema(&self) -> Result<Schema, Error> {
@@ -345,7 +352,16 @@ impl Idempotency {
     /// only commit a completed key). A closure with one statement costs three round trips.
     /// Prepare your statements with `tx.prepare_cached(..)`: a query given as a string costs an
     /// extra round trip to parse it.
-    pub async fn run<T, E, F>(&self, key: &Key, fingerprint: &Fingerprint, mut work: F) -> Result<Outcome<T>, Error<E>>
+    pub async fn run<T, E, F>(&self, key: &Key, fingerprint: &Fingerprint, work: F) -> Result<Outcome<T>, Error<E>>
+    where
+        T: Replayable + Send,
+        E: HandlerError + Send,
+        F: for<'t> FnMut(&'t Tx<'_>) -> TxFuture<'t, T, E> + Send,
+    {
+        crate::trace::call("run", key, self.run_traced(key, fingerprint, work)).await
+    }
+
+    async fn run_traced<T, E, F>(&self, key: &Key, fingerprint: &Fingerprint, mut work: F) -> Result<Outcome<T>, Error<E>>
     where
         T: Replayable + Send,
         E: HandlerError + Send,
@@ -376,107 +392,55 @@ impl Idempotency {
         E: HandlerError + Send,
         F: for<'t> FnMut(&'t Tx<'_>) -> TxFuture<'t, T, E> + Send,
     {
+        let attempt = match self.begin(schema, key, fingerprint).await? {
+            Begun::Created(attempt) => attempt,
+            Begun::Answered(answer) => return answer,
+        };
+        let result = {
+            let view = Tx(attempt.tx.client());
+            attempt.work(work(&view)).await?
+        };
+        attempt.finish(result).await
+    }
+
+    /// Round trip 1 of `run`: `BEGIN` and the reservation. A created reservation is an
+    /// [`Attempt`] holding the open transaction; any other answer is final.
+    pub(crate) async fn begin<T: Replayable, E>(
+        &self,
+        schema: &Schema,
+        key: &Key,
+        fingerprint: &Fingerprint,
+    ) -> Result<Begun<T, E>, Error<E>> {
         let client = self.pool.get().await?;
         let (reserve, complete, release) = prepare3(&client, schema).await.map_err(Error::widen)?;
         let tx = Open::new(client);
 
-        // Round trip 1: BEGIN and the reservation. (BEGIN can only fail with the connection, on
-        // which nothing after it runs either.)
+        // BEGIN can only fail with the connection, on which nothing after it runs either.
         let options = self.reserve_options(self.settings.lease);
         let (begun, reservation) = futures_util::join!(
             tx.batch_execute(self.begin_sql()),
             ops::reserve_prepared(tx.client(), &reserve, key, fingerprint.as_str(), &options),
         );
         let first = begun.map_err(Error::from).and_then(|()| reservation.map_err(Error::widen));
-        let token = match first {
+        match first {
             Ok(r) => match r.outcome {
-                ReserveOutcome::Created(token) => token,
+                ReserveOutcome::Created(token) => Ok(Begun::Created(Attempt {
+                    tx: Arc::new(tx),
+                    complete,
+                    release,
+                    key: key.clone(),
+                    token,
+                    max_retries: self.settings.max_retries,
+                })),
                 other => {
                     tx.rollback_without_waiting();
-                    return self.answer(other);
+                    Ok(Begun::Answered(self.answer(other)))
                 }
             },
             Err(e) => {
                 tx.rollback().await;
-                return Err(e);
+                Err(e)
             }
-        };
-
-        // Round trip 2: the savepoint leaves with the closure's first statement (join polls in
-        // order, and tokio-postgres sends a request when its future is first polled).
-        let view = Tx(tx.client());
-        let (saved, result) = futures_util::join!(tx.batch_execute("SAVEPOINT idem_work"), work(&view));
-        if let Err(e) = saved {
-            tx.rollback().await;
-            return Err(e.into());
-        }
-
-        // Last round trip: record the result and commit, in one.
-        let fenced = |response: Option<Value>, status: Status| complete_and_commit(tx.client(), &complete, key, token, response, status);
-        match result {
-            Ok(value) => match value.verdict() {
-                Verdict::Transient => {
-                    let (undone, released, committed) = futures_util::join!(
-                        tx.batch_execute("ROLLBACK TO SAVEPOINT idem_work"),
-                        ops::release_prepared(tx.client(), &release, key, token, self.settings.max_retries),
-                        tx.batch_execute("COMMIT"),
-                    );
-                    tx.finished(&committed);
-                    undone?;
-                    let released = released.map_err(Error::widen)?;
-                    committed?;
-                    match released {
-                        ReleaseOutcome::Released => Ok(Outcome::Released(value)),
-                        ReleaseOutcome::Poisoned => Ok(Outcome::Poisoned(value)),
-                        ReleaseOutcome::Stale => Err(Error::LeaseLost),
-                    }
-                }
-                verdict => {
-                    let stored = match to_stored(&value) {
-                        Ok(stored) => stored,
-                        Err(e) => {
-                            tx.rollback().await;
-                            return Err(Error::Decode(e));
-                        }
-                    };
-                    let status = if verdict == Verdict::Success { Status::Success } else { Status::Failed };
-                    let done = fenced(Some(stored), status).await;
-                    tx.finished_with(&done);
-                    done.map(|()| Outcome::Executed(value))
-                }
-            },
-            Err(error) if error.database_error().is_some_and(is_serialization_failure) => {
-                // Not a failure of the key: the whole transaction is retried by `run`.
-                tx.rollback().await;
-                Err(Error::Handler { error, poisoned: false })
-            }
-            Err(error) => match error.disposition() {
-                Disposition::Transient => {
-                    let (undone, released, committed) = futures_util::join!(
-                        tx.batch_execute("ROLLBACK TO SAVEPOINT idem_work"),
-                        ops::release_prepared(tx.client(), &release, key, token, self.settings.max_retries),
-                        tx.batch_execute("COMMIT"),
-                    );
-                    tx.finished(&committed);
-                    undone?;
-                    let released = released.map_err(Error::widen)?;
-                    committed?;
-                    match released {
-                        ReleaseOutcome::Released => Err(Error::Handler { error, poisoned: false }),
-                        ReleaseOutcome::Poisoned => Err(Error::Handler { error, poisoned: true }),
-                        ReleaseOutcome::Stale => Err(Error::LeaseLost),
-                    }
-                }
-                Disposition::Permanent(response) => {
-                    // Undo its writes, remember the failure: one round trip.
-                    let (undone, done) =
-                        futures_util::join!(tx.batch_execute("ROLLBACK TO SAVEPOINT idem_work"), fenced(response, Status::Failed));
-                    tx.finished_with(&done);
-                    undone?;
-                    done?;
-                    Err(Error::Handler { error, poisoned: false })
-                }
-            },
         }
     }
 
@@ -516,6 +480,22 @@ impl Idempotency {
     /// and never calls out again, and [`Error::RecordFailed`] hands you the result to reconcile
     /// your local state. The heartbeat stops on every exit path.
     pub async fn run_external<T, E, C, R>(
+        &self,
+        key: &Key,
+        fingerprint: &Fingerprint,
+        call: C,
+        record: R,
+    ) -> Result<Outcome<T>, Error<E>>
+    where
+        T: Replayable + Send + Sync,
+        E: HandlerError + Send,
+        C: std::future::Future<Output = Result<T, E>> + Send,
+        R: for<'t> FnMut(&'t Tx<'_>, &'t T) -> TxFuture<'t, (), E> + Send,
+    {
+        crate::trace::call("run_external", key, self.run_external_traced(key, fingerprint, call, record)).await
+    }
+
+    async fn run_external_traced<T, E, C, R>(
         &self,
         key: &Key,
         fingerprint: &Fingerprint,
@@ -714,17 +694,139 @@ fn backoff(attempt: u32) -> Duration {
     Duration::from_millis(base + jitter)
 }
 
+/// What [`Idempotency::begin`] found: a reservation to work under, or the final answer.
+pub(crate) enum Begun<T, E> {
+    /// The key is ours: its transaction is open.
+    Created(Attempt),
+    /// A replay, a stored failure, a mismatch or an attempt in progress.
+    Answered(Result<Outcome<T>, Error<E>>),
+}
+
+/// A reservation of `run` taken inside its open transaction: the work runs on
+/// [`Attempt::tx`] behind a savepoint ([`Attempt::work`]), then [`Attempt::finish`] records its
+/// result and commits. `run` and the in-transaction layer both go through it.
+pub(crate) struct Attempt {
+    tx: Arc<Open>,
+    complete: tokio_postgres::Statement,
+    release: tokio_postgres::Statement,
+    key: Key,
+    token: Token,
+    max_retries: Option<i32>,
+}
+
+impl Attempt {
+    /// The open transaction, shared (the layer hands it to the handler).
+    #[cfg_attr(not(feature = "tower"), allow(dead_code))]
+    pub(crate) fn shared(&self) -> SharedTx {
+        SharedTx(self.tx.clone())
+    }
+
+    /// Round trip 2: the savepoint leaves with the work's first statement (join polls in order,
+    /// and tokio-postgres sends a request when its future is first polled).
+    pub(crate) async fn work<W: std::future::Future, E>(&self, work: W) -> Result<W::Output, Error<E>> {
+        let (saved, result) = futures_util::join!(self.tx.batch_execute("SAVEPOINT idem_work"), work);
+        if let Err(e) = saved {
+            self.tx.rollback().await;
+            return Err(e.into());
+        }
+        Ok(result)
+    }
+
+    /// Last round trip: record the work's result (or release the key) and commit, in one.
+    pub(crate) async fn finish<T, E>(self, result: Result<T, E>) -> Result<Outcome<T>, Error<E>>
+    where
+        T: Replayable,
+        E: HandlerError,
+    {
+        let Attempt { tx, complete, release, key, token, max_retries } = self;
+        let key = &key;
+        let fenced = |response: Option<Value>, status: Status| complete_and_commit(tx.client(), &complete, key, token, response, status);
+        let release_and_commit = || async {
+            let (undone, released, committed) = futures_util::join!(
+                tx.batch_execute("ROLLBACK TO SAVEPOINT idem_work"),
+                ops::release_prepared(tx.client(), &release, key, token, max_retries),
+                tx.batch_execute("COMMIT"),
+            );
+            tx.finished(&committed);
+            undone?;
+            let released = released.map_err(Error::widen)?;
+            committed?;
+            Ok::<_, Error<E>>(released)
+        };
+        match result {
+            Ok(value) => match value.verdict() {
+                Verdict::Transient => match release_and_commit().await? {
+                    ReleaseOutcome::Released => Ok(Outcome::Released(value)),
+                    ReleaseOutcome::Poisoned => Ok(Outcome::Poisoned(value)),
+                    ReleaseOutcome::Stale => Err(Error::LeaseLost),
+                },
+                verdict => {
+                    let stored = match to_stored(&value) {
+                        Ok(stored) => stored,
+                        Err(e) => {
+                            tx.rollback().await;
+                            return Err(Error::Decode(e));
+                        }
+                    };
+                    let status = if verdict == Verdict::Success { Status::Success } else { Status::Failed };
+                    let done = fenced(Some(stored), status).await;
+                    tx.finished_with(&done);
+                    done.map(|()| Outcome::Executed(value))
+                }
+            },
+            Err(error) if error.database_error().is_some_and(is_serialization_failure) => {
+                // Not a failure of the key: the whole transaction is retried by `run`.
+                tx.rollback().await;
+                Err(Error::Handler { error, poisoned: false })
+            }
+            Err(error) => match error.disposition() {
+                Disposition::Transient => match release_and_commit().await? {
+                    ReleaseOutcome::Released => Err(Error::Handler { error, poisoned: false }),
+                    ReleaseOutcome::Poisoned => Err(Error::Handler { error, poisoned: true }),
+                    ReleaseOutcome::Stale => Err(Error::LeaseLost),
+                },
+                Disposition::Permanent(response) => {
+                    // Undo its writes, remember the failure: one round trip.
+                    let (undone, done) =
+                        futures_util::join!(tx.batch_execute("ROLLBACK TO SAVEPOINT idem_work"), fenced(response, Status::Failed));
+                    tx.finished_with(&done);
+                    undone?;
+                    done?;
+                    Err(Error::Handler { error, poisoned: false })
+                }
+            },
+        }
+    }
+}
+
+/// The open transaction of an [`Attempt`], shared with the work that runs in it: it
+/// dereferences to the pooled connection. When the last clone goes, the connection goes back to
+/// the pool if the transaction was seen to end, and is closed otherwise (the server rolls back).
+#[derive(Clone)]
+#[cfg_attr(not(feature = "tower"), allow(dead_code))]
+pub(crate) struct SharedTx(Arc<Open>);
+
+impl Deref for SharedTx {
+    type Target = Client;
+
+    fn deref(&self) -> &Client {
+        self.0.client()
+    }
+}
+
 /// A pooled connection inside a transaction this crate began. Unless the transaction is seen to
 /// end (a `COMMIT` or `ROLLBACK` answered by the server), dropping it closes the connection
 /// instead of returning it to the pool, so no caller ever gets a connection in the middle of
-/// someone else's transaction (a dropped `run` future, an error between statements).
+/// someone else's transaction (a dropped `run` future, an error between statements, a handler
+/// that panicked).
 struct Open {
     client: Option<Client>,
+    ended: AtomicBool,
 }
 
 impl Open {
     fn new(client: Client) -> Self {
-        Open { client: Some(client) }
+        Open { client: Some(client), ended: AtomicBool::new(false) }
     }
 
     fn client(&self) -> &Client {
@@ -734,25 +836,30 @@ impl Open {
         }
     }
 
-    /// Ends the guard after a `COMMIT` (or `ROLLBACK`): when the server answered it (success,
-    /// or a database error after which it has rolled back), the connection goes back to the
-    /// pool; otherwise it is closed.
-    fn finished(mut self, ended: &Result<(), tokio_postgres::Error>) {
+    /// The transaction is over: when dropped, the connection goes back to the pool.
+    fn end(&self) {
+        self.ended.store(true, Ordering::Release);
+    }
+
+    /// After a `COMMIT` (or `ROLLBACK`): when the server answered it (success, or a database
+    /// error after which it has rolled back), the connection may go back to the pool; otherwise
+    /// it is closed.
+    fn finished(&self, ended: &Result<(), tokio_postgres::Error>) {
         if ended.as_ref().err().is_none_or(|e| e.as_db_error().is_some()) {
-            self.client.take();
+            self.end();
         }
     }
 
     /// As [`Open::finished`], from the result of a pipelined completion and `COMMIT`.
-    fn finished_with<E>(mut self, done: &Result<(), Error<E>>) {
+    fn finished_with<E>(&self, done: &Result<(), Error<E>>) {
         if matches!(done, Ok(()) | Err(Error::LeaseLost | Error::Database(_) | Error::ExtensionMissing { .. })) {
-            self.client.take();
+            self.end();
         }
     }
 
-    async fn rollback(mut self) {
+    async fn rollback(&self) {
         if self.client().batch_execute("ROLLBACK").await.is_ok() {
-            self.client.take();
+            self.end();
         }
     }
 
@@ -760,12 +867,10 @@ impl Open {
     /// queued on the connection (tokio-postgres sends a request when its future is first polled,
     /// and ignores the answer of one whose future is gone) and the connection goes back to the
     /// pool at once; whoever uses it next is queued behind the `ROLLBACK`.
-    fn rollback_without_waiting(mut self) {
+    fn rollback_without_waiting(self) {
         use futures_util::FutureExt;
         match self.client().batch_execute("ROLLBACK").now_or_never() {
-            None | Some(Ok(())) => {
-                self.client.take();
-            }
+            None | Some(Ok(())) => self.end(),
             Some(Err(_)) => {} // the connection is broken: dropping the guard closes it
         }
     }
@@ -782,8 +887,10 @@ impl Deref for Open {
 impl Drop for Open {
     fn drop(&mut self) {
         if let Some(client) = self.client.take() {
-            // Detach it from the pool and close it: the server rolls the transaction back.
-            drop(deadpool_postgres::Object::take(client));
+            if !self.ended.load(Ordering::Acquire) {
+                // Detach it from the pool and close it: the server rolls the transaction back.
+                drop(deadpool_postgres::Object::take(client));
+            }
         }
     }
 }

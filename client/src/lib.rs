@@ -87,6 +87,14 @@
 //! # }
 //! ```
 //!
+//! # Web services
+//!
+//! With the `axum` feature (or `tower` for any tower HTTP service), the `layer` module's
+//! `IdempotencyLayer` makes a route idempotent in a few lines: the `Idempotency-Key` header,
+//! problem+json answers, stored and replayed responses, in-transaction or two-phase routes, and
+//! `tracing` spans; the `metrics` feature adds counters and histograms through the `metrics`
+//! facade. The `tracing` feature alone puts a span around every call of [`Idempotency`].
+//!
 //! Built without default features, this crate is only the pure rules shared with the extension,
 //! which links this code: [`fingerprint`] (the canonical JSON hash that `idem_fingerprint`
 //! computes) and the key rules behind [`Key`] (the input rules the SQL API checks).
@@ -107,6 +115,10 @@ mod handle;
 pub mod ops;
 #[cfg(feature = "client")]
 mod response;
+#[cfg(feature = "client")]
+mod trace;
+#[cfg(feature = "tower")]
+pub mod layer;
 
 #[cfg(feature = "client")]
 pub use error::Error;

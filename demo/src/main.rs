@@ -1,11 +1,16 @@
 //! The demo: N concurrent duplicates of one "charge" request against (a) a naive check-then-run
-//! implementation and (b) `Idempotency::run`; then a replay, a mismatch and a transient failure.
-//! Run it with `bash scripts/demo.sh`.
+//! implementation and (b) an axum route behind `IdempotencyLayer`, over HTTP on loopback; then a
+//! replay, a mismatch and a transient failure. Run it with `bash scripts/demo.sh`.
 
-use idempotency_client::{Error, Fingerprint, Idempotency, Key, Outcome, StoredResponse, Tx, TxFuture};
-use idempotency_testkit::Charge;
-use serde_json::json;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post as post_route;
+use axum::{Json, Router};
+use idempotency_client::layer::{IdempotencyLayer, Transaction};
+use idempotency_client::Idempotency;
+use serde_json::{json, Value};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -44,68 +49,108 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let naive = count(&db, "naive").await?;
     println!("(a) naive check-then-run      card charged {naive:>2} times  {}", verdict(naive == 1));
 
-    // (b) the extension: the reservation and the charge commit together.
-    let runs = Arc::new(AtomicUsize::new(0)); // the handler counts its runs; the rows are what we report
-    let key = Key::new("charges.create", "user-42", "k-1")?;
-    let fingerprint = Fingerprint::of_json(&json!({"amount": 100}))?;
+    // (b) the extension, through the tower layer: POST /charges served on loopback, the
+    // reservation and the charge committing together.
+    let app = Arc::new(App { runs: AtomicUsize::new(0), network_down: AtomicBool::new(false) });
+    let url = serve(idem.clone(), app.clone()).await?;
     let mut tasks = Vec::new();
     for _ in 0..DUPLICATES {
-        let (idem, key, fingerprint, runs) = (idem.clone(), key.clone(), fingerprint.clone(), runs.clone());
-        tasks.push(tokio::spawn(async move { idem.run(&key, &fingerprint, charge(&runs, &key, 100, 201)).await }));
+        let url = url.clone();
+        tasks.push(tokio::spawn(async move { post(&url, "k-1", 100).await }));
     }
     let (mut executed, mut busy, mut replayed) = (0, 0, 0);
     for t in tasks {
-        match t.await? {
-            Ok(Outcome::Executed(_)) => executed += 1,
-            Ok(Outcome::Replayed(_)) => replayed += 1,
-            Err(Error::InProgress { .. }) => busy += 1,
+        match t.await?? {
+            (201, false, _) => executed += 1,
+            (201, true, _) => replayed += 1,
+            (409, _, _) => busy += 1,
             other => println!("    unexpected: {other:?}"),
         }
     }
     let ours = count(&db, "idempotency").await?;
-    let ran = runs.load(Ordering::SeqCst);
-    println!("(b) Idempotency::run          card charged {ours:>2} time   {}", verdict(ours == 1 && ran == 1));
-    println!("    {executed} executed, {busy} answered 409 in_progress, {replayed} replayed the stored 201\n");
+    let ran = app.runs.load(Ordering::SeqCst);
+    println!("(b) IdempotencyLayer          card charged {ours:>2} time   {}", verdict(ours == 1 && ran == 1));
+    println!("    {executed} executed, {busy} answered 409 in-progress, {replayed} replayed the stored 201\n");
 
     // A later retry replays, a different payload is refused.
-    let replay = idem.run(&key, &fingerprint, charge(&runs, &key, 100, 201)).await;
-    match replay {
-        Ok(Outcome::Replayed(r)) => println!(
-            "replay     same key, same body     → {} {{\"charged\":{}}} (Idempotent-Replayed: true), card untouched",
-            r.status, r.body["charged"]
+    match post(&url, "k-1", 100).await? {
+        (status, true, body) => println!(
+            "replay     same key, same body     → {status} {{\"charged\":{}}} (Idempotent-Replayed: true), card untouched",
+            body["charged"]
         ),
         other => println!("replay     unexpected: {other:?}"),
     }
-    let other = Fingerprint::of_json(&json!({"amount": 200}))?;
-    match idem.run(&key, &other, charge(&runs, &key, 200, 201)).await {
-        Err(e @ Error::Mismatch) => println!("mismatch   same key, amount 200    → {} ({e})", e.http_status()),
+    match post(&url, "k-1", 200).await? {
+        (422, _, body) => println!("mismatch   same key, amount 200    → 422 ({})", body["title"].as_str().unwrap_or_default()),
         other => println!("mismatch   unexpected: {other:?}"),
     }
 
     // A transient failure is released and retried; the charge happens once.
-    let flaky = Key::new("charges.create", "user-42", "k-2")?;
-    let first = idem.run(&flaky, &fingerprint, charge(&runs, &flaky, 100, 503)).await;
-    let second = idem.run(&flaky, &fingerprint, charge(&runs, &flaky, 100, 201)).await;
-    let charged = idempotency_testkit::charges_for(&db, &flaky).await;
+    app.network_down.store(true, Ordering::SeqCst);
+    let first = post(&url, "k-2", 100).await?;
+    let second = post(&url, "k-2", 100).await?;
+    let charged = count_key(&db, "k-2").await?;
     match (first, second) {
-        (Ok(Outcome::Released(a)), Ok(Outcome::Executed(b))) => println!(
-            "transient  upstream 503, retried   → {} released (writes rolled back), then {} executed: charged {charged} time",
-            a.status, b.status
+        ((503, false, _), (201, false, _)) => println!(
+            "transient  upstream 503, retried   → 503 released (writes rolled back), then 201 executed: charged {charged} time"
         ),
         other => println!("transient  unexpected: {other:?}"),
     }
     Ok(())
 }
 
-/// The handler: charges the card (a `charges` row tagged with the key) while the card network
-/// takes 50 ms, and answers `status`.
-fn charge(
-    runs: &Arc<AtomicUsize>,
-    key: &Key,
-    amount: i64,
-    status: u16,
-) -> impl for<'t> FnMut(&'t Tx<'_>) -> TxFuture<'t, StoredResponse, tokio_postgres::Error> + Send {
-    Charge::of(key).user("idempotency").amount(amount).status(status).delay(Duration::from_millis(50)).handler(runs)
+/// The state of the demo's route: how many times the handler ran, and whether the card network
+/// fails the next charge.
+struct App {
+    runs: AtomicUsize,
+    network_down: AtomicBool,
+}
+
+/// Serves `POST /charges` behind the layer (in-transaction, the user from `X-User`).
+async fn serve(idem: Idempotency, app: Arc<App>) -> Result<String, Box<dyn std::error::Error>> {
+    let layer = IdempotencyLayer::builder(idem)
+        .user(|req| req.headers.get("x-user")?.to_str().ok().map(str::to_owned))
+        .build()?;
+    let router = Router::new().route("/charges", post_route(charge)).route_layer(layer).with_state(app);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}/charges", listener.local_addr()?);
+    tokio::spawn(async move { axum::serve(listener, router).await });
+    Ok(url)
+}
+
+/// The handler: charges the card (a `charges` row tagged with the key, through the request's
+/// transaction) while the card network takes 50 ms; a 503 when the network is down.
+async fn charge(tx: Transaction, State(app): State<Arc<App>>, headers: HeaderMap, body: String) -> Response {
+    app.runs.fetch_add(1, Ordering::SeqCst);
+    let key = headers.get("idempotency-key").and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
+    let amount = serde_json::from_str::<Value>(&body).ok().and_then(|v| v["amount"].as_i64()).unwrap_or(0);
+    let insert = "INSERT INTO charges (user_id, amount, k) VALUES ('idempotency', $1, $2)";
+    if let Err(e) = tx.execute(insert, &[&amount, &key]).await {
+        return (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response();
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await; // the card network
+    if app.network_down.swap(false, Ordering::SeqCst) {
+        return (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"error": "card network down"}))).into_response();
+    }
+    (StatusCode::CREATED, Json(json!({"charged": amount}))).into_response()
+}
+
+/// One request: status, whether it was a replay, the JSON body.
+async fn post(url: &str, key: &str, amount: i64) -> Result<(u16, bool, Value), reqwest::Error> {
+    let answer = reqwest::Client::new()
+        .post(url)
+        .header("idempotency-key", key)
+        .header("x-user", "user-42")
+        .header("content-type", "application/json")
+        .body(json!({"amount": amount}).to_string())
+        .send()
+        .await?;
+    let replayed = answer.headers().get("idempotent-replayed").is_some();
+    Ok((answer.status().as_u16(), replayed, answer.json().await.unwrap_or(Value::Null)))
+}
+
+async fn count_key(db: &deadpool_postgres::Client, key: &str) -> Result<i64, tokio_postgres::Error> {
+    db.query_one("SELECT count(*) AS n FROM charges WHERE user_id = 'idempotency' AND k = $1", &[&key]).await?.try_get("n")
 }
 
 async fn count(db: &deadpool_postgres::Client, via: &str) -> Result<i64, tokio_postgres::Error> {

@@ -1,0 +1,276 @@
+//! The layer's builder and the configuration it freezes.
+
+use super::{IdempotencyLayer, Mode};
+use crate::response::{Replayable, StoredResponse, Verdict};
+use crate::Idempotency;
+use http::header::{HeaderName, AUTHORIZATION, CONTENT_TYPE, LOCATION, SET_COOKIE};
+use http::request::Parts;
+use http::Method;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Finds the user a request acts for (the authenticated principal), or `None` (answered 401).
+pub type UserFn = Arc<dyn Fn(&Parts) -> Option<String> + Send + Sync>;
+
+/// Whose records a route's keys live in.
+#[derive(Clone)]
+pub(crate) enum Scope {
+    /// The user a request acts for.
+    User(UserFn),
+    /// Every caller shares one scope (routes without authentication must say so).
+    Anonymous,
+}
+
+/// The user id of [`Builder::anonymous`] routes.
+pub const ANONYMOUS_USER: &str = "anonymous";
+
+/// A layer configuration that is not safe or not complete; the message names the setting.
+#[derive(Debug, thiserror::Error)]
+#[error("idempotency layer: {0}")]
+pub struct ConfigError(String);
+
+/// The frozen configuration every request of a layer reads.
+pub(crate) struct Config {
+    pub(crate) idem: Idempotency,
+    pub(crate) mode: Mode,
+    pub(crate) header: HeaderName,
+    pub(crate) methods: Vec<Method>,
+    pub(crate) require_key: bool,
+    pub(crate) scope: Scope,
+    pub(crate) operation: Option<String>,
+    pub(crate) body_limit: usize,
+    pub(crate) fields: Option<Vec<String>>,
+    pub(crate) stored_headers: Vec<HeaderName>,
+    pub(crate) policy: fn(u16) -> Verdict,
+    pub(crate) log_keys: bool,
+}
+
+/// Builds an [`IdempotencyLayer`]; start from [`IdempotencyLayer::builder`].
+///
+/// | setting | default |
+/// | --- | --- |
+/// | [`mode`](Builder::mode) | [`Mode::InTransaction`] |
+/// | [`header`](Builder::header) | `Idempotency-Key` |
+/// | [`methods`](Builder::methods) | `POST`, `PATCH` (other methods pass through untouched) |
+/// | [`require_key`](Builder::require_key) | `true`: a covered request without a key is a 400 |
+/// | [`user`](Builder::user) / [`anonymous`](Builder::anonymous) | none: one of them is required |
+/// | [`operation`](Builder::operation) | method and matched route (`POST /charges`), else the path |
+/// | [`ttl`](Builder::ttl), [`max_retries`](Builder::max_retries) | the handle's, else the server's `idempotency.*` |
+/// | [`lease`](Builder::lease) | the handle's, else the server's (in-transaction) or 60 s (two-phase) |
+/// | [`wait`](Builder::wait) | `false`: a concurrent duplicate gets 409 + `Retry-After` |
+/// | [`retry_after`](Builder::retry_after) | the handle's (1 s) |
+/// | [`body_limit`](Builder::body_limit) | 1 MiB (413 above it) |
+/// | [`fingerprint_fields`](Builder::fingerprint_fields) | the whole body |
+/// | [`stored_headers`](Builder::stored_headers) | `Content-Type`, `Location` |
+/// | [`status_policy`](Builder::status_policy) | 2xx–4xx stored except 408, 409, 425, 429 |
+/// | [`log_keys`](Builder::log_keys) | `false`: spans carry a hash of the key |
+#[must_use]
+pub struct Builder {
+    idem: Idempotency,
+    mode: Mode,
+    header: HeaderName,
+    methods: Vec<Method>,
+    require_key: bool,
+    scope: Option<Scope>,
+    operation: Option<String>,
+    ttl: Option<Duration>,
+    lease: Option<Duration>,
+    max_retries: Option<i32>,
+    wait: Option<bool>,
+    retry_after: Option<Duration>,
+    body_limit: usize,
+    fields: Option<Vec<String>>,
+    stored_headers: Vec<HeaderName>,
+    policy: fn(u16) -> Verdict,
+    log_keys: bool,
+}
+
+/// The default status policy: the contract's, as [`StoredResponse`] applies it.
+pub fn default_status_policy(status: u16) -> Verdict {
+    StoredResponse::json(status, serde_json::Value::Null).verdict()
+}
+
+impl Builder {
+    pub(crate) fn new(idem: Idempotency) -> Self {
+        Builder {
+            idem,
+            mode: Mode::InTransaction,
+            header: HeaderName::from_static("idempotency-key"),
+            methods: vec![Method::POST, Method::PATCH],
+            require_key: true,
+            scope: None,
+            operation: None,
+            ttl: None,
+            lease: None,
+            max_retries: None,
+            wait: None,
+            retry_after: None,
+            body_limit: 1 << 20,
+            fields: None,
+            stored_headers: vec![CONTENT_TYPE, LOCATION],
+            policy: default_status_policy,
+            log_keys: false,
+        }
+    }
+
+    /// In-transaction (the handler writes through the [`super::Transaction`] it is given) or
+    /// two-phase (lease, heartbeat, complete after the handler).
+    pub fn mode(mut self, mode: Mode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// The request header holding the key.
+    pub fn header(mut self, name: HeaderName) -> Self {
+        self.header = name;
+        self
+    }
+
+    /// The methods the layer covers; requests with other methods pass through untouched.
+    pub fn methods(mut self, methods: impl IntoIterator<Item = Method>) -> Self {
+        self.methods = methods.into_iter().collect();
+        self
+    }
+
+    /// Whether a covered request without a key is answered 400 (`true`) or passed through to the
+    /// handler without idempotency (`false`).
+    pub fn require_key(mut self, required: bool) -> Self {
+        self.require_key = required;
+        self
+    }
+
+    /// The user a request acts for, usually the authenticated principal your auth layer put in
+    /// the request's extensions: keys are scoped to it, so one user's key never reaches another
+    /// user's record. `None` is answered 401.
+    pub fn user(mut self, user: impl Fn(&Parts) -> Option<String> + Send + Sync + 'static) -> Self {
+        self.scope = Some(Scope::User(Arc::new(user)));
+        self
+    }
+
+    /// Declares the route unauthenticated: every caller's keys share one scope
+    /// ([`ANONYMOUS_USER`]), so callers must use unguessable keys.
+    pub fn anonymous(mut self) -> Self {
+        self.scope = Some(Scope::Anonymous);
+        self
+    }
+
+    /// The operation name keys are scoped to, and the `operation` label of spans and metrics.
+    /// By default the method and the matched route (`POST /charges/{id}`) when the layer is added
+    /// with axum's `route_layer`; otherwise the method and the request's path, which has one
+    /// value per path (`/charges/7`): name the operation then.
+    pub fn operation(mut self, name: impl Into<String>) -> Self {
+        self.operation = Some(name.into());
+        self
+    }
+
+    /// How long a record is kept.
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = Some(ttl);
+        self
+    }
+
+    /// How long an attempt holds the key without a heartbeat (two-phase heartbeats at a third).
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = Some(lease);
+        self
+    }
+
+    /// Transient failures (5xx, panics) of one key before it is failed for good.
+    pub fn max_retries(mut self, retries: i32) -> Self {
+        self.max_retries = Some(retries);
+        self
+    }
+
+    /// Wait for a concurrent in-transaction holder of the key to commit, then replay its
+    /// response, instead of answering 409 at once. (A two-phase holder is never waited for.)
+    pub fn wait(mut self, wait: bool) -> Self {
+        self.wait = Some(wait);
+        self
+    }
+
+    /// The `Retry-After` of a 409 for a key in progress.
+    pub fn retry_after(mut self, after: Duration) -> Self {
+        self.retry_after = Some(after);
+        self
+    }
+
+    /// The largest request body read (and fingerprinted); larger ones are answered 413.
+    pub fn body_limit(mut self, bytes: usize) -> Self {
+        self.body_limit = bytes;
+        self
+    }
+
+    /// Fingerprint only these top-level fields of a JSON body (method and path always count).
+    pub fn fingerprint_fields(mut self, fields: impl IntoIterator<Item = impl Into<String>>) -> Self {
+        self.fields = Some(fields.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// More response headers stored and replayed, besides `Content-Type` and `Location`.
+    /// `Set-Cookie` and `Authorization` are refused by [`Builder::build`].
+    pub fn stored_headers(mut self, names: impl IntoIterator<Item = HeaderName>) -> Self {
+        self.stored_headers.extend(names);
+        self
+    }
+
+    /// Which response statuses are stored ([`Verdict::Success`], [`Verdict::Failure`]) and which
+    /// release the key for a retry ([`Verdict::Transient`]).
+    pub fn status_policy(mut self, policy: fn(u16) -> Verdict) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// Put the key itself in spans instead of a hash of it.
+    pub fn log_keys(mut self, log: bool) -> Self {
+        self.log_keys = log;
+        self
+    }
+
+    /// The layer, or the first setting that is missing or unsafe.
+    pub fn build(self) -> Result<IdempotencyLayer, ConfigError> {
+        let Some(scope) = self.scope else {
+            return Err(ConfigError(
+                "no scope: call .user(..) with the authenticated principal, or .anonymous() for a route without one".into(),
+            ));
+        };
+        if self.methods.is_empty() {
+            return Err(ConfigError("methods: the layer must cover at least one method".into()));
+        }
+        if let Some(name) = self.stored_headers.iter().find(|n| **n == SET_COOKIE || **n == AUTHORIZATION) {
+            return Err(ConfigError(format!("stored_headers: {name} is never stored (it carries credentials)")));
+        }
+        if self.body_limit == 0 {
+            return Err(ConfigError("body_limit must be at least 1 byte".into()));
+        }
+        if matches!(&self.fields, Some(f) if f.is_empty()) {
+            return Err(ConfigError("fingerprint_fields: name at least one field, or leave it unset for the whole body".into()));
+        }
+        if let Some(name) = &self.operation {
+            crate::Key::new(name.as_str(), "u", "k").map_err(|e| ConfigError(format!("operation: {e}")))?;
+        }
+        let mut settings = self.idem.settings().clone();
+        settings.ttl = self.ttl.or(settings.ttl);
+        settings.lease = self.lease.or(settings.lease);
+        settings.max_retries = self.max_retries.or(settings.max_retries);
+        settings.wait = self.wait.unwrap_or(settings.wait);
+        settings.retry_after = self.retry_after.unwrap_or(settings.retry_after);
+        let mut stored_headers = self.stored_headers;
+        stored_headers.dedup();
+        Ok(IdempotencyLayer {
+            config: Arc::new(Config {
+                idem: self.idem.with_settings(settings),
+                mode: self.mode,
+                header: self.header,
+                methods: self.methods,
+                require_key: self.require_key,
+                scope,
+                operation: self.operation,
+                body_limit: self.body_limit,
+                fields: self.fields,
+                stored_headers,
+                policy: self.policy,
+                log_keys: self.log_keys,
+            }),
+        })
+    }
+}

@@ -1,0 +1,141 @@
+//! An idempotency [`tower_layer::Layer`] for HTTP services (feature `tower`; the axum extractor
+//! with feature `axum`; metrics with feature `metrics`).
+//!
+//! It follows the IETF draft "The Idempotency-Key HTTP Header Field" and Stripe's conventions:
+//!
+//! - the key is the `Idempotency-Key` header, an sf-string (`"k-1"`) or a bare token (`k-1`),
+//!   scoped to the operation (method and matched route, or a name you give) and to the user your
+//!   [`Builder::user`] extractor finds, so one user's key never reaches another's record;
+//! - the fingerprint covers the method, the path and the body (canonical JSON for a JSON body,
+//!   exact bytes otherwise, or only the JSON fields you select), so a key reused for another
+//!   request is a 422;
+//! - the first request runs the route; its response is stored (status, body, the allow-listed
+//!   headers) when the status policy says so and replayed to every retry with
+//!   `Idempotent-Replayed: true`; a transient answer (5xx, 408, 409, 425, 429, a panic) releases
+//!   the key for the retry;
+//! - the layer's own answers are problem details ([`problem::types`]): 400 no or bad key,
+//!   401 no user, 409 + `Retry-After` in progress or lease lost, 413 body over the limit,
+//!   422 mismatch, 503 store unavailable.
+//!
+//! Routes run in one of two [`Mode`]s, chosen per route (one layer per route, added with axum's
+//! `route_layer` so the matched route names the operation):
+//!
+//! ```no_run
+//! use axum::{routing::post, Router};
+//! use idempotency_client::layer::{IdempotencyLayer, Mode, Transaction};
+//! use idempotency_client::Idempotency;
+//!
+//! async fn create(tx: Transaction, body: String) -> (axum::http::StatusCode, String) {
+//!     // Business writes go through `tx`: they commit with the stored response, or not at all.
+//!     tx.execute("INSERT INTO charges (user_id, amount) VALUES ('u', 1)", &[]).await.unwrap();
+//!     (axum::http::StatusCode::CREATED, body)
+//! }
+//!
+//! # fn demo(idem: Idempotency) -> Result<(), Box<dyn std::error::Error>> {
+//! let layer = IdempotencyLayer::builder(idem)
+//!     .user(|req| req.headers.get("x-user")?.to_str().ok().map(str::to_owned))
+//!     .build()?;
+//! let app: Router = Router::new().route("/charges", post(create)).route_layer(layer);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # What each mode guarantees
+//!
+//! **In-transaction** ([`Mode::InTransaction`], the default). The layer begins a transaction
+//! and reserves the key in it; the handler gets that transaction ([`Transaction`]) and does its
+//! business writes in it; the layer stores the response and commits, so the record and the
+//! business rows commit together or not at all. The reservation is invisible until the commit,
+//! so a duplicate waits on it (or gets 409). If the process crashes, the connection drops or the
+//! handler panics before the commit, PostgreSQL rolls everything back, the reservation included:
+//! the key is free at once and the retry runs the handler again, with nothing half-done. Only
+//! effects inside that transaction are covered: a handler that calls a payment API or writes to
+//! another store is the two-phase case.
+//!
+//! **Two-phase** ([`Mode::TwoPhase`]). The layer reserves the key with a lease in a transaction
+//! of its own and commits it (a duplicate now gets 409), runs the handler while a background task
+//! renews the lease, then stores the response. The handler's effects are its own: nothing is
+//! rolled back. A panic or a transient answer releases the key at once. If the process crashes
+//! while the handler runs, the key stays `PROCESSING` (duplicates get 409 `in-progress`) until
+//! its lease ends (default 60 s) and your recovery job's `idem_recover_stuck` handles it: with
+//! `action => 'fail'` (the default) the key is failed and retries get 409 `failed`, never a
+//! second run; with `'release'` the next retry runs the handler again. Without a recovery job
+//! the key is taken over once its ttl has passed. Whenever a second run is possible, the outside
+//! call should carry the same idempotency key downstream (Stripe's `Idempotency-Key`), as
+//! `client/examples/two_phase_stub.rs` does.
+//!
+//! In both modes the route runs to its end in a task of its own: a client that disconnects
+//! mid-request does not cancel it, and its retry replays the stored response.
+
+mod config;
+mod key_header;
+mod observe;
+pub mod problem;
+mod record;
+mod request;
+mod service;
+mod transaction;
+
+pub use config::{default_status_policy, Builder, ConfigError, UserFn, ANONYMOUS_USER};
+pub use service::IdempotencyService;
+pub use transaction::Transaction;
+
+use crate::Idempotency;
+use std::sync::Arc;
+
+/// How a route's handler relates to the key's record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// The handler writes through the request's [`Transaction`]; its writes and the stored
+    /// response commit together.
+    InTransaction,
+    /// The handler's effects leave the database: lease, heartbeat, complete after the handler.
+    TwoPhase,
+}
+
+impl Mode {
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Mode::InTransaction => "in_transaction",
+            Mode::TwoPhase => "two_phase",
+        }
+    }
+}
+
+/// Makes a tower HTTP service idempotent; see the [module documentation](self).
+#[derive(Clone)]
+pub struct IdempotencyLayer {
+    pub(crate) config: Arc<config::Config>,
+}
+
+impl std::fmt::Debug for IdempotencyLayer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IdempotencyLayer").field("mode", &self.config.mode).finish_non_exhaustive()
+    }
+}
+
+impl IdempotencyLayer {
+    /// A builder over the handle `idem` (its pool, schema and settings are the defaults), in
+    /// [`Mode::InTransaction`] unless [`Builder::mode`] says otherwise.
+    pub fn builder(idem: Idempotency) -> Builder {
+        Builder::new(idem)
+    }
+
+    /// A builder for an in-transaction route: its handler writes through the [`Transaction`].
+    pub fn in_transaction(idem: Idempotency) -> Builder {
+        Builder::new(idem).mode(Mode::InTransaction)
+    }
+
+    /// A builder for a two-phase route: its handler's effects leave the database.
+    pub fn two_phase(idem: Idempotency) -> Builder {
+        Builder::new(idem).mode(Mode::TwoPhase)
+    }
+}
+
+impl<S> tower_layer::Layer<S> for IdempotencyLayer {
+    type Service = IdempotencyService<S>;
+
+    fn layer(&self, inner: S) -> IdempotencyService<S> {
+        IdempotencyService { inner, config: self.config.clone() }
+    }
+}

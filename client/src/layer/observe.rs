@@ -1,0 +1,119 @@
+//! The layer's traces and metrics: one span per covered request, events for its decisions, and
+//! (feature `metrics`) `idempotency_requests_total` and `idempotency_duration_seconds` through
+//! the `metrics` facade, both labelled with `operation` and `outcome`.
+
+use super::problem::Problem;
+use sha2::{Digest, Sha256};
+use std::time::{Duration, Instant};
+use tracing::field::Empty;
+use tracing::Span;
+
+/// How a covered request ended, as the `outcome` label and span field.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    /// The handler ran and its response was stored.
+    Executed,
+    /// A stored success was replayed.
+    Replayed,
+    /// Another attempt holds the key (409).
+    InProgress,
+    /// Same key, another request (422).
+    Mismatch,
+    /// The key failed for good: its stored failure was replayed (or a 409 without one).
+    Failed,
+    /// The handler's answer was transient (5xx, panic): the key was released.
+    Released,
+    /// As released, but that was the key's last allowed transient failure.
+    Poisoned,
+    /// The attempt lost its lease (409).
+    LeaseLost,
+    /// The store could not be reached (503).
+    StoreUnavailable,
+    /// The request was answered before reaching the store (400, 401, 413).
+    Rejected,
+    /// Any other error (500).
+    Error,
+}
+
+impl Outcome {
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Outcome::Executed => "executed",
+            Outcome::Replayed => "replayed",
+            Outcome::InProgress => "in_progress",
+            Outcome::Mismatch => "mismatch",
+            Outcome::Failed => "failed",
+            Outcome::Released => "released",
+            Outcome::Poisoned => "poisoned",
+            Outcome::LeaseLost => "lease_lost",
+            Outcome::StoreUnavailable => "store_unavailable",
+            Outcome::Rejected => "rejected",
+            Outcome::Error => "error",
+        }
+    }
+}
+
+/// The span and clock of one covered request.
+pub(crate) struct Observed {
+    span: Span,
+    operation: String,
+    started: Instant,
+}
+
+impl Observed {
+    pub(crate) fn start(operation: &str, mode: &'static str) -> Self {
+        let span = tracing::info_span!(
+            "idempotency.request",
+            operation = operation,
+            mode = mode,
+            key = Empty,
+            outcome = Empty,
+            status = Empty,
+            duration_ms = Empty,
+        );
+        Observed { span, operation: operation.to_owned(), started: Instant::now() }
+    }
+
+    pub(crate) fn span(&self) -> &Span {
+        &self.span
+    }
+
+    /// Records the key: a hash of it (the first 16 hex digits of its SHA-256) unless `raw`.
+    pub(crate) fn key(&self, key: &str, raw: bool) {
+        if raw {
+            self.span.record("key", key);
+        } else {
+            self.span.record("key", key_hash(key).as_str());
+        }
+    }
+
+    /// Closes a request answered before it reached the store (400, 401, 413) with `problem`.
+    pub(crate) fn reject<B: From<bytes::Bytes>>(self, problem: Problem) -> http::Response<B> {
+        let status = problem.status();
+        self.span.in_scope(|| tracing::info!(status, "idempotency request rejected"));
+        self.finish(Outcome::Rejected, status);
+        problem.into_response()
+    }
+
+    /// Closes the request: span fields, the decision event, the metrics.
+    pub(crate) fn finish(self, outcome: Outcome, status: u16) {
+        let elapsed: Duration = self.started.elapsed();
+        self.span.record("outcome", outcome.label());
+        self.span.record("status", status);
+        self.span.record("duration_ms", elapsed.as_secs_f64() * 1000.0);
+        self.span.in_scope(|| tracing::info!(outcome = outcome.label(), status, "idempotency decision"));
+        #[cfg(feature = "metrics")]
+        {
+            let labels = [("operation", self.operation.clone()), ("outcome", outcome.label().to_owned())];
+            metrics::counter!("idempotency_requests_total", &labels).increment(1);
+            metrics::histogram!("idempotency_duration_seconds", &labels).record(elapsed.as_secs_f64());
+        }
+        #[cfg(not(feature = "metrics"))]
+        let _ = &self.operation;
+    }
+}
+
+/// The first 16 hex digits of the SHA-256 of a key: enough to correlate, not to recover it.
+pub(crate) fn key_hash(key: &str) -> String {
+    Sha256::digest(key.as_bytes()).iter().take(8).map(|b| format!("{b:02x}")).collect()
+}

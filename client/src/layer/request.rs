@@ -1,0 +1,124 @@
+//! What the layer reads from a request: its operation, its user and its fingerprint.
+
+use super::config::{Config, Scope, ANONYMOUS_USER};
+use crate::fingerprint::{canonical_json, Fingerprint};
+use http::header::CONTENT_TYPE;
+use http::request::Parts;
+
+/// The configured operation name, else the method and the matched route (`POST /charges/{id}`,
+/// when axum put a `MatchedPath` in the request: the layer was added with `route_layer`), else
+/// the method and the path.
+pub(crate) fn operation(config: &Config, parts: &Parts) -> String {
+    if let Some(name) = &config.operation {
+        return name.clone();
+    }
+    #[cfg(feature = "axum")]
+    if let Some(path) = parts.extensions.get::<axum::extract::MatchedPath>() {
+        return format!("{} {}", parts.method, path.as_str());
+    }
+    format!("{} {}", parts.method, parts.uri.path())
+}
+
+/// The user the request acts for, `None` when the scope extractor found none.
+pub(crate) fn user(config: &Config, parts: &Parts) -> Option<String> {
+    match &config.scope {
+        Scope::User(user) => user(parts),
+        Scope::Anonymous => Some(ANONYMOUS_USER.to_owned()),
+    }
+}
+
+/// Whether the request says its body is JSON (`application/json`, `application/*+json`).
+fn is_json(parts: &Parts) -> bool {
+    parts.headers.get(CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|v| {
+        let essence = v.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+        essence == "application/json" || (essence.starts_with("application/") && essence.ends_with("+json"))
+    })
+}
+
+/// The fingerprint of the method, the path (with its query) and the body: the canonical JSON of
+/// a JSON body (or of its selected top-level fields), the exact bytes of any other body (or of a
+/// JSON body that does not parse).
+pub(crate) fn fingerprint(config: &Config, parts: &Parts, body: &[u8]) -> Fingerprint {
+    let target = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
+    let canonical = if is_json(parts) { canonical_body(config.fields.as_deref(), body) } else { None };
+    let mut input = format!("{} {}\n", parts.method, target).into_bytes();
+    match canonical {
+        Some(text) => {
+            input.extend_from_slice(b"json\n");
+            input.extend_from_slice(text.as_bytes());
+        }
+        None => {
+            input.extend_from_slice(b"bytes\n");
+            input.extend_from_slice(body);
+        }
+    }
+    Fingerprint::of_bytes(&input)
+}
+
+fn canonical_body(fields: Option<&[String]>, body: &[u8]) -> Option<String> {
+    let text = std::str::from_utf8(body).ok()?;
+    match fields {
+        None => canonical_json(text).ok(),
+        Some(fields) => {
+            let value: serde_json::Value = serde_json::from_str(text).ok()?;
+            let object = value.as_object()?;
+            let selected: serde_json::Map<_, _> =
+                fields.iter().filter_map(|f| object.get(f).map(|v| (f.clone(), v.clone()))).collect();
+            canonical_json(&serde_json::Value::Object(selected).to_string()).ok()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layer::IdempotencyLayer;
+    use crate::Idempotency;
+
+    fn config(fields: Option<&[&str]>) -> std::sync::Arc<Config> {
+        let idem = Idempotency::connect("postgresql://u@127.0.0.1:1/db", 1).unwrap();
+        let mut builder = IdempotencyLayer::builder(idem).anonymous();
+        if let Some(fields) = fields {
+            builder = builder.fingerprint_fields(fields.iter().copied());
+        }
+        builder.build().unwrap().config
+    }
+
+    fn parts(method: &str, uri: &str, json: bool) -> Parts {
+        let mut req = http::Request::builder().method(method).uri(uri);
+        if json {
+            req = req.header(CONTENT_TYPE, "application/json; charset=utf-8");
+        }
+        req.body(()).unwrap().into_parts().0
+    }
+
+    #[test]
+    fn json_bodies_are_canonical_other_bodies_exact() {
+        let c = config(None);
+        let post = parts("POST", "/charges", true);
+        let a = fingerprint(&c, &post, br#"{"a": 1, "b": [1, 2]}"#);
+        assert_eq!(a, fingerprint(&c, &post, br#"{"b":[1,2],"a":1}"#));
+        assert_ne!(a, fingerprint(&c, &post, br#"{"a": 2, "b": [1, 2]}"#));
+        let raw = parts("POST", "/charges", false);
+        assert_ne!(fingerprint(&c, &raw, b"{\"a\":1}"), fingerprint(&c, &raw, b"{ \"a\":1}"));
+    }
+
+    #[test]
+    fn method_and_path_count() {
+        let c = config(None);
+        let body = br#"{"a": 1}"#;
+        let a = fingerprint(&c, &parts("POST", "/charges", true), body);
+        assert_ne!(a, fingerprint(&c, &parts("PATCH", "/charges", true), body));
+        assert_ne!(a, fingerprint(&c, &parts("POST", "/refunds", true), body));
+        assert_ne!(a, fingerprint(&c, &parts("POST", "/charges?x=1", true), body));
+    }
+
+    #[test]
+    fn selected_fields_only() {
+        let c = config(Some(&["amount"]));
+        let post = parts("POST", "/charges", true);
+        let a = fingerprint(&c, &post, br#"{"amount": 1, "trace": "x"}"#);
+        assert_eq!(a, fingerprint(&c, &post, br#"{"trace": "y", "amount": 1}"#));
+        assert_ne!(a, fingerprint(&c, &post, br#"{"amount": 2, "trace": "x"}"#));
+    }
+}

@@ -1,0 +1,325 @@
+//! The service the layer wraps around a route: read the key and the body, then run the route in
+//! one of the two modes and answer.
+
+use super::config::Config;
+use super::key_header::{self, KeyHeader};
+use super::observe::{Observed, Outcome as Seen};
+use super::problem::{types, Problem};
+use super::record::HttpRecord;
+use super::transaction::Transaction;
+use super::Mode;
+use crate::handle::Begun;
+use crate::{Error, Fingerprint, HandlerError, Key, Outcome, Tx, TxFuture};
+use bytes::Bytes;
+use futures_util::future::BoxFuture;
+use futures_util::FutureExt;
+use http::{Request, Response};
+use http_body::Body;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use tower_service::Service;
+use tracing::Instrument;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// An idempotent route: the service [`super::IdempotencyLayer`] makes.
+#[derive(Clone)]
+pub struct IdempotencyService<S> {
+    pub(crate) inner: S,
+    pub(crate) config: Arc<Config>,
+}
+
+impl<S> std::fmt::Debug for IdempotencyService<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IdempotencyService").field("mode", &self.config.mode).finish_non_exhaustive()
+    }
+}
+
+impl<S, B, R> Service<Request<B>> for IdempotencyService<S>
+where
+    S: Service<Request<B>, Response = Response<R>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    B: Body + From<Bytes> + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<BoxError>,
+    R: Body + From<Bytes> + Send + 'static,
+    R::Data: Send,
+    R::Error: Into<BoxError>,
+{
+    type Response = Response<R>;
+    type Error = S::Error;
+    type Future = BoxFuture<'static, Result<Response<R>, S::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        // The clone that was driven to readiness serves this request.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        if !self.config.methods.contains(req.method()) {
+            return Box::pin(inner.call(req));
+        }
+        Box::pin(covered(self.config.clone(), inner, req))
+    }
+}
+
+/// A request of a covered method.
+async fn covered<S, B, R>(config: Arc<Config>, mut inner: S, req: Request<B>) -> Result<Response<R>, S::Error>
+where
+    S: Service<Request<B>, Response = Response<R>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    B: Body + From<Bytes> + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<BoxError>,
+    R: Body + From<Bytes> + Send + 'static,
+    R::Data: Send,
+    R::Error: Into<BoxError>,
+{
+    let (parts, body) = req.into_parts();
+    let raw_key = match key_header::parse(parts.headers.get_all(&config.header)) {
+        KeyHeader::Key(key) => key,
+        KeyHeader::Missing if !config.require_key => {
+            tracing::debug!(header = config.header.as_str(), "no idempotency key: passed through");
+            return inner.call(Request::from_parts(parts, body)).await;
+        }
+        KeyHeader::Missing => {
+            let detail = format!("this request needs an {} header", config.header);
+            return reject(&config, &parts, Problem::new(400, types::KEY_MISSING, "Idempotency key missing", detail));
+        }
+        KeyHeader::Malformed(rule) => {
+            return reject(&config, &parts, Problem::new(400, types::KEY_INVALID, "Invalid idempotency key", rule));
+        }
+    };
+    let operation = super::request::operation(&config, &parts);
+    let observed = Observed::start(&operation, config.mode.label());
+    observed.key(&raw_key, config.log_keys);
+    let Some(user) = super::request::user(&config, &parts) else {
+        let detail = "the idempotency scope found no user for this request";
+        return Ok(observed.reject(Problem::new(401, types::USER_MISSING, "No user", detail)));
+    };
+    let key = match Key::new(operation, user, raw_key) {
+        Ok(key) => key,
+        Err(e) => return Ok(observed.reject(Problem::new(400, types::KEY_INVALID, "Invalid idempotency key", e.to_string()))),
+    };
+    let bytes = match Limited::new(body, config.body_limit).collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(e) if e.is::<LengthLimitError>() => {
+            let detail = format!("the body is larger than {} bytes", config.body_limit);
+            return Ok(observed.reject(Problem::new(413, types::BODY_TOO_LARGE, "Request body too large", detail)));
+        }
+        Err(e) => return Ok(observed.reject(Problem::new(400, types::BODY_UNREADABLE, "Request body unreadable", e.to_string()))),
+    };
+    let fingerprint = super::request::fingerprint(&config, &parts, &bytes);
+    let req = Request::from_parts(parts, B::from(bytes));
+
+    // The route runs to its end in a task of its own, so a client that disconnects does not
+    // cancel it half-way: the key is completed (or released) and the client's retry replays.
+    let run = {
+        let config = config.clone();
+        async move {
+            match config.mode {
+                Mode::InTransaction => in_transaction(&config, inner, key, fingerprint, req).await,
+                Mode::TwoPhase => two_phase(&config, inner, key, fingerprint, req).await,
+            }
+        }
+        .instrument(observed.span().clone())
+    };
+    let answer = match tokio::spawn(run).await {
+        Ok(answer) => answer,
+        Err(e) => {
+            let problem = Problem::new(500, types::INTERNAL, "Internal error", format!("the idempotency task failed: {e}"));
+            Answer::Respond(problem.into_response(), Seen::Error)
+        }
+    };
+    match answer {
+        Answer::Respond(response, outcome) => {
+            observed.finish(outcome, response.status().as_u16());
+            Ok(response)
+        }
+        Answer::ServiceError(e, outcome) => {
+            observed.finish(outcome, 500);
+            Err(e)
+        }
+    }
+}
+
+/// Answers a request refused before it was identified (no key, a malformed one).
+fn reject<R: From<Bytes>, SE>(config: &Config, parts: &http::request::Parts, problem: Problem) -> Result<Response<R>, SE> {
+    let operation = super::request::operation(config, parts);
+    Ok(Observed::start(&operation, config.mode.label()).reject(problem))
+}
+
+/// How a covered request ends.
+enum Answer<R, SE> {
+    Respond(Response<R>, Seen),
+    /// The route's own service error (the key was released).
+    ServiceError(SE, Seen),
+}
+
+/// Why the route produced no response to record.
+enum Failure<SE> {
+    Service(SE),
+    Panicked(String),
+    Body(BoxError),
+}
+
+impl<SE> std::fmt::Display for Failure<SE> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Failure::Service(_) => f.write_str("the route's service failed"),
+            Failure::Panicked(message) => write!(f, "the handler panicked: {message}"),
+            Failure::Body(e) => write!(f, "the response body failed: {e}"),
+        }
+    }
+}
+
+/// Every route failure is transient: the key is released and the client's retry runs again.
+impl<SE> HandlerError for Failure<SE> {}
+
+/// Calls the route and reads its whole response, catching a panic.
+async fn produce<S, B, R>(config: &Config, mut inner: S, req: Request<B>) -> Result<HttpRecord, Failure<S::Error>>
+where
+    S: Service<Request<B>, Response = Response<R>>,
+    R: Body,
+    R::Error: Into<BoxError>,
+{
+    let run = async {
+        let response = inner.call(req).await.map_err(Failure::Service)?;
+        let (parts, body) = response.into_parts();
+        let bytes = body.collect().await.map_err(|e| Failure::Body(e.into()))?.to_bytes();
+        let verdict = (config.policy)(parts.status.as_u16());
+        Ok(HttpRecord::new(parts.status, parts.headers, bytes, &config.stored_headers, verdict))
+    };
+    match AssertUnwindSafe(run).catch_unwind().await {
+        Ok(result) => result,
+        Err(panic) => {
+            let message = panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic".to_owned());
+            tracing::error!(panic = message.as_str(), "the idempotent handler panicked; the key is released");
+            Err(Failure::Panicked(message))
+        }
+    }
+}
+
+/// In-transaction: reserve in a transaction, give it to the route, complete and commit with its
+/// response.
+async fn in_transaction<S, B, R>(config: &Config, inner: S, key: Key, fingerprint: Fingerprint, mut req: Request<B>) -> Answer<R, S::Error>
+where
+    S: Service<Request<B>, Response = Response<R>>,
+    R: Body + From<Bytes>,
+    R::Error: Into<BoxError>,
+{
+    let idem = &config.idem;
+    let schema = match idem.schema().await {
+        Ok(schema) => schema,
+        Err(e) => return error_answer(config, e.widen()),
+    };
+    let attempt = match idem.begin::<HttpRecord, Failure<S::Error>>(&schema, &key, &fingerprint).await {
+        Ok(Begun::Created(attempt)) => attempt,
+        Ok(Begun::Answered(answer)) => return answer_of(config, answer),
+        Err(e) => return error_answer(config, e),
+    };
+    tracing::debug!("key reserved; running the handler in its transaction");
+    req.extensions_mut().insert(Transaction(attempt.shared()));
+    let produced = match attempt.work(produce(config, inner, req)).await {
+        Ok(produced) => produced,
+        Err(e) => return error_answer(config, e),
+    };
+    answer_of(config, attempt.finish(produced).await)
+}
+
+/// Two-phase: reserve with a lease, run the route while the lease is heartbeaten, then complete.
+async fn two_phase<S, B, R>(config: &Config, inner: S, key: Key, fingerprint: Fingerprint, req: Request<B>) -> Answer<R, S::Error>
+where
+    S: Service<Request<B>, Response = Response<R>> + Send,
+    S::Future: Send,
+    S::Error: Send + 'static,
+    B: Send,
+    R: Body + From<Bytes> + Send,
+    R::Data: Send,
+    R::Error: Into<BoxError>,
+{
+    let result = config.idem.run_external(&key, &fingerprint, produce(config, inner, req), nothing_local).await;
+    answer_of(config, result)
+}
+
+/// The two-phase layer records nothing locally but the key.
+fn nothing_local<'t, E: Send + 'static>(_: &'t Tx<'_>, _: &'t HttpRecord) -> TxFuture<'t, (), E> {
+    Box::pin(std::future::ready(Ok(())))
+}
+
+/// Maps a flow's result to the answer.
+fn answer_of<R: From<Bytes>, SE>(config: &Config, result: Result<Outcome<HttpRecord>, Error<Failure<SE>>>) -> Answer<R, SE> {
+    match result {
+        Ok(Outcome::Executed(record)) => Answer::Respond(record.into_response(), Seen::Executed),
+        Ok(Outcome::Replayed(record)) => Answer::Respond(record.into_response(), Seen::Replayed),
+        Ok(Outcome::Released(record)) => Answer::Respond(record.into_response(), Seen::Released),
+        Ok(Outcome::Poisoned(record)) => Answer::Respond(record.into_response(), Seen::Poisoned),
+        Err(e) => error_answer(config, e),
+    }
+}
+
+fn error_answer<R: From<Bytes>, SE>(config: &Config, e: Error<Failure<SE>>) -> Answer<R, SE> {
+    let retry_after = config.idem.settings().retry_after;
+    let (problem, outcome) = match e {
+        Error::Failed { response: Some(stored) } => match serde_json::from_value::<HttpRecord>(stored) {
+            Ok(record) => return Answer::Respond(record.into_response(), Seen::Failed),
+            Err(e) => (Problem::new(500, types::INTERNAL, "Internal error", format!("the stored response does not decode: {e}")), Seen::Error),
+        },
+        Error::Failed { response: None } => (
+            Problem::new(409, types::FAILED, "Request failed", "an earlier attempt with this key failed for good"),
+            Seen::Failed,
+        ),
+        Error::InProgress { retry_after } => (
+            Problem::new(409, types::IN_PROGRESS, "Request in progress", "another request with this key is being processed")
+                .retry_after(retry_after),
+            Seen::InProgress,
+        ),
+        Error::Mismatch => (
+            Problem::new(422, types::MISMATCH, "Idempotency key reused", "this key was used with a different request"),
+            Seen::Mismatch,
+        ),
+        Error::LeaseLost => (
+            Problem::new(409, types::LEASE_LOST, "Lease lost", "this attempt lost its hold on the key; retry").retry_after(retry_after),
+            Seen::LeaseLost,
+        ),
+        Error::StoreUnavailable(source) => (
+            Problem::new(503, types::STORE_UNAVAILABLE, "Idempotency store unavailable", source.to_string()).retry_after(retry_after),
+            Seen::StoreUnavailable,
+        ),
+        Error::Handler { error, poisoned } => {
+            let outcome = if poisoned { Seen::Poisoned } else { Seen::Released };
+            let detail = match error {
+                Failure::Service(e) => return Answer::ServiceError(e, outcome),
+                Failure::Panicked(message) => format!("the handler panicked: {message}"),
+                Failure::Body(e) => format!("the response body failed: {e}"),
+            };
+            (Problem::new(500, types::HANDLER_FAILED, "Handler failed", detail), outcome)
+        }
+        Error::RecordFailed { response, key_completed, .. } => {
+            // The route ran and its effect happened; its response stands (and is replayed when
+            // the key holds it).
+            tracing::error!(key_completed, "the two-phase response could not be recorded with the local transaction");
+            match serde_json::from_value::<HttpRecord>(response) {
+                Ok(record) => {
+                    let mut response: Response<R> = record.into_response();
+                    response.headers_mut().remove("idempotent-replayed"); // this attempt ran it
+                    return Answer::Respond(response, Seen::Error);
+                }
+                Err(e) => (Problem::new(500, types::INTERNAL, "Internal error", e.to_string()), Seen::Error),
+            }
+        }
+        other => (Problem::new(500, types::INTERNAL, "Internal error", other.to_string()), Seen::Error),
+    };
+    tracing::warn!(status = problem.status(), "idempotency answered with a problem");
+    Answer::Respond(problem.into_response(), outcome)
+}
