@@ -144,7 +144,7 @@ run_major() {
 
     if [ "$major" = "$default_major" ]; then # the client crate does not depend on the major
         layer unit
-        cargo test -p idempotency-client 2>&1 | tee "$logs/unit.log" | grep -E '^(test |test result|error)' | grep -v '\.\.\. ok$'
+        cargo test --no-fail-fast -p idempotency-client 2>&1 | tee "$logs/unit.log" | grep -E '^(test |test result|error)' | grep -v '\.\.\. ok$'
         status=${PIPESTATUS[0]}
         read -r p f < <(cargo_counts "$logs/unit.log")
         record unit "$p" "$f" "$status"
@@ -216,7 +216,7 @@ run_major() {
             $(cd tests/isolation/specs && ls -- *.spec | sed 's/\.spec$//' | sort)
 
         layer e2e
-        local e2e=(-p idempotency-tests)
+        local e2e=(--no-fail-fast -p idempotency-tests) # every test binary runs, and is counted
         [ "$full" = 1 ] || e2e+=(--test checklist)
         cargo test "${e2e[@]}" >"$logs/e2e.log" 2>&1
         status=$?
