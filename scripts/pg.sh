@@ -45,10 +45,16 @@ fsync = on
 log_min_messages = warning
 CONF
     fi
-    if ! as_server "$bindir/pg_ctl" -D "$data" status >/dev/null 2>&1; then
-        as_server "$bindir/pg_ctl" -D "$data" -l "$dir/server.log" -o "-p $port" -w -t 60 start >/dev/null \
-            || { tail -20 "$dir/server.log" >&2; exit 1; }
-    fi
+    # The port lies in Linux's ephemeral range, so a client connection elsewhere may hold it for a
+    # moment: a start that fails is tried again, three times in all.
+    for attempt in 1 2 3; do
+        as_server "$bindir/pg_ctl" -D "$data" status >/dev/null 2>&1 && break
+        if as_server "$bindir/pg_ctl" -D "$data" -l "$dir/server.log" -o "-p $port" -w -t 60 start >/dev/null; then
+            break
+        fi
+        [ "$attempt" = 3 ] && { tail -20 "$dir/server.log" >&2; exit 1; }
+        sleep 2
+    done
     echo "$url"
     ;;
 stop)
