@@ -40,24 +40,67 @@ async fn call(idem: &Idempotency, raw: Option<&mut deadpool_postgres::Client>, u
     .expect("run");
 }
 
+/// What a loop of [`throughput`] calls.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Call {
+    /// `run` around the one-row INSERT, a new key each time.
+    Run,
+    /// The same INSERT in a raw tokio-postgres transaction.
+    RawInsert,
+    /// `run` on a key that already succeeded: the stored response replays.
+    Replay,
+    /// A raw primary-key SELECT of that key's record (prepared, on a held connection).
+    RawSelect,
+}
+
+const SELECT: &str = "SELECT response FROM idem_records WHERE operation = $1 AND user_id = $2 AND key = $3";
+
+/// One replay (`run` on an executed key) or the raw SELECT of the same record.
+async fn replay(idem: &Idempotency, raw: Option<&mut deadpool_postgres::Client>, key: &Key) {
+    if let Some(client) = raw {
+        let stmt = client.prepare_cached(SELECT).await.expect("prepare");
+        client.query_opt(&stmt, &[&key.operation(), &key.user_id(), &key.key()]).await.expect("select");
+        return;
+    }
+    let fp = Fingerprint::of_bytes(b"bench");
+    let out = idem
+        .run(key, &fp, |_tx| Box::pin(async { Ok::<_, tokio_postgres::Error>(StoredResponse::json(201, json!({}))) }))
+        .await
+        .expect("run");
+    assert!(out.is_replayed(), "the benchmark key must replay");
+}
+
 /// `tasks` concurrent loops of one call kind for `seconds`: calls per second, client-side
 /// p50/p99 latency, and the WAL written (read on `db` before and after).
-pub(crate) async fn throughput(url: &str, db: &tokio_postgres::Client, tasks: usize, seconds: u64, with_idempotency: bool) -> Measure {
+pub(crate) async fn throughput(url: &str, db: &tokio_postgres::Client, tasks: usize, seconds: u64, kind: Call) -> Measure {
     let idem = Idempotency::connect(url, tasks).expect("pool");
+    // The replay rows read one key that executed once, before the clock starts.
+    let replayed = Key::new("bench.replay", "rust", "k").expect("valid key");
+    if matches!(kind, Call::Replay | Call::RawSelect) {
+        call(&idem, None, "rust", false).await; // warm the pool's statements
+        let fp = Fingerprint::of_bytes(b"bench");
+        idem.run(&replayed, &fp, |_tx| Box::pin(async { Ok::<_, tokio_postgres::Error>(StoredResponse::json(201, json!({}))) }))
+            .await
+            .expect("first run of the replayed key");
+    }
     let before = wal_lsn(db).await;
     let stop = Instant::now() + Duration::from_secs(seconds);
     let started = Instant::now();
     let mut handles = Vec::new();
     for t in 0..tasks {
-        let idem = idem.clone();
+        let (idem, replayed) = (idem.clone(), replayed.clone());
         handles.push(tokio::spawn(async move {
             let user = format!("rust-{t}");
-            // The raw loop holds its connection; `run` takes one from the pool per call.
-            let mut raw = if with_idempotency { None } else { Some(idem.pool().get().await.expect("connection")) };
+            // The raw loops hold their connection; `run` takes one from the pool per call.
+            let raw_kind = matches!(kind, Call::RawInsert | Call::RawSelect);
+            let mut raw = if raw_kind { Some(idem.pool().get().await.expect("connection")) } else { None };
             let mut latencies = Vec::new();
             while Instant::now() < stop {
                 let t0 = Instant::now();
-                call(&idem, raw.as_mut(), &user, false).await;
+                match kind {
+                    Call::Run | Call::RawInsert => call(&idem, raw.as_mut(), &user, false).await,
+                    Call::Replay | Call::RawSelect => replay(&idem, raw.as_mut(), &replayed).await,
+                }
                 latencies.push(t0.elapsed());
             }
             latencies

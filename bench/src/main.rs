@@ -117,7 +117,7 @@ async fn main() {
     let (mut raw, mut run) = (Vec::new(), Vec::new());
     for rep in 0..s.reps {
         for first in [rep % 2 == 0, rep % 2 != 0] {
-            let m = client::throughput(&url, &db, 8, u64::from(s.seconds), !first).await;
+            let m = client::throughput(&url, &db, 8, u64::from(s.seconds), if first { client::Call::RawInsert } else { client::Call::Run }).await;
             if first { raw.push(m) } else { run.push(m) }
         }
     }
@@ -127,6 +127,14 @@ async fn main() {
     let rt_run = client::round_trips(upstream, "idem_bench", calls, true, false).await;
     let rt_empty = client::round_trips(upstream, "idem_bench", calls, true, true).await;
     rows.push(Row { figure: "Rust run vs raw tokio-postgres transaction".into(), clients: "8 tasks".into(), baseline: "BEGIN; INSERT; COMMIT (tokio-postgres)".into(), base: Measure::mean(&raw), ours: Measure::mean(&run), goal: Some(0.8), work: Some(format!("round trips {rt_run:.1} ({rt_empty:.1} empty closure) / {rt_raw:.1}")) });
+    let (mut select, mut replayed) = (Vec::new(), Vec::new());
+    for rep in 0..s.reps {
+        for first in [rep % 2 == 0, rep % 2 != 0] {
+            let m = client::throughput(&url, &db, 8, u64::from(s.seconds), if first { client::Call::RawSelect } else { client::Call::Replay }).await;
+            if first { select.push(m) } else { replayed.push(m) }
+        }
+    }
+    rows.push(Row { figure: "Rust replay vs raw tokio-postgres primary-key SELECT".into(), clients: "8 tasks".into(), baseline: "prepared SELECT of the record (tokio-postgres)".into(), base: Measure::mean(&select), ours: Measure::mean(&replayed), goal: Some(0.9), work: None });
 
     // 6: growth: fresh execution with 10k vs 1M existing records (two databases, interleaved).
     let small = growth_db("idem_bench_small", 10_000).await;
