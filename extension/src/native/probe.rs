@@ -128,6 +128,10 @@ fn probe<T>(
             // C, right only for catalogs).
             entry.sk_collation = *(*index).rd_indcollation.add(i);
         }
+        // 18 added an instrumentation argument (none here).
+        #[cfg(feature = "pg18")]
+        let scan = pg_sys::index_beginscan(heap, index, snapshot, std::ptr::null_mut(), 3, 0);
+        #[cfg(not(feature = "pg18"))]
         let scan = pg_sys::index_beginscan(heap, index, snapshot, 3, 0);
         pg_sys::index_rescan(scan, keys.as_mut_ptr(), 3, std::ptr::null_mut(), 0);
         let found = pg_sys::index_getnext_slot(scan, pg_sys::ScanDirection::ForwardScanDirection, slot);
