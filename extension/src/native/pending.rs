@@ -22,12 +22,14 @@
 //! the subtransaction that made it and the one that wrote it, re-parented when a
 //! subtransaction commits.
 //!
-//! What a caller can observe: in the reserving transaction, a direct `SELECT` on idem_records
-//! (and idem_lookup, idem_stats) does not show a pending reservation until something writes it.
-//! Other transactions never saw an uncommitted record, so for them nothing changes.
+//! What a caller can observe: idem_lookup writes the key's pending reservation first
+//! ([`idem_write_pending_native`]), so it answers as before; a direct `SELECT` on idem_records
+//! and idem_stats in the reserving transaction do not show a pending reservation until
+//! something writes it. Other transactions never saw an uncommitted record, so for them nothing
+//! changes.
 
-use super::call;
-use super::catalog::Catalog;
+use super::call::{self, v1_function_info};
+use super::catalog::{self, Catalog};
 use super::plans::{self, Stmt};
 use super::probe::Scope;
 use crate::args::raise;
@@ -52,6 +54,8 @@ pub(crate) struct Reservation {
 
 struct Entry {
     reservation: Reservation,
+    /// Who made it: the owner of `idem_reserve` (SECURITY DEFINER), who writes its record.
+    owner: pg_sys::Oid,
     /// The subtransaction that made the reservation.
     made_in: SubTransactionId,
     /// The subtransaction that wrote its record, if one did.
@@ -81,7 +85,9 @@ fn current_subxact() -> SubTransactionId {
 /// Keeps `reservation`, made just now by `idem_reserve` under the key's advisory lock.
 pub(crate) fn add(reservation: Reservation) {
     let made_in = current_subxact();
-    PENDING.with(|p| p.borrow_mut().push(Entry { reservation, made_in, written_in: None }));
+    // SAFETY: reads the current user of a backend inside a transaction.
+    let owner = unsafe { pg_sys::GetUserId() };
+    PENDING.with(|p| p.borrow_mut().push(Entry { reservation, owner, made_in, written_in: None }));
 }
 
 /// Marks the pending reservation of `scope` as written in the current subtransaction and
@@ -92,13 +98,14 @@ fn take(catalog: &Catalog, scope: &Scope<'_>, token: Option<i64>) -> Option<Para
         let mut pending = p.borrow_mut();
         let entry = pending.iter_mut().find(|e| e.is(catalog, scope) && token.is_none_or(|t| t == e.reservation.token))?;
         entry.written_in = Some(current_subxact());
-        Some(Params::of(&entry.reservation))
+        Some(Params::of(entry))
     })
 }
 
 /// The values of an Insert statement, as owned data (the entry stays in the list meanwhile).
 struct Params {
     catalog: Rc<Catalog>,
+    owner: pg_sys::Oid,
     scope: [Vec<u8>; 3],
     request_hash: Vec<u8>,
     token: i64,
@@ -108,9 +115,11 @@ struct Params {
 }
 
 impl Params {
-    fn of(r: &Reservation) -> Self {
+    fn of(entry: &Entry) -> Self {
+        let r = &entry.reservation;
         Params {
             catalog: Rc::clone(&r.catalog),
+            owner: entry.owner,
             scope: [r.operation.clone().into_bytes(), r.user_id.clone().into_bytes(), r.key.clone().into_bytes()],
             request_hash: r.request_hash.clone().into_bytes(),
             token: r.token,
@@ -135,7 +144,19 @@ impl Params {
             response,
             Some(Datum::from(updated_at)),
         ];
-        if plans::connected(|| plans::execute(&self.catalog, Stmt::Insert, &params)) != 1 {
+        // As the reservation's owner: the pre-commit callback runs as the session's user, who
+        // may not write the table. An error unwinds into the (sub)transaction abort, which
+        // restores the user.
+        let (mut user, mut context) = (pg_sys::InvalidOid, 0);
+        // SAFETY: plain reads and writes of the backend's current user, restored below.
+        unsafe {
+            pg_sys::GetUserIdAndSecContext(&mut user, &mut context);
+            pg_sys::SetUserIdAndSecContext(self.owner, context | pg_sys::SECURITY_LOCAL_USERID_CHANGE as i32);
+        }
+        let written = plans::connected(|| plans::execute(&self.catalog, Stmt::Insert, &params));
+        // SAFETY: as above.
+        unsafe { pg_sys::SetUserIdAndSecContext(user, context) };
+        if written != 1 {
             // Not reachable while every writer of a new record holds the key's advisory lock;
             // if something bypassed it, refuse rather than lose this transaction's record.
             raise(
@@ -176,6 +197,36 @@ pub(crate) fn materialize(catalog: &Catalog, scope: &Scope<'_>) {
     }
 }
 
+v1_function_info!(pg_finfo_idem_write_pending_native);
+
+/// `_idem_write_pending(operation text, user_id text, key text) RETURNS void` (STRICT): writes
+/// the key's pending reservation, so what follows in this transaction reads its record
+/// (idem_lookup calls it).
+///
+/// # Safety
+/// Called by PostgreSQL's function manager with the 3 text arguments declared in
+/// sql/helpers.sql, none NULL (STRICT).
+#[pg_guard]
+#[no_mangle]
+pub unsafe extern "C-unwind" fn idem_write_pending_native(fcinfo: pg_sys::FunctionCallInfo) -> Datum {
+    if PENDING.with(|p| p.borrow().is_empty()) {
+        return Datum::from(0);
+    }
+    // SAFETY: the declaration fixes the argument types; STRICT keeps NULLs out.
+    let (operation, user_id, key, fn_oid) = unsafe {
+        (
+            call::text(fcinfo, 0, "operation"),
+            call::text(fcinfo, 1, "user_id"),
+            call::text(fcinfo, 2, "key"),
+            call::function_oid(fcinfo),
+        )
+    };
+    if let (Some(operation), Some(user_id), Some(key)) = (operation, user_id, key) {
+        materialize(&catalog::for_function(fn_oid), &Scope { operation, user_id, key });
+    }
+    Datum::from(0)
+}
+
 /// Writes every pending reservation: the transaction is about to commit or prepare.
 fn materialize_all() {
     loop {
@@ -183,7 +234,7 @@ fn materialize_all() {
             let mut pending = p.borrow_mut();
             let entry = pending.iter_mut().find(|e| e.written_in.is_none())?;
             entry.written_in = Some(current_subxact());
-            Some(Params::of(&entry.reservation))
+            Some(Params::of(entry))
         });
         match next {
             Some(params) => params.write("PROCESSING", None, params.created_at),
@@ -196,16 +247,16 @@ fn materialize_all() {
 unsafe extern "C-unwind" fn on_xact(event: pg_sys::XactEvent::Type, _arg: *mut std::ffi::c_void) {
     use pg_sys::XactEvent::*;
     match event {
-        XACT_EVENT_PRE_COMMIT | XACT_EVENT_PRE_PREPARE => {
-            if PENDING.with(|p| p.borrow().iter().any(|e| e.written_in.is_none())) {
-                // Portals are closed by now: the inserts need a snapshot of their own (an
-                // error unwinds into the abort, which drops it).
-                // SAFETY: inside the committing transaction, before its snapshots are released.
-                unsafe { pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot()) };
-                materialize_all();
-                // SAFETY: pushed above.
-                unsafe { pg_sys::PopActiveSnapshot() };
-            }
+        XACT_EVENT_PRE_COMMIT | XACT_EVENT_PRE_PREPARE
+            if PENDING.with(|p| p.borrow().iter().any(|e| e.written_in.is_none())) =>
+        {
+            // Portals are closed by now: the inserts need a snapshot of their own (an error
+            // unwinds into the abort, which drops it).
+            // SAFETY: inside the committing transaction, before its snapshots are released.
+            unsafe { pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot()) };
+            materialize_all();
+            // SAFETY: pushed above.
+            unsafe { pg_sys::PopActiveSnapshot() };
         }
         XACT_EVENT_COMMIT | XACT_EVENT_ABORT | XACT_EVENT_PREPARE => PENDING.with(|p| p.borrow_mut().clear()),
         _ => {}
