@@ -113,6 +113,7 @@ fn next_token(catalog: &Catalog) -> i64 {
     unsafe {
         pg_sys::DirectFunctionCall1Coll(Some(call::builtins::nextval_oid), pg_sys::InvalidOid, Datum::from(catalog.token_seq)).value()
             as i64
+            + catalog.token_base
     }
 }
 
