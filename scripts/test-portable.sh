@@ -169,7 +169,10 @@ for ((i = 1; i < ${#versions[@]}; i++)); do
         install_portable "$1" public postgres "$root/target/idempotency-portable-$old.sql" &&
             install_portable "$1" public postgres "$root/target/idempotency-portable-$old--$new.sql"
     }
-    SCHEDULE=$root/target/portable-schedule suites "portable-from-$old" prepare_upgraded_portable
+    # The suites are the current version's: they run on the step that ends at it.
+    if [ "$new" = "$current" ]; then
+        SCHEDULE=$root/target/portable-schedule suites "portable-from-$old" prepare_upgraded_portable
+    fi
 done
 if [ "$current" = 0.2.0 ]; then
     echo "   (0.2.0 is the first portable version: no portable upgrade from it exists yet; the mechanism"
