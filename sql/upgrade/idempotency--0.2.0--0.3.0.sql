@@ -1,6 +1,6 @@
 -- idempotency 0.2.0 -> 0.3.0, the part a replay of the functions cannot do: nothing.
 --
--- 0.3.0 runs on Citus (docs/citus.md): idem_reserve and idem_complete (PL/pgSQL, the portable
+-- 0.3.0 runs on Citus (README, "Scaling out with Citus"): idem_reserve and idem_complete (PL/pgSQL, the portable
 -- install) no longer put a subquery or a clock call inside INSERT/UPDATE, idem_recover_stuck and
 -- idem_sweep work key by key on distributed tables, and the new idem_distribute and
 -- _idem_distributed arrive with the replay of every 0.3.0 function that scripts/sqlbuild.py
