@@ -199,6 +199,37 @@ check "and so does one sent to the worker directly (the lock is on the shard's n
 wait $holder
 check "the holder committed its reservation" eq "$(q $C "SELECT status FROM idem_lookup('pay', '$U2', 'k-open')")" PROCESSING
 
+# Without delegation the advisory lock is per node: a holder whose call ran on the coordinator
+# (nested in a larger query, so not delegated) is invisible to a delegated duplicate, which then
+# waits on the holder's uncommitted row and answers in_progress once it commits: slower, never a
+# second created. (The wait is printed, not asserted.)
+"$bindir/psql" -X -q -At -h 127.0.0.1 -p $C -U postgres -d postgres \
+    -c "BEGIN" -c "SELECT (idem_reserve('pay', '$U2', 'k-nodeleg', 'h')).outcome" -c "SELECT pg_sleep(2) /* nodeleg */" -c "COMMIT" \
+    >"$work/nodeleg.log" 2>&1 &
+holder=$!
+for _ in $(seq 1 100); do
+    [ "$(q $C "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'SELECT pg_sleep(2) /* nodeleg */%' AND state = 'active'")" = 1 ] && break
+    sleep 0.1
+done
+started=$(date +%s.%N)
+dup=$(q $C "SET statement_timeout = '20s'; SELECT outcome FROM idem_reserve('pay', '$U2', 'k-nodeleg', 'h')")
+waited=$(awk -v a="$started" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
+wait $holder
+check "a holder on the coordinator (not delegated): a delegated duplicate answers in_progress, never created" \
+    eq "$(head -1 "$work/nodeleg.log")|$dup" "created|in_progress"
+note "the duplicate waited ${waited} s for the holder's commit (the holder slept 2 s; with delegation it answers at once)"
+
+# A transaction for users on two workers is a Citus multi-node transaction: two-phase commit.
+"$bindir/psql" -X -v ON_ERROR_STOP=1 -At -h 127.0.0.1 -p $C -U postgres -d postgres >"$work/multi.log" 2>&1 <<SQL
+SET citus.log_remote_commands = on;
+BEGIN;
+SELECT outcome FROM idem_reserve('pay', '$U1', 'k-multi', 'h');
+SELECT outcome FROM idem_reserve('pay', '$U2', 'k-multi', 'h');
+COMMIT;
+SQL
+check "a transaction spanning users on two workers commits by two-phase commit on both" \
+    eq "$(grep -oE "PREPARE TRANSACTION.*|on server [^ ]*:[0-9]+" "$work/multi.log" | grep -A1 'PREPARE TRANSACTION' | grep -oE '[0-9]+$' | sort -u | tr '\n' ' ')" "$W1 $W2 "
+
 # A transient failure: release, then the retry runs again with its count.
 check "release after a transient failure, then the retry runs again with attempts 1" \
     eq "$(q $C "SELECT idem_release('pay', '$U2', 'k-rel', token) FROM idem_reserve('pay', '$U2', 'k-rel', 'h')")|$(q $C "SELECT outcome || ' ' || attempts FROM idem_reserve('pay', '$U2', 'k-rel', 'h')")" \
