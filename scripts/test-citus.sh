@@ -122,7 +122,22 @@ check "CREATE EXTENSION idempotency on the coordinator reaches both workers" \
 q $C "CREATE TABLE charges (user_id text NOT NULL, id bigserial, key text NOT NULL, amount integer NOT NULL,
                             PRIMARY KEY (user_id, id));
       SELECT create_distributed_table('charges', 'user_id')" >/dev/null
+# A session that used the API before the distribution (its native catalog cached: a local table)
+# keeps answering right afterwards, in its own backend (a call nested in a query is not delegated).
+"$bindir/psql" -X -q -At -h 127.0.0.1 -p $C -U postgres -d postgres >"$work/early.log" 2>&1 <<'SQL' &
+SELECT idem_complete('early', 'e-1', 'k', (idem_reserve('early', 'e-1', 'k', 'h')).token, '{"early": 1}');
+SELECT 'waiting for the distribution' /* early */;
+DO $$ BEGIN FOR i IN 1..600 LOOP EXIT WHEN _idem_distributed(); PERFORM pg_sleep(0.1); END LOOP; END $$;
+SELECT (x).outcome || ' ' || (x).response::text FROM (SELECT idem_reserve('early', 'e-1', 'k', 'h') AS x OFFSET 0) AS s;
+SELECT (idem_reserve('early', 'e-1', 'k2', 'h')).outcome;
+SQL
+early=$!
+for _ in $(seq 1 100); do grep -q '^waiting' "$work/early.log" && break; sleep 0.1; done
 check "idem_distribute('charges') runs" q $C "SELECT idem_distribute('charges')"
+wait $early
+check "a session that cached the local table before the distribution replays the moved record, then creates" \
+    eq "$(tail -2 "$work/early.log" | tr '\n' '|')" 'replay {"early": 1}|created|'
+
 check "idem_records and idem_retries are distributed by user_id, co-located with charges" \
     eq "$(q $C "SELECT string_agg(logicalrelid::text || ':' || column_to_column_name(logicalrelid, partkey), ' ' ORDER BY logicalrelid::text)
                   || ' ' || count(DISTINCT colocationid)

@@ -178,6 +178,11 @@ BEGIN
             USING v_records, colocate_with::text;
         EXECUTE 'SELECT pg_catalog.create_distributed_table($1, ''user_id'', colocate_with => $2)'
             USING '@extschema@.idem_retries'::regclass, v_records::text;
+        -- The rows were copied into the shards; the local copies left in the coordinator's
+        -- table would only mislead a direct reader and take space.
+        EXECUTE 'SELECT pg_catalog.truncate_local_data_after_distributing_table($1)' USING v_records;
+        EXECUTE 'SELECT pg_catalog.truncate_local_data_after_distributing_table($1)'
+            USING '@extschema@.idem_retries'::regclass;
     END IF;
     -- force_delegation: a call runs on the node of its user_id's shard, even inside a
     -- transaction block, so the advisory lock and the rows of one key live on one node.
