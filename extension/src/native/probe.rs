@@ -12,8 +12,8 @@
 //! rows through the planner instead, by kept SPI plans that Citus routes to the key's shard.
 
 use super::call::{self, Text};
-use super::plans::{self, Stmt};
 use super::catalog::Catalog;
+use super::plans::{self, Stmt};
 use crate::args::raise;
 use pgrx::pg_sys::errcodes::PgSqlErrorCode;
 use pgrx::pg_sys::{self, Datum, Oid};
@@ -231,10 +231,11 @@ fn status(text: &[u8]) -> Status {
     }
 }
 
-/// [`key`] through the planner (a distributed table): two single-shard statements, each under a
-/// snapshot of its own under READ COMMITTED. Between them only the counter can change, and a
-/// counter changes only under the key's advisory lock, which a reservation takes before it
-/// relies on the count.
+/// [`key`] through the planner (a distributed table): two single-shard statements (one per table:
+/// single-table statements are what Citus routes best), each with a snapshot of its own under
+/// READ COMMITTED. What decides the outcome is the record, read first; a counter changed between
+/// the two reads only moves the reported `attempts` to a later moment. As on the direct path,
+/// the primary key and the re-checking takeover, not this read, keep a key at most once.
 fn planned(catalog: &Catalog, scope: &Scope<'_>, request_hash: &str) -> Key {
     let hash = call::text_datum(request_hash.as_bytes());
     let args = [Some(scope.operation.datum), Some(scope.user_id.datum), Some(scope.key.datum), Some(hash)];
