@@ -114,10 +114,20 @@ q $C "SELECT citus_add_node('127.0.0.1', $W1)" >/dev/null
 q $C "SELECT citus_add_node('127.0.0.1', $W2)" >/dev/null
 check "two workers are active" eq "$(q $C "SELECT count(*) FROM citus_get_active_worker_nodes()")" 2
 
-q $C "CREATE EXTENSION idempotency"
-check "CREATE EXTENSION idempotency on the coordinator reaches both workers" \
-    eq "$(q $W1 "SELECT extversion FROM pg_extension WHERE extname = 'idempotency'")|$(q $W2 "SELECT extversion FROM pg_extension WHERE extname = 'idempotency'")" \
-    "$(q $C "SELECT extversion || '|' || extversion FROM pg_extension WHERE extname = 'idempotency'")"
+# The previous release first, then the update: both reach the workers through the coordinator.
+mapfile -t versions < <(python3 scripts/sqlbuild.py versions)
+current=${versions[-1]}
+previous=${versions[-2]:-$current}
+versions_on() { # the extension's version on the coordinator and both workers
+    local p
+    for p in $C $W1 $W2; do q $p "SELECT extversion FROM pg_extension WHERE extname = 'idempotency'"; done | tr '\n' ' '
+}
+q $C "CREATE EXTENSION idempotency VERSION '$previous'"
+check "CREATE EXTENSION idempotency VERSION '$previous' on the coordinator reaches both workers" \
+    eq "$(versions_on)" "$previous $previous $previous "
+q $C "ALTER EXTENSION idempotency UPDATE"
+check "ALTER EXTENSION idempotency UPDATE on the coordinator updates both workers to $current" \
+    eq "$(versions_on)" "$current $current $current "
 # The business table, distributed by its user_id first; then the records join it.
 q $C "CREATE TABLE charges (user_id text NOT NULL, id bigserial, key text NOT NULL, amount integer NOT NULL,
                             PRIMARY KEY (user_id, id));
