@@ -100,8 +100,7 @@ node_stop() {
 stop_all() { node_stop coordinator; node_stop worker1; node_stop worker2; }
 trap stop_all EXIT
 
-citus_version=$(sed -nE "s/^default_version = '(.*)'/\1/p" "$("$PG_CONFIG" --sharedir)/extension/citus.control")
-printf '== Citus %s on %s: coordinator %s, workers %s and %s\n' "$citus_version" "$("$PG_CONFIG" --version)" $C $W1 $W2
+printf '== Citus on %s: coordinator %s, workers %s and %s\n' "$("$PG_CONFIG" --version)" $C $W1 $W2
 
 # ---------------------------------------------------------------------------------------------
 printf -- '-- setup\n'
@@ -109,6 +108,7 @@ printf -- '-- setup\n'
 node_start coordinator $C 'citus,idempotency' && node_start worker1 $W1 citus && node_start worker2 $W2 citus \
     || { echo "0 passed, 1 failed"; exit 1; }
 for p in $C $W1 $W2; do q $p "CREATE EXTENSION citus" || { echo "0 passed, 1 failed"; exit 1; }; done
+note "$(q $C "SELECT citus_version()")"
 q $C "SELECT citus_set_coordinator_host('127.0.0.1', $C)" >/dev/null
 q $C "SELECT citus_add_node('127.0.0.1', $W1)" >/dev/null
 q $C "SELECT citus_add_node('127.0.0.1', $W2)" >/dev/null
