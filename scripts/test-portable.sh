@@ -152,7 +152,10 @@ for ((i = 1; i < ${#versions[@]}; i++)); do
     check "the schema records version $new" test "$(psql_db "$db" -At -c "SELECT _idem_portable_version()")" = "$new"
     sql_checks "$db" tests/upgrade/after.sql
     psql_db postgres -c "SET client_min_messages = warning" -c "DROP DATABASE IF EXISTS idem_portable_fresh" -c "CREATE DATABASE idem_portable_fresh"
-    install_portable idem_portable_fresh public
+    # A fresh install of the version the step ends at (built from its released snapshot when
+    # that is not the current one).
+    python3 scripts/sqlbuild.py portable "$new" >"$root/target/idempotency-portable-fresh-$new.sql"
+    install_portable idem_portable_fresh public postgres "$root/target/idempotency-portable-fresh-$new.sql"
     if diff -u <(schema_of "$db" public) <(schema_of idem_portable_fresh public) >"$logs/portable-upgrade-$old.diff"; then
         pass "portable schema upgraded from $old equals a fresh portable install of $new"
     else
@@ -170,8 +173,29 @@ for ((i = 1; i < ${#versions[@]}; i++)); do
         install_portable "$1" public postgres "$root/target/idempotency-portable-$old.sql" &&
             install_portable "$1" public postgres "$root/target/idempotency-portable-$old--$new.sql"
     }
-    SCHEDULE=$root/target/portable-schedule suites "portable-from-$old" prepare_upgraded_portable
+    # The suites are the current version's: they run on the step that ends at it.
+    if [ "$new" = "$current" ]; then
+        SCHEDULE=$root/target/portable-schedule suites "portable-from-$old" prepare_upgraded_portable
+    fi
 done
+# Every step in a row, from the oldest version to the current one (0.1.0 -> ... -> current).
+if [ ${#versions[@]} -gt 2 ]; then
+    db=idem_portable_chain
+    psql_db postgres -c "SET client_min_messages = warning" -c "DROP DATABASE IF EXISTS $db" -c "CREATE DATABASE $db"
+    install_portable "$db" public postgres "$root/target/idempotency-portable-${versions[0]}.sql" >/dev/null
+    check "records in every state on portable ${versions[0]}" psql_db "$db" -f tests/upgrade/before.sql
+    chain_ok=1
+    for ((i = 1; i < ${#versions[@]}; i++)); do
+        install_portable "$db" public postgres "$root/target/idempotency-portable-${versions[i - 1]}--${versions[i]}.sql" >/dev/null 2>&1 || chain_ok=0
+    done
+    check "portable upgrades in a row ${versions[*]}" test "$chain_ok" = 1 -a "$(psql_db "$db" -At -c "SELECT _idem_portable_version()")" = "$current"
+    sql_checks "$db" tests/upgrade/after.sql
+    if diff -u <(schema_of "$db" public) <(schema_of idem_portable_fresh public) >"$logs/portable-upgrade-chain.diff"; then
+        pass "portable schema upgraded from ${versions[0]} step by step equals a fresh portable install of $current"
+    else
+        fail "portable schema upgraded from ${versions[0]} step by step equals a fresh portable install of $current" "$(head -40 "$logs/portable-upgrade-chain.diff")"
+    fi
+fi
 if [ "$current" = 0.2.0 ]; then
     echo "   (0.2.0 is the first portable version: no portable upgrade from it exists yet; the mechanism"
     echo "    is proven above on 0.1.0 -> 0.2.0, 0.1.0 built from its released snapshot for the test.)"

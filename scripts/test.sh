@@ -26,6 +26,10 @@
 #   ops         scripts/test-ops.sh: the maintenance worker, the counters and the pg_cron recipe
 #               on preloaded servers of their own
 #   pgspot      pgspot over the generated install script
+#   citus       scripts/test-citus.sh: a coordinator and two workers on loopback, the records
+#               distributed with a business table (in-transaction flow, duplicates, tokens,
+#               maintenance across shards, a shard move under load). Runs when Citus is installed
+#               in the major's PostgreSQL (its citus.control); otherwise reported as skipped.
 #
 # Each major's private cluster is scripts/pg.sh's (port 554NN; IDEM_PG_PORT overrides the default
 # major's). Logs: target/test-logs/pgNN/LAYER.log.
@@ -274,6 +278,19 @@ run_major() {
     done
 
     if [ "$full" = 1 ]; then
+        layer citus
+        if [ -f "$("$config" --sharedir)/extension/citus.control" ]; then
+            # Three servers of its own: ports 30-32 above the private cluster's.
+            IDEM_CITUS_PORT=$((IDEM_PG_PORT + 30)) bash scripts/test-citus.sh >"$logs/citus.log" 2>&1
+            status=$?
+            grep -E '^FAILED|^== ' "$logs/citus.log" | head -40
+            read -r p f < <(tail -1 "$logs/citus.log" | awk '/passed,.*failed/ { print $1, $3; next } { print 0, 1 }')
+            record citus "$p" "$f" "$status"
+        else
+            printf '== pg%s citus: skipped (Citus is not installed in %s)\n' "$major" "$("$config" --sharedir)/extension"
+            summary+=("$(printf 'pg%s %-16s skipped: Citus is not installed' "$major" citus)")
+        fi
+
         layer pgspot
         # Every finding fails the layer.
         local script

@@ -19,6 +19,7 @@ CREATE FUNCTION @extschema@.idem_complete(
 DECLARE
     v_limit   bigint;
     v_size    bigint;
+    v_now     timestamptz := clock_timestamp(); -- a value, not a call inside the UPDATE (Citus)
     v_counted boolean; -- receives _idem_count
 BEGIN
     -- The argument rules (native: see idem_reserve); a failed check raises.
@@ -43,7 +44,7 @@ BEGIN
     END IF;
 
     UPDATE @extschema@.idem_records AS r
-       SET status = status, response = response, updated_at = clock_timestamp()
+       SET status = status, response = response, updated_at = v_now
      WHERE r.operation = operation AND r.user_id = user_id AND r.key = key
        AND r.token = token AND r.status = 'PROCESSING';
     IF FOUND THEN

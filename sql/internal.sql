@@ -217,3 +217,27 @@ $fn$;
 
 COMMENT ON FUNCTION @extschema@._idem_release_locked(text, text, text, timestamptz, timestamptz, integer) IS
     'Internal: counts a transient failure of a locked PROCESSING record, then poisons (FAILED) or deletes it.';
+
+-- Whether idem_records is a Citus distributed (or reference) table: Citus's catalog
+-- pg_dist_partition exists and lists it. Maintenance then works key by key, with single-shard
+-- statements only (Citus cannot lock rows with a read across shards). The catalog's name is
+-- constant text: without Citus it does not exist, so the query cannot be written statically.
+CREATE FUNCTION @extschema@._idem_distributed() RETURNS boolean
+    LANGUAGE plpgsql STABLE
+    SET search_path = pg_catalog, pg_temp
+    AS $fn$
+DECLARE
+    v_distributed boolean;
+BEGIN
+    IF to_regclass('pg_catalog.pg_dist_partition') IS NULL THEN
+        RETURN false;
+    END IF;
+    EXECUTE 'SELECT EXISTS (SELECT FROM pg_catalog.pg_dist_partition AS p
+                             WHERE p.logicalrelid OPERATOR(pg_catalog.=) $1)'
+       INTO v_distributed USING '@extschema@.idem_records'::regclass;
+    RETURN v_distributed;
+END
+$fn$;
+
+COMMENT ON FUNCTION @extschema@._idem_distributed() IS
+    'Internal: true when idem_records is a Citus distributed or reference table.';

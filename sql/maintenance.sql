@@ -3,6 +3,11 @@
 -- Both work in batches over partial indexes, lock with SKIP LOCKED (never waiting on, nor touching,
 -- a row a live transaction holds), and re-check every condition on the locked row version, so
 -- they are safe to run concurrently with themselves and with traffic.
+--
+-- On Citus (idem_records distributed, _idem_distributed()) a read across shards cannot lock rows,
+-- so both work key by key: a plain read across shards picks the batch's candidates, then each key
+-- is locked by a single-shard SELECT ... FOR UPDATE SKIP LOCKED that re-checks the conditions, and
+-- changed by a single-shard statement. Same rules, one round trip to the key's node per statement.
 
 CREATE FUNCTION @extschema@.idem_recover_stuck(
     batch_size  integer DEFAULT 100,
@@ -18,6 +23,7 @@ DECLARE
     v_max integer;
     v_n       bigint := 0;
     v_rec     record;
+    v_key     record;
     v_counted boolean; -- receives _idem_count
 BEGIN
     PERFORM @extschema@._idem_check_batch_size(batch_size);
@@ -28,6 +34,35 @@ BEGIN
             USING ERRCODE = '22023';
     END IF;
     v_max := @extschema@._idem_max_retries(max_retries);
+
+    IF @extschema@._idem_distributed() THEN
+        -- Citus: candidates by a plain read across shards, then key by key (see above).
+        FOR v_key IN
+            SELECT r.operation, r.user_id, r.key
+              FROM @extschema@.idem_records AS r
+             WHERE r.status = 'PROCESSING' AND r.lease_expires_at <= v_now
+             ORDER BY r.lease_expires_at
+             LIMIT batch_size
+        LOOP
+            SELECT r.created_at, r.expires_at INTO v_rec
+              FROM @extschema@.idem_records AS r
+             WHERE r.operation = v_key.operation AND r.user_id = v_key.user_id AND r.key = v_key.key
+               AND r.status = 'PROCESSING' AND r.lease_expires_at <= v_now
+               FOR UPDATE SKIP LOCKED;
+            CONTINUE WHEN NOT FOUND; -- completed, recovered or taken over meanwhile, or held
+            IF action = 'fail' THEN
+                UPDATE @extschema@.idem_records AS r
+                   SET status = 'FAILED', updated_at = v_now
+                 WHERE r.operation = v_key.operation AND r.user_id = v_key.user_id AND r.key = v_key.key;
+            ELSE
+                PERFORM @extschema@._idem_release_locked(v_key.operation, v_key.user_id, v_key.key,
+                                                         v_rec.created_at, v_rec.expires_at, v_max);
+            END IF;
+            v_n := v_n + 1;
+        END LOOP;
+        v_counted := @extschema@._idem_count('recovered', v_n);
+        RETURN v_n;
+    END IF;
 
     IF action = 'fail' THEN
         -- At most once: the dead worker may have done the work, so never run it again.
@@ -78,9 +113,56 @@ DECLARE
     v_now      timestamptz := clock_timestamp();
     v_records  bigint;
     v_counters bigint := 0;
+    v_key      record;
     v_counted  boolean; -- receives _idem_count
 BEGIN
     PERFORM @extschema@._idem_check_batch_size(batch_size);
+
+    IF @extschema@._idem_distributed() THEN
+        -- Citus: candidates by a plain read across shards, then key by key (see above).
+        v_records := 0;
+        FOR v_key IN
+            SELECT x.operation, x.user_id, x.key
+              FROM @extschema@.idem_records AS x
+             WHERE x.status <> 'PROCESSING' AND x.expires_at <= v_now
+             LIMIT batch_size
+        LOOP
+            PERFORM FROM @extschema@.idem_records AS r
+             WHERE r.operation = v_key.operation AND r.user_id = v_key.user_id AND r.key = v_key.key
+               AND r.status <> 'PROCESSING' AND r.expires_at <= v_now
+               FOR UPDATE SKIP LOCKED;
+            CONTINUE WHEN NOT FOUND;
+            DELETE FROM @extschema@.idem_records AS r
+             WHERE r.operation = v_key.operation AND r.user_id = v_key.user_id AND r.key = v_key.key
+               AND r.status <> 'PROCESSING' AND r.expires_at <= v_now;
+            v_records := v_records + 1;
+        END LOOP;
+        IF v_records < batch_size THEN
+            -- The correlated NOT EXISTS joins on the distribution column: Citus runs it shard by shard.
+            FOR v_key IN
+                SELECT x.operation, x.user_id, x.key
+                  FROM @extschema@.idem_retries AS x
+                 WHERE x.expires_at <= v_now
+                   AND NOT EXISTS (
+                       SELECT FROM @extschema@.idem_records AS r
+                        WHERE r.operation = x.operation AND r.user_id = x.user_id AND r.key = x.key
+                          AND r.created_at < x.expires_at)
+                 LIMIT batch_size - v_records
+            LOOP
+                PERFORM FROM @extschema@.idem_retries AS t
+                 WHERE t.operation = v_key.operation AND t.user_id = v_key.user_id AND t.key = v_key.key
+                   AND t.expires_at <= v_now
+                   FOR UPDATE SKIP LOCKED;
+                CONTINUE WHEN NOT FOUND;
+                DELETE FROM @extschema@.idem_retries AS t
+                 WHERE t.operation = v_key.operation AND t.user_id = v_key.user_id AND t.key = v_key.key
+                   AND t.expires_at <= v_now;
+                v_counters := v_counters + 1;
+            END LOOP;
+        END IF;
+        v_counted := @extschema@._idem_count('swept', v_records + v_counters);
+        RETURN v_records + v_counters;
+    END IF;
 
     -- Lock a batch (skipping rows live transactions hold), then delete it by ctid with a TID
     -- scan, re-checking the conditions on the row version being deleted: a row taken over since

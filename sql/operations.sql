@@ -149,3 +149,57 @@ COMMENT ON PROCEDURE @extschema@.idem_maintain(integer, text) IS
     'Maintenance for pg_cron: idem_recover_stuck, then idem_sweep, batch after batch, each batch committed on its own, until a batch comes back less than full; logs a summary when it did work. CALL it outside a transaction block. Not granted to PUBLIC.';
 
 REVOKE EXECUTE ON PROCEDURE @extschema@.idem_maintain(integer, text) FROM PUBLIC;
+
+-- Citus: distribute the records with the business rows they guard, and run the API where they
+-- live. Run once, on the coordinator, as the extension's owner, after CREATE EXTENSION citus and
+-- idempotency and after the business table is distributed by its user_id (text) column. The
+-- Citus functions are named as constant text: without Citus they do not exist.
+CREATE FUNCTION @extschema@.idem_distribute(colocate_with regclass) RETURNS void
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $fn$
+DECLARE
+    v_records regclass := '@extschema@.idem_records'::regclass;
+    v_fn      regprocedure;
+BEGIN
+    IF colocate_with IS NULL THEN
+        RAISE EXCEPTION 'colocate_with must not be NULL: name the business table distributed by user_id'
+            USING ERRCODE = '22004';
+    END IF;
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_extension AS e WHERE e.extname = 'citus') THEN
+        RAISE EXCEPTION 'idem_distribute needs the citus extension in this database (CREATE EXTENSION citus on the coordinator first)'
+            USING ERRCODE = '55000';
+    END IF;
+    IF NOT @extschema@._idem_distributed() THEN
+        -- Both tables by user_id, in the business table's colocation group: a key's record, its
+        -- retry counter and the user's business rows are on one shard, so the reservation, the
+        -- business write and the completion are one single-node transaction.
+        EXECUTE 'SELECT pg_catalog.create_distributed_table($1, ''user_id'', colocate_with => $2)'
+            USING v_records, colocate_with::text;
+        EXECUTE 'SELECT pg_catalog.create_distributed_table($1, ''user_id'', colocate_with => $2)'
+            USING '@extschema@.idem_retries'::regclass, v_records::text;
+        -- The rows were copied into the shards; the local copies left in the coordinator's
+        -- table would only mislead a direct reader and take space.
+        EXECUTE 'SELECT pg_catalog.truncate_local_data_after_distributing_table($1)' USING v_records;
+        EXECUTE 'SELECT pg_catalog.truncate_local_data_after_distributing_table($1)'
+            USING '@extschema@.idem_retries'::regclass;
+    END IF;
+    -- force_delegation: a call runs on the node of its user_id's shard, even inside a
+    -- transaction block, so the advisory lock and the rows of one key live on one node.
+    FOREACH v_fn IN ARRAY ARRAY[
+        '@extschema@.idem_reserve(text, text, text, text, interval, interval, boolean)',
+        '@extschema@.idem_complete(text, text, text, bigint, jsonb, text)',
+        '@extschema@.idem_release(text, text, text, bigint, integer)',
+        '@extschema@.idem_heartbeat(text, text, text, bigint, interval)',
+        '@extschema@.idem_lookup(text, text, text)']::regprocedure[]
+    LOOP
+        EXECUTE 'SELECT pg_catalog.create_distributed_function($1, ''user_id'', colocate_with => $2, force_delegation => true)'
+            USING v_fn, v_records::text;
+    END LOOP;
+END
+$fn$;
+
+COMMENT ON FUNCTION @extschema@.idem_distribute(regclass) IS
+    'Citus: distributes idem_records and idem_retries by user_id, co-located with colocate_with (a business table distributed by its text user_id), and delegates idem_reserve, idem_complete, idem_release, idem_heartbeat and idem_lookup to the node of the user''s shard (force_delegation). Run once on the coordinator. Not granted to PUBLIC.';
+
+REVOKE EXECUTE ON FUNCTION @extschema@.idem_distribute(regclass) FROM PUBLIC;

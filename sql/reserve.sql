@@ -84,10 +84,11 @@ BEGIN
             ELSIF NOT pg_try_advisory_xact_lock(
                     hashtextextended(operation || E'\x1f' || user_id || E'\x1f' || key, 0)) THEN
                 -- Another transaction is creating this key and has not committed.
-                v_attempts := coalesce((SELECT t.attempts
-                                          FROM @extschema@.idem_retries AS t
-                                         WHERE t.operation = operation AND t.user_id = user_id
-                                           AND t.key = key AND t.expires_at > v_now), 0);
+                SELECT t.attempts INTO v_attempts
+                  FROM @extschema@.idem_retries AS t
+                 WHERE t.operation = operation AND t.user_id = user_id AND t.key = key
+                   AND t.expires_at > v_now;
+                v_attempts := coalesce(v_attempts, 0);
                 v_counted := @extschema@._idem_count('reservations_in_progress');
                 RETURN ROW('in_progress', NULL, NULL, v_attempts, NULL)::@extschema@.idem_reservation;
             END IF;
@@ -104,12 +105,7 @@ BEGIN
                     lease_expires_at, expires_at, created_at, updated_at)
             VALUES (operation, user_id, key, request_hash, 'PROCESSING', v_token, NULL,
                     v_now + v_lease, v_now + v_ttl, v_now, v_now)
-            ON CONFLICT ON CONSTRAINT idem_records_pkey DO NOTHING
-            RETURNING (SELECT t.attempts
-                         FROM @extschema@.idem_retries AS t
-                        WHERE t.operation = operation AND t.user_id = user_id AND t.key = key
-                          AND t.expires_at > v_now)
-                 INTO v_attempts;
+            ON CONFLICT ON CONSTRAINT idem_records_pkey DO NOTHING;
         ELSE
             UPDATE @extschema@.idem_records AS r
                SET request_hash = request_hash, status = 'PROCESSING', token = v_token,
@@ -117,15 +113,16 @@ BEGIN
                    expires_at = v_now + v_ttl, created_at = v_now, updated_at = v_now
              WHERE r.operation = operation AND r.user_id = user_id AND r.key = key
                AND r.expires_at <= v_now
-               AND (r.status <> 'PROCESSING' OR r.lease_expires_at <= v_now)
-            RETURNING (SELECT t.attempts
-                         FROM @extschema@.idem_retries AS t
-                        WHERE t.operation = operation AND t.user_id = user_id AND t.key = key
-                          AND t.expires_at > v_now)
-                 INTO v_attempts;
+               AND (r.status <> 'PROCESSING' OR r.lease_expires_at <= v_now);
         END IF;
         IF FOUND THEN
-            -- The retry counter, if one is live: this attempt continues its count.
+            -- The retry counter, if one is live: this attempt continues its count. (A statement
+            -- of its own, not a subquery in RETURNING: Citus cannot route a subquery inside
+            -- INSERT or UPDATE on a distributed table.)
+            SELECT t.attempts INTO v_attempts
+              FROM @extschema@.idem_retries AS t
+             WHERE t.operation = operation AND t.user_id = user_id AND t.key = key
+               AND t.expires_at > v_now;
             v_attempts := coalesce(v_attempts, 0);
             IF v_attempts > 0 THEN
                 -- A retry of a released key: keep its counter alive as long as this record.

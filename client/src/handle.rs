@@ -295,7 +295,7 @@ impl Idempotency {
     }
 
     /// Checks that the extension is installed, in the configured schema, at a version this
-    /// client speaks (0.1.x or 0.2.x); returns the version.
+    /// client speaks (0.1.x, 0.2.x or 0.3.x); returns the version.
     pub async fn check_extension(&self) -> Result<String, Error> {
         let client = self.pool.get().await?;
         let (installed_in, version) = ops::installed(&client).await?;

@@ -12,8 +12,9 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 use tokio_postgres::{Row, Statement};
 
-/// The extension versions this client speaks (major.minor): 0.2 changed no signature or outcome.
-const SUPPORTED_EXTENSIONS: &[&str] = &["0.1", "0.2"];
+/// The extension versions this client speaks (major.minor): 0.2 and 0.3 changed no signature or
+/// outcome of the functions it calls.
+const SUPPORTED_EXTENSIONS: &[&str] = &["0.1", "0.2", "0.3"];
 
 /// Where the extension lives and its version: the extension's schema, else the schema of a
 /// portable install (which records its version in `_idem_portable_version()`), so the client
@@ -96,7 +97,7 @@ impl Schema {
     }
 
     /// The schema the extension is installed in, from `pg_extension`, after checking that it is
-    /// at a version this client speaks (0.1.x or 0.2.x). [`Error::ExtensionMissing`] otherwise.
+    /// at a version this client speaks (0.1.x, 0.2.x or 0.3.x). [`Error::ExtensionMissing`] otherwise.
     pub async fn of_extension<C: GenericClient>(client: &C) -> Result<Self, Error> {
         let (schema, _) = installed(client).await?;
         Schema::named(schema)

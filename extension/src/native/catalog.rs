@@ -11,6 +11,7 @@ use super::plans::Plans;
 use crate::args::raise;
 use pgrx::pg_sys::errcodes::PgSqlErrorCode;
 use pgrx::pg_sys::{self, AttrNumber, Oid};
+use pgrx::spi::Spi;
 use std::cell::{Cell, RefCell};
 use std::ffi::CString;
 use std::rc::Rc;
@@ -47,11 +48,34 @@ pub(crate) struct Catalog {
     pub(crate) rec: RecordColumns,
     pub(crate) ret: RetryColumns,
     pub(crate) plans: Plans,
+    /// `idem_records` is a Citus distributed (or reference) table: the rows live in shards, and
+    /// the table here is an empty shell, so every read goes through the planner ([`probe`]
+    /// reads by a kept SPI plan instead of the direct index probe).
+    ///
+    /// [`probe`]: super::probe
+    pub(crate) distributed: bool,
+    /// Added to every token this node issues: the Citus node group times 2^48 (0 without Citus
+    /// and on the coordinator, group 0). Each node has its own `idem_token_seq`; the offsets
+    /// keep their tokens disjoint, so tokens stay unique across the cluster (and increase per
+    /// node only), a node added later included, with nothing to configure.
+    pub(crate) token_base: i64,
+    /// Citus's `pg_dist_local_group` (InvalidOid without Citus): a change to this node's group
+    /// invalidates it, and with it this catalog, so `token_base` follows.
+    local_group: Oid,
 }
 
 impl Catalog {
     fn concerns(&self, relid: Oid) -> bool {
-        [self.records, self.records_pkey, self.retries, self.retries_pkey, self.token_seq, self.reservation_rel]
+        relid != pg_sys::InvalidOid
+            && [
+                self.records,
+                self.records_pkey,
+                self.retries,
+                self.retries_pkey,
+                self.token_seq,
+                self.reservation_rel,
+                self.local_group,
+            ]
             .contains(&relid)
     }
 }
@@ -206,7 +230,11 @@ fn resolve(schema: Oid) -> Catalog {
         pg_sys::CurrentMemoryContext = previous;
         desc
     };
+    let (distributed, token_base, local_group) = citus(records);
     Catalog {
+        distributed,
+        token_base,
+        local_group,
         schema,
         schema_sql,
         records,
@@ -219,5 +247,38 @@ fn resolve(schema: Oid) -> Catalog {
         rec,
         ret,
         plans: Plans::default(),
+    }
+}
+
+/// Bits of a token left to a node's own sequence; the Citus node group goes above them.
+const TOKEN_GROUP_SHIFT: u32 = 48;
+
+/// Whether `records` is distributed by Citus, this node's token offset, and the OID of Citus's
+/// `pg_dist_local_group` ([`Catalog`]).
+///
+/// The cheap check first: without Citus's catalog `pg_dist_partition` (a syscache lookup of a
+/// name in pg_catalog) there is nothing to ask. With Citus, one query reads both facts; a
+/// change to `pg_dist_partition` invalidates the distributed table's relcache entry (Citus's
+/// trigger), which marks this catalog stale, so the next call sees a table distributed since.
+fn citus(records: Oid) -> (bool, i64, Oid) {
+    // SAFETY: a syscache lookup of a constant name in pg_catalog; InvalidOid if Citus is absent.
+    let partition = unsafe { pg_sys::get_relname_relid(c"pg_dist_partition".as_ptr(), Oid::from(pg_sys::PG_CATALOG_NAMESPACE)) };
+    if partition == pg_sys::InvalidOid {
+        return (false, 0, pg_sys::InvalidOid);
+    }
+    // SAFETY: as above.
+    let local_group = unsafe { pg_sys::get_relname_relid(c"pg_dist_local_group".as_ptr(), Oid::from(pg_sys::PG_CATALOG_NAMESPACE)) };
+    // The OID is a number formatted into constant text, nothing a caller supplies.
+    let sql = format!(
+        "SELECT EXISTS (SELECT FROM pg_catalog.pg_dist_partition AS p \
+                         WHERE p.logicalrelid OPERATOR(pg_catalog.=) {}::pg_catalog.oid), \
+                (SELECT g.groupid FROM pg_catalog.pg_dist_local_group AS g)",
+        records.to_u32()
+    );
+    match Spi::get_two::<bool, i32>(&sql) {
+        Ok((distributed, group)) => {
+            (distributed.unwrap_or(false), i64::from(group.unwrap_or(0).max(0)) << TOKEN_GROUP_SHIFT, local_group)
+        }
+        Err(e) => raise(PgSqlErrorCode::ERRCODE_INTERNAL_ERROR, format!("reading Citus's catalog failed: {e}")),
     }
 }

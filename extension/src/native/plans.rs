@@ -34,9 +34,14 @@ pub(crate) enum Stmt {
     LockForRelease,
     /// $1-$3 scope, $4 created_at, $5 expires_at, $6 max_retries: the shared release step.
     ReleaseLocked,
+    /// $1-$3 scope, $4 request_hash: the record as the probe reads it, through the planner
+    /// (a Citus distributed table; [`super::probe`]).
+    ReadRecord,
+    /// $1-$3 scope: the retry counter, through the planner (as `ReadRecord`).
+    ReadRetries,
 }
 
-const STATEMENTS: usize = 7;
+const STATEMENTS: usize = 9;
 
 const SCOPE: &str = "r.operation OPERATOR(pg_catalog.=) $1 AND r.user_id OPERATOR(pg_catalog.=) $2 \
                      AND r.key OPERATOR(pg_catalog.=) $3";
@@ -95,6 +100,19 @@ fn text(stmt: Stmt, s: &str) -> (String, &'static [Oid]) {
         Stmt::ReleaseLocked => (
             format!("SELECT {s}._idem_release_locked($1, $2, $3, $4, $5, $6)"),
             &[TEXT, TEXT, TEXT, TSTZ, TSTZ, INT4],
+        ),
+        // Single-table, equality on the full key, no volatile call: Citus routes both to the
+        // key's shard.
+        Stmt::ReadRecord => (
+            format!(
+                "SELECT r.request_hash OPERATOR(pg_catalog.=) $4, r.status, r.response, r.lease_expires_at, \
+                 r.expires_at, r.created_at FROM {s}.idem_records AS r WHERE {SCOPE}"
+            ),
+            &[TEXT, TEXT, TEXT, TEXT],
+        ),
+        Stmt::ReadRetries => (
+            format!("SELECT r.attempts, r.expires_at FROM {s}.idem_retries AS r WHERE {SCOPE}"),
+            &[TEXT, TEXT, TEXT],
         ),
     }
 }

@@ -6,9 +6,14 @@
 //! The index access method does what the executor's index scan does for visibility and for
 //! SERIALIZABLE (predicate locks on the index page and the tuple, conflict-out checks); the
 //! locks on the relations are kept until the end of the transaction, as the executor keeps them.
+//!
+//! On a Citus distributed table the rows live in shards (on this node or another) and the table
+//! here is an empty shell: direct access would find nothing. There [`key`] reads the same two
+//! rows through the planner instead, by kept SPI plans that Citus routes to the key's shard.
 
-use super::call::Text;
+use super::call::{self, Text};
 use super::catalog::Catalog;
+use super::plans::{self, Stmt};
 use crate::args::raise;
 use pgrx::pg_sys::errcodes::PgSqlErrorCode;
 use pgrx::pg_sys::{self, Datum, Oid};
@@ -193,8 +198,12 @@ impl Key {
 
 /// Reads the record of `scope` (compared with `request_hash`) and its retry counter: under the
 /// calling statement's snapshot, or, if `fresh`, one taken now as a statement of a VOLATILE
-/// function would (after waiting for the key's lock or losing a race).
+/// function would (after waiting for the key's lock or losing a race). On Citus, through the
+/// planner.
 pub(crate) fn key(catalog: &Catalog, scope: &Scope<'_>, request_hash: &str, fresh: bool) -> Key {
+    if catalog.distributed {
+        return planned(catalog, scope, request_hash);
+    }
     let snapshot = if fresh { Snapshot::take() } else { Snapshot::statement() };
     let record = record(&snapshot, catalog, scope, request_hash);
     let counter = counter(&snapshot, catalog, scope);
@@ -213,12 +222,7 @@ fn record(snapshot: &Snapshot, catalog: &Catalog, scope: &Scope<'_>, request_has
         // SAFETY: slot holds an idem_records row; the columns are the catalog's; text values
         // are read while the buffer is pinned, the response is copied out.
         unsafe {
-            let status = match bytes(required(slot, cols.status)) {
-                b"PROCESSING" => Status::Processing,
-                b"SUCCESS" => Status::Success,
-                b"FAILED" => Status::Failed,
-                _ => raise(PgSqlErrorCode::ERRCODE_DATA_CORRUPTED, "idem_records holds an unknown status".into()),
-            };
+            let status = status(bytes(required(slot, cols.status)));
             let same_hash = bytes(required(slot, cols.request_hash)) == request_hash.as_bytes();
             let response = match status {
                 Status::Processing => None,
@@ -246,5 +250,55 @@ fn counter(snapshot: &Snapshot, catalog: &Catalog, scope: &Scope<'_>) -> Option<
                 expires_at: required(slot, cols.expires_at).value() as i64,
             }
         }
+    })
+}
+
+/// The status of a record, from its text.
+fn status(text: &[u8]) -> Status {
+    match text {
+        b"PROCESSING" => Status::Processing,
+        b"SUCCESS" => Status::Success,
+        b"FAILED" => Status::Failed,
+        _ => raise(PgSqlErrorCode::ERRCODE_DATA_CORRUPTED, "idem_records holds an unknown status".into()),
+    }
+}
+
+/// [`key`] through the planner (a distributed table): two single-shard statements (one per table:
+/// single-table statements are what Citus routes best), each with a snapshot of its own under
+/// READ COMMITTED. What decides the outcome is the record, read first; a counter changed between
+/// the two reads only moves the reported `attempts` to a later moment. As on the direct path,
+/// the primary key and the re-checking takeover, not this read, keep a key at most once.
+fn planned(catalog: &Catalog, scope: &Scope<'_>, request_hash: &str) -> Key {
+    let hash = call::text_datum(request_hash.as_bytes());
+    let args = [Some(scope.operation.datum), Some(scope.user_id.datum), Some(scope.key.datum), Some(hash)];
+    let not_null = |value: Option<Datum>, what: &str| {
+        value.unwrap_or_else(|| raise(PgSqlErrorCode::ERRCODE_DATA_CORRUPTED, format!("NULL in NOT NULL column {what}")))
+    };
+    plans::connected(|| {
+        let record = (plans::execute(catalog, Stmt::ReadRecord, &args) > 0).then(|| {
+            // SAFETY: text values of the first row, read before SPI_finish frees them; the
+            // response is copied into the caller's memory context (SPI_datumTransfer).
+            unsafe {
+                let status = status(bytes(not_null(plans::first_row(2), "status")));
+                let same_hash = not_null(plans::first_row(1), "request_hash").value() != 0;
+                let response = match status {
+                    Status::Processing => None,
+                    _ => plans::first_row(3).map(|v| pg_sys::SPI_datumTransfer(v, false, -1)),
+                };
+                Record {
+                    same_hash,
+                    status,
+                    response,
+                    lease_expires_at: not_null(plans::first_row(4), "lease_expires_at").value() as i64,
+                    expires_at: not_null(plans::first_row(5), "expires_at").value() as i64,
+                    created_at: not_null(plans::first_row(6), "created_at").value() as i64,
+                }
+            }
+        });
+        let counter = (plans::execute(catalog, Stmt::ReadRetries, &args[..3]) > 0).then(|| Counter {
+            attempts: not_null(plans::first_row(1), "attempts").value() as i32,
+            expires_at: not_null(plans::first_row(2), "expires_at").value() as i64,
+        });
+        Key { record, counter }
     })
 }

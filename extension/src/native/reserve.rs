@@ -119,6 +119,7 @@ fn next_token(catalog: &Catalog) -> i64 {
     unsafe {
         pg_sys::DirectFunctionCall1Coll(Some(call::builtins::nextval_oid), pg_sys::InvalidOid, Datum::from(catalog.token_seq)).value()
             as i64
+            + catalog.token_base
     }
 }
 
@@ -197,7 +198,8 @@ fn reserve(catalog: &Rc<Catalog>, scope: &Scope<'_>, request_hash: Text<'_>, ttl
         let token = next_token(catalog);
         let lease_end = call::plus(now, lease);
         let expires_at = call::plus(now, ttl);
-        let created = if found.record.is_none() && !probe::exists_now(catalog, scope) {
+        // (Not on Citus: the record must be written through the planner, in the statement.)
+        let created = if found.record.is_none() && !catalog.distributed && !probe::exists_now(catalog, scope) {
             // No record, and none can appear while we hold the lock: write it once, later.
             pending::add(pending::Reservation {
                 catalog: Rc::clone(catalog),

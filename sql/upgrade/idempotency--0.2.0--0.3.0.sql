@@ -1,0 +1,12 @@
+-- idempotency 0.2.0 -> 0.3.0, the part a replay of the functions cannot do: nothing.
+--
+-- 0.3.0 runs on Citus (README, "Scaling out with Citus"): idem_reserve and idem_complete (PL/pgSQL, the portable
+-- install) no longer put a subquery or a clock call inside INSERT/UPDATE, idem_recover_stuck and
+-- idem_sweep work key by key on distributed tables, and the new idem_distribute and
+-- _idem_distributed arrive with the replay of every 0.3.0 function that scripts/sqlbuild.py
+-- appends to this file, with their comments and privileges. No table, type or index changes.
+--
+-- 0.3.0 also writes a new key's record once (the native hot path keeps a fresh reservation in
+-- memory until idem_complete inserts it finished, or the commit inserts it PROCESSING): the
+-- replay brings _idem_write_pending, and idem_lookup, now VOLATILE, which writes the calling
+-- transaction's pending reservation of its key before reading.
