@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # CPU profiles of the hot paths (docs/performance.md, "Profiles: where a fresh cycle and a replay
-# spend their time"): the 0.1.0 PL/pgSQL implementation next to the 0.2.0 native one, with the
+# spend their time"): the 0.1.0 PL/pgSQL implementation next to the current (native) one, with the
 # hand-written protocol, the bare business transaction and a primary-key SELECT as references.
 #
 #   bench/profile.sh [PORT=56200] [SECONDS=10] [REPS=2] [CLIENTS=8]
@@ -12,22 +12,28 @@
 #   python3 scripts/sqlbuild.py install-files "$("$PG_CONFIG" --sharedir)/extension"
 # Needs perf (linux-perf) and root (the server runs as the `postgres` user). It creates a fresh
 # cluster in target/profile/NN (deleted first) on PORT, with two databases prepared by
-# bench/pgbench/setup.sql: v010 (CREATE EXTENSION ... VERSION '0.1.0', PL/pgSQL) and v020 (the
-# current version, native). Every case runs pgbench -M prepared with CLIENTS clients; after one
-# second of warm-up, `perf record -e cpu-clock --call-graph dwarf` samples the case's server
-# backends (and nothing else) for SECONDS. The cases run REPS times, in order then reversed, and
-# their samples are added up. It prints markdown: per case, the tps reached while profiled, the
-# share of the backends' CPU samples per bucket, and the top symbols (self time).
+# bench/pgbench/setup.sql: v010 (CREATE EXTENSION ... VERSION '0.1.0', PL/pgSQL) and vcur (the
+# current version, Cargo.toml's, native). Every case runs pgbench -M prepared with CLIENTS
+# clients; after one second of warm-up, `perf record -e cpu-clock --call-graph dwarf` samples the
+# case's server backends (and nothing else) for SECONDS. The cases run REPS times, in order then
+# reversed, and their samples are added up. It prints markdown: per case, the tps reached while
+# profiled (transactions that ended while perf sampled, from pgbench -l), the backends' CPU per
+# transaction, the share of their samples per bucket and the same in µs per transaction, a few
+# inclusive rows, and the top 15 symbols (self time). target/profile/NN/samples.txt keeps the
+# resolved call chains; PROFILE_KEEP=1 keeps the perf.data files too (~100 MB each).
+# PROFILE_FREQ (default 499 Hz) and PROFILE_STACK (bytes of stack per sample, 16384) tune perf.
 #
-# A sample goes to the bucket of its nearest frame, leaf first, whose symbol (or library) matches a
-# bucket below; frames that match none (libc, the kernel, memory contexts, hash tables) pass the
-# sample on to their caller. So "executor start-up" holds ExecInitNode and the palloc it calls,
-# the kernel's time in a send() is counted to the protocol code that called it, and so on.
+# A sample goes to the bucket of its nearest frame, leaf first, whose symbol (or library) matches
+# a bucket (BUCKETS, below: the one place they are defined); frames that match none (libc, the
+# kernel, memory contexts, hash tables) pass the sample on to their caller, so "executor
+# start-up" holds ExecInitNode and the palloc it calls. CONTEXT rules move a few samples by their
+# callers (kernel time under the protocol code is "round trips in the kernel"; group-commit
+# semaphore waits under XLogFlush are WAL flush).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 port=${1:-56200} secs=${2:-10} reps=${3:-2} clients=${4:-8}
 PG_CONFIG=${PG_CONFIG:-$root/target/postgres/15/bin/pg_config}
-freq=${PROFILE_FREQ:-499}  # samples per second per running backend
+freq=${PROFILE_FREQ:-499}     # samples per second per running backend
 stack=${PROFILE_STACK:-16384} # bytes of user stack copied per sample (dwarf unwinding)
 
 die() { echo "profile.sh: $*" >&2; exit 1; }
@@ -72,20 +78,21 @@ CONF
 as_server "$bindir/pg_ctl" -D "$data" -l "$out/server.log" -w -t 60 start >/dev/null || { tail -20 "$out/server.log" >&2; exit 1; }
 trap stop EXIT
 
-psql_ "$(url postgres)" -c 'CREATE DATABASE v010' -c 'CREATE DATABASE v020'
+psql_ "$(url postgres)" -c 'CREATE DATABASE v010' -c 'CREATE DATABASE vcur'
 psql_ "$(url v010)" -c "CREATE EXTENSION idempotency VERSION '0.1.0'" -f "$root/bench/pgbench/setup.sql"
-psql_ "$(url v020)" -f "$root/bench/pgbench/setup.sql"
-psql_ "$(url v020)" -Atc "SELECT 'v020 runs idempotency ' || extversion FROM pg_extension WHERE extname = 'idempotency'" >&2
+psql_ "$(url vcur)" -f "$root/bench/pgbench/setup.sql"
+installed=$(psql_ "$(url vcur)" -Atc "SELECT extversion FROM pg_extension WHERE extname = 'idempotency'")
+[ "$installed" = "$version" ] || die "the tree's default version is $installed, Cargo.toml's is $version: reinstall the extension"
 
 # The cases: name, database, pgbench script (bench/pgbench/).
 cases=(
     "fresh-0.1.0 v010 fresh"
-    "fresh-0.2.0 v020 fresh"
-    "hand-written v020 handwritten"
-    "bare v020 bare"
+    "fresh-$version vcur fresh"
+    "hand-written vcur handwritten"
+    "bare vcur bare"
     "replay-0.1.0 v010 replay"
-    "replay-0.2.0 v020 replay"
-    "pk-select v020 pk_select"
+    "replay-$version vcur replay"
+    "pk-select vcur pk_select"
 )
 
 run_case() { # run_case NAME DB SCRIPT REP
@@ -132,6 +139,8 @@ for c in "${cases[@]}"; do
     for rep in $(seq 1 "$reps"); do
         echo "@@case $name $(cat "$out/$name.$rep.tps")"
         perf script -i "$out/$name.$rep.data" --no-inline -F pid,period,ip,sym,dso 2>/dev/null
+        # ~100 MB each: kept only on request (PROFILE_KEEP=1), for perf report -i
+        [ "${PROFILE_KEEP:-0}" = 1 ] || rm -f "$out/$name.$rep.data"
     done
 done >"$out/samples.txt"
 
