@@ -11,7 +11,8 @@
 #              (default 5000) generated JSON texts and their jsonb values, plus invalid texts
 #   defaults   the portable defaults of the settings equal the extension's
 #   suites     the regress suite (less install, members, guc_prefix and privileges, which test the extension's own
-#              catalog entries and CREATE EXTENSION) and the isolation suite, on a portable install
+#              catalog entries and CREATE EXTENSION, and write_once, the native hot path's own flow) and
+#              the isolation suite, on a portable install
 #   upgrade    the portable upgrade script between consecutive versions: records kept, answers
 #              unchanged, schema equal to a fresh portable install, suites pass, a second run refused
 #
@@ -131,7 +132,7 @@ for setting in ttl lease max_retries max_response_bytes; do
 done
 
 echo "-- suites on a portable install"
-grep -vxE 'test: (install|members|guc_prefix|privileges)' tests/regress/schedule >"$root/target/portable-schedule"
+grep -vxE 'test: (install|members|guc_prefix|privileges|write_once)' tests/regress/schedule >"$root/target/portable-schedule"
 prepare_portable() { install_portable "$1" public; }
 SCHEDULE=$root/target/portable-schedule suites portable prepare_portable
 

@@ -24,14 +24,29 @@ CREATE FUNCTION @extschema@.idem_fingerprint(request bytea) RETURNS text
 COMMENT ON FUNCTION @extschema@.idem_fingerprint(bytea) IS
     'Lowercase hex SHA-256 of request''s bytes.';
 
+-- The native hot path keeps a fresh reservation in memory until idem_complete writes its record
+-- once, finished (extension/src/native/pending.rs); this writes it now, as PROCESSING, for
+-- what reads the table in the reserving transaction. The portable install has nothing pending.
+CREATE FUNCTION @extschema@._idem_write_pending(operation text, user_id text, key text) RETURNS void
+    LANGUAGE c VOLATILE STRICT
+    SET search_path = pg_catalog, pg_temp
+    AS 'MODULE_PATHNAME', 'idem_write_pending_native';
+
+COMMENT ON FUNCTION @extschema@._idem_write_pending(text, text, text) IS
+    'Internal: writes the reservation of (operation, user_id, key) that this transaction made and has not written yet (the write-once flow), as its PROCESSING record.';
+
+REVOKE EXECUTE ON FUNCTION @extschema@._idem_write_pending(text, text, text) FROM PUBLIC;
+
 CREATE FUNCTION @extschema@.idem_lookup(operation text, user_id text, key text)
     RETURNS SETOF @extschema@.idem_records
-    LANGUAGE plpgsql STABLE SECURITY DEFINER
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER
     SET search_path = pg_catalog, pg_temp
     AS $fn$
 #variable_conflict use_variable
 BEGIN
     PERFORM @extschema@._idem_check_scope(operation, user_id, key);
+    -- A reservation this transaction made and has not written yet shows as its record.
+    PERFORM @extschema@._idem_write_pending(operation, user_id, key);
     RETURN QUERY
         SELECT r.*
           FROM @extschema@.idem_records AS r

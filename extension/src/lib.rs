@@ -36,6 +36,7 @@ pgrx::extension_sql_file!("../../sql/privileges.sql", name = "privileges", final
 pub extern "C-unwind" fn _PG_init() {
     guc::register();
     native::catalog::register_invalidation();
+    native::pending::register();
     // Shared memory and background workers can only be set up while the server starts.
     if unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
         metrics::init();

@@ -307,12 +307,16 @@ async fn a_commit_pipelined_behind_a_lost_completion_commits_nothing() {
     let key = unique_key("fenced.commit");
     let tag = key.to_string();
     // The closure writes a business row, then (as a takeover would) moves the record to another
-    // token, so `idem_complete` answers false while COMMIT is already on its way.
+    // token, so `idem_complete` answers false while COMMIT is already on its way. The lookup
+    // first writes the reservation's record (the native hot path keeps a fresh one in memory
+    // until it completes).
+    let scope = [key.operation().to_owned(), key.user_id().to_owned(), key.key().to_owned()];
     let err = idem
         .run(&key, &fp(), move |tx| {
-            let tag = tag.clone();
+            let (tag, scope) = (tag.clone(), scope.clone());
             Box::pin(async move {
                 tx.execute("INSERT INTO charges (user_id, amount, k) VALUES ('u', 1, $1)", &[&tag]).await?;
+                tx.execute("SELECT FROM idem_lookup($1, $2, $3)", &[&scope[0], &scope[1], &scope[2]]).await?;
                 tx.execute("UPDATE idem_records SET token = token + 1000000", &[]).await?;
                 Ok(StoredResponse::json(201, json!({})))
             }) as TxFuture<'_, _, tokio_postgres::Error>

@@ -1,11 +1,14 @@
 //! `idem_complete`, `idem_release` and `idem_heartbeat`, native: the calls an attempt makes
 //! with its token (sql/finish.sql). Each is one fenced statement on the record, by a kept SPI
 //! plan; a stale token, or a record no longer PROCESSING, changes nothing and answers
-//! false / 'stale'.
+//! false / 'stale'. A reservation of the same transaction not written yet ([`pending`]) is
+//! inserted finished by `idem_complete`, and written as PROCESSING before the others run.
 
 use super::call::{self, v1_function_info, Text};
 use super::catalog;
+use super::pending;
 use super::plans::{self, Stmt};
+use super::probe::Scope;
 use crate::args::{self, raise};
 use crate::guc;
 use crate::metrics;
@@ -81,16 +84,20 @@ pub unsafe extern "C-unwind" fn idem_complete_native(fcinfo: pg_sys::FunctionCal
         }
     }
     let catalog = catalog::for_function(fn_oid);
-    let params = [
-        Some(operation.datum),
-        Some(user_id.datum),
-        Some(key.datum),
-        Some(Datum::from(token)),
-        Some(status.datum),
-        response,
-        Some(Datum::from(now())),
-    ];
-    let done = plans::connected(|| plans::execute(&catalog, Stmt::Complete, &params)) > 0;
+    let now = now();
+    // A reservation of this transaction not written yet: write it once, finished.
+    let done = pending::complete(&catalog, &Scope { operation, user_id, key }, token, status.str, response, now) || {
+        let params = [
+            Some(operation.datum),
+            Some(user_id.datum),
+            Some(key.datum),
+            Some(Datum::from(token)),
+            Some(status.datum),
+            response,
+            Some(Datum::from(now)),
+        ];
+        plans::connected(|| plans::execute(&catalog, Stmt::Complete, &params)) > 0
+    };
     let event = match (done, status.str) {
         (false, _) => "stale_tokens",
         (true, "SUCCESS") => "completions_success",
@@ -116,6 +123,7 @@ pub unsafe extern "C-unwind" fn idem_release_native(fcinfo: pg_sys::FunctionCall
     let (max_retries, fn_oid) = unsafe { (call::arg::<i32>(fcinfo, 4), call::function_oid(fcinfo)) };
     let max_retries = args::_idem_max_retries(max_retries);
     let catalog = catalog::for_function(fn_oid);
+    pending::materialize(&catalog, &Scope { operation, user_id, key });
     let scope = [Some(operation.datum), Some(user_id.datum), Some(key.datum)];
     let outcome = plans::connected(|| {
         let lock = [scope[0], scope[1], scope[2], Some(Datum::from(token))];
@@ -158,6 +166,7 @@ pub unsafe extern "C-unwind" fn idem_heartbeat_native(fcinfo: pg_sys::FunctionCa
     let lease = args::_idem_lease(lease, None).into_datum().unwrap_or(Datum::from(0));
     let until = call::plus(now, lease);
     let catalog = catalog::for_function(fn_oid);
+    pending::materialize(&catalog, &Scope { operation, user_id, key });
     let params = [
         Some(operation.datum),
         Some(user_id.datum),

@@ -17,9 +17,12 @@ use std::ffi::CString;
 /// The statements, in the order of [`Plans::kept`].
 #[derive(Clone, Copy)]
 pub(crate) enum Stmt {
-    /// $1-$3 scope, $4 request_hash, $5 token, $6 lease end, $7 expiry, $8 now.
+    /// $1-$3 scope, $4 request_hash, $5 token, $6 lease end, $7 expiry, $8 created_at,
+    /// $9 status, $10 response, $11 updated_at: a new record (PROCESSING, or finished by the
+    /// write-once flow of [`super::pending`]).
     Insert,
-    /// Same parameters: take over an expired record, re-checking expiry on the newest version.
+    /// $1-$8 as Insert ($8 now): take over an expired record, re-checking expiry on the newest
+    /// version.
     TakeOver,
     /// $1-$3 scope, $4 the new record's expiry: a live retry counter lives as long.
     KeepRetries,
@@ -46,10 +49,10 @@ fn text(stmt: Stmt, s: &str) -> (String, &'static [Oid]) {
             format!(
                 "INSERT INTO {s}.idem_records AS r (operation, user_id, key, request_hash, status, token, response, \
                  lease_expires_at, expires_at, created_at, updated_at) \
-                 VALUES ($1, $2, $3, $4, 'PROCESSING', $5, NULL, $6, $7, $8, $8) \
+                 VALUES ($1, $2, $3, $4, $9, $5, $10, $6, $7, $8, $11) \
                  ON CONFLICT ON CONSTRAINT idem_records_pkey DO NOTHING"
             ),
-            RESERVE,
+            &[TEXT, TEXT, TEXT, TEXT, INT8, TSTZ, TSTZ, TSTZ, TEXT, JSONB, TSTZ],
         ),
         Stmt::TakeOver => (
             format!(

@@ -90,6 +90,15 @@ impl Snapshot {
             Snapshot(pg_sys::RegisterSnapshot(pg_sys::GetTransactionSnapshot()))
         }
     }
+
+    /// A snapshot taken now whatever the isolation level: every transaction committed so far.
+    fn latest() -> Self {
+        // SAFETY: as `take`.
+        unsafe {
+            pg_sys::CommandCounterIncrement();
+            Snapshot(pg_sys::RegisterSnapshot(pg_sys::GetLatestSnapshot()))
+        }
+    }
 }
 
 impl Drop for Snapshot {
@@ -174,6 +183,12 @@ pub(crate) fn key(catalog: &Catalog, scope: &Scope<'_>, request_hash: &str) -> K
     let record = record(&snapshot, catalog, scope, request_hash);
     let counter = counter(&snapshot, catalog, scope);
     Key { record, counter }
+}
+
+/// Whether `scope` has a record committed by now (or written by this transaction), whatever
+/// the transaction's snapshot shows: the write-once flow's check after taking the key's lock.
+pub(crate) fn exists_now(catalog: &Catalog, scope: &Scope<'_>) -> bool {
+    probe(&Snapshot::latest(), catalog.records, catalog.records_pkey, scope, |_| ()).is_some()
 }
 
 fn record(snapshot: &Snapshot, catalog: &Catalog, scope: &Scope<'_>, request_hash: &str) -> Option<Record> {

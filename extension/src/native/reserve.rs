@@ -7,11 +7,15 @@
 //!    PL/pgSQL version (`pg_advisory_xact_lock(hashtextextended(operation || E'\x1f' || user_id
 //!    || E'\x1f' || key, 0))`), so both versions see each other's uncommitted reservations
 //!    during an upgrade.
-//! 3. Create with INSERT … ON CONFLICT DO NOTHING, or take over with the re-checking UPDATE
-//!    (kept SPI plans). The primary key and the re-check decide; a lost race reads again.
+//! 3. Create, or take over with the re-checking UPDATE (kept SPI plans). A new key whose record
+//!    is still absent under a fresh snapshot once the lock is held is kept pending (write-once,
+//!    [`pending`]): `idem_complete` or the pre-commit callback inserts its record. Otherwise
+//!    INSERT … ON CONFLICT DO NOTHING. The primary key and the re-check decide; a lost race
+//!    reads again.
 
 use super::call::{self, v1_function_info, Text};
 use super::catalog::{self, Catalog};
+use super::pending;
 use super::plans::{self, Stmt};
 use super::probe::{self, Scope, Status};
 use crate::args;
@@ -19,6 +23,7 @@ use crate::metrics;
 use pgrx::datum::Interval;
 use pgrx::pg_sys::{self, Datum};
 use pgrx::prelude::*;
+use std::rc::Rc;
 
 /// How often a reservation reads the key again after losing a race before it answers
 /// `in_progress` (as sql/reserve.sql).
@@ -160,7 +165,10 @@ pub unsafe extern "C-unwind" fn idem_reserve_native(fcinfo: pg_sys::FunctionCall
         .into_datum(&catalog)
 }
 
-fn reserve(catalog: &Catalog, scope: &Scope<'_>, request_hash: Text<'_>, ttl: Datum, lease: Datum, wait: bool) -> Answer {
+fn reserve(catalog: &Rc<Catalog>, scope: &Scope<'_>, request_hash: Text<'_>, ttl: Datum, lease: Datum, wait: bool) -> Answer {
+    // A key reserved earlier in this transaction and not written yet: write it, so this call
+    // answers from its record as it always did (in_progress, or replay once completed).
+    pending::materialize(catalog, scope);
     let mut locked = false;
     for _ in 0..ATTEMPTS {
         // SAFETY: reads the clock.
@@ -186,25 +194,47 @@ fn reserve(catalog: &Catalog, scope: &Scope<'_>, request_hash: Text<'_>, ttl: Da
         let token = next_token(catalog);
         let lease_end = call::plus(now, lease);
         let expires_at = call::plus(now, ttl);
-        let stmt = if found.record.is_some() { Stmt::TakeOver } else { Stmt::Insert };
-        let params = [
-            Some(scope.operation.datum),
-            Some(scope.user_id.datum),
-            Some(scope.key.datum),
-            Some(request_hash.datum),
-            Some(Datum::from(token)),
-            Some(Datum::from(lease_end)),
-            Some(Datum::from(expires_at)),
-            Some(Datum::from(now)),
-        ];
-        let created = plans::connected(|| plans::execute(catalog, stmt, &params)) == 1;
+        let created = if found.record.is_none() && !probe::exists_now(catalog, scope) {
+            // No record, and none can appear while we hold the lock: write it once, later.
+            pending::add(pending::Reservation {
+                catalog: Rc::clone(catalog),
+                operation: scope.operation.str.to_owned(),
+                user_id: scope.user_id.str.to_owned(),
+                key: scope.key.str.to_owned(),
+                request_hash: request_hash.str.to_owned(),
+                token,
+                lease_end,
+                expires_at,
+                created_at: now,
+            });
+            true
+        } else {
+            // Takeover, or a record committed since the probe (the INSERT then finds it: a lost
+            // race under READ COMMITTED, a serialization failure under REPEATABLE READ).
+            let stmt = if found.record.is_some() { Stmt::TakeOver } else { Stmt::Insert };
+            let params = [
+                Some(scope.operation.datum),
+                Some(scope.user_id.datum),
+                Some(scope.key.datum),
+                Some(request_hash.datum),
+                Some(Datum::from(token)),
+                Some(Datum::from(lease_end)),
+                Some(Datum::from(expires_at)),
+                Some(Datum::from(now)),
+                Some(call::text_datum(b"PROCESSING")),
+                None,
+                Some(Datum::from(now)),
+            ];
+            let params = if found.record.is_some() { &params[..8] } else { &params[..] };
+            plans::connected(|| plans::execute(catalog, stmt, params)) == 1
+        };
         if created {
             // The retry counter, if one is live: this attempt continues its count (read with the
             // key; the advisory lock keeps other releases of this key out meanwhile).
             let attempts = found.attempts(now);
             if attempts > 0 {
                 // A retry of a released key: keep its counter alive as long as this record.
-                let keep = [params[0], params[1], params[2], Some(Datum::from(expires_at))];
+                let keep = [Some(scope.operation.datum), Some(scope.user_id.datum), Some(scope.key.datum), Some(Datum::from(expires_at))];
                 plans::connected(|| plans::execute(catalog, Stmt::KeepRetries, &keep));
             }
             return Answer { outcome: "created", token: Some(token), response: None, attempts, expires_at: Some(expires_at) };
