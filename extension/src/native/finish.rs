@@ -123,7 +123,7 @@ pub unsafe extern "C-unwind" fn idem_release_native(fcinfo: pg_sys::FunctionCall
     let (max_retries, fn_oid) = unsafe { (call::arg::<i32>(fcinfo, 4), call::function_oid(fcinfo)) };
     let max_retries = args::_idem_max_retries(max_retries);
     let catalog = catalog::for_function(fn_oid);
-    pending::materialize(&catalog, &Scope { operation, user_id, key });
+    let _ = pending::materialize(&catalog, &Scope { operation, user_id, key });
     let scope = [Some(operation.datum), Some(user_id.datum), Some(key.datum)];
     let outcome = plans::connected(|| {
         let lock = [scope[0], scope[1], scope[2], Some(Datum::from(token))];
@@ -166,7 +166,7 @@ pub unsafe extern "C-unwind" fn idem_heartbeat_native(fcinfo: pg_sys::FunctionCa
     let lease = args::_idem_lease(lease, None).into_datum().unwrap_or(Datum::from(0));
     let until = call::plus(now, lease);
     let catalog = catalog::for_function(fn_oid);
-    pending::materialize(&catalog, &Scope { operation, user_id, key });
+    let _ = pending::materialize(&catalog, &Scope { operation, user_id, key });
     let params = [
         Some(operation.datum),
         Some(user_id.datum),

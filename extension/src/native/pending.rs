@@ -187,14 +187,14 @@ pub(crate) fn complete(
 }
 
 /// Writes the pending reservation of `scope` (if any) as the PROCESSING record it stands for,
-/// so the statements that follow see it.
-pub(crate) fn materialize(catalog: &Catalog, scope: &Scope<'_>) {
+/// so the statements that follow see it; true if it wrote one.
+pub(crate) fn materialize(catalog: &Catalog, scope: &Scope<'_>) -> bool {
     if PENDING.with(|p| p.borrow().is_empty()) {
-        return;
+        return false;
     }
-    if let Some(params) = take(catalog, scope, None) {
-        params.write("PROCESSING", None, params.created_at);
-    }
+    let Some(params) = take(catalog, scope, None) else { return false };
+    params.write("PROCESSING", None, params.created_at);
+    true
 }
 
 v1_function_info!(pg_finfo_idem_write_pending_native);
@@ -222,7 +222,7 @@ pub unsafe extern "C-unwind" fn idem_write_pending_native(fcinfo: pg_sys::Functi
         )
     };
     if let (Some(operation), Some(user_id), Some(key)) = (operation, user_id, key) {
-        materialize(&catalog::for_function(fn_oid), &Scope { operation, user_id, key });
+        let _ = materialize(&catalog::for_function(fn_oid), &Scope { operation, user_id, key });
     }
     Datum::from(0)
 }

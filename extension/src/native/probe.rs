@@ -91,6 +91,20 @@ impl Snapshot {
         }
     }
 
+    /// The calling statement's snapshot (what a SELECT in the same statement reads): no new
+    /// snapshot to build. Rows this transaction wrote since the statement began are not in it;
+    /// the callers take a [`Snapshot::take`] after a miss that matters.
+    fn statement() -> Self {
+        // SAFETY: as `take`; the active snapshot outlives the call.
+        unsafe {
+            if pg_sys::ActiveSnapshotSet() {
+                Snapshot(pg_sys::RegisterSnapshot(pg_sys::GetActiveSnapshot()))
+            } else {
+                Self::take()
+            }
+        }
+    }
+
     /// A snapshot taken now whatever the isolation level: every transaction committed so far.
     fn latest() -> Self {
         // SAFETY: as `take`.
@@ -177,9 +191,11 @@ impl Key {
     }
 }
 
-/// Reads the record of `scope` (compared with `request_hash`) and its retry counter.
-pub(crate) fn key(catalog: &Catalog, scope: &Scope<'_>, request_hash: &str) -> Key {
-    let snapshot = Snapshot::take();
+/// Reads the record of `scope` (compared with `request_hash`) and its retry counter: under the
+/// calling statement's snapshot, or, if `fresh`, one taken now as a statement of a VOLATILE
+/// function would (after waiting for the key's lock or losing a race).
+pub(crate) fn key(catalog: &Catalog, scope: &Scope<'_>, request_hash: &str, fresh: bool) -> Key {
+    let snapshot = if fresh { Snapshot::take() } else { Snapshot::statement() };
     let record = record(&snapshot, catalog, scope, request_hash);
     let counter = counter(&snapshot, catalog, scope);
     Key { record, counter }

@@ -1,8 +1,9 @@
 //! `idem_reserve`, native: the algorithm of sql/reserve.sql.
 //!
 //! 1. Read the committed record and its retry counter with primary-key probes under one
-//!    snapshot ([`probe::key`]); a live record answers at once (replay, failed, in_progress,
-//!    mismatch). No lock, no executor, no SPI.
+//!    snapshot ([`probe::key`]: the calling statement's, a new one after waiting or losing a
+//!    race); a live record answers at once (replay, failed, in_progress, mismatch). No lock, no
+//!    executor, no SPI.
 //! 2. Absent or expired: take the key's transaction-scoped advisory lock, the same lock as the
 //!    PL/pgSQL version (`pg_advisory_xact_lock(hashtextextended(operation || E'\x1f' || user_id
 //!    || E'\x1f' || key, 0))`), so both versions see each other's uncommitted reservations
@@ -168,12 +169,14 @@ pub unsafe extern "C-unwind" fn idem_reserve_native(fcinfo: pg_sys::FunctionCall
 fn reserve(catalog: &Rc<Catalog>, scope: &Scope<'_>, request_hash: Text<'_>, ttl: Datum, lease: Datum, wait: bool) -> Answer {
     // A key reserved earlier in this transaction and not written yet: write it, so this call
     // answers from its record as it always did (in_progress, or replay once completed).
-    pending::materialize(catalog, scope);
+    let wrote = pending::materialize(catalog, scope);
     let mut locked = false;
-    for _ in 0..ATTEMPTS {
+    for attempt in 0..ATTEMPTS {
         // SAFETY: reads the clock.
         let now = unsafe { pg_sys::GetCurrentTimestamp() };
-        let found = probe::key(catalog, scope, request_hash.str);
+        // First under the statement's snapshot (a replay builds none); after writing this
+        // transaction's pending reservation, waiting for the lock or losing a race, a new one.
+        let found = probe::key(catalog, scope, request_hash.str, wrote || attempt > 0);
         if let Some(record) = &found.record {
             if record.live(now) {
                 // The retry counter counts if it was live when the record was created.
