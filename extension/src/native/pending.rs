@@ -38,6 +38,7 @@ use pgrx::pg_sys::{self, Datum, SubTransactionId};
 use pgrx::prelude::*;
 use std::cell::RefCell;
 use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
 /// A reservation not written yet.
 pub(crate) struct Reservation {
@@ -77,6 +78,11 @@ thread_local! {
     static PENDING: RefCell<Vec<Entry>> = const { RefCell::new(Vec::new()) };
 }
 
+/// Whether this transaction made a reservation kept here: the transaction callbacks run on
+/// every commit and savepoint of every backend that loaded the library, and return at once
+/// unless it is set (a backend is one process: Relaxed is enough).
+static ACTIVE: AtomicBool = AtomicBool::new(false);
+
 fn current_subxact() -> SubTransactionId {
     // SAFETY: reads the transaction state of a backend inside a transaction.
     unsafe { pg_sys::GetCurrentSubTransactionId() }
@@ -88,6 +94,7 @@ pub(crate) fn add(reservation: Reservation) {
     // SAFETY: reads the current user of a backend inside a transaction.
     let owner = unsafe { pg_sys::GetUserId() };
     PENDING.with(|p| p.borrow_mut().push(Entry { reservation, owner, made_in, written_in: None }));
+    ACTIVE.store(true, Relaxed);
 }
 
 /// Marks the pending reservation of `scope` as written in the current subtransaction and
@@ -189,7 +196,7 @@ pub(crate) fn complete(
 /// Writes the pending reservation of `scope` (if any) as the PROCESSING record it stands for,
 /// so the statements that follow see it; true if it wrote one.
 pub(crate) fn materialize(catalog: &Catalog, scope: &Scope<'_>) -> bool {
-    if PENDING.with(|p| p.borrow().is_empty()) {
+    if !ACTIVE.load(Relaxed) {
         return false;
     }
     let Some(params) = take(catalog, scope, None) else { return false };
@@ -209,7 +216,7 @@ v1_function_info!(pg_finfo_idem_write_pending_native);
 #[pg_guard]
 #[no_mangle]
 pub unsafe extern "C-unwind" fn idem_write_pending_native(fcinfo: pg_sys::FunctionCallInfo) -> Datum {
-    if PENDING.with(|p| p.borrow().is_empty()) {
+    if !ACTIVE.load(Relaxed) {
         return Datum::from(0);
     }
     // SAFETY: the declaration fixes the argument types; STRICT keeps NULLs out.
@@ -243,8 +250,15 @@ fn materialize_all() {
     }
 }
 
+unsafe extern "C-unwind" fn on_xact(event: pg_sys::XactEvent::Type, arg: *mut std::ffi::c_void) {
+    if ACTIVE.load(Relaxed) {
+        // SAFETY: forwarded as PostgreSQL called us.
+        unsafe { on_xact_active(event, arg) }
+    }
+}
+
 #[pg_guard]
-unsafe extern "C-unwind" fn on_xact(event: pg_sys::XactEvent::Type, _arg: *mut std::ffi::c_void) {
+unsafe extern "C-unwind" fn on_xact_active(event: pg_sys::XactEvent::Type, _arg: *mut std::ffi::c_void) {
     use pg_sys::XactEvent::*;
     match event {
         XACT_EVENT_PRE_COMMIT | XACT_EVENT_PRE_PREPARE
@@ -258,13 +272,28 @@ unsafe extern "C-unwind" fn on_xact(event: pg_sys::XactEvent::Type, _arg: *mut s
             // SAFETY: pushed above.
             unsafe { pg_sys::PopActiveSnapshot() };
         }
-        XACT_EVENT_COMMIT | XACT_EVENT_ABORT | XACT_EVENT_PREPARE => PENDING.with(|p| p.borrow_mut().clear()),
+        XACT_EVENT_COMMIT | XACT_EVENT_ABORT | XACT_EVENT_PREPARE => {
+            PENDING.with(|p| p.borrow_mut().clear());
+            ACTIVE.store(false, Relaxed);
+        }
         _ => {}
     }
 }
 
-#[pg_guard]
 unsafe extern "C-unwind" fn on_subxact(
+    event: pg_sys::SubXactEvent::Type,
+    sub: SubTransactionId,
+    parent: SubTransactionId,
+    arg: *mut std::ffi::c_void,
+) {
+    if ACTIVE.load(Relaxed) {
+        // SAFETY: forwarded as PostgreSQL called us.
+        unsafe { on_subxact_active(event, sub, parent, arg) }
+    }
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn on_subxact_active(
     event: pg_sys::SubXactEvent::Type,
     sub: SubTransactionId,
     parent: SubTransactionId,
