@@ -5,11 +5,14 @@
 SELECT extrelocatable, extversion, extconfig::regclass[] AS dumped
   FROM pg_extension WHERE extname = 'idempotency';
 
--- Every function pins its search_path.
+-- Every function pins its search_path, but these: _idem_count and the native API functions
+-- (sql/native.sql) resolve nothing by name, so a SET clause would only cost a GUC save and restore
+-- per call; idem_maintain is a procedure that commits (a SET clause would forbid it).
 SELECT p.oid::regprocedure AS function_without_pinned_search_path
   FROM pg_proc p JOIN pg_depend d ON d.objid = p.oid AND d.deptype = 'e'
   JOIN pg_extension e ON e.oid = d.refobjid AND e.extname = 'idempotency'
- WHERE p.proconfig IS NULL OR NOT 'search_path=pg_catalog, pg_temp' = ANY (p.proconfig);
+ WHERE p.proconfig IS NULL OR NOT 'search_path=pg_catalog, pg_temp' = ANY (p.proconfig)
+ ORDER BY p.oid::regprocedure::text;
 
 -- Every object of the extension carries a comment. Objects PostgreSQL makes implicitly (a table's
 -- row type, array types: extension members from 17, see members.sql) have an internal dependency on
