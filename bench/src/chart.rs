@@ -14,7 +14,9 @@ pub(crate) fn draw(path: &Path, title: &str, bars: &[Bar]) -> Result<(), Box<dyn
     let height = 120 + 44 * bars.len() as u32;
     let root = BitMapBackend::new(path, (1100, height)).into_drawing_area();
     root.fill(&WHITE)?;
-    let max = bars.iter().map(|b| b.1.max(b.2)).fold(1.0f64, f64::max) * 1.1;
+    // The axis stops at 2: a longer bar (the sweep, ~5x its goal) is cut there, its label says
+    // how far it goes.
+    let max = bars.iter().map(|b| b.1.max(b.2)).fold(1.0f64, f64::max).min(2.0) * 1.1;
     let n = bars.len();
     let mut chart = ChartBuilder::on(&root)
         .caption(title, ("sans-serif", 22))
@@ -39,9 +41,10 @@ pub(crate) fn draw(path: &Path, title: &str, bars: &[Bar]) -> Result<(), Box<dyn
         let y = n - 1 - i;
         let color = if value >= goal { RGBColor(46, 139, 87) } else { RGBColor(205, 92, 92) };
         let (top, bottom) = (SegmentValue::Exact(y), SegmentValue::Exact(y + 1));
-        chart.draw_series(std::iter::once(Rectangle::new([(0.0, top.clone()), (*value, bottom.clone())], color.filled())))?;
+        let shown = value.min(max / 1.1);
+        chart.draw_series(std::iter::once(Rectangle::new([(0.0, top.clone()), (shown, bottom.clone())], color.filled())))?;
         chart.draw_series(std::iter::once(PathElement::new(vec![(*goal, top), (*goal, bottom)], BLACK.stroke_width(3))))?;
-        chart.draw_series(std::iter::once(Text::new(format!("{value:.2}"), (*value + max * 0.01, SegmentValue::CenterOf(y)), ("sans-serif", 14))))?;
+        chart.draw_series(std::iter::once(Text::new(format!("{value:.2}"), (shown + max * 0.01, SegmentValue::CenterOf(y)), ("sans-serif", 14))))?;
     }
     root.present()?;
     Ok(())
