@@ -41,6 +41,7 @@ use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
 /// A reservation not written yet.
+#[derive(Clone)]
 pub(crate) struct Reservation {
     pub(crate) catalog: Rc<Catalog>,
     pub(crate) operation: String,
@@ -98,51 +99,29 @@ pub(crate) fn add(reservation: Reservation) {
 }
 
 /// Marks the pending reservation of `scope` as written in the current subtransaction and
-/// answers a copy of what `write` needs; `None` when the key has no pending reservation (or
-/// its token is not `token`, when given).
-fn take(catalog: &Catalog, scope: &Scope<'_>, token: Option<i64>) -> Option<Params> {
+/// answers it with its owner; `None` when the key has no pending reservation (or its token is
+/// not `token`, when given).
+fn take(catalog: &Catalog, scope: &Scope<'_>, token: Option<i64>) -> Option<(Reservation, pg_sys::Oid)> {
+    take_first(|e| e.is(catalog, scope) && token.is_none_or(|t| t == e.reservation.token))
+}
+
+fn take_first(matches: impl Fn(&Entry) -> bool) -> Option<(Reservation, pg_sys::Oid)> {
     PENDING.with(|p| {
         let mut pending = p.borrow_mut();
-        let entry = pending.iter_mut().find(|e| e.is(catalog, scope) && token.is_none_or(|t| t == e.reservation.token))?;
+        let entry = pending.iter_mut().find(|e| matches(e))?;
         entry.written_in = Some(current_subxact());
-        Some(Params::of(entry))
+        Some((entry.reservation.clone(), entry.owner))
     })
 }
 
-/// The values of an Insert statement, as owned data (the entry stays in the list meanwhile).
-struct Params {
-    catalog: Rc<Catalog>,
-    owner: pg_sys::Oid,
-    scope: [Vec<u8>; 3],
-    request_hash: Vec<u8>,
-    token: i64,
-    lease_end: pg_sys::TimestampTz,
-    expires_at: pg_sys::TimestampTz,
-    created_at: pg_sys::TimestampTz,
-}
-
-impl Params {
-    fn of(entry: &Entry) -> Self {
-        let r = &entry.reservation;
-        Params {
-            catalog: Rc::clone(&r.catalog),
-            owner: entry.owner,
-            scope: [r.operation.clone().into_bytes(), r.user_id.clone().into_bytes(), r.key.clone().into_bytes()],
-            request_hash: r.request_hash.clone().into_bytes(),
-            token: r.token,
-            lease_end: r.lease_end,
-            expires_at: r.expires_at,
-            created_at: r.created_at,
-        }
-    }
-
+impl Reservation {
     /// Inserts the record: `status` with `response`, last updated at `updated_at`.
-    fn write(&self, status: &str, response: Option<Datum>, updated_at: pg_sys::TimestampTz) {
+    fn write(&self, owner: pg_sys::Oid, status: &str, response: Option<Datum>, updated_at: pg_sys::TimestampTz) {
         let params = [
-            Some(call::text_datum(&self.scope[0])),
-            Some(call::text_datum(&self.scope[1])),
-            Some(call::text_datum(&self.scope[2])),
-            Some(call::text_datum(&self.request_hash)),
+            Some(call::text_datum(self.operation.as_bytes())),
+            Some(call::text_datum(self.user_id.as_bytes())),
+            Some(call::text_datum(self.key.as_bytes())),
+            Some(call::text_datum(self.request_hash.as_bytes())),
             Some(Datum::from(self.token)),
             Some(Datum::from(self.lease_end)),
             Some(Datum::from(self.expires_at)),
@@ -158,7 +137,7 @@ impl Params {
         // SAFETY: plain reads and writes of the backend's current user, restored below.
         unsafe {
             pg_sys::GetUserIdAndSecContext(&mut user, &mut context);
-            pg_sys::SetUserIdAndSecContext(self.owner, context | pg_sys::SECURITY_LOCAL_USERID_CHANGE as i32);
+            pg_sys::SetUserIdAndSecContext(owner, context | pg_sys::SECURITY_LOCAL_USERID_CHANGE as i32);
         }
         let written = plans::connected(|| plans::execute(&self.catalog, Stmt::Insert, &params));
         // SAFETY: as above.
@@ -185,8 +164,8 @@ pub(crate) fn complete(
     now: pg_sys::TimestampTz,
 ) -> bool {
     match take(catalog, scope, Some(token)) {
-        Some(params) => {
-            params.write(status, response, now);
+        Some((reservation, owner)) => {
+            reservation.write(owner, status, response, now);
             true
         }
         None => false,
@@ -199,8 +178,8 @@ pub(crate) fn materialize(catalog: &Catalog, scope: &Scope<'_>) -> bool {
     if !ACTIVE.load(Relaxed) {
         return false;
     }
-    let Some(params) = take(catalog, scope, None) else { return false };
-    params.write("PROCESSING", None, params.created_at);
+    let Some((reservation, owner)) = take(catalog, scope, None) else { return false };
+    reservation.write(owner, "PROCESSING", None, reservation.created_at);
     true
 }
 
@@ -236,17 +215,8 @@ pub unsafe extern "C-unwind" fn idem_write_pending_native(fcinfo: pg_sys::Functi
 
 /// Writes every pending reservation: the transaction is about to commit or prepare.
 fn materialize_all() {
-    loop {
-        let next = PENDING.with(|p| {
-            let mut pending = p.borrow_mut();
-            let entry = pending.iter_mut().find(|e| e.written_in.is_none())?;
-            entry.written_in = Some(current_subxact());
-            Some(Params::of(entry))
-        });
-        match next {
-            Some(params) => params.write("PROCESSING", None, params.created_at),
-            None => return,
-        }
+    while let Some((reservation, owner)) = take_first(|e| e.written_in.is_none()) {
+        reservation.write(owner, "PROCESSING", None, reservation.created_at);
     }
 }
 
