@@ -133,6 +133,16 @@ pub(crate) fn register_invalidation() {
 
 /// The catalog of the schema that holds function `fn_oid` (one of the extension's functions).
 pub(crate) fn for_function(fn_oid: Oid) -> Rc<Catalog> {
+    // Lock the cached records table first (every call reads it under this lock anyway): a
+    // transaction that changed it under a stronger lock (a DROP, Citus distributing it) has sent
+    // its invalidations before its lock is released, and taking the lock reads them, so a stale
+    // cache is found stale now rather than one call later (the change can be visible before its
+    // invalidations are sent).
+    let cached = CURRENT.with(|current| current.try_borrow().ok().and_then(|c| c.as_ref().map(|(_, catalog)| catalog.records)));
+    if let Some(records) = cached {
+        // SAFETY: a relation lock by OID inside a transaction (held to its end, as the probe's).
+        unsafe { pg_sys::LockRelationOid(records, pg_sys::AccessShareLock as pg_sys::LOCKMODE) };
+    }
     if STALE.with(|stale| stale.replace(false)) {
         CURRENT.with(|current| current.borrow_mut().take());
     }
