@@ -101,30 +101,30 @@
 
 #![deny(missing_docs)]
 
-pub mod fingerprint;
-pub mod key;
-
-pub use fingerprint::{Fingerprint, FingerprintError};
-pub use key::{Key, KeyError};
-
-#[cfg(feature = "client")]
+mod connect;
+pub mod driver;
 mod error;
-#[cfg(feature = "client")]
+mod flow;
 mod handle;
-#[cfg(feature = "client")]
+mod handler;
+mod heartbeat;
 pub mod ops;
-#[cfg(feature = "client")]
+mod outcome;
 mod response;
-#[cfg(feature = "client")]
+mod settings;
+mod sql;
 mod trace;
 #[cfg(feature = "tower")]
 pub mod layer;
 
-#[cfg(feature = "client")]
-pub use error::Error;
-#[cfg(feature = "client")]
-pub use handle::{Disposition, HandlerError, Idempotency, Outcome, Settings, Tx, TxFuture};
-#[cfg(feature = "client")]
-pub use ops::Schema;
-#[cfg(feature = "client")]
-pub use response::{Json, Replayable, StoredResponse, Verdict};
+pub use driver::{Driver, Postgres, Tx};
+pub use error::{DatabaseError, Error};
+pub use flow::TxFuture;
+pub use handle::Idempotency;
+pub use handler::{Disposition, HandlerError};
+pub use idempotency_core::fingerprint::canonical_json;
+pub use idempotency_core::{Decision, Fingerprint, FingerprintError, Key, KeyError};
+pub use outcome::{decision, Outcome};
+pub use response::{Body, Json, Replayable, StoredResponse, Verdict};
+pub use settings::{Isolation, Settings};
+pub use sql::Schema;

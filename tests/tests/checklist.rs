@@ -62,12 +62,12 @@ async fn same_key_with_a_different_payload_is_a_mismatch() {
     idem.run(&key, &fp(json!({"amount": 100})), Charge::of(&key).handler::<Failure>(&runs)).await.unwrap();
     let err = idem.run(&key, &fp(json!({"amount": 200})), Charge::of(&key).handler::<Failure>(&runs)).await.unwrap_err();
     assert!(matches!(err, Error::Mismatch), "{err:?}");
-    assert_eq!(err.http_status(), 422);
+    assert_eq!(idempotency_client::layer::http_status(&err), 422);
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
 
 async fn concurrent_duplicates(wait: bool) -> (Vec<Result<Outcome<StoredResponse>, Error<Failure>>>, usize, i64) {
-    let idem = handle(Settings { wait, ..Settings::default() }).await;
+    let idem = handle(Settings::builder().wait(wait)).await;
     let key = unique_key(if wait { "checklist.concurrent.wait" } else { "checklist.concurrent.nowait" });
     let runs = Arc::new(AtomicUsize::new(0));
     let start = Arc::new(tokio::sync::Barrier::new(64));
@@ -132,13 +132,13 @@ async fn permanent_failure_is_stored_and_replayed_as_failure() {
     let first = idem.run(&key, &fp(json!({"a": 1})), Charge::of(&key).status(402).handler::<Failure>(&runs)).await.unwrap();
     assert!(matches!(&first, Outcome::Executed(r) if r.status == 402));
     let record = ops::lookup(&admin, &schema, &key).await.unwrap().expect("record");
-    assert_eq!(record.status, "FAILED", "an error response is never recorded as success");
+    assert_eq!(record.status, Status::Failed, "an error response is never recorded as success");
     let err = idem.run(&key, &fp(json!({"a": 1})), Charge::of(&key).handler::<Failure>(&runs)).await.unwrap_err();
     match &err {
         Error::Failed { response: Some(r) } => assert_eq!(r["status"], 402),
         other => panic!("expected the stored failure, got {other:?}"),
     }
-    assert_eq!(err.http_status(), 402);
+    assert_eq!(idempotency_client::layer::http_status(&err), 402);
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 
     // A permanent handler error: its writes roll back, its response is stored and replayed.
@@ -172,13 +172,13 @@ async fn transient_failure_releases_and_reexecutes() {
     assert!(matches!(&third, Outcome::Executed(r) if r.status == 201));
     assert_eq!(runs.load(Ordering::SeqCst), 3);
     assert_eq!(charges_for(&admin, &key).await, 1);
-    let reservation = ops::reserve(&admin, &schema, &key, fp(json!({"a": 1})).as_str(), &ReserveOptions::default()).await.unwrap();
+    let reservation = ops::reserve(&admin, &schema, &key, &fp(json!({"a": 1})), &ReserveOptions::default()).await.unwrap();
     assert_eq!(reservation.attempts, 2, "two transient failures were counted");
 }
 
 #[tokio::test]
 async fn max_retries_transient_failures_poison_the_key() {
-    let idem = handle(Settings { max_retries: Some(3), ..Settings::default() }).await;
+    let idem = handle(Settings::builder().max_retries(3)).await;
     let key = unique_key("checklist.poison");
     let runs = Arc::new(AtomicUsize::new(0));
     for _ in 0..3 {
@@ -187,7 +187,7 @@ async fn max_retries_transient_failures_poison_the_key() {
     }
     let err = idem.run(&key, &fp(json!({"a": 1})), Charge::of(&key).handler::<Failure>(&runs)).await.unwrap_err();
     assert!(matches!(err, Error::Failed { response: None }), "{err:?}");
-    assert_eq!(err.http_status(), 409);
+    assert_eq!(idempotency_client::layer::http_status(&err), 409);
     assert_eq!(runs.load(Ordering::SeqCst), 3, "the poisoned key never runs again");
 }
 
@@ -200,7 +200,7 @@ async fn store_down_is_store_unavailable_within_a_bounded_time() {
     let started = Instant::now();
     let err = idem.run(&key, &fp(json!({})), Charge::of(&key).handler::<Failure>(&runs)).await.unwrap_err();
     assert!(matches!(err, Error::StoreUnavailable(_)), "{err:?}");
-    assert_eq!(err.http_status(), 503);
+    assert_eq!(idempotency_client::layer::http_status(&err), 503);
     assert!(started.elapsed() < Duration::from_secs(15), "took {:?}", started.elapsed());
     assert_eq!(runs.load(Ordering::SeqCst), 0);
     assert!(matches!(idem.check_extension().await, Err(Error::StoreUnavailable(_))));
@@ -234,7 +234,7 @@ async fn recover_stuck_unblocks_a_crashed_workers_key() {
     let first = unique_key("checklist.crash.first");
     let second = unique_key("checklist.crash.second");
     for key in [&first, &second] {
-        let r = ops::reserve(&client, &schema, key, fp(json!({})).as_str(), &short).await.unwrap();
+        let r = ops::reserve(&client, &schema, key, &fp(json!({})), &short).await.unwrap();
         assert!(matches!(r.outcome, ReserveOutcome::Created(_)));
     }
     let err = idem.run(&first, &fp(json!({})), Charge::of(&first).handler::<Failure>(&runs)).await.unwrap_err();
@@ -257,7 +257,7 @@ async fn recover_stuck_unblocks_a_crashed_workers_key() {
 async fn sweep_frees_an_expired_key() {
     let url = fresh_database("idem_checklist_sweep").await;
     let ttl = Duration::from_millis(200);
-    let idem = Idempotency::connect_with(&url, 8, Settings { ttl: Some(ttl), ..Settings::default() }).unwrap();
+    let idem = Idempotency::connect_with(&url, 8, Settings::builder().ttl(ttl)).unwrap();
     let schema = idem.schema().await.unwrap();
     let runs = Arc::new(AtomicUsize::new(0));
     let key = unique_key("checklist.sweep");
@@ -280,12 +280,12 @@ async fn stale_token_can_never_complete() {
     let schema = idem.schema().await.unwrap();
     let key = unique_key("checklist.stale");
     let short = ReserveOptions { lease: Some(Duration::from_millis(100)), ..ReserveOptions::default() };
-    let ReserveOutcome::Created(old) = ops::reserve(&client, &schema, &key, "h", &short).await.unwrap().outcome else {
+    let ReserveOutcome::Created(old) = ops::reserve(&client, &schema, &key, &Fingerprint::of_bytes(b"h"), &short).await.unwrap().outcome else {
         panic!("created")
     };
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(ops::recover_stuck(&client, &schema, 10, RecoverAction::Release, None).await.unwrap(), 1);
-    let ReserveOutcome::Created(new) = ops::reserve(&client, &schema, &key, "h", &ReserveOptions::default()).await.unwrap().outcome
+    let ReserveOutcome::Created(new) = ops::reserve(&client, &schema, &key, &Fingerprint::of_bytes(b"h"), &ReserveOptions::default()).await.unwrap().outcome
     else {
         panic!("created")
     };
@@ -302,7 +302,7 @@ async fn invalid_keys_are_refused_by_key_new_with_http_400() {
     let err = Key::new("op", "user", "bad\nkey").unwrap_err();
     assert_eq!(err.argument(), "key");
     let err: Error = err.into();
-    assert_eq!(err.http_status(), 400);
+    assert_eq!(idempotency_client::layer::http_status(&err), 400);
     assert!(Key::new("op", "", "k").is_err());
     assert!(Key::new("op", "u", "k".repeat(256)).is_err());
 }
@@ -317,10 +317,10 @@ async fn check_extension_reports_the_version_or_its_absence() {
     admin.batch_execute("CREATE DATABASE idem_no_extension").await.unwrap();
     let bare = Idempotency::connect(&idempotency_testkit::database_url("idem_no_extension"), 2).unwrap();
     let err = bare.check_extension().await.unwrap_err();
-    assert!(matches!(err, Error::ExtensionMissing { .. }), "{err:?}");
-    // And a call without the extension fails as ExtensionMissing, not as an obscure error.
+    assert!(matches!(err, Error::IncompatibleExtension { .. }), "{err:?}");
+    // And a call without the extension fails as IncompatibleExtension, not as an obscure error.
     let key = unique_key("checklist.noext");
     let runs = Arc::new(AtomicUsize::new(0));
     let err = bare.run(&key, &fp(json!({})), Charge::of(&key).handler::<Failure>(&runs)).await.unwrap_err();
-    assert!(matches!(err, Error::ExtensionMissing { .. }), "{err:?}");
+    assert!(matches!(err, Error::IncompatibleExtension { .. }), "{err:?}");
 }

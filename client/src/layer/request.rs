@@ -1,7 +1,7 @@
 //! What the layer reads from a request: its operation, its user and its fingerprint.
 
 use super::config::{Config, Scope, ANONYMOUS_USER};
-use crate::fingerprint::{canonical_json, Fingerprint};
+use idempotency_core::fingerprint::{canonical_json, Fingerprint};
 use http::header::CONTENT_TYPE;
 use http::request::Parts;
 
