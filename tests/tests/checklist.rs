@@ -181,9 +181,13 @@ async fn max_retries_transient_failures_poison_the_key() {
     let idem = handle(Settings::builder().max_retries(3)).await;
     let key = unique_key("checklist.poison");
     let runs = Arc::new(AtomicUsize::new(0));
-    for _ in 0..3 {
+    for n in 1..=3 {
         let err = idem.run(&key, &fp(json!({"a": 1})), Charge::of(&key).failing(&runs, Failure(None))).await.unwrap_err();
-        assert!(matches!(err, Error::Handler { .. }), "{err:?}");
+        if n < 3 {
+            assert!(matches!(err, Error::Handler { .. }), "failure {n} released the key: {err:?}");
+        } else {
+            assert!(matches!(err, Error::Poisoned { .. }), "failure {n} poisoned the key: {err:?}");
+        }
     }
     let err = idem.run(&key, &fp(json!({"a": 1})), Charge::of(&key).handler::<Failure>(&runs)).await.unwrap_err();
     assert!(matches!(err, Error::Failed { response: None }), "{err:?}");

@@ -122,7 +122,8 @@ async fn a_worker_that_lost_its_key_cannot_complete_it() {
     let client = idem.pool().get().await.unwrap();
     assert_eq!(charges_for(&client, &key).await, 0, "the stale worker's local write rolled back");
     let record = ops::lookup(&client, &schema, &key).await.unwrap().unwrap();
-    assert_eq!((record.status.as_str(), record.request_hash.as_str()), ("PROCESSING", "other-request"));
+    let other = Fingerprint::of_bytes(b"other-request");
+    assert_eq!((record.status, record.request_hash.as_str()), (ops::Status::Processing, other.as_str()));
 }
 
 #[tokio::test]
