@@ -166,7 +166,7 @@ impl Driver for Postgres {
             tx.0.client().batch_execute(Isolation::begin_sql(isolation)),
             ops::reserve_prepared(tx.0.client(), &reserve, key, fingerprint, options),
         );
-        match begun.map_err(Error::from).and_then(|()| reservation) {
+        match begun.map_err(Error::from).and(reservation) {
             Ok(reservation) => Ok((tx, reservation)),
             Err(e) => {
                 Self::rollback(&tx).await;
