@@ -277,7 +277,9 @@ fn citus(records: Oid) -> (bool, i64, Oid) {
                 (SELECT g.groupid FROM pg_catalog.pg_dist_local_group AS g)",
         records.to_u32()
     );
-    match Spi::get_two::<bool, i32>(&sql) {
+    // A read-only SPI call (select): Spi::get_two would assign a transaction ID, which a standby
+    // refuses.
+    match Spi::connect(|client| client.select(sql.as_str(), Some(1), &[])?.first().get_two::<bool, i32>()) {
         Ok((distributed, group)) => {
             (distributed.unwrap_or(false), i64::from(group.unwrap_or(0).max(0)) << TOKEN_GROUP_SHIFT, local_group)
         }

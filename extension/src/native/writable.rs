@@ -18,7 +18,10 @@ pub(crate) fn require(catalog: &Catalog, action: &str) {
         return;
     }
     let sql = format!("SELECT {}._idem_require_writable($1)", catalog.plans.schema_sql());
-    if let Err(e) = Spi::run_with_args(&sql, &[action.into()]) {
+    // A read-only SPI call (select): pgrx's other calls (Spi::run, Spi::get_one, ...) assign a
+    // transaction ID first, which a standby refuses before the helper could explain.
+    let checked = Spi::connect(|client| client.select(sql.as_str(), Some(1), &[action.into()])?.first().get_one::<bool>());
+    if let Err(e) = checked {
         raise(PgSqlErrorCode::ERRCODE_INTERNAL_ERROR, format!("checking whether the transaction may write failed: {e}"));
     }
     // Read-only by a rule the helper does not know: refuse anyway, with PostgreSQL's own wording.
