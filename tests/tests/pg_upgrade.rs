@@ -10,7 +10,8 @@
 //! --features pgNN`, then `scripts/sqlbuild.py install-files`); a case is skipped, saying so,
 //! only when a tree cannot be obtained. 18's initdb enables data checksums and pg_upgrade needs
 //! both sides alike: 14 → 18 enables them on the old cluster with pg_checksums (offline), 15 → 17
-//! has them off on both sides.
+//! has them off on both sides. The 15 → 17 case first runs `pg_upgrade --check` against a tree
+//! of 17 without the extension and checks what it reports.
 //!
 //! Ports: `IDEM_SERVERS_PORT` (default 55900) + 2 to + 5.
 
@@ -147,6 +148,9 @@ async fn upgrade(from: u32, to: u32, port: u16) {
     ];
     let mut check = args.to_vec();
     check.push("--check");
+    if to == 17 {
+        missing_extension_is_reported(&old, &check).await;
+    }
     let out = new.run("pg_upgrade", &check);
     let report = String::from_utf8_lossy(&out.stdout);
     assert!(report.contains("Clusters are compatible"), "pg_upgrade --check:\n{report}");
@@ -224,6 +228,50 @@ async fn upgrade(from: u32, to: u32, port: u16) {
     println!("ok: the maintenance worker on {to} fails the stuck reservation and sweeps the expired record written on {from}");
     new.stop(Stop::Fast);
     println!("pg_upgrade {from} -> {to}: passed in {} s", started.elapsed().as_secs());
+}
+
+/// `pg_upgrade --check` against a tree of the new major without the extension (a fresh copy
+/// from `scripts/pg-env.sh unpack`) fails at "Checking for presence of required libraries",
+/// naming the library in loadable_libraries.txt: what docs/upgrading.md quotes. `check` holds the
+/// arguments of the real run; the bare tree's own binaries and cluster replace the new ones.
+async fn missing_extension_is_reported(old: &Server, check: &[&str]) {
+    let dir = idempotency_testkit::root().join("target/servers/bare-17-tree");
+    let out = std::process::Command::new("bash")
+        .arg(idempotency_testkit::root().join("scripts/pg-env.sh"))
+        .args(["unpack", "17"])
+        .arg(&dir)
+        .output()
+        .expect("scripts/pg-env.sh unpack");
+    assert!(out.status.success(), "unpacking a bare 17 tree: {}", String::from_utf8_lossy(&out.stderr));
+    let bare_config = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    assert!(!extension_installed(&bare_config));
+    let bare = Server::new("upgrade-bare-17", &bare_config, old.port() + 1); // started by pg_upgrade on -P only
+    bare.initdb(&[]);
+    let (bin, data) = (bare.bin(""), bare.data());
+    let mut args: Vec<&str> = check.to_vec();
+    args[3] = bin.to_str().unwrap(); // -B
+    args[7] = data.to_str().unwrap(); // -D
+    let out = bare.run_in(&bare.bin(""), "pg_upgrade", &args);
+    let report = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(!out.status.success(), "pg_upgrade --check passed without the extension on 17:\n{report}");
+    let line = report.lines().find(|l| l.starts_with("Checking for presence of required libraries")).unwrap_or_default();
+    assert!(line.ends_with("fatal"), "pg_upgrade --check without the extension:\n{report}");
+    let listed = walk(&bare.data()).into_iter().find(|p| p.ends_with("loadable_libraries.txt")).expect("loadable_libraries.txt");
+    let listed = std::fs::read_to_string(listed).unwrap();
+    assert!(listed.contains("could not load library \"$libdir/idempotency\""), "{listed}");
+    println!("ok: without the extension on 17, pg_upgrade --check fails at \"{}\" and lists: {}", line.split_whitespace().collect::<Vec<_>>().join(" "), listed.lines().next().unwrap_or_default());
+    drop(bare);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Every file under `dir`.
+fn walk(dir: &std::path::Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.is_dir() { files.extend(walk(&path)) } else { files.push(path) }
+    }
+    files
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
