@@ -119,14 +119,7 @@ async fn upgrade(from: u32, to: u32, port: u16) {
 
     // Checksums alike on both sides: 18's initdb enables them by default.
     let new = Server::new(&format!("upgrade-{from}-{to}-new"), &new_config, port + 1);
-    if to >= 18 {
-        let data = old.data();
-        old.run("pg_checksums", &["--enable", "-D", data.to_str().unwrap()]);
-        new.initdb(&[]);
-        println!("ok: data checksums enabled on the {from} cluster with pg_checksums, as 18's initdb has them");
-    } else {
-        new.initdb(&[]);
-    }
+    new.initdb(&[]);
     let (old_data, new_data) = (old.data(), new.data());
     let (old_bin, new_bin) = (old.bin(""), new.bin(""));
     let (old_port, new_port) = (old.port().to_string(), new.port().to_string());
@@ -148,6 +141,15 @@ async fn upgrade(from: u32, to: u32, port: u16) {
     ];
     let mut check = args.to_vec();
     check.push("--check");
+    if to >= 18 {
+        let out = new.run_in(&new.bin(""), "pg_upgrade", &check);
+        let report = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        let refusal = "old cluster does not use data checksums but the new one does";
+        assert!(!out.status.success() && report.contains(refusal), "pg_upgrade --check with checksums only on {to}:\n{report}");
+        println!("ok: pg_upgrade --check refuses checksums on {to} only: \"{refusal}\"");
+        old.run("pg_checksums", &["--enable", "-D", old_data.to_str().unwrap()]);
+        println!("ok: data checksums enabled on the {from} cluster with pg_checksums, as 18's initdb has them");
+    }
     if to == 17 {
         missing_extension_is_reported(&old, &check).await;
     }
