@@ -76,7 +76,8 @@ BEGIN
                        coalesce(v_rec.attempts, 0), v_rec.expires_at)::@extschema@.idem_reservation;
         END IF;
 
-        -- Absent, or expired and free to take over: a new attempt would start now.
+        -- Absent, or expired and free to take over: a new attempt would start now, and write.
+        v_counted := @extschema@._idem_require_writable('reserve a key');
         IF NOT v_locked THEN
             IF wait THEN
                 PERFORM pg_advisory_xact_lock(

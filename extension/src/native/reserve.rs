@@ -19,6 +19,7 @@ use super::catalog::{self, Catalog};
 use super::pending;
 use super::plans::{self, Stmt};
 use super::probe::{self, Scope, Status};
+use super::writable;
 use crate::args;
 use crate::metrics;
 use pgrx::datum::Interval;
@@ -184,7 +185,8 @@ fn reserve(catalog: &Rc<Catalog>, scope: &Scope<'_>, request_hash: Text<'_>, ttl
                 return answer(record, found.attempts(record.created_at));
             }
         }
-        // Absent, or expired and free to take over: a new attempt would start now.
+        // Absent, or expired and free to take over: a new attempt would start now, and write.
+        writable::require(catalog, "reserve a key");
         if !locked {
             if !lock(scope, wait) {
                 // Another transaction is creating this key and has not committed.
@@ -231,7 +233,7 @@ fn reserve(catalog: &Rc<Catalog>, scope: &Scope<'_>, request_hash: Text<'_>, ttl
                 Some(Datum::from(now)),
             ];
             let params = if found.record.is_some() { &params[..8] } else { &params[..] };
-            plans::connected(|| plans::execute(catalog, stmt, params)) == 1
+            plans::connected(|| plans::execute(&catalog.plans, stmt, params)) == 1
         };
         if created {
             // The retry counter, if one is live: this attempt continues its count (read with the
@@ -240,7 +242,7 @@ fn reserve(catalog: &Rc<Catalog>, scope: &Scope<'_>, request_hash: Text<'_>, ttl
             if attempts > 0 {
                 // A retry of a released key: keep its counter alive as long as this record.
                 let keep = [Some(scope.operation.datum), Some(scope.user_id.datum), Some(scope.key.datum), Some(Datum::from(expires_at))];
-                plans::connected(|| plans::execute(catalog, Stmt::KeepRetries, &keep));
+                plans::connected(|| plans::execute(&catalog.plans, Stmt::KeepRetries, &keep));
             }
             return Answer { outcome: "created", token: Some(token), response: None, attempts, expires_at: Some(expires_at) };
         }
