@@ -5,12 +5,12 @@ the way the Rust tower layer maps its outcomes:
 
     outcome / event                      answer
     created, handler succeeded           the handler's response (stored, SUCCESS)
-    created, handler answered 4xx        the handler's response (stored, FAILED: replayed as is)
-      (except 408, 409, 425, 429)
+    created, handler answered 4xx        the handler's response, committed with its writes as
+      (except 408, 409, 425, 429)          FAILED (replayed as is)
     created, handler answered 5xx or     the handler's response; the business writes are undone
       408/409/425/429                    and the key released (idem_release), so a retry runs again
     created, handler raised              500 problem; writes undone, key released
-    created, handler raised Permanent    its response, stored as FAILED
+    created, handler raised Permanent    its response, stored as FAILED; its writes undone
     replay                               the stored response + Idempotent-Replayed: true
     in_progress                          409 problem + Retry-After
     mismatch                             422 problem
@@ -145,7 +145,7 @@ class Idempotency:
             except _Refused as r:
                 return r.answer
             except psycopg.OperationalError as e:
-                return self._unavailable(e)
+                return self.unavailable(e)
         raise AssertionError("unreachable")
 
     def _run_once(self, conn, scope, request, handler, wait, lease) -> Answer:
@@ -191,7 +191,7 @@ class Idempotency:
         except _Refused as r:
             return r.answer
         except psycopg.OperationalError as e:
-            return self._unavailable(e)
+            return self.unavailable(e)
         if isinstance(reserved, Answer):
             return reserved
         ids = {**scope, "token": reserved}
@@ -271,7 +271,7 @@ class Idempotency:
     def _lease_lost(self) -> Answer:
         return problem(409, LEASE_LOST, "Lease lost", "this attempt lost its hold on the key; retry", self.retry_after)
 
-    def _unavailable(self, e: Exception) -> Answer:
+    def unavailable(self, e: Exception) -> Answer:
         return problem(503, STORE_UNAVAILABLE, "Idempotency store unavailable", str(e).strip(), self.retry_after)
 
 
