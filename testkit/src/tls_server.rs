@@ -95,7 +95,7 @@ fn stop_when_this_process_exits(data: &Path) {
     let pg_ctl = pg_bin("pg_ctl");
     let sudo = if is_root() { "sudo -u postgres -- " } else { "" };
     let script = format!(
-        "while kill -0 {pid} 2>/dev/null; do sleep 0.5; done; {sudo}'{pg_ctl}' -D '{data}' -m fast -w stop",
+        "(while kill -0 {pid} 2>/dev/null; do sleep 0.5; done; {sudo}'{pg_ctl}' -D '{data}' -m fast -w stop) &",
         pid = std::process::id(),
         pg_ctl = pg_ctl.display(),
         data = data.display()
@@ -105,7 +105,7 @@ fn stop_when_this_process_exits(data: &Path) {
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
-        .spawn()
+        .status() // returns at once: the watcher runs in the background, outliving its shell
         .expect("start the watcher that stops the TLS server");
 }
 

@@ -79,7 +79,7 @@ async fn require_connects_encrypted_without_checking_the_certificate() {
 #[tokio::test]
 async fn require_with_sslrootcert_checks_the_ca_as_libpq_does() {
     let server = TlsServer::shared();
-    assert_eq!(connect(&server.url("wrong.test", &format!("sslmode=require&{}", ca(&server)))).await, Ok(true));
+    assert_eq!(connect(&server.url("wrong.test", &format!("sslmode=require&{}", ca(server)))).await, Ok(true));
     let other = format!("sslmode=require&sslrootcert={}", server.other_ca.display());
     let e = connect(&server.url("localhost", &other)).await.expect_err("a certificate from another CA must be refused");
     assert!(e.contains("UnknownIssuer"), "{e}");
@@ -88,7 +88,7 @@ async fn require_with_sslrootcert_checks_the_ca_as_libpq_does() {
 #[tokio::test]
 async fn verify_ca_accepts_the_right_ca_under_any_host_name() {
     let server = TlsServer::shared();
-    let params = format!("sslmode=verify-ca&{}", ca(&server));
+    let params = format!("sslmode=verify-ca&{}", ca(server));
     assert_eq!(connect(&server.url("localhost", &params)).await, Ok(true));
     assert_eq!(connect(&server.url("wrong.test", &params)).await, Ok(true));
 }
@@ -114,13 +114,13 @@ async fn verify_ca_without_sslrootcert_trusts_only_the_system_roots() {
 #[tokio::test]
 async fn verify_full_accepts_the_right_ca_and_host_name() {
     let server = TlsServer::shared();
-    assert_eq!(connect(&server.url("localhost", &format!("sslmode=verify-full&{}", ca(&server)))).await, Ok(true));
+    assert_eq!(connect(&server.url("localhost", &format!("sslmode=verify-full&{}", ca(server)))).await, Ok(true));
 }
 
 #[tokio::test]
 async fn verify_full_refuses_a_wrong_host_name() {
     let server = TlsServer::shared();
-    let e = connect(&server.url("wrong.test", &format!("sslmode=verify-full&{}", ca(&server))))
+    let e = connect(&server.url("wrong.test", &format!("sslmode=verify-full&{}", ca(server))))
         .await
         .expect_err("a certificate for localhost must not pass for wrong.test");
     assert!(e.contains("certificate not valid for name \"wrong.test\""), "{e}");
