@@ -269,6 +269,26 @@ def _():
     assert len(calls) == 2 and rows("py_charges", key) == 0
 
 
+@check("in-transaction: idem_complete answering false (the key taken over) rolls everything back: 409 lease-lost")
+def _():
+    key, calls = fresh(), []
+
+    def taken_over(c):
+        charge(key, calls=calls)(c)
+        # Stands in for a takeover: the record's token is no longer this attempt's (superuser).
+        # The lookup first writes the record (the native hot path keeps a fresh one in memory).
+        c.execute("SELECT FROM idem_lookup('payments.create', 'user-1', %s)", (key,))
+        c.execute("UPDATE idem_records SET token = token + 1000000 WHERE key = %s", (key,))
+        return Answer(201, {"id": 0})
+
+    a = run(conn, key, taken_over)
+    expect(a, 409, kind="urn:idempotency:problem:lease-lost")
+    assert "Retry-After" in a.headers
+    assert rows("py_charges", key) == 0, "a lost attempt's write must roll back"
+    expect(run(conn, key, charge(key, calls=calls)), 201, replayed=False)
+    assert len(calls) == 2
+
+
 @check("in-transaction: an invalid key answers 400 (the server's rule) and runs nothing")
 def _():
     calls = []
