@@ -1,7 +1,8 @@
 //! A private PostgreSQL server that accepts TLS connections only, for the `sslmode` tests: a CA
 //! and a server certificate made by `openssl` for the test (the server's names only `localhost`),
 //! a second CA that signed nothing, `ssl = on` and a `pg_hba.conf` whose TCP lines are all
-//! `hostssl` (a plain TCP connection is refused: no pg_hba.conf entry, `28000`).
+//! `hostssl` (a plain TCP connection is refused: no pg_hba.conf entry, `28000`): `trust`, but
+//! SCRAM-SHA-256 for role `idem_scram` ([`SCRAM_PASSWORD`]).
 //!
 //! Port: `IDEM_TLS_PORT`, else 25 above the private cluster's (`IDEM_PG_PORT`, or
 //! `scripts/pg.sh`'s default). Data and certificates under `target/tls-server/<port>/`, made
@@ -12,6 +13,10 @@ use crate::{pg_bin, root};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
+
+/// The password of role `idem_scram`, the one role that must authenticate (SCRAM-SHA-256, so a
+/// client can require channel binding to the TLS session).
+pub const SCRAM_PASSWORD: &str = "idem-scram-secret";
 
 /// A running TLS-only server (see the module docs).
 #[derive(Debug)]
@@ -63,7 +68,8 @@ impl TlsServer {
         // Local socket for the server's own tools; every TCP connection must be TLS.
         std::fs::write(
             data.join("pg_hba.conf"),
-            "local all all trust\nhostssl all all 127.0.0.1/32 trust\nhostssl all all ::1/128 trust\n",
+            "local all all trust\nhostssl all idem_scram 127.0.0.1/32 scram-sha-256\n\
+             hostssl all all 127.0.0.1/32 trust\nhostssl all all ::1/128 trust\n",
         )
         .expect("write pg_hba.conf");
         chown_to_server(&dir);
@@ -77,6 +83,11 @@ impl TlsServer {
             .arg(dir.join("server.log"))
             .args(["-w", "-t", "60", "start"]));
         stop_when_this_process_exits(&data);
+        run(Command::new(pg_bin("psql"))
+            .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-U", "postgres", "-d", "postgres", "-h"])
+            .arg(&dir)
+            .args(["-p", &port.to_string(), "-c"])
+            .arg(format!("CREATE ROLE idem_scram LOGIN PASSWORD '{SCRAM_PASSWORD}'")));
         TlsServer { port, ca: certs.join("ca.crt"), other_ca: certs.join("other-ca.crt") }
     }
 

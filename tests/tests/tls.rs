@@ -8,7 +8,7 @@
 #[path = "../../client/src/tls.rs"]
 mod tls;
 
-use idempotency_testkit::tls_server::TlsServer;
+use idempotency_testkit::tls_server::{TlsServer, SCRAM_PASSWORD};
 use std::time::Duration;
 use tls::{connect_params, Connector};
 
@@ -132,4 +132,33 @@ async fn verify_full_refuses_a_certificate_from_another_ca() {
     let params = format!("sslmode=verify-full&sslrootcert={}", server.other_ca.display());
     let e = connect(&server.url("localhost", &params)).await.expect_err("another CA must be refused");
     assert!(e.contains("UnknownIssuer"), "{e}");
+}
+
+#[tokio::test]
+async fn scram_with_channel_binding_required_works_over_each_encrypting_mode() {
+    let server = TlsServer::shared();
+    let scram = |host: &str, params: &str| {
+        server.url(host, params).replacen("postgres@", &format!("idem_scram:{SCRAM_PASSWORD}@"), 1) + "&channel_binding=require"
+    };
+    for params in ["sslmode=require".to_owned(), format!("sslmode=verify-ca&{}", ca(server)), format!("sslmode=verify-full&{}", ca(server))] {
+        assert_eq!(connect(&scram("localhost", &params)).await, Ok(true), "{params}");
+    }
+    let e = connect(&scram("localhost", "sslmode=require").replace(SCRAM_PASSWORD, "wrong")).await.expect_err("a wrong password");
+    assert!(e.contains("password authentication failed"), "{e}");
+}
+
+#[tokio::test]
+async fn a_deadpool_pool_connects_through_the_connector() {
+    // What Idempotency::connect_with does with the connector.
+    use deadpool_postgres::{Manager, ManagerConfig, Pool, Runtime};
+    let server = TlsServer::shared();
+    let params = connect_params(&server.url("localhost", &format!("sslmode=verify-full&{}", ca(server)))).unwrap();
+    let manager = match params.connector {
+        Connector::NoTls(tls) => Manager::from_config(params.options.config, tls, ManagerConfig::default()),
+        Connector::Rustls(tls) => Manager::from_config(params.options.config, tls, ManagerConfig::default()),
+    };
+    let pool = Pool::builder(manager).max_size(2).runtime(Runtime::Tokio1).wait_timeout(Some(DEADLINE)).build().unwrap();
+    let client = pool.get().await.expect("a pooled TLS connection");
+    let row = client.query_one("SELECT ssl FROM pg_catalog.pg_stat_ssl WHERE pid = pg_catalog.pg_backend_pid()", &[]).await.unwrap();
+    assert!(row.get::<_, bool>("ssl"));
 }
