@@ -12,7 +12,7 @@ say() { printf '[setup] %s\n' "$*"; }
 root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
 missing=()
-for pkg in postgresql-15 postgresql-server-dev-15 postgresql-15-cron libclang-dev clang sudo make fonts-dejavu-core unzip; do
+for pkg in postgresql-15 postgresql-server-dev-15 postgresql-15-cron libclang-dev clang sudo make fonts-dejavu-core unzip openssl; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || missing+=("$pkg")
 done
 if [ ${#missing[@]} -gt 0 ]; then
@@ -21,7 +21,7 @@ if [ ${#missing[@]} -gt 0 ]; then
     # The server and its dev package go together so their versions match (installing only the
     # dev package would upgrade a running server underneath us).
     root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-        postgresql-15 postgresql-server-dev-15 postgresql-15-cron libclang-dev clang sudo make fonts-dejavu-core unzip >/dev/null
+        postgresql-15 postgresql-server-dev-15 postgresql-15-cron libclang-dev clang sudo make fonts-dejavu-core unzip openssl >/dev/null
 fi
 
 if ! cargo pgrx --version 2>/dev/null | grep -q " $PGRX_VERSION\$"; then
