@@ -289,6 +289,23 @@ def _():
     assert len(calls) == 2
 
 
+@check("in-transaction: a 40001 in the handler retries the whole transaction, uncounted: one row, 201")
+def _():
+    key, calls = fresh(), []
+
+    def conflicted(c):
+        calls.append(1)
+        charge(key)(c)
+        if len(calls) == 1:
+            c.execute("DO $$ BEGIN RAISE EXCEPTION 'conflict' USING ERRCODE = '40001'; END $$")
+        return Answer(201, {"ok": True})
+
+    expect(run(conn, key, conflicted), 201, replayed=False)
+    assert len(calls) == 2 and rows("py_charges", key) == 1
+    attempts = admin.execute("SELECT count(*) FROM idem_retries WHERE key = %s", (key,)).fetchone()[0]
+    assert attempts == 0, "a serialization failure is not a failure of the key"
+
+
 @check("in-transaction: an invalid key answers 400 (the server's rule) and runs nothing")
 def _():
     calls = []
@@ -434,6 +451,19 @@ def _():
     expect(two_phase(conn, key, *card(key, calls, status=402)), 402, replayed=False)
     expect(two_phase(conn, key, *card(key, calls)), 402, replayed=True)
     assert len(calls) == 2
+
+
+@check("two-phase: a local write that fails keeps the outside result in the key: the retry replays it")
+def _():
+    key, calls = fresh(), []
+    call, _ = card(key, calls)
+
+    def broken_record(c, answer):
+        raise ValueError("the local table is gone")
+
+    expect(two_phase(conn, key, call, broken_record), 201, replayed=False)
+    expect(two_phase(conn, key, *card(key, calls)), 201, replayed=True)
+    assert len(calls) == 1, "the outside call must never run again"
 
 
 @check("two-phase: the heartbeat extends the lease while the call runs")
