@@ -22,6 +22,8 @@
 #   e2e_portable * the same tests against the portable install (IDEM_INSTALL=portable)
 #   upgrade *   scripts/test-upgrade.sh: updates from every released version, schema diff, load
 #   portable *  scripts/test-portable.sh: the portable install, fingerprint parity, suites, upgrade
+#   python *    scripts/test-python.sh: the SQL API from Python (psycopg 3, examples/python) against
+#               the extension and the portable install, both flows, concurrent duplicates run once
 #   bench       the benchmark in smoke mode: every case runs and produces numbers (no speed asserted)
 #   ops         scripts/test-ops.sh: the maintenance worker, the counters and the pg_cron recipe
 #               on preloaded servers of their own
@@ -263,9 +265,9 @@ run_major() {
     fi
     scripts/pg.sh stop || true
 
-    # The upgrade and portable layers run their own throwaway cluster on the (now free) port.
+    # The upgrade, portable and python layers run their own throwaway cluster on the (now free) port.
     local name
-    local names=(upgrade portable)
+    local names=(upgrade portable python)
     [ "$full" = 1 ] && names+=(ops) # the worker and pg_cron need a preloaded server of their own
     for name in "${names[@]}"; do
         layer "$name"
