@@ -114,6 +114,7 @@ mod outcome;
 mod response;
 mod settings;
 mod sql;
+pub mod tls;
 mod trace;
 #[cfg(feature = "tower")]
 pub mod layer;

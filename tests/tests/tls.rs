@@ -3,14 +3,10 @@
 //! mode and per refusal. Each success is checked on the server side: `pg_stat_ssl` says the
 //! session is encrypted.
 
-// Until client/src/tls.rs is a module of the client crate, the test compiles the same file.
-#[allow(unreachable_pub, dead_code)]
-#[path = "../../client/src/tls.rs"]
-mod tls;
 
 use idempotency_testkit::tls_server::{TlsServer, SCRAM_PASSWORD};
 use std::time::Duration;
-use tls::{connect_params, Connector};
+use idempotency_client::tls::{connect_params, Connector};
 
 /// Every connection attempt's bound (an awaited condition, not a timing).
 const DEADLINE: Duration = Duration::from_secs(30);
@@ -161,4 +157,33 @@ async fn a_deadpool_pool_connects_through_the_connector() {
     let client = pool.get().await.expect("a pooled TLS connection");
     let row = client.query_one("SELECT ssl FROM pg_catalog.pg_stat_ssl WHERE pid = pg_catalog.pg_backend_pid()", &[]).await.unwrap();
     assert!(row.get::<_, bool>("ssl"));
+}
+
+/// The same modes through the client's own constructor: `Idempotency::connect` builds its pool
+/// from the URL's sslmode, and the in-transaction flow runs over the encrypted connection.
+#[tokio::test]
+async fn the_handle_connects_with_the_urls_sslmode_and_runs_the_flow() {
+    use idempotency_client::{Error, Fingerprint, Idempotency, Key, Outcome, StoredResponse, Tx, TxFuture};
+    let server = TlsServer::shared();
+    let admin_url = server.url("localhost", &format!("sslmode=verify-full&{}", ca(server)));
+    let idem = Idempotency::connect(&admin_url, 2).unwrap();
+    let client = idem.pool().get().await.expect("a verify-full pool connects");
+    client.batch_execute("CREATE EXTENSION IF NOT EXISTS idempotency").await.unwrap();
+    let ssl: bool = client.query_one("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()", &[]).await.unwrap().get(0);
+    assert!(ssl, "the pooled connection is encrypted");
+    drop(client);
+    let key = Key::new("tls.run", "u", format!("k-{}", std::process::id())).unwrap();
+    fn work<'t>(_: &'t Tx) -> TxFuture<'t, StoredResponse, tokio_postgres::Error> {
+        Box::pin(async { Ok(StoredResponse::json(201, serde_json::json!({}))) })
+    }
+    let fp = Fingerprint::of_bytes(b"tls");
+    assert!(matches!(idem.run(&key, &fp, work).await, Ok(Outcome::Executed(_))));
+    assert!(matches!(idem.run(&key, &fp, work).await, Ok(Outcome::Replayed(_))));
+    // A wrong hostname under verify-full fails to connect: StoreUnavailable, nothing reserved.
+    let wrong = Idempotency::connect(&server.url("wrong.test", &format!("sslmode=verify-full&{}", ca(server))), 1).unwrap();
+    let err = wrong.run(&key, &fp, work).await.unwrap_err();
+    assert!(matches!(err, Error::StoreUnavailable(_) | Error::Database(_)), "{err:?}");
+    // Plain text is refused by the server's pg_hba.
+    let plain = Idempotency::connect(&server.url("localhost", "sslmode=disable"), 1).unwrap();
+    assert!(plain.run(&key, &fp, work).await.is_err());
 }
