@@ -5,7 +5,7 @@
 //! SCRAM-SHA-256 for role `idem_scram` ([`SCRAM_PASSWORD`]).
 //!
 //! Port: `IDEM_TLS_PORT`, else 25 above the private cluster's (`IDEM_PG_PORT`, or
-//! `scripts/pg.sh`'s default). Data and certificates under `target/tls-server/<port>/`, made
+//! its default 554NN). Data and certificates under `target/tls-server/<port>/`, made
 //! anew by the first test of a process that asks for it; the server stops when that process
 //! exits (a watcher process stops it, also after a crash or a kill of the tests).
 
@@ -125,14 +125,7 @@ fn port() -> u16 {
     if let Some(port) = std::env::var("IDEM_TLS_PORT").ok().and_then(|p| p.parse().ok()) {
         return port;
     }
-    let out = Command::new("bash").arg(root().join("scripts/pg.sh")).arg("url").output().expect("run scripts/pg.sh url");
-    let url = String::from_utf8_lossy(&out.stdout);
-    let base: u16 = url
-        .trim()
-        .rsplit_once(':')
-        .and_then(|(_, rest)| rest.split('/').next())
-        .and_then(|p| p.parse().ok())
-        .unwrap_or_else(|| panic!("no port in scripts/pg.sh url's answer {url:?}"));
+    let base = crate::server::Server::private(&crate::pg_config()).port();
     base + 25
 }
 
