@@ -13,10 +13,11 @@ use std::time::Instant;
 pub(crate) struct Options {
     all_majors: bool,
     majors: Option<Vec<u32>>,
+    layers: Option<Vec<String>>,
 }
 
 impl Options {
-    /// `--all-majors`, `--majors "14 17"`.
+    /// `--all-majors`, `--majors "14 17"`, `--layers "regress upgrade"`.
     pub(crate) fn parse(args: &[String]) -> Result<Options, String> {
         let mut o = Options::default();
         let mut it = args.iter();
@@ -35,12 +36,27 @@ impl Options {
                     }
                     o.majors = Some(chosen);
                 }
+                "--layers" => {
+                    let list = it.next().ok_or("--layers needs a list such as \"regress upgrade\"")?;
+                    let names: Vec<String> = list.split_whitespace().map(str::to_owned).collect();
+                    if let Some(bad) = names.iter().find(|n| !LAYERS.contains(&n.as_str())) {
+                        return Err(format!("--layers: {bad} is not one of: {}", LAYERS.join(" ")));
+                    }
+                    o.layers = Some(names);
+                }
                 other => return Err(format!("unknown argument '{other}'")),
             }
         }
         Ok(o)
     }
 }
+
+/// Every layer, in the order a major runs them (`--layers` picks some; the package layer
+/// includes package_tarball and package_deb).
+pub(crate) const LAYERS: &[&str] = &[
+    "unit", "lint", "pg_test", "package", "install", "regress", "isolation", "e2e", "e2e_portable", "bench", "upgrade", "portable",
+    "python", "ops", "citus", "pgspot", "failover", "pg_upgrade",
+];
 
 /// What a layer knows of the major it runs on.
 #[derive(Debug, Clone)]
@@ -86,6 +102,7 @@ impl Ctx {
 
 /// The results so far.
 pub(crate) struct Harness {
+    only: Option<Vec<String>>,
     summary: Vec<String>,
     per_major: Vec<String>,
     passed: u32,
@@ -99,6 +116,10 @@ impl Harness {
     /// Runs layer `name`: its checks in target/test-logs/pgNN/NAME.log, a panic in it is one
     /// failure; records its result.
     pub(crate) fn layer(&mut self, ctx: &Ctx, name: &str, f: impl FnOnce(&Ctx, &mut Checks)) -> Outcome {
+        let family = if name.starts_with("package") { "package" } else { name };
+        if !self.wants(family) {
+            return Outcome::default();
+        }
         println!("\n== pg{} {name}", ctx.major);
         let started = Instant::now();
         let log = ctx.logs.join(format!("{name}.log"));
@@ -114,6 +135,11 @@ impl Harness {
         let outcome = checks.outcome();
         self.record(ctx, name, &outcome, started, &log);
         outcome
+    }
+
+    /// Whether layer `name` is to run (`--layers`).
+    pub(crate) fn wants(&self, name: &str) -> bool {
+        self.only.as_ref().is_none_or(|l| l.iter().any(|n| n == name))
     }
 
     fn record(&mut self, ctx: &Ctx, name: &str, o: &Outcome, started: Instant, log: &std::path::Path) {
@@ -151,14 +177,14 @@ pub(crate) fn run(options: &Options) -> ExitCode {
     order.extend(chosen.iter().copied().filter(|m| *m != default));
 
     println!("[xtask] bash scripts/setup.sh");
-    if !Command::new("bash").arg("scripts/setup.sh").status().is_ok_and(|s| s.success()) {
+    if std::env::var_os("IDEM_SETUP_DONE").is_none() && !Command::new("bash").arg("scripts/setup.sh").status().is_ok_and(|s| s.success()) {
         println!("setup failed");
         return ExitCode::FAILURE;
     }
     std::env::set_var("IDEM_SETUP_DONE", "1"); // scripts/package.sh need not run it again
     let version = workspace_version();
 
-    let mut h = Harness { summary: vec![], per_major: vec![], passed: 0, failed: 0, failed_layers: 0, major_passed: 0, major_failed: 0 };
+    let mut h = Harness { only: options.layers.clone(), summary: vec![], per_major: vec![], passed: 0, failed: 0, failed_layers: 0, major_passed: 0, major_failed: 0 };
     for major in order {
         let started = Instant::now();
         let is_default = major == default;
@@ -214,7 +240,8 @@ fn run_major(h: &mut Harness, ctx: &Ctx) {
 
     // The suites and the client's tests share the major's private cluster.
     let private = Server::private(&ctx.config);
-    let started = catch_unwind(AssertUnwindSafe(|| private.ensure_started()));
+    let needed = ["regress", "isolation", "e2e", "e2e_portable", "bench"].iter().any(|l| h.wants(l));
+    let started = if needed { catch_unwind(AssertUnwindSafe(|| private.ensure_started())) } else { Ok(()) };
     if started.is_err() {
         h.layer(ctx, "regress", |_, c| c.fail("start the private cluster", &idempotency_pgserver::root().join("target/servers").display().to_string()));
     } else {
@@ -226,7 +253,9 @@ fn run_major(h: &mut Harness, ctx: &Ctx) {
             h.layer(ctx, "bench", layers::bench::run);
         }
     }
-    let _ = catch_unwind(AssertUnwindSafe(|| private.stop(Stop::Fast)));
+    if needed {
+        let _ = catch_unwind(AssertUnwindSafe(|| private.stop(Stop::Fast)));
+    }
 
     // These run throwaway servers of their own (the upgrade, portable and python layers on the
     // now free port of the private cluster).

@@ -5,6 +5,8 @@
 //!   cargo run -p xtask -- test --all-majors       every layer on every major
 //!   cargo run -p xtask -- test --majors "14 17"   only these majors (every layer on the default
 //!                                                 one, if given)
+//!   cargo run -p xtask -- test --layers "regress upgrade"
+//!                                                 only these layers (on the majors chosen)
 //!   cargo run -p xtask -- pg start|stop [immediate]|url|psql ARGS|destroy
 //!                                                 the private cluster of PG_CONFIG's major
 //!
@@ -22,7 +24,7 @@ mod suite;
 use idempotency_pgserver::{pg_config, Server, Stop};
 use std::process::ExitCode;
 
-const USAGE: &str = "usage: cargo run -p xtask -- test [--all-majors] [--majors \"14 17\"]
+const USAGE: &str = "usage: cargo run -p xtask -- test [--all-majors] [--majors \"14 17\"] [--layers \"regress upgrade\"]
        cargo run -p xtask -- pg start|stop [immediate]|url|psql ARGS...|destroy";
 
 fn main() -> ExitCode {

@@ -1,5 +1,6 @@
 //! Layer unit: the pure rules (core), the client without TLS (the feature-off refusals) and
-//! with the axum and metrics features, then its TLS code; doc tests included.
+//! with the axum and metrics features, then its TLS code; doc tests included; and the harness's
+//! own readers of test output (xtask).
 
 use crate::harness::Ctx;
 use crate::report::Checks;
@@ -8,6 +9,6 @@ use std::path::Path;
 /// Runs the layer.
 pub(crate) fn run(_: &Ctx, checks: &mut Checks) {
     let features = "idempotency-client/axum,idempotency-client/metrics";
-    crate::cargo::test(checks, Path::new("."), &["test", "--no-fail-fast", "-p", "idempotency-core", "-p", "idempotency-client", "--features", features], &[]);
+    crate::cargo::test(checks, Path::new("."), &["test", "--no-fail-fast", "-p", "idempotency-core", "-p", "idempotency-client", "-p", "xtask", "--features", features], &[]);
     crate::cargo::test(checks, Path::new("."), &["test", "--no-fail-fast", "-p", "idempotency-client", "--features", "tls", "--lib", "tls"], &[]);
 }
