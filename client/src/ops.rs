@@ -12,9 +12,9 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 use tokio_postgres::{Row, Statement};
 
-/// The extension versions this client speaks (major.minor): 0.2 and 0.3 changed no signature or
-/// outcome of the functions it calls.
-const SUPPORTED_EXTENSIONS: &[&str] = &["0.1", "0.2", "0.3"];
+/// The extension versions this client speaks (major.minor): 0.2, 0.3 and 0.4 changed no signature
+/// or outcome of the functions it calls.
+const SUPPORTED_EXTENSIONS: &[&str] = &["0.1", "0.2", "0.3", "0.4"];
 
 /// Where the extension lives and its version: the extension's schema, else the schema of a
 /// portable install (which records its version in `_idem_portable_version()`), so the client
