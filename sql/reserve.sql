@@ -220,3 +220,51 @@ $fn$;
 
 COMMENT ON FUNCTION @extschema@.idem_reserve(text, text, text, text, interval, interval, boolean) IS
     'Reserves (operation, user_id, key) for one attempt. outcome: created (token to complete with), replay (stored response), failed, in_progress, or mismatch (the key was used with another request_hash). Call in the transaction of the business write.';
+
+-- A batch: idem_reserve for each key of one operation and user, in input order, in one
+-- statement. Each key is reserved exactly as by its own idem_reserve call, one after the other,
+-- so a key repeated in the batch answers as a repeated call would (in_progress, or mismatch
+-- under another request_hash: its first occurrence holds it). No key is reserved when an array
+-- breaks the batch rules; a key that breaks the key rules raises idem_reserve's error, and the
+-- statement's reservations roll back with it.
+CREATE FUNCTION @extschema@.idem_reserve_many(
+    operation      text,
+    user_id        text,
+    keys           text[],
+    request_hashes text[],
+    ttl            interval DEFAULT NULL,
+    lease          interval DEFAULT NULL,
+    wait           boolean  DEFAULT false)
+    RETURNS TABLE (key text, outcome text, token bigint, response jsonb, attempts integer,
+                   expires_at timestamptz)
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp
+    AS $fn$
+#variable_conflict use_column
+DECLARE
+    v_n integer;
+BEGIN
+    IF NOT (@extschema@._idem_check_scope(operation, user_id, 'k')
+            AND @extschema@._idem_require('wait', wait IS NULL)) THEN
+        RETURN; -- not reached: a failed check raises
+    END IF;
+    v_n := @extschema@._idem_check_array('keys', keys, NULL, NULL, false);
+    PERFORM @extschema@._idem_check_array('request_hashes', request_hashes, 'keys', v_n, false);
+    -- One idem_reserve per element, evaluated in input order (OFFSET 0 keeps the call in the
+    -- subquery: once per row, whatever the outer query reads of its result).
+    RETURN QUERY
+    SELECT s.k, (s.r).outcome, (s.r).token, (s.r).response, (s.r).attempts, (s.r).expires_at
+      FROM (SELECT u.i, u.k,
+                   @extschema@.idem_reserve(idem_reserve_many.operation, idem_reserve_many.user_id,
+                                            u.k, u.h, idem_reserve_many.ttl,
+                                            idem_reserve_many.lease, idem_reserve_many.wait) AS r
+              FROM unnest(idem_reserve_many.keys, idem_reserve_many.request_hashes)
+                   WITH ORDINALITY AS u(k, h, i)
+             ORDER BY u.i
+            OFFSET 0) AS s
+     ORDER BY s.i;
+END
+$fn$;
+
+COMMENT ON FUNCTION @extschema@.idem_reserve_many(text, text, text[], text[], interval, interval, boolean) IS
+    'Reserves many keys of one operation and user in one statement: one row per element of keys, in input order, each answered as idem_reserve(operation, user_id, keys[i], request_hashes[i], ttl, lease, wait) would answer it. keys and request_hashes: equal lengths, no NULL element.';
