@@ -209,9 +209,11 @@ pub(crate) enum Latest {
     Absent,
     /// A committed record, or one written by this transaction.
     Present,
-    /// Another transaction wrote the record (inserted it, took it over, or is deleting it) and
-    /// has not ended: the row is its lock on the key.
+    /// Another transaction wrote the record (inserted it, or took it over) and has not ended:
+    /// the row is its lock on the key.
     Writing(pg_sys::TransactionId),
+    /// Another transaction is deleting the record (idem_sweep, idem_release) and has not ended.
+    Deleting(pg_sys::TransactionId),
 }
 
 /// Reads [`Latest`] for `scope`: the check after taking the key's lock, before creating or
@@ -222,13 +224,21 @@ pub(crate) fn latest(catalog: &Catalog, scope: &Scope<'_>) -> Latest {
     // The dirty snapshot is a local, never registered: the scan only reads it, and each
     // visibility check sets its xmin (an inserter in progress) and xmax (an updater or deleter
     // in progress) for the tuple it checked, the returned one last.
-    let found = probe(&mut dirty, catalog.records, catalog.records_pkey, scope, |_| ()).is_some();
+    let found = probe(&mut dirty, catalog.records, catalog.records_pkey, scope, |slot| {
+        // Deleted rather than updated: the tuple's forward link points at itself.
+        // SAFETY: slot holds a heap tuple of idem_records, pinned while the scan is open.
+        unsafe {
+            let tuple = pg_sys::ExecFetchSlotHeapTuple(slot, false, std::ptr::null_mut());
+            pg_sys::ItemPointerEquals(&mut (*tuple).t_self, &mut (*(*tuple).t_data).t_ctid)
+        }
+    });
     let valid = |xid: pg_sys::TransactionId| xid != pg_sys::InvalidTransactionId;
     match (found, dirty.xmin, dirty.xmax) {
-        (false, _, _) => Latest::Absent,
-        (true, xmin, _) if valid(xmin) => Latest::Writing(xmin),
-        (true, _, xmax) if valid(xmax) => Latest::Writing(xmax),
-        (true, _, _) => Latest::Present,
+        (None, _, _) => Latest::Absent,
+        (Some(_), xmin, _) if valid(xmin) => Latest::Writing(xmin),
+        (Some(true), _, xmax) if valid(xmax) => Latest::Deleting(xmax),
+        (Some(false), _, xmax) if valid(xmax) => Latest::Writing(xmax),
+        (Some(_), _, _) => Latest::Present,
     }
 }
 

@@ -222,6 +222,13 @@ fn reserve(catalog: &Rc<Catalog>, scope: &Scope<'_>, request_hash: Text<'_>, ttl
         // The record as it is now, uncommitted rows included (not on Citus: there the table
         // here is a shell, and every writer keeps its lock).
         let latest = if catalog.distributed { probe::Latest::Present } else { probe::latest(catalog, scope) };
+        if let probe::Latest::Deleting(xid) = latest {
+            // A sweep or a release deleting the record, briefly: wait for it whatever `wait`
+            // (as the write would), then read again.
+            // SAFETY: waits for a transaction id read from a tuple header just now.
+            unsafe { pg_sys::XactLockTableWait(xid, std::ptr::null_mut(), std::ptr::null_mut(), pg_sys::XLTW_Oper::XLTW_None) };
+            continue;
+        }
         if let probe::Latest::Writing(xid) = latest {
             // Another transaction holds the key by its uncommitted row (written past its lock
             // budget), or is deleting it: busy, or wait for it to end and read again.
