@@ -76,12 +76,23 @@ impl TlsServer {
         if let Err(e) = set_key_mode(&data.join("server.key")) {
             panic!("chmod 600 server.key: {e}");
         }
-        run(as_server(pg_bin("pg_ctl"))
-            .arg("-D")
-            .arg(&data)
-            .arg("-l")
-            .arg(dir.join("server.log"))
-            .args(["-w", "-t", "60", "start"]));
+        // The port lies in Linux's ephemeral range, so an outgoing connection may hold it for a
+        // moment: a start that fails is tried again, three times in all.
+        for attempt in 1..=3 {
+            let out = as_server(pg_bin("pg_ctl"))
+                .arg("-D")
+                .arg(&data)
+                .arg("-l")
+                .arg(dir.join("server.log"))
+                .args(["-w", "-t", "60", "start"])
+                .output()
+                .unwrap_or_else(|e| panic!("cannot run pg_ctl: {e}"));
+            if out.status.success() {
+                break;
+            }
+            assert!(attempt < 3, "pg_ctl start failed three times: {}", String::from_utf8_lossy(&out.stdout));
+            std::thread::sleep(std::time::Duration::from_secs(2));
+        }
         stop_when_this_process_exits(&data);
         run(Command::new(pg_bin("psql"))
             .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-U", "postgres", "-d", "postgres", "-h"])
