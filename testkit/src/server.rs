@@ -17,6 +17,10 @@ use std::time::{Duration, Instant};
 
 use crate::root;
 
+/// How long [`Server::start`] keeps trying a port that another socket holds: longer than
+/// Linux's TIME-WAIT (60 s).
+pub const BIND_DEADLINE: Duration = Duration::from_secs(90);
+
 /// How to stop a server.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Stop {
@@ -234,22 +238,24 @@ impl Server {
     }
 
     /// Starts the server and waits until it accepts connections (a standby: until it accepts
-    /// read-only ones). The port may be held for a moment by a client connection elsewhere (it
-    /// lies in the ephemeral range): a start that fails to bind is tried again, five times in all.
+    /// read-only ones). The port may be held by a client connection elsewhere (it lies in the
+    /// ephemeral range), also in TIME-WAIT for a minute after that connection closed: a start
+    /// that fails to bind is tried again every 2 s for up to [`BIND_DEADLINE`].
     pub fn start(&self) {
         let data = self.data();
         let data = data.to_str().expect("UTF-8 path");
         let log = self.dir.join("server.log");
         let log = log.to_str().expect("UTF-8 path");
-        for attempt in 1..=5 {
+        let started = Instant::now();
+        loop {
             let before = self.log().len();
             let out = self.run_in(&self.bindir.clone(), "pg_ctl", &["-D", data, "-l", log, "-w", "-t", "120", "start"]);
             if out.status.success() {
                 return;
             }
             let tail = self.log().get(before..).unwrap_or_default().to_owned();
-            if attempt == 5 || !tail.contains("Address already in use") {
-                panic!("{}: pg_ctl start failed: {}\nserver log:\n{tail}", self.name, describe(&out));
+            if started.elapsed() >= BIND_DEADLINE || !tail.contains("Address already in use") {
+                panic!("{}: pg_ctl start on port {} failed: {}\nserver log:\n{tail}", self.name, self.port, describe(&out));
             }
             std::thread::sleep(Duration::from_secs(2));
         }
