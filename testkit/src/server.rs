@@ -275,9 +275,9 @@ impl Server {
     }
 
     /// A streaming standby of `primary` (which must be running) named `name` on `port`:
-    /// `pg_basebackup -R` (which writes `primary_conninfo` and `standby.signal`) with the WAL
-    /// streamed during the copy, then this server's own settings. `cluster_name` is set to
-    /// `name`, so the primary sees the standby under that application name
+    /// `pg_basebackup -R` (which writes `standby.signal` and `primary_conninfo`) with the WAL
+    /// streamed during the copy, then this server's own settings. The standby connects with
+    /// `application_name` (and `cluster_name`) `name`, so the primary sees it under that name
     /// (`synchronous_standby_names`, `pg_stat_replication`). Not started.
     pub fn standby_of(primary: &Server, name: &str, port: u16) -> Server {
         let standby = Server::new(name, &primary.pg_config, port);
@@ -289,6 +289,14 @@ impl Server {
             &["-D", data.to_str().expect("UTF-8 path"), "-h", "127.0.0.1", "-p", &port, "-U", "postgres", "-R", "-X", "stream", "-c", "fast"],
         );
         standby.configure(&format!("{}cluster_name = '{name}'\n", standby.base_settings()));
+        // pg_basebackup -R writes every option its libpq knows into primary_conninfo; the
+        // server's walreceiver may load an older libpq (a relocatable tree finds the system's),
+        // which refuses unknown ones (17's `sslnegotiation`). The few that matter, last (the
+        // last setting in postgresql.auto.conf wins).
+        let auto = standby.data().join("postgresql.auto.conf");
+        let mut text = fs::read_to_string(&auto).unwrap_or_else(|e| panic!("{name}: cannot read {}: {e}", auto.display()));
+        text.push_str(&format!("primary_conninfo = 'host=127.0.0.1 port={port} user=postgres application_name={name}'\n"));
+        fs::write(&auto, text).unwrap_or_else(|e| panic!("{name}: cannot write {}: {e}", auto.display()));
         standby
     }
 
