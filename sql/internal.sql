@@ -150,7 +150,7 @@ BEGIN
     IF pg_is_in_recovery() THEN
         RAISE EXCEPTION 'idempotency: cannot % on a server in recovery (a standby)', action
             USING ERRCODE = '25006',
-                  HINT = 'Writes go to the primary: retry on it (after a failover, on the promoted server). A standby answers only idem_lookup and replays of finished keys.';
+                  HINT = 'Writes go to the primary: retry there (after a failover, on the promoted server). A standby answers only calls that write nothing, such as idem_lookup and replays of finished keys.';
     END IF;
     IF current_setting('transaction_read_only')::boolean THEN
         RAISE EXCEPTION 'idempotency: cannot % in a read-only transaction', action
