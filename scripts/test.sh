@@ -9,7 +9,7 @@
 #   scripts/test.sh --majors "14 17"  only these majors (every layer on the default one, if given)
 #
 # Layers (* = core: run on every major):
-#   unit        cargo test -p idempotency-client --features axum,metrics (fingerprint, key rules, response policy, the layer's header, record and fingerprint rules, doc tests)
+#   unit        cargo test -p idempotency-core -p idempotency-client (fingerprint, key rules, vocabulary, response policy, the layer's header, record and fingerprint rules, statement binding, sslmode parsing with and without the tls feature, doc tests)
 #   lint        cargo clippy over every crate and target, the extension included; a warning fails
 #   pg_test *   cargo pgrx test: the Rust that runs inside PostgreSQL
 #   package *   scripts/package.sh, then each package installed into a fresh copy of the major's
@@ -22,6 +22,8 @@
 #   e2e_portable * the same tests against the portable install (IDEM_INSTALL=portable)
 #   upgrade *   scripts/test-upgrade.sh: updates from every released version, schema diff, load
 #   portable *  scripts/test-portable.sh: the portable install, fingerprint parity, suites, upgrade
+#   python *    scripts/test-python.sh: the SQL API from Python (psycopg 3, examples/python) against
+#               the extension and the portable install, both flows, concurrent duplicates run once
 #   bench       the benchmark in smoke mode: every case runs and produces numbers (no speed asserted)
 #   ops         scripts/test-ops.sh: the maintenance worker, the counters and the pg_cron recipe
 #               on preloaded servers of their own
@@ -154,7 +156,9 @@ run_major() {
 
     if [ "$major" = "$default_major" ]; then # the client crate does not depend on the major
         layer unit
-        cargo test --no-fail-fast -p idempotency-client --features axum,metrics 2>&1 | tee "$logs/unit.log" | grep -E '^(test |test result|error)' | grep -v '\.\.\. ok$'
+        # The pure rules, the client without TLS (the feature-off refusals), then its TLS code.
+        { cargo test --no-fail-fast -p idempotency-core -p idempotency-client --features idempotency-client/axum,idempotency-client/metrics 2>&1 &&
+            cargo test --no-fail-fast -p idempotency-client --features tls --lib tls 2>&1; } | tee "$logs/unit.log" | grep -E '^(test |test result|error)' | grep -v '\.\.\. ok$'
         status=${PIPESTATUS[0]}
         read -r p f < <(cargo_counts "$logs/unit.log")
         record unit "$p" "$f" "$status"
@@ -263,9 +267,9 @@ run_major() {
     fi
     scripts/pg.sh stop || true
 
-    # The upgrade and portable layers run their own throwaway cluster on the (now free) port.
+    # The upgrade, portable and python layers run their own throwaway cluster on the (now free) port.
     local name
-    local names=(upgrade portable)
+    local names=(upgrade portable python)
     [ "$full" = 1 ] && names+=(ops) # the worker and pg_cron need a preloaded server of their own
     for name in "${names[@]}"; do
         layer "$name"

@@ -57,7 +57,10 @@ async fn create_charge(tx: Transaction, headers: HeaderMap, body: String) -> Res
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let url = std::env::var("DATABASE_URL").map_err(|_| "set DATABASE_URL to the database with the extension")?;
     let bind = std::env::var("BIND").unwrap_or_else(|_| "127.0.0.1:3000".into());
-    let settings = Settings { schema: std::env::var("IDEM_SCHEMA").ok(), ..Settings::default() };
+    let mut settings = Settings::builder();
+    if let Ok(schema) = std::env::var("IDEM_SCHEMA") {
+        settings = settings.schema(schema);
+    }
     let idem = Idempotency::connect_with(&url, 16, settings)?;
     idem.check_extension().await?;
     idem.pool().get().await?.batch_execute(SCHEMA).await?;
