@@ -44,6 +44,7 @@ BEGIN
                 v_limit, v_size USING ERRCODE = '54000';
         END IF;
     END IF;
+    v_counted := @extschema@._idem_require_writable('complete a key');
 
     UPDATE @extschema@.idem_records AS r
        SET status = status, response = response, updated_at = v_now
@@ -126,6 +127,7 @@ BEGIN
         RETURN NULL; -- not reached
     END IF;
     v_max := @extschema@._idem_max_retries(max_retries);
+    v_counted := @extschema@._idem_require_writable('release a key');
 
     SELECT r.created_at, r.expires_at INTO v_rec
       FROM @extschema@.idem_records AS r
@@ -166,6 +168,7 @@ BEGIN
         RETURN NULL; -- not reached
     END IF;
     v_until := v_now + @extschema@._idem_lease(lease, NULL);
+    v_counted := @extschema@._idem_require_writable('extend a lease');
 
     -- expires_at moves to at least the lease end, so a live, heartbeating attempt is never
     -- taken over as expired.

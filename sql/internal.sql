@@ -171,6 +171,33 @@ $fn$;
 COMMENT ON FUNCTION @extschema@._idem_check_batch_size(integer) IS
     'Internal: raises 22004/22023 for a NULL or non-positive batch_size.';
 
+-- Where a write is refused: on a server in recovery (a hot standby: every transaction there is
+-- read-only) and in a read-only transaction on a primary. Every mutating function calls this
+-- before its first write (the native ones too, so the message has this one source), and raises
+-- 25006 saying why, instead of the error of whichever internal write came first. A call that
+-- needs no write (a replay, idem_lookup) never gets here. True when writing is allowed.
+CREATE FUNCTION @extschema@._idem_require_writable(action text) RETURNS boolean
+    LANGUAGE plpgsql STABLE PARALLEL SAFE
+    SET search_path = pg_catalog, pg_temp
+    AS $fn$
+BEGIN
+    IF pg_is_in_recovery() THEN
+        RAISE EXCEPTION 'idempotency: cannot % on a server in recovery (a standby)', action
+            USING ERRCODE = '25006',
+                  HINT = 'Writes go to the primary: retry there (after a failover, on the promoted server). A standby answers only calls that write nothing, such as idem_lookup and replays of finished keys.';
+    END IF;
+    IF current_setting('transaction_read_only')::boolean THEN
+        RAISE EXCEPTION 'idempotency: cannot % in a read-only transaction', action
+            USING ERRCODE = '25006',
+                  HINT = 'Run it in a read-write transaction (see default_transaction_read_only and SET TRANSACTION).';
+    END IF;
+    RETURN true;
+END
+$fn$;
+
+COMMENT ON FUNCTION @extschema@._idem_require_writable(text) IS
+    'Internal: true, or 25006 saying that the server is in recovery (a standby) or the transaction is read-only, so action cannot write.';
+
 -- How an error message shows a rejected word: quoted when short, only its size otherwise, so
 -- a huge argument is never echoed.
 CREATE FUNCTION @extschema@._idem_echo(value text) RETURNS text

@@ -27,6 +27,7 @@ REVOKE EXECUTE ON FUNCTION
     @extschema@._idem_check_batch_size(integer),
     @extschema@._idem_check_array(text, anyarray, text, integer, boolean),
     @extschema@._idem_echo(text),
+    @extschema@._idem_require_writable(text),
     @extschema@._idem_ttl(interval),
     @extschema@._idem_lease(interval, interval),
     @extschema@._idem_max_retries(integer),

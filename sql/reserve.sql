@@ -128,7 +128,8 @@ BEGIN
                        coalesce(v_rec.attempts, 0), v_rec.expires_at)::@extschema@.idem_reservation;
         END IF;
 
-        -- Absent, or expired and free to take over: a new attempt would start now.
+        -- Absent, or expired and free to take over: a new attempt would start now, and write.
+        v_counted := @extschema@._idem_require_writable('reserve a key');
         IF NOT v_locked THEN
             -- Keep the key's lock until the transaction ends while this transaction keeps fewer
             -- than half of max_locks_per_transaction (counted in a transaction-local setting).

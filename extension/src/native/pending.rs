@@ -167,7 +167,7 @@ impl Reservation {
             pg_sys::GetUserIdAndSecContext(&mut user, &mut context);
             pg_sys::SetUserIdAndSecContext(owner, context | pg_sys::SECURITY_LOCAL_USERID_CHANGE as i32);
         }
-        let written = plans::connected(|| plans::execute(&self.catalog, Stmt::Insert, &params));
+        let written = plans::connected(|| plans::execute(&self.catalog.plans, Stmt::Insert, &params));
         // SAFETY: as above.
         unsafe { pg_sys::SetUserIdAndSecContext(user, context) };
         if written != 1 {

@@ -2,12 +2,11 @@
 //! (SPI_keepplan), so each call runs a cached plan with no parsing or planning. The plan
 //! cache re-plans them when their tables change.
 //!
-//! Every name is schema-qualified and every operator `OPERATOR(pg_catalog.…)`: the text never
-//! depends on the caller's search_path. Each statement is the one the PL/pgSQL implementation
+//! Every name is schema-qualified (a [`Plans`] belongs to one schema, the catalog's) and every
+//! operator `OPERATOR(pg_catalog.…)`: the text never depends on the caller's search_path. Each statement is the one the PL/pgSQL implementation
 //! runs (sql/reserve.sql, sql/finish.sql), with the clock passed in instead of read inside
 //! the statement.
 
-use super::catalog::Catalog;
 use crate::args::raise;
 use pgrx::pg_sys::errcodes::PgSqlErrorCode;
 use pgrx::pg_sys::{self, Datum, Oid};
@@ -124,15 +123,29 @@ fn text(stmt: Stmt, s: &str) -> (String, &'static [Oid]) {
     }
 }
 
-/// The kept plans of one catalog, prepared on first use, freed with it.
-#[derive(Default)]
+/// The kept plans of the extension's schema, prepared on first use, freed with it (the catalog
+/// owns one).
 pub(crate) struct Plans {
+    /// The schema's name quoted for SQL text.
+    schema_sql: String,
     kept: [Cell<Option<std::ptr::NonNull<pg_sys::_SPI_plan>>>; STATEMENTS],
+}
+
+impl Plans {
+    /// No plan yet for the schema named `schema_sql` (quoted for SQL text).
+    pub(crate) fn new(schema_sql: String) -> Self {
+        Plans { schema_sql, kept: Default::default() }
+    }
+
+    /// The schema's name, quoted for SQL text.
+    pub(crate) fn schema_sql(&self) -> &str {
+        &self.schema_sql
+    }
 }
 
 impl Drop for Plans {
     fn drop(&mut self) {
-        if super::catalog::exiting() {
+        if super::exiting() {
             return;
         }
         for plan in &self.kept {
@@ -163,12 +176,12 @@ pub(crate) fn connected<T>(f: impl FnOnce() -> T) -> T {
     result
 }
 
-fn plan(catalog: &Catalog, stmt: Stmt) -> pg_sys::SPIPlanPtr {
-    let slot = &catalog.plans.kept[stmt as usize];
+fn plan(plans: &Plans, stmt: Stmt) -> pg_sys::SPIPlanPtr {
+    let slot = &plans.kept[stmt as usize];
     if let Some(plan) = slot.get() {
         return plan.as_ptr();
     }
-    let (sql, types) = text(stmt, &catalog.schema_sql);
+    let (sql, types) = text(stmt, &plans.schema_sql);
     let Ok(sql) = CString::new(sql) else { spi_failed("prepare", 0) };
     let mut types = types.to_vec();
     let nargs = types.len() as i32;
@@ -187,8 +200,8 @@ fn plan(catalog: &Catalog, stmt: Stmt) -> pg_sys::SPIPlanPtr {
 
 /// Executes `stmt` with `args` (`None` is NULL); answers the number of rows it processed.
 /// Must run inside [`connected`].
-pub(crate) fn execute(catalog: &Catalog, stmt: Stmt, args: &[Option<Datum>]) -> u64 {
-    let plan = plan(catalog, stmt);
+pub(crate) fn execute(plans: &Plans, stmt: Stmt, args: &[Option<Datum>]) -> u64 {
+    let plan = plan(plans, stmt);
     let mut values: Vec<Datum> = args.iter().map(|a| a.unwrap_or(Datum::from(0))).collect();
     let nulls: Vec<std::ffi::c_char> = args.iter().map(|a| if a.is_some() { b' ' } else { b'n' } as std::ffi::c_char).collect();
     // SAFETY: a kept plan whose parameter count and types are those of `text(stmt)`, matched by

@@ -301,7 +301,7 @@ fn planned(catalog: &Catalog, scope: &Scope<'_>, request_hash: &str) -> Key {
         value.unwrap_or_else(|| raise(PgSqlErrorCode::ERRCODE_DATA_CORRUPTED, format!("NULL in NOT NULL column {what}")))
     };
     plans::connected(|| {
-        let record = (plans::execute(catalog, Stmt::ReadRecord, &args) > 0).then(|| {
+        let record = (plans::execute(&catalog.plans, Stmt::ReadRecord, &args) > 0).then(|| {
             // SAFETY: text values of the first row, read before SPI_finish frees them; the
             // response is copied into the caller's memory context (SPI_datumTransfer).
             unsafe {
@@ -321,7 +321,7 @@ fn planned(catalog: &Catalog, scope: &Scope<'_>, request_hash: &str) -> Key {
                 }
             }
         });
-        let counter = (plans::execute(catalog, Stmt::ReadRetries, &args[..3]) > 0).then(|| Counter {
+        let counter = (plans::execute(&catalog.plans, Stmt::ReadRetries, &args[..3]) > 0).then(|| Counter {
             attempts: not_null(plans::first_row(1), "attempts").value() as i32,
             expires_at: not_null(plans::first_row(2), "expires_at").value() as i64,
         });

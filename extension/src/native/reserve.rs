@@ -23,6 +23,7 @@ use super::catalog::{self, Catalog};
 use super::pending;
 use super::plans::{self, Stmt};
 use super::probe::{self, Scope, Status};
+use super::writable;
 use crate::args;
 use crate::metrics;
 use pgrx::datum::Interval;
@@ -211,7 +212,8 @@ fn reserve(catalog: &Rc<Catalog>, scope: &Scope<'_>, request_hash: Text<'_>, ttl
                 return answer(record, found.attempts(record.created_at));
             }
         }
-        // Absent, or expired and free to take over: a new attempt would start now.
+        // Absent, or expired and free to take over: a new attempt would start now, and write.
+        writable::require(catalog, "reserve a key");
         let Some(lock_id) = locked.or_else(|| lock(scope, wait)) else {
             // Another transaction is creating this key and has not committed.
             return Answer::busy(found.attempts(now), None);
@@ -279,7 +281,7 @@ fn reserve(catalog: &Rc<Catalog>, scope: &Scope<'_>, request_hash: Text<'_>, ttl
                 Some(Datum::from(now)),
             ];
             let params = if found.record.is_some() { &params[..8] } else { &params[..] };
-            let written = plans::connected(|| plans::execute(catalog, stmt, params)) == 1;
+            let written = plans::connected(|| plans::execute(&catalog.plans, stmt, params)) == 1;
             if written && keep {
                 pending::kept_lock();
             }
@@ -292,7 +294,7 @@ fn reserve(catalog: &Rc<Catalog>, scope: &Scope<'_>, request_hash: Text<'_>, ttl
             if attempts > 0 {
                 // A retry of a released key: keep its counter alive as long as this record.
                 let params = [Some(scope.operation.datum), Some(scope.user_id.datum), Some(scope.key.datum), Some(Datum::from(expires_at))];
-                plans::connected(|| plans::execute(catalog, Stmt::KeepRetries, &params));
+                plans::connected(|| plans::execute(&catalog.plans, Stmt::KeepRetries, &params));
             }
             if !keep {
                 unlock(lock_id);
