@@ -40,7 +40,11 @@ impl Idempotency<Postgres> {
         if let Some(name) = &settings.schema {
             Schema::named(name.as_str())?;
         }
-        let params = connect_params(url).map_err(|reason| Error::Configuration { reason, source: None })?;
+        let params = connect_params(url).map_err(|reason| Error::Configuration {
+            reason,
+            // The driver's own parse error, when it is the URL that does not parse.
+            source: url.parse::<tokio_postgres::Config>().err().map(|e| Box::new(e) as _),
+        })?;
         let mut config = params.options.config;
         config.connect_timeout(POOL_TIMEOUT);
         let manager = match params.connector {

@@ -102,6 +102,7 @@
 
 #![deny(missing_docs)]
 
+mod batch;
 mod connect;
 pub mod driver;
 mod error;
@@ -119,6 +120,7 @@ mod trace;
 #[cfg(feature = "tower")]
 pub mod layer;
 
+pub use batch::{BatchItem, BatchOutcome};
 pub use driver::{Driver, Postgres, Tx};
 pub use error::{DatabaseError, Error};
 pub use flow::TxFuture;

@@ -68,6 +68,12 @@ pub(crate) struct Statements {
     pub(crate) sweep: String,
     pub(crate) lookup: String,
     pub(crate) stats: String,
+    /// `idem_reserve_many` (0.4): $1 operation, $2 user_id, $3 keys, $4 request_hashes, $5 ttl
+    /// and $6 lease in seconds, $7 wait; one row per key, in input order.
+    pub(crate) reserve_many: String,
+    /// `idem_complete_many` (0.4) aborting the transaction unless every key completed: $3 keys,
+    /// $4 tokens, $5 responses, $6 status.
+    pub(crate) complete_many_or_abort: String,
 }
 
 impl Schema {
@@ -123,6 +129,16 @@ impl Schema {
                 "SELECT processing, success, failed, stuck, expired, \
                  extract(epoch FROM oldest_processing_age)::float8 AS oldest_processing_secs FROM {s}.idem_stats()"
             ),
+            reserve_many: format!(
+                "SELECT key, outcome, token, response, attempts, extract(epoch FROM expires_at)::float8 AS expires_at \
+                 FROM {s}.idem_reserve_many(operation => $1, user_id => $2, keys => $3, request_hashes => $4, \
+                 ttl => make_interval(secs => $5::float8), lease => make_interval(secs => $6::float8), wait => $7)"
+            ),
+            complete_many_or_abort: format!(
+                "SELECT (CASE WHEN pg_catalog.bool_and(completed) IS NOT FALSE THEN 'true' ELSE '{LEASE_LOST_MARK}' END)::pg_catalog.bool \
+                 AS completed FROM {s}.idem_complete_many(operation => $1, user_id => $2, keys => $3, tokens => $4, \
+                 responses => $5, status => $6)"
+            ),
             name,
         })))
     }
@@ -159,6 +175,12 @@ pub(crate) enum Literal<'a> {
     Bool(bool),
     Json(Option<&'a serde_json::Value>),
     Null4,
+    /// A `text[]`.
+    TextArray(Vec<&'a str>),
+    /// A `bigint[]`.
+    IntArray(Vec<i64>),
+    /// A `jsonb[]`.
+    JsonArray(Vec<Option<serde_json::Value>>),
 }
 
 impl Literal<'_> {
@@ -173,6 +195,11 @@ impl Literal<'_> {
             Literal::Json(Some(v)) => format!("{}::pg_catalog.jsonb", quote_literal(&v.to_string())),
             Literal::Json(None) => "NULL::pg_catalog.jsonb".to_owned(),
             Literal::Null4 => "NULL::pg_catalog.int4".to_owned(),
+            Literal::TextArray(items) => array(items.iter().map(|t| quote_literal(t)), "text"),
+            Literal::IntArray(items) => array(items.iter().map(|i| i.to_string()), "int8"),
+            Literal::JsonArray(items) => {
+                array(items.iter().map(|v| v.as_ref().map_or("NULL".to_owned(), |v| quote_literal(&v.to_string()))), "jsonb")
+            }
         }
     }
 }
@@ -195,6 +222,11 @@ pub(crate) fn bind(sql: &str, values: &[Literal<'_>]) -> String {
     }
     out.push_str(rest);
     out
+}
+
+/// `ARRAY[..]::pg_catalog.TYPE[]`.
+fn array(items: impl Iterator<Item = String>, ty: &str) -> String {
+    format!("ARRAY[{}]::pg_catalog.{ty}[]", items.collect::<Vec<_>>().join(", "))
 }
 
 /// An escape-string literal (`E'...'`): backslashes and quotes doubled, so its meaning does not

@@ -15,12 +15,16 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// The workspace root.
 pub fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
 }
+
+/// How long [`Server::start`] keeps trying a port that another socket holds: longer than
+/// Linux's TIME-WAIT (60 s).
+pub const BIND_DEADLINE: Duration = Duration::from_secs(90);
 
 /// How to stop a server.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -347,22 +351,24 @@ impl Server {
     }
 
     /// Starts the server and waits until it accepts connections (a standby: until it accepts
-    /// read-only ones). The port may be held for a moment by a client connection elsewhere (it
-    /// lies in the ephemeral range): a start that fails to bind is tried again, five times in all.
+    /// read-only ones). The port may be held by a client connection elsewhere (it lies in the
+    /// ephemeral range), also in TIME-WAIT for a minute after that connection closed: a start
+    /// that fails to bind is tried again every 2 s for up to [`BIND_DEADLINE`].
     pub fn start(&self) {
         let data = self.data();
         let data = data.to_str().expect("UTF-8 path");
         let log = self.dir.join("server.log");
         let log = log.to_str().expect("UTF-8 path");
-        for attempt in 1..=5 {
+        let started = Instant::now();
+        loop {
             let before = self.log().len();
             let out = self.run_in(&self.bindir.clone(), "pg_ctl", &["-D", data, "-l", log, "-w", "-t", "120", "start"]);
             if out.status.success() {
                 return;
             }
             let tail = self.log().get(before..).unwrap_or_default().to_owned();
-            if attempt == 5 || !tail.contains("Address already in use") {
-                panic!("{}: pg_ctl start failed: {}\nserver log:\n{tail}", self.name, describe(&out));
+            if started.elapsed() >= BIND_DEADLINE || !tail.contains("Address already in use") {
+                panic!("{}: pg_ctl start on port {} failed: {}\nserver log:\n{tail}", self.name, self.port, describe(&out));
             }
             std::thread::sleep(Duration::from_secs(2));
         }
@@ -382,9 +388,9 @@ impl Server {
     }
 
     /// A streaming standby of `primary` (which must be running) named `name` on `port`:
-    /// `pg_basebackup -R` (which writes `primary_conninfo` and `standby.signal`) with the WAL
-    /// streamed during the copy, then this server's own settings. `cluster_name` is set to
-    /// `name`, so the primary sees the standby under that application name
+    /// `pg_basebackup -R` (which writes `standby.signal` and `primary_conninfo`) with the WAL
+    /// streamed during the copy, then this server's own settings. The standby connects with
+    /// `application_name` (and `cluster_name`) `name`, so the primary sees it under that name
     /// (`synchronous_standby_names`, `pg_stat_replication`). Not started.
     pub fn standby_of(primary: &Server, name: &str, port: u16) -> Server {
         let standby = Server::new(name, &primary.pg_config, port);
@@ -396,6 +402,14 @@ impl Server {
             &["-D", data.to_str().expect("UTF-8 path"), "-h", "127.0.0.1", "-p", &port, "-U", "postgres", "-R", "-X", "stream", "-c", "fast"],
         );
         standby.configure(&format!("{}cluster_name = '{name}'\n", standby.base_settings()));
+        // pg_basebackup -R writes every option its libpq knows into primary_conninfo; the
+        // server's walreceiver may load an older libpq (a relocatable tree finds the system's),
+        // which refuses unknown ones (17's `sslnegotiation`). The few that matter, last (the
+        // last setting in postgresql.auto.conf wins).
+        let auto = standby.data().join("postgresql.auto.conf");
+        let mut text = fs::read_to_string(&auto).unwrap_or_else(|e| panic!("{name}: cannot read {}: {e}", auto.display()));
+        text.push_str(&format!("primary_conninfo = 'host=127.0.0.1 port={port} user=postgres application_name={name}'\n"));
+        fs::write(&auto, text).unwrap_or_else(|e| panic!("{name}: cannot write {}: {e}", auto.display()));
         standby
     }
 

@@ -108,6 +108,7 @@ async fn failover_to_a_promoted_standby_keeps_every_key_once() {
          -- For the standby: a finished key of each kind.
          SELECT idem_complete('failover.charge', 'seen', 'done', (SELECT token FROM idem_reserve('failover.charge', 'seen', 'done', 'h')), '{\"id\": 1}');
          SELECT idem_complete('failover.charge', 'seen', 'failed', (SELECT token FROM idem_reserve('failover.charge', 'seen', 'failed', 'h')), '{\"error\": 1}', 'FAILED');
+         SELECT token FROM idem_reserve('failover.charge', 'seen', 'busy', 'h', ttl => '1 day', lease => '1 day');
          -- For the worker after promotion: 20 finished records that expire in a second, and a
          -- two-phase reservation whose lease runs out in a second and is never completed.
          SELECT idem_complete('failover.charge', 'maint', 'expired-' || i, (SELECT token FROM idem_reserve('failover.charge', 'maint', 'expired-' || i, 'h', ttl => '1 second')), '{}')
@@ -145,7 +146,7 @@ async fn failover_to_a_promoted_standby_keeps_every_key_once() {
     // On the standby.
     let sb = connect(&standby.url(DB)).await.unwrap();
     assert!(sb.query_one("SELECT pg_is_in_recovery()", &[]).await.unwrap().get::<_, bool>(0));
-    for (key, hash, want) in [("done", "h", "replay"), ("failed", "h", "failed"), ("done", "other", "mismatch")] {
+    for (key, hash, want) in [("done", "h", "replay"), ("failed", "h", "failed"), ("done", "other", "mismatch"), ("busy", "h", "in_progress")] {
         let row = sb.query_one("SELECT outcome, response FROM idem_reserve($1, 'seen', $2, $3)", &[&OP, &key, &hash]).await.unwrap();
         let outcome: String = row.get(0);
         assert_eq!(outcome, want, "idem_reserve of the {key} key with hash {hash} on the standby");
@@ -155,7 +156,13 @@ async fn failover_to_a_promoted_standby_keeps_every_key_once() {
     assert_eq!(replay, serde_json::json!({"id": 1}), "the replayed response on the standby");
     let status: String = sb.query_one("SELECT status FROM idem_lookup($1, 'seen', 'done')", &[&OP]).await.unwrap().get(0);
     assert_eq!(status, "SUCCESS");
-    ok("the standby answers replay (with the stored response), failed, mismatch and idem_lookup");
+    let processing = one_i64(&sb, "SELECT processing FROM idem_stats()").await;
+    assert!(processing >= 2, "idem_stats() on the standby: {processing} processing");
+    let counted = one_i64(&sb, "SELECT value FROM idem_metrics() WHERE name = 'reservations_replay'").await;
+    assert!(counted >= 2, "the standby's own replay counter: {counted}");
+    let fingerprint: String = sb.query_one("SELECT idem_fingerprint('{\"a\": 1}'::jsonb)", &[]).await.unwrap().get(0);
+    assert_eq!(fingerprint.len(), 64);
+    ok("the standby answers replay (with the stored response), failed, mismatch, in_progress, idem_lookup, idem_stats, idem_metrics and idem_fingerprint");
     for (sql, action) in REFUSED {
         let e = sb.batch_execute(sql).await.expect_err(sql);
         let (code, message, hint) = db_error(&e);

@@ -79,7 +79,7 @@ async fn fill(client: &Client) -> (i64, i64) {
     (inflight, max.max(inflight))
 }
 
-fn need(pg_config: &PathBuf) {
+fn need(pg_config: &std::path::Path) {
     assert!(
         extension_installed(pg_config),
         "the idempotency extension is not installed in {}: cargo pgrx install --release --pg-config {0} --no-default-features --features pgNN, then python3 scripts/sqlbuild.py install-files \"$({0} --sharedir)/extension\"",

@@ -87,6 +87,12 @@ impl Open {
     }
 }
 
+/// Marks `tx`'s transaction as ended (its COMMIT or ROLLBACK was answered): the connection goes
+/// back to the pool when the last clone is dropped.
+pub(crate) fn ended(tx: &Tx) {
+    tx.0.end();
+}
+
 impl Drop for Open {
     fn drop(&mut self) {
         if let Some(client) = self.client.take() {

@@ -42,6 +42,13 @@ pub(crate) enum Stmt {
 
 const STATEMENTS: usize = 9;
 
+/// The fence on a keyed statement: the record is still PROCESSING. Compared under the C
+/// collation (the same answer: equality of a deterministic collation is bytewise) so that the
+/// planner cannot match the predicate of the partial index idem_records_lease_idx: with stale
+/// statistics (a transaction holding thousands of uncommitted PROCESSING rows) a generic plan
+/// would otherwise scan that whole index instead of probing the primary key, once per key.
+const PROCESSING: &str = "r.status OPERATOR(pg_catalog.=) ('PROCESSING' COLLATE pg_catalog.\"C\")";
+
 const SCOPE: &str = "r.operation OPERATOR(pg_catalog.=) $1 AND r.user_id OPERATOR(pg_catalog.=) $2 \
                      AND r.key OPERATOR(pg_catalog.=) $3";
 
@@ -76,7 +83,7 @@ fn text(stmt: Stmt, s: &str) -> (String, &'static [Oid]) {
         Stmt::Complete => (
             format!(
                 "UPDATE {s}.idem_records AS r SET status = $5, response = $6, updated_at = $7 \
-                 WHERE {SCOPE} AND r.token OPERATOR(pg_catalog.=) $4 AND r.status OPERATOR(pg_catalog.=) 'PROCESSING'"
+                 WHERE {SCOPE} AND r.token OPERATOR(pg_catalog.=) $4 AND {PROCESSING}"
             ),
             &[TEXT, TEXT, TEXT, INT8, TEXT, JSONB, TSTZ],
         ),
@@ -84,14 +91,14 @@ fn text(stmt: Stmt, s: &str) -> (String, &'static [Oid]) {
             format!(
                 "UPDATE {s}.idem_records AS r SET lease_expires_at = $5, expires_at = GREATEST(r.expires_at, $5), \
                  updated_at = $6 \
-                 WHERE {SCOPE} AND r.token OPERATOR(pg_catalog.=) $4 AND r.status OPERATOR(pg_catalog.=) 'PROCESSING'"
+                 WHERE {SCOPE} AND r.token OPERATOR(pg_catalog.=) $4 AND {PROCESSING}"
             ),
             &[TEXT, TEXT, TEXT, INT8, TSTZ, TSTZ],
         ),
         Stmt::LockForRelease => (
             format!(
                 "SELECT r.created_at, r.expires_at FROM {s}.idem_records AS r \
-                 WHERE {SCOPE} AND r.token OPERATOR(pg_catalog.=) $4 AND r.status OPERATOR(pg_catalog.=) 'PROCESSING' \
+                 WHERE {SCOPE} AND r.token OPERATOR(pg_catalog.=) $4 AND {PROCESSING} \
                  FOR UPDATE"
             ),
             &[TEXT, TEXT, TEXT, INT8],

@@ -118,7 +118,7 @@ pub(crate) fn run(ctx: &Ctx, checks: &mut Checks) {
     }
 
     let prepare = |db: &str| psql.db(db).q(&format!("CREATE EXTENSION idempotency VERSION '{oldest}'; ALTER EXTENSION idempotency UPDATE")).map(drop);
-    suites(checks, ctx, &psql, &format!("updated-from-{oldest}"), Path::new("tests/regress/schedule"), &prepare);
+    suites(checks, ctx, &psql, &format!("updated-from-{oldest}"), Path::new("tests/regress/schedule"), &[], &prepare);
 
     if oldest != current {
         load(ctx, checks, &psql, &oldest, &current);
