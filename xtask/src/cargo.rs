@@ -24,9 +24,7 @@ pub(crate) fn test(checks: &mut Checks, dir: &Path, args: &[&str], envs: &[(&str
         if let Some(rest) = line.strip_prefix("test result: ") {
             passed += count_before(rest, "passed");
             failed += count_before(rest, "failed");
-        } else if line.starts_with("test ") && (line.ends_with("FAILED") || line.ends_with("failed")) {
-            println!("{line}");
-        } else if line.starts_with("error") {
+        } else if (line.starts_with("test ") && (line.ends_with("FAILED") || line.ends_with("failed"))) || line.starts_with("error") {
             println!("{line}");
         }
     }

@@ -289,8 +289,8 @@ SELECT idem_complete('m', 'u', 'k3', (idem_reserve('m', 'u', 'k3', 'h')).token, 
     let log = server.log();
     let sweep_line = log
         .lines()
-        .filter(|l| l.contains("idempotency maintenance in database \"idem_ops\": ") && l.split(" swept ").nth(1).is_some_and(|r| r.bytes().take_while(u8::is_ascii_digit).count() >= 6))
-        .last()
+        .rev()
+        .find(|l| l.contains("idempotency maintenance in database \"idem_ops\": ") && l.split(" swept ").nth(1).is_some_and(|r| r.bytes().take_while(u8::is_ascii_digit).count() >= 6))
         .unwrap_or_default()
         .to_owned();
     checks.note(&format!("     drained in ~{secs} s; {intermediate} polls saw a partial count; {} xids", xid_after - xid_before));
