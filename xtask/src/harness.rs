@@ -184,6 +184,7 @@ pub(crate) fn run(options: &Options) -> ExitCode {
     std::env::set_var("IDEM_SETUP_DONE", "1"); // scripts/package.sh need not run it again
     let version = workspace_version();
 
+    let mut default_ctx = None;
     let mut h = Harness { only: options.layers.clone(), summary: vec![], per_major: vec![], passed: 0, failed: 0, failed_layers: 0, major_passed: 0, major_failed: 0 };
     for major in order {
         let started = Instant::now();
@@ -206,6 +207,9 @@ pub(crate) fn run(options: &Options) -> ExitCode {
         h.major_passed = 0;
         h.major_failed = 0;
         run_major(&mut h, &ctx);
+        if is_default {
+            default_ctx = Some(ctx.clone());
+        }
         h.per_major.push(format!(
             "pg{major}: {} passed, {} failed ({} layers, {}s)",
             h.major_passed,
@@ -213,6 +217,13 @@ pub(crate) fn run(options: &Options) -> ExitCode {
             if full { "all" } else { "core" },
             started.elapsed().as_secs()
         ));
+    }
+
+    // Across majors, once the trees it needs have had their install layer.
+    if let Some(ctx) = default_ctx {
+        std::env::set_var("PG_CONFIG", &ctx.config);
+        std::env::set_var("IDEM_PG_PORT", ctx.port.to_string());
+        h.layer(&ctx, "pg_upgrade", layers::pg_upgrade::run);
     }
 
     println!("\n== summary");
@@ -267,7 +278,6 @@ fn run_major(h: &mut Harness, ctx: &Ctx) {
         h.layer(ctx, "citus", layers::citus::run);
         h.layer(ctx, "pgspot", layers::pgspot::run);
         h.layer(ctx, "failover", layers::failover::run);
-        h.layer(ctx, "pg_upgrade", layers::pg_upgrade::run);
     }
 }
 
