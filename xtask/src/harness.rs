@@ -264,9 +264,9 @@ fn run_major(h: &mut Harness, ctx: &Ctx) {
             h.layer(ctx, "bench", layers::bench::run);
         }
     }
-    if needed {
-        let _ = catch_unwind(AssertUnwindSafe(|| private.stop(Stop::Fast)));
-    }
+    // Also when this run did not start it (a test process leaves it running): the next layers
+    // use its port.
+    let _ = catch_unwind(AssertUnwindSafe(|| private.stop(Stop::Fast)));
 
     // These run throwaway servers of their own (the upgrade, portable and python layers on the
     // now free port of the private cluster).
