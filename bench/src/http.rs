@@ -85,6 +85,7 @@ pub(crate) async fn serve(database_url: &str, bind: &str, provider_bind: &str) {
 /// The running service process; killed when dropped.
 pub(crate) struct Service {
     child: Child,
+    pid: u32,
     pub(crate) addr: SocketAddr,
 }
 
@@ -117,8 +118,9 @@ impl Service {
             .and_then(|l| l.strip_prefix("listening on "))
             .and_then(|a| a.parse().ok())
             .unwrap_or_else(|| panic!("the HTTP service printed {line:?}, not `listening on ADDR`"));
-        eprintln!("HTTP service pid {} on {addr}", child.id().unwrap_or(0));
-        Service { child, addr }
+        let pid = child.id().expect("the service's pid");
+        eprintln!("HTTP service pid {pid} on {addr}");
+        Service { child, pid, addr }
     }
 
     /// Stops the service process.
@@ -167,10 +169,43 @@ impl Connection {
     }
 }
 
+/// `perf record` of the service process while one side runs, when `IDEM_BENCH_PERF_DIR` names a
+/// directory (`bench/profile-http.sh` sets it): `DIR/NAME.data`, and `DIR/NAME.requests` the
+/// number of requests the profile covers.
+struct Profile {
+    perf: std::process::Child,
+    requests: std::path::PathBuf,
+}
+
+impl Profile {
+    fn start(pid: u32, name: &str) -> Option<Profile> {
+        let dir = std::path::PathBuf::from(std::env::var_os("IDEM_BENCH_PERF_DIR")?);
+        std::fs::create_dir_all(&dir).expect("the profile directory");
+        let freq = std::env::var("PROFILE_FREQ").unwrap_or_else(|_| "499".into());
+        let stack = std::env::var("PROFILE_STACK").unwrap_or_else(|_| "16384".into());
+        let perf = std::process::Command::new("perf")
+            .args(["record", "-q", "-e", "cpu-clock", "-F", &freq, "--call-graph", &format!("dwarf,{stack}"), "-p", &pid.to_string(), "-o"])
+            .arg(dir.join(format!("{name}.data")))
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("perf record (is perf installed?)");
+        std::thread::sleep(Duration::from_millis(500)); // perf attaches before the clock starts
+        Some(Profile { perf, requests: dir.join(format!("{name}.requests")) })
+    }
+
+    fn stop(mut self, requests: usize) {
+        // SIGINT: perf writes its file and exits.
+        let _ = std::process::Command::new("kill").args(["-INT", &self.perf.id().to_string()]).status();
+        let _ = self.perf.wait();
+        std::fs::write(&self.requests, requests.to_string()).expect("the profile's request count");
+    }
+}
+
 /// `connections` workers, each on its own keep-alive connection, sending `side`'s requests to
 /// `route` for `seconds`: requests per second, p50/p99 latency as the client saw it, WAL written
 /// (read on `db`). Every answer is checked: a 201, replayed exactly when `side` is a replay.
-pub(crate) async fn load(addr: SocketAddr, db: &tokio_postgres::Client, route: Route, side: Side, connections: usize, seconds: u64) -> Measure {
+pub(crate) async fn load(service: &Service, db: &tokio_postgres::Client, route: Route, side: Side, connections: usize, seconds: u64) -> Measure {
+    let addr = service.addr;
     // Connect and warm up before the clock: one request per connection (a replay's key executes
     // here, once).
     let mut conns = Vec::new();
@@ -181,6 +216,9 @@ pub(crate) async fn load(addr: SocketAddr, db: &tokio_postgres::Client, route: R
         c.post(route, side, &user, &key).await;
         conns.push((c, user, key));
     }
+    static RUN: AtomicU64 = AtomicU64::new(0);
+    let run = RUN.fetch_add(1, Ordering::Relaxed);
+    let profile = Profile::start(service.pid, &format!("{route:?}-{side:?}-{connections}-{run}").to_lowercase());
     let before = client::wal_lsn(db).await;
     let started = Instant::now();
     let stop = started + Duration::from_secs(seconds);
@@ -203,6 +241,9 @@ pub(crate) async fn load(addr: SocketAddr, db: &tokio_postgres::Client, route: R
         latencies.extend(h.await.expect("load worker"));
     }
     let elapsed = started.elapsed().as_secs_f64();
+    if let Some(p) = profile {
+        p.stop(latencies.len());
+    }
     let wal = client::wal_since(db, &before).await;
     client::measure(latencies, elapsed, wal)
 }

@@ -109,7 +109,7 @@ async fn http_rows(s: &Settings, rows: &mut Vec<Row>, bound: Option<String>) {
             for rep in 0..s.reps {
                 for i in 0..3 {
                     let i = if rep % 2 == 0 { i } else { 2 - i };
-                    runs[i].push(http::load(service.addr, &db, route, sides[i], c, u64::from(s.seconds)).await);
+                    runs[i].push(http::load(&service, &db, route, sides[i], c, u64::from(s.seconds)).await);
                 }
             }
             let [plain, fresh, replay] = runs.map(|r| Measure::mean(&r));
@@ -137,6 +137,11 @@ async fn main() {
         Settings { smoke, seconds: 1, reps: 1, clients: vec![1, 8], http_connections: vec![8, 64], growth_rows: 20_000, sweep_rows: 20_000, bloat_cycles: 3 }
     } else {
         Settings { smoke, seconds: 6, reps: 2, clients: vec![1, 8, 32], http_connections: vec![8, 64], growth_rows: 1_000_000, sweep_rows: 500_000, bloat_cycles: 20 }
+    };
+    // IDEM_BENCH_SECONDS: another length of every run (bench/profile-http.sh shortens them).
+    let s = match std::env::var("IDEM_BENCH_SECONDS") {
+        Ok(v) => Settings { seconds: v.parse().unwrap_or_else(|_| panic!("IDEM_BENCH_SECONDS={v} is not a number of seconds")), ..s },
+        Err(_) => s,
     };
     let out = root().join("target/bench");
     std::fs::create_dir_all(&out).expect("output dir");
