@@ -4,9 +4,11 @@
 # `perf record -e cpu-clock --call-graph dwarf` attached to the service process while each side
 # runs (the route without the layer, fresh keys, replays; 8 and 64 connections), then every
 # sample is put in the bucket of its nearest frame, leaf first, that names a crate of BUCKETS
-# below (the one place they are defined); a kernel leaf is "kernel".
+# below (the one place they are defined); a kernel leaf goes to the kernel bucket of the system
+# call that entered it (socket reads, socket writes, epoll_wait).
 #
 #   bench/profile-http.sh [SECONDS=4]
+#   bench/profile-http.sh --report      # the tables again, from the files of the last run
 #
 # Needs perf (linux-perf), the private cluster running (`scripts/pg.sh start`, IDEM_PG_PORT), the
 # extension installed in its PG_CONFIG tree and `cargo build --release -p idempotency-bench`.
@@ -19,16 +21,18 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 secs=${1:-4}
 out=$root/target/profile-http
 command -v perf >/dev/null || { echo "profile-http.sh: perf is not installed (Debian: apt-get install linux-perf)" >&2; exit 1; }
-[ -x "$root/target/release/bench" ] || { echo "profile-http.sh: build first: cargo build --release -p idempotency-bench" >&2; exit 1; }
-rm -rf "$out"
-mkdir -p "$out"
-# --smoke: every side once, for SECONDS.
-IDEM_BENCH_PERF_DIR=$out IDEM_BENCH_SECONDS=$secs "$root/target/release/bench" --http --smoke >"$out/bench.log" 2>&1 ||
-    { tail -20 "$out/bench.log" >&2; exit 1; }
-for f in "$out"/*.data; do
-    perf script -i "$f" -F tid,ip,sym,dso 2>/dev/null >"${f%.data}.txt"
-    [ "${PROFILE_KEEP:-1}" = 1 ] || rm -f "$f"
-done
+[ "$secs" = --report ] || [ -x "$root/target/release/bench" ] || { echo "profile-http.sh: build first: cargo build --release -p idempotency-bench" >&2; exit 1; }
+if [ "$secs" != --report ]; then
+    rm -rf "$out"
+    mkdir -p "$out"
+    # --smoke: every side once, for SECONDS.
+    IDEM_BENCH_PERF_DIR=$out IDEM_BENCH_SECONDS=$secs "$root/target/release/bench" --http --smoke >"$out/bench.log" 2>&1 ||
+        { tail -20 "$out/bench.log" >&2; exit 1; }
+    for f in "$out"/*.data; do
+        perf script -i "$f" -F tid,ip,sym,dso 2>/dev/null >"${f%.data}.txt"
+        [ "${PROFILE_KEEP:-1}" = 1 ] || rm -f "$f"
+    done
+fi
 FREQ=${PROFILE_FREQ:-499} python3 - "$out" <<'PY'
 import collections, glob, os, re, sys
 
@@ -54,7 +58,15 @@ def bucket(frames):
     if not frames:
         return "other"
     if frames[0][1].startswith("[kernel"):
-        return "kernel (syscalls, network)"
+        # By the system call the user side made: parking the runtime or socket I/O.
+        user = next((sym for sym, dso in frames if not dso.startswith("[kernel")), "")
+        if "epoll_wait" in user:
+            return "kernel: epoll_wait (parking, context switches)"
+        if re.search(r"recv|read", user):
+            return "kernel: socket reads"
+        if re.search(r"send|write", user):
+            return "kernel: socket writes"
+        return "kernel: other"
     for sym, _ in frames:
         for b, p in compiled:
             if p.search(sym):
@@ -78,7 +90,7 @@ for txt in sorted(glob.glob(os.path.join(sys.argv[1], "*.txt"))):
                     t[2][bucket(frames)] += 1
                 frames = None
                 continue
-            if not line.startswith((" ", "\t")):
+            if not line.startswith("\t"):
                 frames = []  # a sample's header (tid)
                 continue
             parts = line.strip().split(None, 1)
@@ -91,7 +103,7 @@ for txt in sorted(glob.glob(os.path.join(sys.argv[1], "*.txt"))):
         t[1] += 1
         t[2][bucket(frames)] += 1
 
-names = [b for b, _ in BUCKETS] + ["kernel (syscalls, network)", "other"]
+names = [b for b, _ in BUCKETS] + ["kernel: " + k for k in ("socket reads", "socket writes", "epoll_wait (parking, context switches)", "other")] + ["other"]
 for route in sorted({k[0] for k in totals}):
     for conns in sorted({k[1] for k in totals if k[0] == route}, key=int):
         sides = [s for s in ("plain", "fresh", "replay") if (route, conns, s) in totals]
