@@ -93,9 +93,23 @@ impl Service {
     /// Starts this binary with `--serve-http` on `database_url`. `IDEM_BENCH_HTTP_PORT` picks the
     /// service's port (the provider stub takes the next one); otherwise both are ephemeral.
     pub(crate) async fn start(database_url: &str) -> Service {
+        Service::spawn(database_url.to_owned(), 0).await
+    }
+
+    /// The same service whose sessions count their statements in pg_stat_statements (on the two
+    /// ports after [`Service::start`]'s), for [`statements_per_request`] only: tracking is off
+    /// while the load runs.
+    pub(crate) async fn counting(database_url: &str) -> Service {
+        let sep = if database_url.contains('?') { '&' } else { '?' };
+        Service::spawn(format!("{database_url}{sep}options=-c%20pg_stat_statements.track%3Dtop"), 2).await
+    }
+
+    async fn spawn(database_url: String, port_offset: u16) -> Service {
+        let database_url = database_url.as_str();
         let (bind, provider_bind) = match std::env::var("IDEM_BENCH_HTTP_PORT") {
             Ok(p) => {
                 let port: u16 = p.parse().unwrap_or_else(|_| panic!("IDEM_BENCH_HTTP_PORT={p} is not a port number"));
+                let port = port + port_offset;
                 (format!("127.0.0.1:{port}"), format!("127.0.0.1:{}", port + 1))
             }
             Err(_) => ("127.0.0.1:0".to_owned(), "127.0.0.1:0".to_owned()),
@@ -199,6 +213,33 @@ impl Profile {
         let _ = self.perf.wait();
         std::fs::write(&self.requests, requests.to_string()).expect("the profile's request count");
     }
+}
+
+/// Top-level statements executed in `db`'s database so far (utility statements such as `BEGIN`,
+/// `SAVEPOINT` and `COMMIT` included), when pg_stat_statements is loaded.
+async fn statements(db: &tokio_postgres::Client) -> Option<f64> {
+    db.query_one("SELECT coalesce(sum(calls), 0)::float8 AS n FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())", &[])
+        .await
+        .ok()?
+        .try_get("n")
+        .ok()
+}
+
+/// Top-level statements per request of `side` (utility statements such as `BEGIN`, `SAVEPOINT`
+/// and `COMMIT` included), counted by pg_stat_statements over `requests` sequential requests on
+/// one connection to `service`, which must track them (started with [`Service::counting`]).
+pub(crate) async fn statements_per_request(service: &Service, db: &tokio_postgres::Client, route: Route, side: Side, requests: usize) -> Option<f64> {
+    let mut c = Connection::open(service.addr).await;
+    let key = format!("counted-{}", fresh_key(0));
+    c.post(route, side, "http-count", &key).await; // warm-up; a replay's key executes here
+    let before = statements(db).await?;
+    for _ in 0..requests {
+        let key = if side == Side::Replay { key.clone() } else { fresh_key(0) };
+        c.post(route, side, "http-count", &key).await;
+    }
+    let after = statements(db).await?;
+    // `db`'s own session does not track its statements (the cluster's default is none).
+    Some((after - before) / requests as f64)
 }
 
 /// `connections` workers, each on its own keep-alive connection, sending `side`'s requests to

@@ -3,7 +3,8 @@
 //! (or `--smoke` for a few seconds per case, which checks only that every case produced numbers).
 //!
 //! Writes `target/bench/results.csv` and `target/bench/benchmark.png`. `--http` runs only the
-//! HTTP rows (see [`http`]) and writes `target/bench/http.csv`.
+//! HTTP rows (see [`http`]) and writes `target/bench/http.csv`; `--chart CSV PNG [TITLE]` draws
+//! the chart of a results CSV.
 
 mod chart;
 mod client;
@@ -102,6 +103,17 @@ async fn http_rows(s: &Settings, rows: &mut Vec<Row>, bound: Option<String>) {
         (http::Route::Charges, "HTTP /charges (in-transaction)", "the same insert in a plain transaction, same pool"),
         (http::Route::Payouts, "HTTP /payouts (two-phase)", "the same handler (a call to the provider stub), no layer"),
     ];
+    // Statements per request, counted by a second service process that tracks them.
+    let mut counts = [[None; 3]; 2];
+    if db.batch_execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements").await.is_ok() {
+        let counting = http::Service::counting(&url).await;
+        for (r, (route, _, _)) in routes.iter().enumerate() {
+            for (i, side) in [http::Side::Plain, http::Side::Fresh, http::Side::Replay].into_iter().enumerate() {
+                counts[r][i] = http::statements_per_request(&counting, &db, *route, side, if s.smoke { 20 } else { 200 }).await;
+            }
+        }
+        counting.stop().await;
+    }
     for (route, name, baseline) in routes {
         for &c in &s.http_connections {
             let sides = [http::Side::Plain, http::Side::Fresh, http::Side::Replay];
@@ -113,10 +125,15 @@ async fn http_rows(s: &Settings, rows: &mut Vec<Row>, bound: Option<String>) {
                 }
             }
             let [plain, fresh, replay] = runs.map(|r| Measure::mean(&r));
+            let [n_plain, n_fresh, n_replay] = counts[if route == http::Route::Charges { 0 } else { 1 }];
+            let counted = |ours: Option<f64>| ours.zip(n_plain).map(|(o, b)| format!("{o:.1} / {b:.1} top-level (BEGIN, COMMIT included)"));
             let clients = format!("{c} conns");
-            let work = if route == http::Route::Charges { bound.clone() } else { None };
-            rows.push(Row { figure: format!("{name}: fresh vs plain route"), clients: clients.clone(), baseline: baseline.into(), base: plain.clone(), ours: fresh, goal: Some(0.8), work });
-            rows.push(Row { figure: format!("{name}: replay vs plain route"), clients, baseline: baseline.into(), base: plain, ours: replay, goal: Some(1.0), work: None });
+            let fresh_work = match (counted(n_fresh), (route == http::Route::Charges).then(|| bound.clone()).flatten()) {
+                (Some(n), Some(b)) => Some(format!("{n}; {b}")),
+                (n, b) => n.or(b),
+            };
+            rows.push(Row { figure: format!("{name}: fresh vs plain route"), clients: clients.clone(), baseline: baseline.into(), base: plain.clone(), ours: fresh, goal: Some(0.8), work: fresh_work });
+            rows.push(Row { figure: format!("{name}: replay vs plain route"), clients, baseline: baseline.into(), base: plain, ours: replay, goal: Some(1.0), work: counted(n_replay) });
         }
     }
     service.stop().await;
@@ -128,6 +145,15 @@ async fn main() {
     if let [_, flag, database_url, bind, provider_bind] = args.as_slice() {
         if flag == "--serve-http" {
             http::serve(database_url, bind, provider_bind).await;
+            return;
+        }
+    }
+    if let [_, flag, csv, png, title @ ..] = args.as_slice() {
+        if flag == "--chart" {
+            // Redraws a chart from a results CSV (docs/benchmark.png from docs/benchmark.csv),
+            // titled TITLE if given.
+            let title = title.first().cloned().unwrap_or_else(title_of_run);
+            draw(&std::fs::read_to_string(csv).unwrap_or_else(|e| panic!("{csv}: {e}")), std::path::Path::new(png), &title);
             return;
         }
     }
@@ -237,20 +263,24 @@ async fn main() {
     let swept = Some((rows_per_sec, first_size, last_size));
     let report = render(&rows, swept, &s, started.elapsed().as_secs());
     print!("{report}");
-    std::fs::write(out.join("results.csv"), csv(&rows, swept)).expect("csv");
-    let mut bars: Vec<chart::Bar> = rows
-        .iter()
-        .filter_map(|r| r.goal.map(|g| (format!("{} ({})", r.figure, r.clients), r.ratio(), g)))
-        .collect();
-    bars.push(("sweep rows/s (÷ 200k goal)".into(), rows_per_sec / 200_000.0, 1.0));
-    let machine = machine();
-    let title = format!("idempotency {} — {machine}", env!("CARGO_PKG_VERSION"));
-    if let Err(e) = chart::draw(&out.join("benchmark.png"), &title, &bars) {
+    let table = csv(&rows, swept);
+    std::fs::write(out.join("results.csv"), &table).expect("csv");
+    draw(&table, &out.join("benchmark.png"), &title_of_run());
+    check_numbers(&rows, swept);
+    println!("{} cases measured; wrote target/bench/results.csv and target/bench/benchmark.png", rows.len() + 1);
+}
+
+/// The chart's title for a run on this machine.
+fn title_of_run() -> String {
+    format!("idempotency {} — {}", env!("CARGO_PKG_VERSION"), machine())
+}
+
+/// The chart of a results CSV.
+fn draw(csv: &str, png: &std::path::Path, title: &str) {
+    if let Err(e) = chart::draw(png, title, &chart::bars(csv)) {
         eprintln!("chart not drawn: {e}");
         std::process::exit(1);
     }
-    check_numbers(&rows, swept);
-    println!("{} cases measured; wrote target/bench/results.csv and target/bench/benchmark.png", rows.len() + 1);
 }
 
 /// The smoke mode asserts only that every case ran and produced numbers.
