@@ -15,7 +15,13 @@ pub(crate) fn bars(csv: &str) -> Vec<Bar> {
         .filter_map(|line| {
             let f = fields(line);
             let (figure, clients) = (f.first()?, f.get(1)?);
-            let ratio: f64 = f.get(5)?.parse().ok()?;
+            // The ratio of the two rates where there are two (as the table prints it), else the
+            // ratio column.
+            let rates = f.get(3).zip(f.get(4)).and_then(|(b, o)| Some((b.parse::<f64>().ok()?, o.parse::<f64>().ok()?)));
+            let ratio = match rates {
+                Some((base, ours)) if base > 0.0 => ours / base,
+                _ => f.get(5)?.parse().ok()?,
+            };
             let goal: f64 = f.get(6)?.parse().ok()?;
             let label = if figure == "sweep rows per second" { "sweep rows/s (÷ 200k goal)".to_owned() } else { format!("{figure} ({clients})") };
             Some((label, ratio, goal))
