@@ -316,8 +316,11 @@ class Idempotency:
 
 
 def _outside_transaction(conn: psycopg.Connection) -> None:
-    """The flows' rule for conn: autocommit and idle, so their transactions are not savepoints."""
-    if not conn.autocommit or conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+    """The flows' rule for conn: autocommit and outside a transaction, so their transactions are
+    not savepoints (a connection already lost passes: its first statement answers 503)."""
+    busy = (psycopg.pq.TransactionStatus.INTRANS, psycopg.pq.TransactionStatus.INERROR,
+            psycopg.pq.TransactionStatus.ACTIVE)
+    if not conn.autocommit or conn.info.transaction_status in busy:
         raise ValueError("conn must be in autocommit mode and outside a transaction: the flows open "
                          "their own, and one inside yours would be a SAVEPOINT")
 
