@@ -26,7 +26,8 @@ psql_db() {
     "$bindir/psql" -X -q -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$port" -U "${as:-postgres}" -d "$db" "$@"
 }
 
-# cluster_start NAME: a fresh cluster under target/test-clusters/NAME-MAJOR.
+# cluster_start NAME [CONF]: a fresh cluster under target/test-clusters/NAME-MAJOR; CONF, lines
+# added to its postgresql.conf.
 cluster_start() {
     cluster=$root/target/test-clusters/$1-$major
     as_server "$bindir/pg_ctl" -D "$cluster/data" -m immediate -w stop >/dev/null 2>&1
@@ -42,6 +43,7 @@ unix_socket_directories = '$cluster'
 max_connections = 100
 max_prepared_transactions = 10
 log_min_messages = warning
+${2:-}
 CONF
     as_server "$bindir/pg_ctl" -D "$cluster/data" -l "$cluster/server.log" -w -t 60 start >/dev/null \
         || { tail -20 "$cluster/server.log"; return 1; }

@@ -7,7 +7,8 @@
 #   portable    the same checks on a database with the portable install (scripts/portable.sh)
 #
 # Each check is one test: every outcome of the in-transaction and two-phase flows mapped to HTTP,
-# concurrent duplicates on one key from many threads executing once, and charges.py over HTTP.
+# concurrent duplicates on one key from many threads executing once, no SAVEPOINT on any
+# in-transaction outcome (counted by pg_stat_statements, preloaded here), and charges.py over HTTP.
 # psycopg is installed by scripts/setup.sh (`python3 -m pip install 'psycopg[binary]'`).
 # Ends with `N passed, N failed`; exits non-zero on any failure.
 set -uo pipefail
@@ -21,7 +22,8 @@ if ! python3 -c 'import psycopg' 2>/dev/null; then
 fi
 script=$root/target/idempotency-portable.sql
 check "bash scripts/portable.sh > target/idempotency-portable.sql" bash -c "bash scripts/portable.sh > '$script'"
-cluster_start python || { fail "start a cluster on port $port"; summary; exit 1; }
+# pg_stat_statements: check.py counts the SAVEPOINTs the server ran (none, on every outcome).
+cluster_start python "shared_preload_libraries = 'pg_stat_statements'" || { fail "start a cluster on port $port"; summary; exit 1; }
 
 # run_checks LABEL DB: check.py's lines become this script's tests.
 run_checks() {
