@@ -23,8 +23,8 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
-use idempotency_client::layer::{IdempotencyLayer, Transaction};
 use deadpool_postgres::{GenericClient, Pool};
+use idempotency_client::layer::{IdempotencyLayer, Transaction};
 use idempotency_client::{Idempotency, Settings};
 use serde_json::{json, Value};
 
@@ -97,7 +97,10 @@ async fn charge(tx: &impl GenericClient, headers: &HeaderMap, body: &str) -> Res
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let url = std::env::var("DATABASE_URL").map_err(|_| "set DATABASE_URL to the database with the extension")?;
     let bind = std::env::var("BIND").unwrap_or_else(|_| "127.0.0.1:3000".into());
-    let settings = Settings { schema: std::env::var("IDEM_SCHEMA").ok(), ..Settings::default() };
+    let mut settings = Settings::builder();
+    if let Ok(schema) = std::env::var("IDEM_SCHEMA") {
+        settings = settings.schema(schema);
+    }
     let idem = Idempotency::connect_with(&url, POOL_SIZE, settings)?;
     idem.check_extension().await?;
     idem.pool().get().await?.batch_execute(SCHEMA).await?;

@@ -1,13 +1,37 @@
-//! The one error type of the client, with its HTTP mapping.
+//! The one error type of the client. (Its HTTP mapping lives with the layer, behind the `tower`
+//! feature: `layer::http_status` and `layer::retry_after`.)
 
-use crate::key::KeyError;
+use idempotency_core::KeyError;
 use std::convert::Infallible;
 use std::time::Duration;
-use tokio_postgres::error::SqlState;
 
-/// A boxed error source: a `tokio_postgres::Error`, a `deadpool_postgres::PoolError` or a
-/// `deadpool_postgres::CreatePoolError`, kept as it came.
-type Source = Box<dyn std::error::Error + Send + Sync + 'static>;
+/// A boxed error source, kept as it came (a driver's error, a pool's error).
+pub(crate) type Source = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// A database error: its SQLSTATE (when the server sent one) and the driver's error.
+#[derive(Debug, thiserror::Error)]
+#[error("{source}")]
+pub struct DatabaseError {
+    code: Option<String>,
+    #[source]
+    source: Source,
+}
+
+impl DatabaseError {
+    pub(crate) fn new(code: Option<&str>, source: impl Into<Source>) -> Self {
+        DatabaseError { code: code.map(str::to_owned), source: source.into() }
+    }
+
+    /// The SQLSTATE, when the server sent one (`"40001"`, `"23505"`, ...).
+    pub fn sqlstate(&self) -> Option<&str> {
+        self.code.as_deref()
+    }
+
+    /// The driver's error (a `tokio_postgres::Error`), to downcast.
+    pub fn driver_error(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+        self.source.as_ref()
+    }
+}
 
 /// Everything a call can end with other than its result. `E` is the error type of your closure
 /// (for [`crate::Idempotency::run`] and [`crate::Idempotency::run_external`]); calls that run
@@ -33,45 +57,54 @@ pub enum Error<E = Infallible> {
     },
     /// This attempt lost its lease (recovered or taken over); its work was rolled back.
     #[error("the attempt lost its lease on the idempotency key; its work was rolled back")]
-    LeaseLost,
+    LeaseLost {
+        /// The `Retry-After` hint ([`crate::Settings::retry_after`]).
+        retry_after: Duration,
+    },
     /// The key breaks the input rules; nothing was sent to the database.
     #[error("invalid idempotency key: {0}")]
     InvalidKey(#[from] KeyError),
-    /// The pool or the connection failed or timed out: the store could not be reached. The
-    /// source is the `deadpool_postgres::PoolError` or `tokio_postgres::Error`.
+    /// The pool or the connection failed or timed out, or the server cannot take writes (a
+    /// standby after a failover): the store could not be used. Retrying is safe; the source is
+    /// the pool's or the driver's error.
     #[error("idempotency store unavailable")]
     StoreUnavailable(#[source] Source),
-    /// One of this crate's own statements found no API function or type: the extension is not
-    /// installed in the configured schema, or not at a version this client speaks. (An undefined
-    /// function in your own SQL is a [`Error::Database`] error.)
+    /// No usable install of the extension: not installed in the configured schema, or at a
+    /// version this client does not speak (only this crate's own statements report it; an
+    /// undefined function in your own SQL is a [`Error::Database`] error).
     #[error("{reason}")]
-    ExtensionMissing {
-        /// What is missing, in words.
+    IncompatibleExtension {
+        /// What is missing or skewed, in words.
         reason: String,
         /// The database error, when a statement failed.
         #[source]
-        source: Option<tokio_postgres::Error>,
+        source: Option<Source>,
     },
     /// The client was configured wrongly: a malformed connection URL, an invalid schema name.
     #[error("configuration: {reason}")]
     Configuration {
         /// What is wrong, in words.
         reason: String,
-        /// The underlying error, if any (for example a `deadpool_postgres::CreatePoolError`).
+        /// The underlying error, if any.
         #[source]
         source: Option<Source>,
     },
-    /// Your closure (or the outside call of `run_external`) failed. What happened to the key
-    /// follows its [`crate::HandlerError::disposition`]: transient errors released it (or, when
-    /// `poisoned`, the failure reached `max_retries` and the key is now `FAILED`); permanent ones
-    /// stored it as `FAILED` with their response.
+    /// Your closure (or the outside call of `run_external`) failed, and what happened to the
+    /// key follows its [`crate::HandlerError::disposition`]: a transient error released it (a
+    /// retry runs again); a permanent one stored it as `FAILED` with its response.
     #[error("handler failed: {error}")]
     Handler {
         /// Your error.
         error: E,
-        /// This transient failure was the key's last allowed one: it is now `FAILED` and a retry
-        /// gets [`Error::Failed`] instead of running again.
-        poisoned: bool,
+    },
+    /// Your closure failed transiently and that was the key's `max_retries`-th transient
+    /// failure: its writes were undone and the key is now `FAILED`, so a retry gets
+    /// [`Error::Failed`] instead of running again (the error twin of
+    /// [`crate::Outcome::Poisoned`]).
+    #[error("handler failed, and the key is poisoned: {error}")]
+    Poisoned {
+        /// Your error.
+        error: E,
     },
     /// `run_external`: the outside call succeeded but its local transaction (your `record`
     /// closure and the completion) failed for good, after retries of transient database errors.
@@ -100,55 +133,37 @@ pub enum Error<E = Infallible> {
         reason: String,
         /// The decoding error, if any.
         #[source]
-        source: Option<tokio_postgres::Error>,
+        source: Option<Source>,
     },
     /// Any other database error (see [`Error::sqlstate`]).
     #[error("database error")]
-    Database(#[source] tokio_postgres::Error),
+    Database(#[source] DatabaseError),
 }
 
 impl<E> Error<E> {
-    /// The HTTP status a server should answer with: 409 in progress / lease lost (send
-    /// `Retry-After`, see [`Error::retry_after`]), 422 mismatch, the stored status for a failure
-    /// (409 when nothing was stored), 400 invalid key, 503 store unavailable, 500 otherwise.
-    pub fn http_status(&self) -> u16 {
-        match self {
-            Error::InProgress { .. } | Error::LeaseLost => 409,
-            Error::Mismatch => 422,
-            Error::Failed { response } => response
-                .as_ref()
-                .and_then(|r| r.get("status"))
-                .and_then(serde_json::Value::as_u64)
-                .and_then(|s| u16::try_from(s).ok())
-                .filter(|s| (100..=599).contains(s))
-                .unwrap_or(409),
-            Error::InvalidKey(_) => 400,
-            Error::StoreUnavailable(_) => 503,
-            Error::ExtensionMissing { .. }
-            | Error::Configuration { .. }
-            | Error::Handler { .. }
-            | Error::RecordFailed { .. }
-            | Error::Decode(_)
-            | Error::Protocol { .. }
-            | Error::Database(_) => 500,
-        }
-    }
-
-    /// How long a client should wait before retrying, for `Retry-After`.
-    pub fn retry_after(&self) -> Option<Duration> {
-        match self {
-            Error::InProgress { retry_after } => Some(*retry_after),
-            Error::LeaseLost => Some(Duration::from_secs(1)),
-            _ => None,
-        }
-    }
-
     /// The SQLSTATE of a database error, if that is what this is.
-    pub fn sqlstate(&self) -> Option<&SqlState> {
+    pub fn sqlstate(&self) -> Option<&str> {
         match self {
-            Error::Database(e) => e.code(),
+            Error::Database(e) => e.sqlstate(),
             _ => None,
         }
+    }
+
+    /// Whether the whole transaction is worth retrying: 40001 / 40P01 from our statements or
+    /// from the closure.
+    pub(crate) fn is_retryable_conflict(&self) -> bool
+    where
+        E: crate::HandlerError,
+    {
+        match self {
+            Error::Database(db) => crate::handler::is_retryable_sqlstate(db.sqlstate()),
+            Error::Handler { error } | Error::Poisoned { error } => crate::handler::is_retryable_sqlstate(error.sqlstate()),
+            _ => false,
+        }
+    }
+
+    pub(crate) fn protocol(reason: impl Into<String>) -> Self {
+        Error::Protocol { reason: reason.into(), source: None }
     }
 }
 
@@ -159,12 +174,12 @@ impl Error<Infallible> {
             Error::InProgress { retry_after } => Error::InProgress { retry_after },
             Error::Mismatch => Error::Mismatch,
             Error::Failed { response } => Error::Failed { response },
-            Error::LeaseLost => Error::LeaseLost,
+            Error::LeaseLost { retry_after } => Error::LeaseLost { retry_after },
             Error::InvalidKey(k) => Error::InvalidKey(k),
             Error::StoreUnavailable(s) => Error::StoreUnavailable(s),
-            Error::ExtensionMissing { reason, source } => Error::ExtensionMissing { reason, source },
+            Error::IncompatibleExtension { reason, source } => Error::IncompatibleExtension { reason, source },
             Error::Configuration { reason, source } => Error::Configuration { reason, source },
-            Error::Handler { error, .. } => match error {},
+            Error::Handler { error } | Error::Poisoned { error } => match error {},
             Error::RecordFailed { response, key_completed, error } => {
                 Error::RecordFailed { response, key_completed, error: Box::new(error.widen()) }
             }
@@ -173,68 +188,4 @@ impl Error<Infallible> {
             Error::Database(e) => Error::Database(e),
         }
     }
-}
-
-impl<E> From<tokio_postgres::Error> for Error<E> {
-    /// Connection-level failures (closed connection, I/O, class 08, shutdown, too many
-    /// connections) become `StoreUnavailable`, anything else `Database`. This is the mapping for
-    /// your own statements too, so `?` on them never claims the extension is missing.
-    fn from(e: tokio_postgres::Error) -> Self {
-        if is_unavailable(&e) {
-            Error::StoreUnavailable(Box::new(e))
-        } else {
-            Error::Database(e)
-        }
-    }
-}
-
-impl<E> From<deadpool_postgres::PoolError> for Error<E> {
-    /// A connection that could not be made is `StoreUnavailable` (or `Database` for, say, an
-    /// authentication failure); a timeout waiting for a pooled connection or a closed pool is
-    /// `StoreUnavailable`; a pool without a runtime is a `Configuration` error.
-    fn from(e: deadpool_postgres::PoolError) -> Self {
-        use deadpool_postgres::PoolError;
-        match e {
-            PoolError::Backend(e) => Error::from(e),
-            PoolError::NoRuntimeSpecified => {
-                Error::Configuration { reason: "the pool has no runtime for its timeouts".into(), source: Some(Box::new(e)) }
-            }
-            other => Error::StoreUnavailable(Box::new(other)),
-        }
-    }
-}
-
-/// Maps an error of one of this crate's own statements: a missing function, type or schema
-/// means the extension is missing; anything else as [`From`] does.
-pub(crate) fn ours(e: tokio_postgres::Error) -> Error {
-    let missing = e.code().is_some_and(|c| {
-        *c == SqlState::UNDEFINED_FUNCTION || *c == SqlState::UNDEFINED_OBJECT || *c == SqlState::INVALID_SCHEMA_NAME
-    });
-    if missing {
-        Error::ExtensionMissing {
-            reason: "the idempotency extension is not installed in the configured schema".into(),
-            source: Some(e),
-        }
-    } else {
-        Error::from(e)
-    }
-}
-
-/// Whether a database error means the store cannot be reached.
-pub(crate) fn is_unavailable(e: &tokio_postgres::Error) -> bool {
-    match e.code() {
-        Some(code) => {
-            code.code().starts_with("08")
-                || *code == SqlState::ADMIN_SHUTDOWN
-                || *code == SqlState::CRASH_SHUTDOWN
-                || *code == SqlState::CANNOT_CONNECT_NOW
-                || *code == SqlState::TOO_MANY_CONNECTIONS
-        }
-        None => e.is_closed() || std::error::Error::source(e).is_some_and(|s| s.is::<std::io::Error>()),
-    }
-}
-
-/// 40001 (serialization failure) or 40P01 (deadlock): the whole transaction is worth retrying.
-pub(crate) fn is_serialization_failure(e: &tokio_postgres::Error) -> bool {
-    e.code().is_some_and(|c| *c == SqlState::T_R_SERIALIZATION_FAILURE || *c == SqlState::T_R_DEADLOCK_DETECTED)
 }

@@ -18,10 +18,8 @@
 //! let outcome = idem
 //!     .run(&key, &fingerprint, |tx| {
 //!         Box::pin(async move {
-//!             let row = tx
-//!                 .query_one("INSERT INTO charges (user_id, amount) VALUES ($1, $2) RETURNING id", &[&"user-42", &100i32])
-//!                 .await?;
-//!             let id: i64 = row.try_get("id")?;
+//!             let insert = tx.prepare_cached("INSERT INTO charges (user_id, amount) VALUES ($1, $2) RETURNING id").await?;
+//!             let id: i64 = tx.query_one(&insert, &[&"user-42", &100i32]).await?.try_get("id")?;
 //!             Ok::<_, tokio_postgres::Error>(StoredResponse::json(201, json!({"id": id})))
 //!         })
 //!     })
@@ -31,16 +29,15 @@
 //!     Ok(Outcome::Replayed(resp)) => println!("replay (Idempotent-Replayed: true): {}", resp.status),
 //!     Ok(Outcome::Released(resp)) => println!("transient {}; the retry runs again", resp.status),
 //!     Ok(Outcome::Poisoned(resp)) => println!("transient {}; retries exhausted, the key failed", resp.status),
-//!     Err(e) => println!("answer {}: {e}", e.http_status()),
+//!     Err(e) => println!("not run now ({}): {e}", e.decision()),
 //! }
 //! # Ok(())
 //! # }
 //! ```
 //!
-//! `run` costs three round trips for a closure with one prepared statement: `BEGIN` and the
-//! reservation travel together, then a savepoint with your statement, then the completion and
-//! `COMMIT` together. A replay is answered after the first. (`query_one` with a string, as
-//! above, adds a round trip to parse it; `tx.prepare_cached(..)` parses once per connection.)
+//! `run` is the in-transaction flow; `run_external` the two-phase flow (a side effect outside
+//! the database). `run` costs three round trips for a closure with one prepared statement and
+//! takes no savepoint; a replay is answered after the first.
 //!
 //! The extension's schema comes from `pg_extension` (looked up once per handle), or from
 //! [`Settings::schema`]: every call is qualified with it, so `CREATE EXTENSION idempotency
@@ -49,7 +46,7 @@
 //! ```no_run
 //! use idempotency_client::{Idempotency, Settings};
 //! # fn demo() -> Result<(), idempotency_client::Error> {
-//! let settings = Settings { schema: Some("idem".into()), max_retries: Some(5), ..Settings::default() };
+//! let settings = Settings::builder().schema("idem").max_retries(5);
 //! let idem = Idempotency::connect_with("postgresql://app@localhost/shop", 16, settings)?;
 //! # Ok(())
 //! # }
@@ -60,7 +57,7 @@
 //! The [`ops`] functions take any `deadpool_postgres::GenericClient`, so they also run inside a
 //! transaction you already hold: the reservation and your writes commit or roll back together.
 //! `?` on your own statements gives [`Error::Database`] (or [`Error::StoreUnavailable`]), never
-//! [`Error::ExtensionMissing`], which only this crate's statements raise.
+//! [`Error::IncompatibleExtension`], which only this crate's statements raise.
 //!
 //! ```no_run
 //! use idempotency_client::ops::{self, ReserveOptions, ReserveOutcome, Status};
@@ -72,7 +69,7 @@
 //! let fingerprint = Fingerprint::of_bytes(b"raw request body");
 //! let mut client = idem.pool().get().await?;
 //! let tx = client.transaction().await?;
-//! match ops::reserve(&tx, &schema, &key, fingerprint.as_str(), &ReserveOptions::default()).await?.outcome {
+//! match ops::reserve(&tx, &schema, &key, &fingerprint, &ReserveOptions::default()).await?.outcome {
 //!     ReserveOutcome::Created(token) => {
 //!         tx.execute("INSERT INTO orders (user_id) VALUES ($1)", &[&"user-7"]).await?;
 //!         let body = serde_json::json!({"status": 201});
@@ -87,44 +84,51 @@
 //! # }
 //! ```
 //!
+//! # Layout
+//!
+//! The pure rules (keys, fingerprints, the vocabulary of statuses and outcomes) are the crate
+//! `idempotency-core`, which the extension links too; this crate re-exports what a caller
+//! needs. The flows are written once over the [`Driver`] interface; [`Postgres`]
+//! (tokio-postgres with a deadpool pool) is its implementation.
+//!
 //! # Web services
 //!
 //! With the `axum` feature (or `tower` for any tower HTTP service), the `layer` module's
 //! `IdempotencyLayer` makes a route idempotent in a few lines: the `Idempotency-Key` header,
 //! problem+json answers, stored and replayed responses, in-transaction or two-phase routes, and
 //! `tracing` spans; the `metrics` feature adds counters and histograms through the `metrics`
-//! facade. The `tracing` feature alone puts a span around every call of [`Idempotency`].
-//!
-//! Built without default features, this crate is only the pure rules shared with the extension,
-//! which links this code: [`fingerprint`] (the canonical JSON hash that `idem_fingerprint`
-//! computes) and the key rules behind [`Key`] (the input rules the SQL API checks).
+//! facade. The HTTP mapping of an error is `layer::http_status` and `layer::retry_after`. The
+//! `tracing` feature alone puts a span around every call of [`Idempotency`].
 
 #![deny(missing_docs)]
 
-pub mod fingerprint;
-pub mod key;
-
-pub use fingerprint::{Fingerprint, FingerprintError};
-pub use key::{Key, KeyError};
-
-#[cfg(feature = "client")]
+mod batch;
+mod connect;
+pub mod driver;
 mod error;
-#[cfg(feature = "client")]
+mod flow;
 mod handle;
-#[cfg(feature = "client")]
+mod handler;
+mod heartbeat;
 pub mod ops;
-#[cfg(feature = "client")]
+mod outcome;
 mod response;
-#[cfg(feature = "client")]
+mod settings;
+mod sql;
+pub mod tls;
 mod trace;
 #[cfg(feature = "tower")]
 pub mod layer;
 
-#[cfg(feature = "client")]
-pub use error::Error;
-#[cfg(feature = "client")]
-pub use handle::{Disposition, HandlerError, Idempotency, Outcome, Settings, Tx, TxFuture};
-#[cfg(feature = "client")]
-pub use ops::Schema;
-#[cfg(feature = "client")]
-pub use response::{Json, Replayable, StoredResponse, Verdict};
+pub use batch::{BatchItem, BatchOutcome};
+pub use driver::{Driver, Postgres, Tx};
+pub use error::{DatabaseError, Error};
+pub use flow::TxFuture;
+pub use handle::Idempotency;
+pub use handler::{Disposition, HandlerError};
+pub use idempotency_core::fingerprint::canonical_json;
+pub use idempotency_core::{Decision, Fingerprint, FingerprintError, Key, KeyError};
+pub use outcome::{decision, Outcome};
+pub use response::{Body, Json, Replayable, StoredResponse, Verdict};
+pub use settings::{Isolation, Settings};
+pub use sql::Schema;

@@ -5,7 +5,7 @@
 //! rule, and returns its (settled) value otherwise.
 
 use crate::guc;
-use idempotency_client::key::{self, KeyError};
+use idempotency_core::key::{self, KeyError};
 use pgrx::datum::Interval;
 use pgrx::pg_sys::errcodes::PgSqlErrorCode;
 use pgrx::prelude::*;

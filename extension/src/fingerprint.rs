@@ -1,7 +1,7 @@
 //! `idem_fingerprint(jsonb)` and `idem_fingerprint(bytea)`: thin wrappers over the client crate's
 //! fingerprint module, so the server and the client compute the same string by construction.
 
-use idempotency_client::fingerprint::{Fingerprint, FingerprintError};
+use idempotency_core::fingerprint::{Fingerprint, FingerprintError};
 use pgrx::pg_sys::errcodes::PgSqlErrorCode;
 use pgrx::prelude::*;
 use pgrx::callconv::{Arg, ArgAbi};

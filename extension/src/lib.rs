@@ -59,7 +59,7 @@ mod tests {
     #[pg_test]
     fn jsonb_fingerprint_uses_the_client_canonical_form() {
         let sql = r#"SELECT idem_fingerprint('{"b": [1.0, 2e1], "a": "x"}'::jsonb)"#;
-        let want = idempotency_client::Fingerprint::of_json_text(r#"{"a":"x","b":[1,20]}"#).unwrap();
+        let want = idempotency_core::Fingerprint::of_json_text(r#"{"a":"x","b":[1,20]}"#).unwrap();
         assert_eq!(one::<String>(sql), want.as_str());
     }
 

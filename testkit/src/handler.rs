@@ -50,7 +50,7 @@ impl Charge {
 
     /// The closure for `Idempotency::run`: counts the run in `runs`, writes the row, waits, then
     /// answers `{"id", "run", "charged"}` with the status.
-    pub fn handler<E>(self, runs: &Arc<AtomicUsize>) -> impl for<'t> FnMut(&'t Tx<'_>) -> TxFuture<'t, StoredResponse, E> + Send
+    pub fn handler<E>(self, runs: &Arc<AtomicUsize>) -> impl for<'t> FnMut(&'t Tx) -> TxFuture<'t, StoredResponse, E> + Send
     where
         E: Send + 'static + From<tokio_postgres::Error>,
     {
@@ -58,14 +58,14 @@ impl Charge {
     }
 
     /// [`handler`](Charge::handler), but failing with `fail` after the write.
-    pub fn failing<E>(self, runs: &Arc<AtomicUsize>, fail: E) -> impl for<'t> FnMut(&'t Tx<'_>) -> TxFuture<'t, StoredResponse, E> + Send
+    pub fn failing<E>(self, runs: &Arc<AtomicUsize>, fail: E) -> impl for<'t> FnMut(&'t Tx) -> TxFuture<'t, StoredResponse, E> + Send
     where
         E: Clone + Send + Sync + 'static + From<tokio_postgres::Error>,
     {
         self.run_with(runs, Some(move || fail.clone()))
     }
 
-    fn run_with<E, F>(self, runs: &Arc<AtomicUsize>, fail: Option<F>) -> impl for<'t> FnMut(&'t Tx<'_>) -> TxFuture<'t, StoredResponse, E> + Send
+    fn run_with<E, F>(self, runs: &Arc<AtomicUsize>, fail: Option<F>) -> impl for<'t> FnMut(&'t Tx) -> TxFuture<'t, StoredResponse, E> + Send
     where
         E: Send + 'static + From<tokio_postgres::Error>,
         F: Fn() -> E + Send + 'static,

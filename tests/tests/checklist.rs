@@ -9,7 +9,7 @@ use idempotency_testkit::{admin, charges_for, fresh_database, handle, unique_key
 use serde_json::json;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// A closure error that is transient unless built with a response.
 #[derive(Debug, Clone)]
@@ -62,12 +62,12 @@ async fn same_key_with_a_different_payload_is_a_mismatch() {
     idem.run(&key, &fp(json!({"amount": 100})), Charge::of(&key).handler::<Failure>(&runs)).await.unwrap();
     let err = idem.run(&key, &fp(json!({"amount": 200})), Charge::of(&key).handler::<Failure>(&runs)).await.unwrap_err();
     assert!(matches!(err, Error::Mismatch), "{err:?}");
-    assert_eq!(err.http_status(), 422);
+    assert_eq!(idempotency_client::layer::http_status(&err), 422);
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
 
 async fn concurrent_duplicates(wait: bool) -> (Vec<Result<Outcome<StoredResponse>, Error<Failure>>>, usize, i64) {
-    let idem = handle(Settings { wait, ..Settings::default() }).await;
+    let idem = handle(Settings::builder().wait(wait)).await;
     let key = unique_key(if wait { "checklist.concurrent.wait" } else { "checklist.concurrent.nowait" });
     let runs = Arc::new(AtomicUsize::new(0));
     let start = Arc::new(tokio::sync::Barrier::new(64));
@@ -91,15 +91,46 @@ async fn concurrent_duplicates(wait: bool) -> (Vec<Result<Outcome<StoredResponse
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_duplicates_run_once_and_the_others_are_in_progress() {
-    let (results, runs, charges) = concurrent_duplicates(false).await;
-    assert_eq!(runs, 1, "the closure ran exactly once");
-    assert_eq!(charges, 1, "exactly one business row");
-    let executed = results.iter().filter(|r| matches!(r, Ok(Outcome::Executed(_)))).count();
-    let busy = results.iter().filter(|r| matches!(r, Err(Error::InProgress { .. }))).count();
-    let replayed = results.iter().filter(|r| matches!(r, Ok(Outcome::Replayed(_)))).count();
-    assert_eq!(executed, 1);
-    assert_eq!(busy + replayed, 63, "every duplicate is in progress or a replay: {results:?}");
-    assert!(busy > 0, "duplicates overlapped the 200 ms attempt");
+    // The attempt that gets the key holds it (its row written, its transaction open) until every
+    // duplicate has answered: none can be a replay, each must be in progress, at once.
+    let idem = handle(Settings::default()).await;
+    let key = unique_key("checklist.concurrent.nowait");
+    let runs = Arc::new(AtomicUsize::new(0));
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let start = Arc::new(tokio::sync::Barrier::new(64));
+    let (done, mut answers) = tokio::sync::mpsc::unbounded_channel();
+    for _ in 0..64 {
+        let (idem, key, runs, gate, start, done) = (idem.clone(), key.clone(), runs.clone(), gate.clone(), start.clone(), done.clone());
+        tokio::spawn(async move {
+            start.wait().await;
+            let tag = key.to_string();
+            let answer = idem
+                .run(&key, &fp(json!({"amount": 100})), move |tx| {
+                    let (runs, gate, tag) = (runs.clone(), gate.clone(), tag.clone());
+                    Box::pin(async move {
+                        runs.fetch_add(1, Ordering::SeqCst);
+                        let insert = "INSERT INTO charges (user_id, amount, k) VALUES ('u', 100, $1)";
+                        tx.execute(insert, &[&tag]).await.map_err(|_| Failure(None))?;
+                        gate.acquire().await.expect("gate").forget();
+                        Ok::<_, Failure>(StoredResponse::json(201, json!({})))
+                    })
+                })
+                .await;
+            let _ = done.send(answer);
+        });
+    }
+    drop(done);
+    let mut results = Vec::new();
+    while results.len() < 63 {
+        let answer = tokio::time::timeout(Duration::from_secs(30), answers.recv()).await;
+        results.push(answer.expect("63 duplicates answer while the holder waits").expect("an answer"));
+    }
+    assert!(results.iter().all(|r| matches!(r, Err(Error::InProgress { .. }))), "every duplicate is in progress: {results:?}");
+    gate.add_permits(1);
+    let holder = tokio::time::timeout(Duration::from_secs(30), answers.recv()).await.expect("the holder finishes").expect("an answer");
+    assert!(matches!(holder, Ok(Outcome::Executed(_))), "{holder:?}");
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the closure ran exactly once");
+    assert_eq!(charges_for(&admin().await, &key).await, 1, "exactly one business row");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -132,13 +163,13 @@ async fn permanent_failure_is_stored_and_replayed_as_failure() {
     let first = idem.run(&key, &fp(json!({"a": 1})), Charge::of(&key).status(402).handler::<Failure>(&runs)).await.unwrap();
     assert!(matches!(&first, Outcome::Executed(r) if r.status == 402));
     let record = ops::lookup(&admin, &schema, &key).await.unwrap().expect("record");
-    assert_eq!(record.status, "FAILED", "an error response is never recorded as success");
+    assert_eq!(record.status, Status::Failed, "an error response is never recorded as success");
     let err = idem.run(&key, &fp(json!({"a": 1})), Charge::of(&key).handler::<Failure>(&runs)).await.unwrap_err();
     match &err {
         Error::Failed { response: Some(r) } => assert_eq!(r["status"], 402),
         other => panic!("expected the stored failure, got {other:?}"),
     }
-    assert_eq!(err.http_status(), 402);
+    assert_eq!(idempotency_client::layer::http_status(&err), 402);
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 
     // A permanent handler error: its writes roll back, its response is stored and replayed.
@@ -172,22 +203,26 @@ async fn transient_failure_releases_and_reexecutes() {
     assert!(matches!(&third, Outcome::Executed(r) if r.status == 201));
     assert_eq!(runs.load(Ordering::SeqCst), 3);
     assert_eq!(charges_for(&admin, &key).await, 1);
-    let reservation = ops::reserve(&admin, &schema, &key, fp(json!({"a": 1})).as_str(), &ReserveOptions::default()).await.unwrap();
+    let reservation = ops::reserve(&admin, &schema, &key, &fp(json!({"a": 1})), &ReserveOptions::default()).await.unwrap();
     assert_eq!(reservation.attempts, 2, "two transient failures were counted");
 }
 
 #[tokio::test]
 async fn max_retries_transient_failures_poison_the_key() {
-    let idem = handle(Settings { max_retries: Some(3), ..Settings::default() }).await;
+    let idem = handle(Settings::builder().max_retries(3)).await;
     let key = unique_key("checklist.poison");
     let runs = Arc::new(AtomicUsize::new(0));
-    for _ in 0..3 {
+    for n in 1..=3 {
         let err = idem.run(&key, &fp(json!({"a": 1})), Charge::of(&key).failing(&runs, Failure(None))).await.unwrap_err();
-        assert!(matches!(err, Error::Handler { .. }), "{err:?}");
+        if n < 3 {
+            assert!(matches!(err, Error::Handler { .. }), "failure {n} released the key: {err:?}");
+        } else {
+            assert!(matches!(err, Error::Poisoned { .. }), "failure {n} poisoned the key: {err:?}");
+        }
     }
     let err = idem.run(&key, &fp(json!({"a": 1})), Charge::of(&key).handler::<Failure>(&runs)).await.unwrap_err();
     assert!(matches!(err, Error::Failed { response: None }), "{err:?}");
-    assert_eq!(err.http_status(), 409);
+    assert_eq!(idempotency_client::layer::http_status(&err), 409);
     assert_eq!(runs.load(Ordering::SeqCst), 3, "the poisoned key never runs again");
 }
 
@@ -197,11 +232,11 @@ async fn store_down_is_store_unavailable_within_a_bounded_time() {
     let idem = Idempotency::connect("postgresql://postgres@127.0.0.1:1/postgres?connect_timeout=2", 4).unwrap();
     let key = unique_key("checklist.down");
     let runs = Arc::new(AtomicUsize::new(0));
-    let started = Instant::now();
-    let err = idem.run(&key, &fp(json!({})), Charge::of(&key).handler::<Failure>(&runs)).await.unwrap_err();
+    let fingerprint = fp(json!({}));
+    let answer = tokio::time::timeout(Duration::from_secs(15), idem.run(&key, &fingerprint, Charge::of(&key).handler::<Failure>(&runs))).await;
+    let err = answer.expect("an unreachable store answers within the pool's bounds, never hangs").unwrap_err();
     assert!(matches!(err, Error::StoreUnavailable(_)), "{err:?}");
-    assert_eq!(err.http_status(), 503);
-    assert!(started.elapsed() < Duration::from_secs(15), "took {:?}", started.elapsed());
+    assert_eq!(idempotency_client::layer::http_status(&err), 503);
     assert_eq!(runs.load(Ordering::SeqCst), 0);
     assert!(matches!(idem.check_extension().await, Err(Error::StoreUnavailable(_))));
 }
@@ -234,7 +269,7 @@ async fn recover_stuck_unblocks_a_crashed_workers_key() {
     let first = unique_key("checklist.crash.first");
     let second = unique_key("checklist.crash.second");
     for key in [&first, &second] {
-        let r = ops::reserve(&client, &schema, key, fp(json!({})).as_str(), &short).await.unwrap();
+        let r = ops::reserve(&client, &schema, key, &fp(json!({})), &short).await.unwrap();
         assert!(matches!(r.outcome, ReserveOutcome::Created(_)));
     }
     let err = idem.run(&first, &fp(json!({})), Charge::of(&first).handler::<Failure>(&runs)).await.unwrap_err();
@@ -257,7 +292,7 @@ async fn recover_stuck_unblocks_a_crashed_workers_key() {
 async fn sweep_frees_an_expired_key() {
     let url = fresh_database("idem_checklist_sweep").await;
     let ttl = Duration::from_millis(200);
-    let idem = Idempotency::connect_with(&url, 8, Settings { ttl: Some(ttl), ..Settings::default() }).unwrap();
+    let idem = Idempotency::connect_with(&url, 8, Settings::builder().ttl(ttl)).unwrap();
     let schema = idem.schema().await.unwrap();
     let runs = Arc::new(AtomicUsize::new(0));
     let key = unique_key("checklist.sweep");
@@ -280,12 +315,12 @@ async fn stale_token_can_never_complete() {
     let schema = idem.schema().await.unwrap();
     let key = unique_key("checklist.stale");
     let short = ReserveOptions { lease: Some(Duration::from_millis(100)), ..ReserveOptions::default() };
-    let ReserveOutcome::Created(old) = ops::reserve(&client, &schema, &key, "h", &short).await.unwrap().outcome else {
+    let ReserveOutcome::Created(old) = ops::reserve(&client, &schema, &key, &Fingerprint::of_bytes(b"h"), &short).await.unwrap().outcome else {
         panic!("created")
     };
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(ops::recover_stuck(&client, &schema, 10, RecoverAction::Release, None).await.unwrap(), 1);
-    let ReserveOutcome::Created(new) = ops::reserve(&client, &schema, &key, "h", &ReserveOptions::default()).await.unwrap().outcome
+    let ReserveOutcome::Created(new) = ops::reserve(&client, &schema, &key, &Fingerprint::of_bytes(b"h"), &ReserveOptions::default()).await.unwrap().outcome
     else {
         panic!("created")
     };
@@ -302,7 +337,7 @@ async fn invalid_keys_are_refused_by_key_new_with_http_400() {
     let err = Key::new("op", "user", "bad\nkey").unwrap_err();
     assert_eq!(err.argument(), "key");
     let err: Error = err.into();
-    assert_eq!(err.http_status(), 400);
+    assert_eq!(idempotency_client::layer::http_status(&err), 400);
     assert!(Key::new("op", "", "k").is_err());
     assert!(Key::new("op", "u", "k".repeat(256)).is_err());
 }
@@ -317,10 +352,10 @@ async fn check_extension_reports_the_version_or_its_absence() {
     admin.batch_execute("CREATE DATABASE idem_no_extension").await.unwrap();
     let bare = Idempotency::connect(&idempotency_testkit::database_url("idem_no_extension"), 2).unwrap();
     let err = bare.check_extension().await.unwrap_err();
-    assert!(matches!(err, Error::ExtensionMissing { .. }), "{err:?}");
-    // And a call without the extension fails as ExtensionMissing, not as an obscure error.
+    assert!(matches!(err, Error::IncompatibleExtension { .. }), "{err:?}");
+    // And a call without the extension fails as IncompatibleExtension, not as an obscure error.
     let key = unique_key("checklist.noext");
     let runs = Arc::new(AtomicUsize::new(0));
     let err = bare.run(&key, &fp(json!({})), Charge::of(&key).handler::<Failure>(&runs)).await.unwrap_err();
-    assert!(matches!(err, Error::ExtensionMissing { .. }), "{err:?}");
+    assert!(matches!(err, Error::IncompatibleExtension { .. }), "{err:?}");
 }

@@ -21,7 +21,7 @@ fn fp() -> Fingerprint {
 /// as a transient failure of the key.
 #[tokio::test]
 async fn serialization_failure_inside_the_closure_retries_the_transaction_without_counting() {
-    let idem = handle(Settings { max_retries: Some(3), ..Settings::default() }).await;
+    let idem = handle(Settings::builder().max_retries(3)).await;
     let key = unique_key("defect.closure_40001");
     let runs = Arc::new(AtomicUsize::new(0));
     let out = idem
@@ -45,20 +45,20 @@ async fn serialization_failure_inside_the_closure_retries_the_transaction_withou
     let admin = admin().await;
     assert_eq!(charges_for(&admin, &key).await, 1, "only the committed run's write is kept");
     let schema = idem.schema().await.unwrap();
-    let again = ops::reserve(&admin, &schema, &key, fp().as_str(), &ReserveOptions::default()).await.unwrap();
+    let again = ops::reserve(&admin, &schema, &key, &fp(), &ReserveOptions::default()).await.unwrap();
     assert_eq!(again.outcome, ops::ReserveOutcome::Replay(Some(json!({"status": 201, "headers": [], "body": {"run": 3}}))));
     assert_eq!(again.attempts, 0, "a serialization failure is not a failure of the key");
 }
 
 /// Defect 2: an undefined function in the caller's own SQL is a database error, not
-/// `ExtensionMissing`.
+/// `IncompatibleExtension`.
 #[tokio::test]
 async fn an_undefined_function_in_the_callers_sql_is_not_extension_missing() {
     let admin = admin().await;
     let db_error = admin.query_one("SELECT no_such_function_in_your_schema()", &[]).await.unwrap_err();
     let err: Error = db_error.into();
     assert!(matches!(err, Error::Database(_)), "{err:?}");
-    assert_eq!(err.sqlstate(), Some(&tokio_postgres::error::SqlState::UNDEFINED_FUNCTION));
+    assert_eq!(err.sqlstate(), Some(tokio_postgres::error::SqlState::UNDEFINED_FUNCTION.code()));
 
     // Through `run`, with a closure whose error type is the crate's own: a handler error.
     let idem = handle(Settings::default()).await;
@@ -72,18 +72,18 @@ async fn an_undefined_function_in_the_callers_sql_is_not_extension_missing() {
         })
         .await
         .unwrap_err();
-    assert!(matches!(err, Error::Handler { poisoned: false, .. }), "{err:?}");
+    assert!(matches!(err, Error::Handler { .. }), "{err:?}");
 
-    // Our own statement without the extension is still `ExtensionMissing`, with its source.
+    // Our own statement without the extension is still `IncompatibleExtension`, with its source.
     use std::error::Error as _;
     let wrong = Idempotency::connect_with(
         idempotency_testkit::test_database().await,
         2,
-        Settings { schema: Some("pg_catalog".into()), ..Settings::default() },
+        Settings::builder().schema("pg_catalog"),
     )
     .unwrap();
     let err = wrong.run(&key, &fp(), |_tx| Box::pin(async { Ok(StoredResponse::json(201, json!({}))) }) as TxFuture<'_, _, tokio_postgres::Error>).await.unwrap_err();
-    assert!(matches!(err, Error::ExtensionMissing { source: Some(_), .. }), "{err:?}");
+    assert!(matches!(err, Error::IncompatibleExtension { source: Some(_), .. }), "{err:?}");
     assert!(err.source().is_some_and(|s| s.is::<tokio_postgres::Error>()));
 }
 
@@ -93,7 +93,7 @@ fn record(
     tag: String,
     runs: Arc<AtomicUsize>,
     failures: usize,
-) -> impl for<'t> FnMut(&'t Tx<'_>, &'t StoredResponse) -> TxFuture<'t, (), tokio_postgres::Error> + Send {
+) -> impl for<'t> FnMut(&'t Tx, &'t StoredResponse) -> TxFuture<'t, (), tokio_postgres::Error> + Send {
     move |tx, _response| {
         let (tag, runs) = (tag.clone(), runs.clone());
         Box::pin(async move {
@@ -113,7 +113,7 @@ fn record(
 /// retried; the outside call never runs twice and its result is recorded.
 #[tokio::test]
 async fn run_external_retries_the_local_transaction_after_a_transient_error() {
-    let idem = handle(Settings { lease: Some(Duration::from_secs(5)), ..Settings::default() }).await;
+    let idem = handle(Settings::builder().lease(Duration::from_secs(5))).await;
     let key = unique_key("defect.record_40001");
     let calls = Arc::new(AtomicUsize::new(0));
     let call = {
@@ -131,14 +131,14 @@ async fn run_external_retries_the_local_transaction_after_a_transient_error() {
     let admin = admin().await;
     assert_eq!(charges_for(&admin, &key).await, 1);
     let schema = idem.schema().await.unwrap();
-    assert_eq!(ops::lookup(&admin, &schema, &key).await.unwrap().unwrap().status, "SUCCESS");
+    assert_eq!(ops::lookup(&admin, &schema, &key).await.unwrap().unwrap().status, ops::Status::Success);
 }
 
 /// Defect 3: when the local write fails for good, the key is not left to be recovered as a
 /// failure: it holds the outside result, so a retry replays it and never calls out again.
 #[tokio::test]
 async fn run_external_keeps_the_outside_result_when_the_local_write_fails() {
-    let idem = handle(Settings { lease: Some(Duration::from_secs(5)), ..Settings::default() }).await;
+    let idem = handle(Settings::builder().lease(Duration::from_secs(5))).await;
     let key = unique_key("defect.record_fails");
     let call = async { Ok::<_, tokio_postgres::Error>(StoredResponse::json(201, json!({"network_ref": "ch_2"}))) };
     let err = idem.run_external(&key, &fp(), call, record(key.to_string(), Arc::default(), usize::MAX)).await.unwrap_err();
@@ -152,28 +152,28 @@ async fn run_external_keeps_the_outside_result_when_the_local_write_fails() {
     let admin = admin().await;
     let schema = idem.schema().await.unwrap();
     let stored = ops::lookup(&admin, &schema, &key).await.unwrap().unwrap();
-    assert_eq!(stored.status, "SUCCESS", "{err:?}: the outside call happened; its result is kept");
+    assert_eq!(stored.status, ops::Status::Success, "{err:?}: the outside call happened; its result is kept");
     assert_eq!(stored.response.unwrap()["body"]["network_ref"], "ch_2");
     // A retry replays the result and never calls out again.
     let again = idem
         .run_external(&key, &fp(), async { panic!("called out twice") }, record(key.to_string(), Arc::default(), 0))
         .await
         .unwrap();
-    assert!(matches!(&again, Outcome::Replayed(r) if r.body["network_ref"] == "ch_2"), "{again:?}");
+    assert!(matches!(&again, Outcome::Replayed(r) if r.body_json().unwrap_or_default()["network_ref"] == "ch_2"), "{again:?}");
     assert_eq!(charges_for(&admin, &key).await, 0);
 }
 
 /// Defect 4: the transient result that poisons the key is not reported as released.
 #[tokio::test]
 async fn the_transient_result_that_poisons_the_key_is_not_reported_as_released() {
-    let idem = handle(Settings { max_retries: Some(1), ..Settings::default() }).await;
+    let idem = handle(Settings::builder().max_retries(1)).await;
     let key = unique_key("defect.poison_outcome");
     let out: Outcome<StoredResponse> = idem
         .run(&key, &fp(), |_tx| Box::pin(async { Ok(StoredResponse::json(503, json!({}))) }) as TxFuture<'_, _, tokio_postgres::Error>)
         .await
         .unwrap();
     let schema = idem.schema().await.unwrap();
-    assert_eq!(ops::lookup(&admin().await, &schema, &key).await.unwrap().unwrap().status, "FAILED");
+    assert_eq!(ops::lookup(&admin().await, &schema, &key).await.unwrap().unwrap().status, ops::Status::Failed);
     assert!(matches!(out, Outcome::Poisoned(ref r) if r.status == 503), "a poisoned key reported as released: {out:?}");
 
     // A transient handler error says so too.
@@ -182,7 +182,7 @@ async fn the_transient_result_that_poisons_the_key_is_not_reported_as_released()
         .run(&key, &fp(), |_tx| Box::pin(async { Err::<StoredResponse, _>("upstream timeout") }) as TxFuture<'_, _, &str>)
         .await
         .unwrap_err();
-    assert!(matches!(err, Error::Handler { poisoned: true, .. }), "{err:?}");
+    assert!(matches!(err, Error::Poisoned { .. }), "{err:?}");
 }
 
 /// Defect 5: a malformed URL is a configuration error, and errors keep their sources.
@@ -229,6 +229,35 @@ async fn an_unexpected_answer_is_a_protocol_error() {
         .unwrap();
     let skewed = idempotency_client::Schema::named("skewed").unwrap();
     let key = unique_key("defect.protocol");
-    let err = ops::reserve(&admin, &skewed, &key, fp().as_str(), &ReserveOptions::default()).await.unwrap_err();
+    let err = ops::reserve(&admin, &skewed, &key, &fp(), &ReserveOptions::default()).await.unwrap_err();
     assert!(matches!(&err, Error::Protocol { reason, .. } if reason.contains("maybe")), "{err:?}");
+}
+
+/// A server that cannot take writes (a standby after a failover, or a read-only database)
+/// refuses with 25006: the client reports `StoreUnavailable` (a retry after the failover reaches
+/// the new primary), and the source says why.
+#[tokio::test]
+async fn a_read_only_server_is_store_unavailable() {
+    let url = idempotency_testkit::fresh_database("idem_read_only").await;
+    let admin = Idempotency::connect(&url, 1).unwrap();
+    admin.pool().get().await.unwrap().batch_execute("ALTER DATABASE idem_read_only SET default_transaction_read_only = on").await.unwrap();
+    drop(admin);
+    let idem = Idempotency::connect(&url, 2).unwrap();
+    let key = unique_key("defect.read_only");
+    let runs = Arc::new(AtomicUsize::new(0));
+    let err = idem
+        .run(&key, &fp(), {
+            let runs = runs.clone();
+            move |_tx: &Tx| {
+                runs.fetch_add(1, Ordering::SeqCst);
+                Box::pin(async { Ok(StoredResponse::json(201, json!({}))) }) as TxFuture<'_, _, tokio_postgres::Error>
+            }
+        })
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::StoreUnavailable(_)), "{err:?}");
+    let db = std::error::Error::source(&err).and_then(|s| s.downcast_ref::<tokio_postgres::Error>()).and_then(|e| e.as_db_error());
+    assert_eq!(db.map(|d| d.code().code()), Some("25006"), "the source is the server's refusal: {err:?}");
+    assert!(db.is_some_and(|d| d.message().contains("read-only transaction")), "{err:?}");
+    assert_eq!(runs.load(Ordering::SeqCst), 0, "nothing ran");
 }

@@ -30,7 +30,7 @@ async fn dump_and_restore_keep_records_counters_and_token_order() {
     // One key in each state, plus a retry counter.
     for (i, end) in ["success", "failed", "processing", "released"].iter().enumerate() {
         let key = Key::new("dump", "u", format!("k{i}")).unwrap();
-        let ReserveOutcome::Created(token) = ops::reserve(&client, &schema, &key, fp.as_str(), &opts).await.unwrap().outcome else {
+        let ReserveOutcome::Created(token) = ops::reserve(&client, &schema, &key, &fp, &opts).await.unwrap().outcome else {
             panic!("created")
         };
         match *end {
@@ -64,13 +64,13 @@ async fn dump_and_restore_keep_records_counters_and_token_order() {
 
     // Tokens keep increasing after the restore, and the restored keys behave.
     let key = Key::new("dump", "u", "after-restore").unwrap();
-    let ReserveOutcome::Created(token) = ops::reserve(&restored, &schema, &key, fp.as_str(), &opts).await.unwrap().outcome else {
+    let ReserveOutcome::Created(token) = ops::reserve(&restored, &schema, &key, &fp, &opts).await.unwrap().outcome else {
         panic!("created")
     };
     assert!(token.0 > max_token, "token {} after restore must exceed {max_token}", token.0);
-    let replay = ops::reserve(&restored, &schema, &Key::new("dump", "u", "k0").unwrap(), fp.as_str(), &opts).await.unwrap();
+    let replay = ops::reserve(&restored, &schema, &Key::new("dump", "u", "k0").unwrap(), &fp, &opts).await.unwrap();
     assert_eq!(replay.outcome, ReserveOutcome::Replay(Some(json!({"n": 12.50}))));
-    let retried = ops::reserve(&restored, &schema, &Key::new("dump", "u", "k3").unwrap(), fp.as_str(), &opts).await.unwrap();
+    let retried = ops::reserve(&restored, &schema, &Key::new("dump", "u", "k3").unwrap(), &fp, &opts).await.unwrap();
     assert!(matches!(retried.outcome, ReserveOutcome::Created(_)));
     assert_eq!(retried.attempts, 1, "the retry counter survived the restore");
 }

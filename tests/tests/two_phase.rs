@@ -10,11 +10,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 async fn private(name: &str, lease: Duration) -> Idempotency {
-    handle_in(name, Settings { lease: Some(lease), ..Settings::default() }).await
+    handle_in(name, Settings::builder().lease(lease)).await
 }
 
 /// The local write of the two-phase flow: one row tagged with the key.
-fn record(tag: String) -> impl for<'t> FnMut(&'t Tx<'_>, &'t StoredResponse) -> TxFuture<'t, (), tokio_postgres::Error> + Send {
+fn record(tag: String) -> impl for<'t> FnMut(&'t Tx, &'t StoredResponse) -> TxFuture<'t, (), tokio_postgres::Error> + Send {
     move |tx, _response| {
         let tag = tag.clone();
         Box::pin(async move {
@@ -71,12 +71,12 @@ async fn heartbeat_keeps_the_key_through_a_call_longer_than_the_lease() {
     stop.notify_one();
     recoverer.await.unwrap();
 
-    assert!(matches!(&outcome, Outcome::Executed(r) if r.body["network_ref"] == "ch_1"));
+    assert!(matches!(&outcome, Outcome::Executed(r) if r.body_json().unwrap_or_default()["network_ref"] == "ch_1"));
     assert_eq!(recovered.load(Ordering::SeqCst), 0, "a heartbeating key is never recovered");
     assert_eq!(calls.load(Ordering::SeqCst), 1);
     let client = idem.pool().get().await.unwrap();
     assert_eq!(charges_for(&client, &key).await, 1);
-    assert_eq!(ops::lookup(&client, &schema, &key).await.unwrap().unwrap().status, "SUCCESS");
+    assert_eq!(ops::lookup(&client, &schema, &key).await.unwrap().unwrap().status, ops::Status::Success);
     // And the replay does not call out again.
     let again = idem
         .run_external(&key, &fp, async { Ok::<_, tokio_postgres::Error>(StoredResponse::json(500, json!({}))) }, record("again".into()))
@@ -111,18 +111,19 @@ async fn a_worker_that_lost_its_key_cannot_complete_it() {
             .unwrap();
             assert_eq!(ops::recover_stuck(&tx, &schema, 10, RecoverAction::Release, None).await.unwrap(), 1);
             tx.commit().await.unwrap();
-            let newer = ops::reserve(&client, &schema, &key, "other-request", &ops::ReserveOptions::default()).await.unwrap();
+            let newer = ops::reserve(&client, &schema, &key, &Fingerprint::of_bytes(b"other-request"), &ops::ReserveOptions::default()).await.unwrap();
             assert!(matches!(newer.outcome, ops::ReserveOutcome::Created(_)));
             Ok::<_, tokio_postgres::Error>(StoredResponse::json(201, json!({"late": true})))
         }
     };
     let err = idem.run_external(&key, &fp, call, record(key.to_string())).await.unwrap_err();
-    assert!(matches!(err, Error::LeaseLost), "{err:?}");
-    assert_eq!(err.http_status(), 409);
+    assert!(matches!(err, Error::LeaseLost { .. }), "{err:?}");
+    assert_eq!(idempotency_client::layer::http_status(&err), 409);
     let client = idem.pool().get().await.unwrap();
     assert_eq!(charges_for(&client, &key).await, 0, "the stale worker's local write rolled back");
     let record = ops::lookup(&client, &schema, &key).await.unwrap().unwrap();
-    assert_eq!((record.status.as_str(), record.request_hash.as_str()), ("PROCESSING", "other-request"));
+    let other = Fingerprint::of_bytes(b"other-request");
+    assert_eq!((record.status, record.request_hash.as_str()), (ops::Status::Processing, other.as_str()));
 }
 
 #[tokio::test]

@@ -68,6 +68,7 @@
 //! mid-request does not cancel it, and its retry replays the stored response.
 
 mod config;
+pub mod http;
 mod key_header;
 mod observe;
 pub mod problem;
@@ -76,6 +77,7 @@ mod request;
 mod service;
 mod transaction;
 
+pub use http::{http_status, retry_after};
 pub use config::{default_status_policy, Builder, ConfigError, UserFn, ANONYMOUS_USER};
 pub use service::IdempotencyService;
 pub use transaction::Transaction;

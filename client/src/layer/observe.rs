@@ -3,55 +3,11 @@
 //! the `metrics` facade, both labelled with `operation` and `outcome`.
 
 use super::problem::Problem;
+use crate::Decision as Outcome;
 use sha2::{Digest, Sha256};
 use std::time::{Duration, Instant};
 use tracing::field::Empty;
 use tracing::Span;
-
-/// How a covered request ended, as the `outcome` label and span field.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Outcome {
-    /// The handler ran and its response was stored.
-    Executed,
-    /// A stored success was replayed.
-    Replayed,
-    /// Another attempt holds the key (409).
-    InProgress,
-    /// Same key, another request (422).
-    Mismatch,
-    /// The key failed for good: its stored failure was replayed (or a 409 without one).
-    Failed,
-    /// The handler's answer was transient (5xx, panic): the key was released.
-    Released,
-    /// As released, but that was the key's last allowed transient failure.
-    Poisoned,
-    /// The attempt lost its lease (409).
-    LeaseLost,
-    /// The store could not be reached (503).
-    StoreUnavailable,
-    /// The request was answered before reaching the store (400, 401, 413).
-    Rejected,
-    /// Any other error (500).
-    Error,
-}
-
-impl Outcome {
-    pub(crate) fn label(self) -> &'static str {
-        match self {
-            Outcome::Executed => "executed",
-            Outcome::Replayed => "replayed",
-            Outcome::InProgress => "in_progress",
-            Outcome::Mismatch => "mismatch",
-            Outcome::Failed => "failed",
-            Outcome::Released => "released",
-            Outcome::Poisoned => "poisoned",
-            Outcome::LeaseLost => "lease_lost",
-            Outcome::StoreUnavailable => "store_unavailable",
-            Outcome::Rejected => "rejected",
-            Outcome::Error => "error",
-        }
-    }
-}
 
 /// The span and clock of one covered request.
 pub(crate) struct Observed {
@@ -98,13 +54,13 @@ impl Observed {
     /// Closes the request: span fields, the decision event, the metrics.
     pub(crate) fn finish(self, outcome: Outcome, status: u16) {
         let elapsed: Duration = self.started.elapsed();
-        self.span.record("outcome", outcome.label());
+        self.span.record("outcome", outcome.as_str());
         self.span.record("status", status);
         self.span.record("duration_ms", elapsed.as_secs_f64() * 1000.0);
-        self.span.in_scope(|| tracing::info!(outcome = outcome.label(), status, "idempotency decision"));
+        self.span.in_scope(|| tracing::info!(outcome = outcome.as_str(), status, "idempotency decision"));
         #[cfg(feature = "metrics")]
         {
-            let labels = [("operation", self.operation.clone()), ("outcome", outcome.label().to_owned())];
+            let labels = [("operation", self.operation.clone()), ("outcome", outcome.as_str().to_owned())];
             metrics::counter!("idempotency_requests_total", &labels).increment(1);
             metrics::histogram!("idempotency_duration_seconds", &labels).record(elapsed.as_secs_f64());
         }

@@ -1,37 +1,34 @@
-//! A handler's HTTP response as the layer stores and replays it: the status, the allow-listed
-//! headers and the exact body bytes (as text when they are UTF-8, else as hex).
+//! A handler's HTTP response as the layer stores and replays it: a [`StoredResponse`] (the one
+//! stored form, shared with `run`) of the status, the allow-listed headers and the exact body
+//! bytes, plus the live response of the attempt that ran.
 
-use crate::response::{Replayable, Verdict};
+use crate::response::{Body, Replayable, StoredResponse, Verdict};
 use bytes::Bytes;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::{Response, StatusCode};
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// The stored form, plus (never stored) the live response of this attempt and the verdict the
 /// layer's status policy gave it.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug)]
 pub(crate) struct HttpRecord {
-    status: u16,
-    #[serde(default)]
-    headers: Vec<(String, String)>,
-    /// The body, when it is UTF-8.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    text: Option<String>,
-    /// The body in lowercase hex, when it is not UTF-8.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    hex: Option<String>,
-    /// A JSON body, as [`crate::StoredResponse`] stores it (read only, for records written by
-    /// `Idempotency::run` with a `StoredResponse`).
-    #[serde(default, skip_serializing)]
-    body: Option<serde_json::Value>,
-    #[serde(skip)]
+    stored: StoredResponse,
     live: Option<(HeaderMap, Bytes)>,
-    #[serde(skip, default = "replayed_verdict")]
     verdict: Verdict,
 }
 
-fn replayed_verdict() -> Verdict {
-    Verdict::Success
+impl Serialize for HttpRecord {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.stored.serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for HttpRecord {
+    /// A replayed record: its verdict is the stored one's (replays are successes or failures
+    /// already recorded).
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Ok(HttpRecord { stored: StoredResponse::deserialize(d)?, live: None, verdict: Verdict::Success })
+    }
 }
 
 impl Replayable for HttpRecord {
@@ -49,33 +46,24 @@ impl HttpRecord {
             .flat_map(|name| headers.get_all(name).iter().map(move |v| (name, v)))
             .filter_map(|(name, v)| Some((name.as_str().to_owned(), v.to_str().ok()?.to_owned())))
             .collect();
-        let (text, hex) = match std::str::from_utf8(&body) {
-            Ok(text) => (Some(text.to_owned()), None),
-            Err(_) => (None, Some(to_hex(&body))),
-        };
-        HttpRecord { status: status.as_u16(), headers: kept, text, hex, body: None, live: Some((headers, body)), verdict }
+        let stored = StoredResponse { status: status.as_u16(), headers: kept, body: Body::exact(&body) };
+        HttpRecord { stored, live: Some((headers, body)), verdict }
     }
 
     /// The response of the attempt that ran (every header the handler set), or the replay of the
     /// stored one (its allow-listed headers and `Idempotent-Replayed: true`).
     pub(crate) fn into_response<B: From<Bytes>>(self) -> Response<B> {
-        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let status = StatusCode::from_u16(self.stored.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         if let Some((headers, body)) = self.live {
             let mut response = Response::new(B::from(body));
             *response.status_mut() = status;
             *response.headers_mut() = headers;
             return response;
         }
-        let body = match (self.text, self.hex, self.body) {
-            (Some(text), _, _) => Bytes::from(text),
-            (None, Some(hex), _) => Bytes::from(from_hex(&hex).unwrap_or_default()),
-            (None, None, Some(json)) => Bytes::from(json.to_string()),
-            (None, None, None) => Bytes::new(),
-        };
-        let mut response = Response::new(B::from(body));
+        let mut response = Response::new(B::from(Bytes::from(self.stored.body.to_bytes())));
         *response.status_mut() = status;
         let headers = response.headers_mut();
-        for (name, value) in self.headers {
+        for (name, value) in self.stored.headers {
             if let (Ok(name), Ok(value)) = (HeaderName::try_from(name), HeaderValue::try_from(value)) {
                 headers.append(name, value);
             }
@@ -83,14 +71,6 @@ impl HttpRecord {
         headers.insert("idempotent-replayed", HeaderValue::from_static("true"));
         response
     }
-}
-
-fn to_hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn from_hex(hex: &str) -> Option<Vec<u8>> {
-    (0..hex.len()).step_by(2).map(|i| hex.get(i..i + 2).and_then(|pair| u8::from_str_radix(pair, 16).ok())).collect()
 }
 
 #[cfg(test)]

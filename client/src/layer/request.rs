@@ -1,7 +1,7 @@
 //! What the layer reads from a request: its operation, its user and its fingerprint.
 
 use super::config::{Config, Scope, ANONYMOUS_USER};
-use crate::fingerprint::{canonical_json, Fingerprint};
+use idempotency_core::fingerprint::{canonical_json, Fingerprint};
 use http::header::CONTENT_TYPE;
 use http::request::Parts;
 
@@ -60,11 +60,20 @@ fn canonical_body(fields: Option<&[String]>, body: &[u8]) -> Option<String> {
     match fields {
         None => canonical_json(text).ok(),
         Some(fields) => {
-            let value: serde_json::Value = serde_json::from_str(text).ok()?;
-            let object = value.as_object()?;
-            let selected: serde_json::Map<_, _> =
-                fields.iter().filter_map(|f| object.get(f).map(|v| (f.clone(), v.clone()))).collect();
-            canonical_json(&serde_json::Value::Object(selected).to_string()).ok()
+            // The selected members' own text, never a parsed value: numbers keep every digit
+            // (serde_json's Value would round them to f64), and canonical_json sees them exactly.
+            let object: std::collections::HashMap<String, Box<serde_json::value::RawValue>> = serde_json::from_str(text).ok()?;
+            let mut selected = String::from("{");
+            for (name, value) in fields.iter().filter_map(|f| object.get(f).map(|v| (f, v))) {
+                if selected.len() > 1 {
+                    selected.push(',');
+                }
+                selected.push_str(&serde_json::to_string(name).ok()?);
+                selected.push(':');
+                selected.push_str(value.get());
+            }
+            selected.push('}');
+            canonical_json(&selected).ok()
         }
     }
 }
@@ -120,5 +129,21 @@ mod tests {
         let a = fingerprint(&c, &post, br#"{"amount": 1, "trace": "x"}"#);
         assert_eq!(a, fingerprint(&c, &post, br#"{"trace": "y", "amount": 1}"#));
         assert_ne!(a, fingerprint(&c, &post, br#"{"amount": 2, "trace": "x"}"#));
+    }
+
+    #[test]
+    fn selected_fields_keep_every_digit() {
+        // Equal as f64, different as numbers: two requests, never one fingerprint.
+        let c = config(Some(&["amount"]));
+        let post = parts("POST", "/charges", true);
+        let a = fingerprint(&c, &post, br#"{"amount": 10000000000000000001, "trace": "x"}"#);
+        assert_ne!(a, fingerprint(&c, &post, br#"{"amount": 10000000000000000000, "trace": "x"}"#));
+        assert_ne!(
+            fingerprint(&c, &post, br#"{"amount": 0.10000000000000000001}"#),
+            fingerprint(&c, &post, br#"{"amount": 0.1}"#)
+        );
+        // Still canonical: the same number spelled another way, nested objects in another order.
+        assert_eq!(fingerprint(&c, &post, br#"{"amount": 1.50}"#), fingerprint(&c, &post, br#"{"amount": 15e-1}"#));
+        assert_eq!(fingerprint(&c, &post, br#"{"amount": {"b": 1, "a": 2}}"#), fingerprint(&c, &post, br#"{"amount": {"a": 2, "b": 1}}"#));
     }
 }

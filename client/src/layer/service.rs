@@ -3,12 +3,12 @@
 
 use super::config::Config;
 use super::key_header::{self, KeyHeader};
-use super::observe::{Observed, Outcome as Seen};
+use super::observe::Observed;
+use crate::Decision as Seen;
 use super::problem::{types, Problem};
 use super::record::HttpRecord;
 use super::transaction::Transaction;
 use super::Mode;
-use crate::handle::Begun;
 use crate::{Error, Fingerprint, HandlerError, Key, Outcome, Tx, TxFuture};
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
@@ -71,7 +71,7 @@ where
 /// A request of a covered method.
 async fn covered<S, B, R>(config: Arc<Config>, mut inner: S, req: Request<B>) -> Result<Response<R>, S::Error>
 where
-    S: Service<Request<B>, Response = Response<R>> + Send + 'static,
+    S: Service<Request<B>, Response = Response<R>> + Clone + Send + 'static,
     S::Future: Send + 'static,
     S::Error: Send + 'static,
     B: Body + From<Bytes> + Send + 'static,
@@ -116,7 +116,6 @@ where
         Err(e) => return Ok(observed.reject(Problem::new(400, types::BODY_UNREADABLE, "Request body unreadable", e.to_string()))),
     };
     let fingerprint = super::request::fingerprint(&config, &parts, &bytes);
-    let req = Request::from_parts(parts, B::from(bytes));
 
     // The route runs to its end in a task of its own, so a client that disconnects does not
     // cancel it half-way: the key is completed (or released) and the client's retry replays.
@@ -124,8 +123,11 @@ where
         let config = config.clone();
         async move {
             match config.mode {
-                Mode::InTransaction => in_transaction(&config, inner, key, fingerprint, req).await,
-                Mode::TwoPhase => two_phase(&config, inner, key, fingerprint, req).await,
+                Mode::InTransaction => in_transaction(&config, inner, key, fingerprint, parts, bytes).await,
+                Mode::TwoPhase => {
+                    let req = Request::from_parts(parts, B::from(bytes));
+                    two_phase(&config, inner, key, fingerprint, req).await
+                }
             }
         }
         .instrument(observed.span().clone())
@@ -210,31 +212,39 @@ where
     }
 }
 
-/// In-transaction: reserve in a transaction, give it to the route, complete and commit with its
-/// response.
-async fn in_transaction<S, B, R>(config: &Config, inner: S, key: Key, fingerprint: Fingerprint, mut req: Request<B>) -> Answer<R, S::Error>
+/// In-transaction: `run`, with the route as its work: the route gets the transaction in its
+/// request's extensions, and its response is stored with its writes. (A retry of the whole
+/// transaction after 40001 / 40P01 calls the route again with the same request.)
+async fn in_transaction<S, B, R>(
+    config: &Arc<Config>,
+    inner: S,
+    key: Key,
+    fingerprint: Fingerprint,
+    parts: http::request::Parts,
+    bytes: Bytes,
+) -> Answer<R, S::Error>
 where
-    S: Service<Request<B>, Response = Response<R>>,
-    R: Body + From<Bytes>,
+    S: Service<Request<B>, Response = Response<R>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    B: Body + From<Bytes> + Send + 'static,
+    R: Body + From<Bytes> + Send + 'static,
+    R::Data: Send,
     R::Error: Into<BoxError>,
 {
-    let idem = &config.idem;
-    let schema = match idem.schema().await {
-        Ok(schema) => schema,
-        Err(e) => return error_answer(config, e.widen()),
-    };
-    let attempt = match idem.begin::<HttpRecord, Failure<S::Error>>(&schema, &key, &fingerprint).await {
-        Ok(Begun::Created(attempt)) => attempt,
-        Ok(Begun::Answered(answer)) => return answer_of(config, answer),
-        Err(e) => return error_answer(config, e),
-    };
-    tracing::debug!("key reserved; running the handler in its transaction");
-    req.extensions_mut().insert(Transaction(attempt.shared()));
-    let produced = match attempt.work(produce(config, inner, req)).await {
-        Ok(produced) => produced,
-        Err(e) => return error_answer(config, e),
-    };
-    answer_of(config, attempt.finish(produced).await)
+    let route = config.clone();
+    let work = work_fn(move |tx: &Tx| {
+        let mut req = Request::from_parts(parts.clone(), B::from(bytes.clone()));
+        req.extensions_mut().insert(Transaction(tx.clone()));
+        let (config, inner) = (route.clone(), inner.clone());
+        Box::pin(async move { produce(&config, inner, req).await }) as TxFuture<'_, HttpRecord, Failure<S::Error>>
+    });
+    answer_of(config, config.idem.run(&key, &fingerprint, work).await)
+}
+
+/// Gives a closure the higher-ranked signature of a flow's work.
+fn work_fn<T, E, F: for<'t> FnMut(&'t Tx) -> TxFuture<'t, T, E>>(f: F) -> F {
+    f
 }
 
 /// Two-phase: reserve with a lease, run the route while the lease is heartbeaten, then complete.
@@ -253,57 +263,45 @@ where
 }
 
 /// The two-phase layer records nothing locally but the key.
-fn nothing_local<'t, E: Send + 'static>(_: &'t Tx<'_>, _: &'t HttpRecord) -> TxFuture<'t, (), E> {
+fn nothing_local<'t, E: Send + 'static>(_: &'t Tx, _: &'t HttpRecord) -> TxFuture<'t, (), E> {
     Box::pin(std::future::ready(Ok(())))
 }
 
 /// Maps a flow's result to the answer.
 fn answer_of<R: From<Bytes>, SE>(config: &Config, result: Result<Outcome<HttpRecord>, Error<Failure<SE>>>) -> Answer<R, SE> {
     match result {
-        Ok(Outcome::Executed(record)) => Answer::Respond(record.into_response(), Seen::Executed),
-        Ok(Outcome::Replayed(record)) => Answer::Respond(record.into_response(), Seen::Replayed),
-        Ok(Outcome::Released(record)) => Answer::Respond(record.into_response(), Seen::Released),
-        Ok(Outcome::Poisoned(record)) => Answer::Respond(record.into_response(), Seen::Poisoned),
+        Ok(outcome) => {
+            let decision = outcome.decision();
+            Answer::Respond(outcome.into_inner().into_response(), decision)
+        }
         Err(e) => error_answer(config, e),
     }
 }
 
 fn error_answer<R: From<Bytes>, SE>(config: &Config, e: Error<Failure<SE>>) -> Answer<R, SE> {
-    let retry_after = config.idem.settings().retry_after;
-    let (problem, outcome) = match e {
+    let status = super::http::http_status(&e);
+    let after = super::http::retry_after(&e, config.idem.settings().retry_after);
+    let outcome = e.decision();
+    let (kind, title, detail) = match e {
         Error::Failed { response: Some(stored) } => match serde_json::from_value::<HttpRecord>(stored) {
-            Ok(record) => return Answer::Respond(record.into_response(), Seen::Failed),
-            Err(e) => (Problem::new(500, types::INTERNAL, "Internal error", format!("the stored response does not decode: {e}")), Seen::Error),
+            Ok(record) => return Answer::Respond(record.into_response(), outcome),
+            Err(e) => {
+                let problem = Problem::new(500, types::INTERNAL, "Internal error", format!("the stored response does not decode: {e}"));
+                return Answer::Respond(problem.into_response(), Seen::Error);
+            }
         },
-        Error::Failed { response: None } => (
-            Problem::new(409, types::FAILED, "Request failed", "an earlier attempt with this key failed for good"),
-            Seen::Failed,
-        ),
-        Error::InProgress { retry_after } => (
-            Problem::new(409, types::IN_PROGRESS, "Request in progress", "another request with this key is being processed")
-                .retry_after(retry_after),
-            Seen::InProgress,
-        ),
-        Error::Mismatch => (
-            Problem::new(422, types::MISMATCH, "Idempotency key reused", "this key was used with a different request"),
-            Seen::Mismatch,
-        ),
-        Error::LeaseLost => (
-            Problem::new(409, types::LEASE_LOST, "Lease lost", "this attempt lost its hold on the key; retry").retry_after(retry_after),
-            Seen::LeaseLost,
-        ),
-        Error::StoreUnavailable(source) => (
-            Problem::new(503, types::STORE_UNAVAILABLE, "Idempotency store unavailable", source.to_string()).retry_after(retry_after),
-            Seen::StoreUnavailable,
-        ),
-        Error::Handler { error, poisoned } => {
-            let outcome = if poisoned { Seen::Poisoned } else { Seen::Released };
+        Error::Failed { response: None } => (types::FAILED, "Request failed", "an earlier attempt with this key failed for good".to_owned()),
+        Error::InProgress { .. } => (types::IN_PROGRESS, "Request in progress", "another request with this key is being processed".to_owned()),
+        Error::Mismatch => (types::MISMATCH, "Idempotency key reused", "this key was used with a different request".to_owned()),
+        Error::LeaseLost { .. } => (types::LEASE_LOST, "Lease lost", "this attempt lost its hold on the key; retry".to_owned()),
+        Error::StoreUnavailable(source) => (types::STORE_UNAVAILABLE, "Idempotency store unavailable", source.to_string()),
+        Error::Handler { error } | Error::Poisoned { error } => {
             let detail = match error {
                 Failure::Service(e) => return Answer::ServiceError(e, outcome),
                 Failure::Panicked(message) => format!("the handler panicked: {message}"),
                 Failure::Body(e) => format!("the response body failed: {e}"),
             };
-            (Problem::new(500, types::HANDLER_FAILED, "Handler failed", detail), outcome)
+            (types::HANDLER_FAILED, "Handler failed", detail)
         }
         Error::RecordFailed { response, key_completed, .. } => {
             // The route ran and its effect happened; its response stands (and is replayed when
@@ -315,11 +313,15 @@ fn error_answer<R: From<Bytes>, SE>(config: &Config, e: Error<Failure<SE>>) -> A
                     response.headers_mut().remove("idempotent-replayed"); // this attempt ran it
                     return Answer::Respond(response, Seen::Error);
                 }
-                Err(e) => (Problem::new(500, types::INTERNAL, "Internal error", e.to_string()), Seen::Error),
+                Err(e) => (types::INTERNAL, "Internal error", e.to_string()),
             }
         }
-        other => (Problem::new(500, types::INTERNAL, "Internal error", other.to_string()), Seen::Error),
+        other => (types::INTERNAL, "Internal error", other.to_string()),
     };
+    let mut problem = Problem::new(status, kind, title, detail);
+    if let Some(after) = after {
+        problem = problem.retry_after(after);
+    }
     tracing::warn!(status = problem.status(), "idempotency answered with a problem");
     Answer::Respond(problem.into_response(), outcome)
 }

@@ -1,6 +1,6 @@
 //! The transaction an in-transaction route's handler writes through.
 
-use crate::handle::SharedTx;
+use crate::Tx;
 use std::ops::Deref;
 
 /// The transaction that holds the request's reservation, for an in-transaction route's handler:
@@ -12,7 +12,7 @@ use std::ops::Deref;
 /// With the `axum` feature it is an extractor; any other tower service finds it in the request's
 /// extensions.
 #[derive(Clone)]
-pub struct Transaction(pub(crate) SharedTx);
+pub struct Transaction(pub(crate) Tx);
 
 impl Deref for Transaction {
     type Target = deadpool_postgres::Client;

@@ -1,0 +1,132 @@
+//! The driver interface: the statements a flow sends and how they are pipelined. The flows
+//! (`flow::in_transaction`, `flow::two_phase`) are written once against it; a Postgres stack is
+//! one implementation ([`Postgres`]: tokio-postgres with a deadpool pool). The statement texts
+//! come from one place (`sql.rs`), whatever the driver.
+//!
+//! No method takes a savepoint: the failure paths of the in-transaction flow roll the whole
+//! transaction back and record the failure in a fresh one.
+
+pub(crate) mod postgres;
+
+pub use postgres::{Postgres, Tx};
+
+use crate::error::Error;
+use crate::ops::{ReleaseOutcome, ReserveOptions, Reservation, Status, Token};
+use crate::sql::Schema;
+use crate::settings::Isolation;
+use idempotency_core::{Fingerprint, Key};
+use serde_json::Value;
+use std::future::Future;
+use std::time::Duration;
+
+mod sealed {
+    pub trait Sealed {}
+}
+pub(crate) use sealed::Sealed;
+
+/// A Postgres stack the flows run on. Implemented by this crate only.
+pub trait Driver: Sealed + Clone + Send + Sync + 'static {
+    /// The open transaction of the in-transaction flow as your closure sees it; the layer hands
+    /// a clone to the handler. Dropping the last clone before the transaction was seen to end
+    /// closes the connection (the server rolls back) instead of returning it to the pool.
+    type Tx: Clone + Send + Sync + 'static;
+
+    /// The installed extension's schema and version (not yet checked).
+    fn installed(&self) -> impl Future<Output = Result<(String, String), Error>> + Send;
+
+    /// Round trip 1 of the in-transaction flow: a connection, `BEGIN` and `idem_reserve`,
+    /// pipelined. On any answer but `created` the caller ends it with [`Driver::abandon`].
+    fn begin_and_reserve(
+        &self,
+        schema: &Schema,
+        isolation: Option<Isolation>,
+        key: &Key,
+        fingerprint: &Fingerprint,
+        options: &ReserveOptions,
+    ) -> impl Future<Output = Result<(Self::Tx, Reservation), Error>> + Send;
+
+    /// Ends a transaction that wrote nothing, without waiting for the server's answer.
+    fn abandon(tx: Self::Tx);
+
+    /// The last round trip: `idem_complete` and `COMMIT`, pipelined. False when the key was
+    /// lost: the completion then aborts the transaction, so the `COMMIT` behind it rolls back.
+    fn complete_and_commit(
+        tx: &Self::Tx,
+        schema: &Schema,
+        key: &Key,
+        token: Token,
+        response: Option<&Value>,
+        status: Status,
+    ) -> impl Future<Output = Result<bool, Error>> + Send;
+
+    /// The transient-failure path: `ROLLBACK` (the attempt's writes and its reservation), then
+    /// in a fresh transaction reserve the key again and release it (counting the failure), and
+    /// `COMMIT`; one round trip. `None` when the key could not be taken again (another attempt
+    /// holds it or finished it meanwhile): nothing was counted.
+    fn rollback_and_release(
+        tx: &Self::Tx,
+        schema: &Schema,
+        key: &Key,
+        fingerprint: &Fingerprint,
+        options: &ReserveOptions,
+        max_retries: Option<i32>,
+    ) -> impl Future<Output = Result<Option<ReleaseOutcome>, Error>> + Send;
+
+    /// The permanent-failure path: as [`Driver::rollback_and_release`], but the key is completed
+    /// `FAILED` with `response`. False when the key could not be taken again.
+    fn rollback_and_fail(
+        tx: &Self::Tx,
+        schema: &Schema,
+        key: &Key,
+        fingerprint: &Fingerprint,
+        options: &ReserveOptions,
+        response: Option<&Value>,
+    ) -> impl Future<Output = Result<bool, Error>> + Send;
+
+    /// `ROLLBACK`, waited for.
+    fn rollback(tx: &Self::Tx) -> impl Future<Output = ()> + Send;
+
+    /// A connection for a transaction whose `BEGIN` is sent by [`Driver::begin`] (so it can be
+    /// pipelined with the first statement of a closure).
+    fn open(&self) -> impl Future<Output = Result<Self::Tx, Error>> + Send;
+
+    /// Sends `BEGIN` on `tx` when first polled.
+    fn begin(tx: &Self::Tx) -> impl Future<Output = Result<(), Error>> + Send;
+
+    /// `idem_reserve` in a transaction of its own.
+    fn reserve(
+        &self,
+        schema: &Schema,
+        key: &Key,
+        fingerprint: &Fingerprint,
+        options: &ReserveOptions,
+    ) -> impl Future<Output = Result<Reservation, Error>> + Send;
+
+    /// `idem_release` in a transaction of its own.
+    fn release(
+        &self,
+        schema: &Schema,
+        key: &Key,
+        token: Token,
+        max_retries: Option<i32>,
+    ) -> impl Future<Output = Result<ReleaseOutcome, Error>> + Send;
+
+    /// `idem_complete` in a transaction of its own.
+    fn complete(
+        &self,
+        schema: &Schema,
+        key: &Key,
+        token: Token,
+        response: Option<&Value>,
+        status: Status,
+    ) -> impl Future<Output = Result<bool, Error>> + Send;
+
+    /// `idem_heartbeat` in a transaction of its own.
+    fn heartbeat(
+        &self,
+        schema: &Schema,
+        key: &Key,
+        token: Token,
+        lease: Duration,
+    ) -> impl Future<Output = Result<bool, Error>> + Send;
+}

@@ -1,0 +1,75 @@
+//! The two flows, written once over the [`Driver`] interface: [`in_transaction`] (`run`, and the
+//! layer's in-transaction mode) and [`two_phase`] (`run_external`, and the layer's two-phase
+//! mode), with the answers they share.
+
+pub(crate) mod in_transaction;
+pub(crate) mod two_phase;
+
+use crate::driver::Driver;
+use crate::error::Error;
+use crate::ops::{ReleaseOutcome, ReserveOptions, ReserveOutcome};
+use crate::response::Replayable;
+use crate::settings::Settings;
+use crate::sql::Schema;
+use crate::Outcome;
+use futures_util::future::BoxFuture;
+use serde_json::Value;
+use std::time::Duration;
+
+/// The future of a flow's closure: boxed, borrowing the transaction.
+pub type TxFuture<'t, T, E> = BoxFuture<'t, Result<T, E>>;
+
+/// What a flow runs with: the driver, the settings and the extension's schema.
+pub(crate) struct Context<'a, D: Driver> {
+    pub(crate) driver: &'a D,
+    pub(crate) settings: &'a Settings,
+    pub(crate) schema: &'a Schema,
+}
+
+impl<D: Driver> Context<'_, D> {
+    fn options(&self, lease: Option<Duration>) -> ReserveOptions {
+        ReserveOptions { ttl: self.settings.ttl, lease, wait: self.settings.wait }
+    }
+
+    fn lease_lost<E>(&self) -> Error<E> {
+        Error::LeaseLost { retry_after: self.settings.retry_after }
+    }
+
+    /// A reservation that did not create the key, as the caller's answer.
+    fn answer<T: Replayable, E>(&self, outcome: ReserveOutcome) -> Result<Outcome<T>, Error<E>> {
+        match outcome {
+            ReserveOutcome::Replay(response) => {
+                serde_json::from_value(response.unwrap_or(Value::Null)).map(Outcome::Replayed).map_err(Error::Decode)
+            }
+            ReserveOutcome::Failed(response) => Err(Error::Failed { response }),
+            ReserveOutcome::InProgress => Err(Error::InProgress { retry_after: self.settings.retry_after }),
+            ReserveOutcome::Mismatch => Err(Error::Mismatch),
+            ReserveOutcome::Created(_) => Err(Error::protocol("a created reservation reached the answer path")),
+        }
+    }
+
+    /// The one mapping of a transient failure's release to the caller's answer: the result (or
+    /// error) that was released, poisoned, or found the key lost. `None`: the key could not be
+    /// taken again to count the failure (another attempt holds or finished it): released.
+    fn released<T, E>(&self, answer: Option<ReleaseOutcome>, result: Result<T, E>) -> Result<Outcome<T>, Error<E>> {
+        match (answer, result) {
+            (Some(ReleaseOutcome::Stale), _) => Err(self.lease_lost()),
+            (Some(ReleaseOutcome::Poisoned), Ok(value)) => Ok(Outcome::Poisoned(value)),
+            (Some(ReleaseOutcome::Poisoned), Err(error)) => Err(Error::Poisoned { error }),
+            (Some(ReleaseOutcome::Released) | None, Ok(value)) => Ok(Outcome::Released(value)),
+            (Some(ReleaseOutcome::Released) | None, Err(error)) => Err(Error::Handler { error }),
+        }
+    }
+}
+
+/// Exponential backoff with jitter between tries of a transaction: 10 ms, 20 ms, 40 ms ...
+/// (+0-50%).
+pub(crate) fn backoff(attempt: u32) -> Duration {
+    let base = 10u64 << attempt.min(8);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    let jitter = base * u64::from(nanos % 50) / 100;
+    Duration::from_millis(base + jitter)
+}

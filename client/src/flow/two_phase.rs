@@ -1,0 +1,136 @@
+//! The two-phase flow (`Idempotency::run_external` and the layer's two-phase mode), for a side
+//! effect outside the database:
+//!
+//! 1. reserve the key in its own transaction (one round trip; a replay or another answer ends
+//!    here, without calling out);
+//! 2. run the outside call while a background task heartbeats the lease; no pooled connection
+//!    is held meanwhile;
+//! 3. in one transaction, let `record` write the local result, complete the key and commit
+//!    (`BEGIN` is pipelined with `record`'s first statement, `idem_complete` with `COMMIT`).
+//!
+//! Once the call has succeeded the outside effect has happened, so the key is never released
+//! again: the local transaction is retried on 40001, 40P01 and lost connections; if it still
+//! fails, the key is completed with the call's result on its own and `RecordFailed` hands the
+//! result back.
+
+use super::{backoff, Context, TxFuture};
+use crate::driver::Driver;
+use crate::error::Error;
+use crate::handler::{is_retryable_sqlstate, Disposition, HandlerError};
+use crate::heartbeat::Heartbeat;
+use crate::ops::{ReserveOutcome, Status, Token};
+use crate::response::{Replayable, Verdict};
+use crate::settings::DEFAULT_EXTERNAL_LEASE;
+use crate::Outcome;
+use idempotency_core::{Fingerprint, Key};
+use serde_json::Value;
+
+/// The flow.
+pub(crate) async fn run<D, T, E, C, R>(
+    cx: &Context<'_, D>,
+    key: &Key,
+    fingerprint: &Fingerprint,
+    call: C,
+    mut record: R,
+) -> Result<Outcome<T>, Error<E>>
+where
+    D: Driver,
+    T: Replayable + Send + Sync,
+    E: HandlerError + Send,
+    C: std::future::Future<Output = Result<T, E>> + Send,
+    R: for<'t> FnMut(&'t D::Tx, &'t T) -> TxFuture<'t, (), E> + Send,
+{
+    let lease = cx.settings.lease.unwrap_or(DEFAULT_EXTERNAL_LEASE);
+    let reservation = cx.driver.reserve(cx.schema, key, fingerprint, &cx.options(Some(lease))).await.map_err(Error::widen)?;
+    let token = match reservation.outcome {
+        ReserveOutcome::Created(token) => token,
+        other => return cx.answer(other),
+    };
+
+    let _beat = Heartbeat::start(cx.driver.clone(), cx.schema.clone(), key.clone(), token, lease);
+    let value = match call.await {
+        Ok(value) => value,
+        Err(error) => {
+            return match error.disposition() {
+                Disposition::Transient => {
+                    let answer = cx.driver.release(cx.schema, key, token, cx.settings.max_retries).await.map_err(Error::widen)?;
+                    cx.released(Some(answer), Err(error))
+                }
+                Disposition::Permanent(response) => {
+                    match cx.driver.complete(cx.schema, key, token, response.as_ref(), Status::Failed).await.map_err(Error::widen)? {
+                        true => Err(Error::Handler { error }),
+                        false => Err(cx.lease_lost()),
+                    }
+                }
+            };
+        }
+    };
+    let status = match value.verdict() {
+        Verdict::Transient => {
+            let answer = cx.driver.release(cx.schema, key, token, cx.settings.max_retries).await.map_err(Error::widen)?;
+            return cx.released(Some(answer), Ok(value));
+        }
+        Verdict::Success => Status::Success,
+        Verdict::Failure => Status::Failed,
+    };
+    let stored = serde_json::to_value(&value).map_err(Error::Decode)?;
+
+    let mut attempt = 0;
+    let last = loop {
+        match record_once(cx, key, token, &value, &stored, status, &mut record).await {
+            Ok(true) => return Ok(Outcome::Executed(value)),
+            Ok(false) => return Err(cx.lease_lost()),
+            Err(e) if transient_for_record(&e) && attempt < cx.settings.serialization_retries => {
+                tokio::time::sleep(backoff(attempt)).await;
+                attempt += 1;
+            }
+            Err(e) => break e,
+        }
+    };
+    // The outside effect happened and cannot be recorded with the local write: keep its result
+    // in the key (never release it), and hand it back.
+    let key_completed = matches!(cx.driver.complete(cx.schema, key, token, Some(&stored), status).await, Ok(true));
+    Err(Error::RecordFailed { response: stored, key_completed, error: Box::new(last) })
+}
+
+/// One try of the local transaction: `BEGIN` with `record`, then complete and `COMMIT`
+/// together. False when the key was lost (the transaction rolled back).
+async fn record_once<D, T, E, R>(
+    cx: &Context<'_, D>,
+    key: &Key,
+    token: Token,
+    value: &T,
+    stored: &Value,
+    status: Status,
+    record: &mut R,
+) -> Result<bool, Error<E>>
+where
+    D: Driver,
+    T: Replayable + Send + Sync,
+    E: HandlerError + Send,
+    R: for<'t> FnMut(&'t D::Tx, &'t T) -> TxFuture<'t, (), E> + Send,
+{
+    let tx = cx.driver.open().await.map_err(Error::widen)?;
+    // BEGIN is queued before record's first statement (join polls in order), so both leave in
+    // one round trip; BEGIN can only fail with the connection, which then runs nothing.
+    let (begun, recorded) = futures_util::join!(D::begin(&tx), record(&tx, value));
+    if let Err(e) = begun {
+        D::rollback(&tx).await;
+        return Err(e.widen());
+    }
+    if let Err(error) = recorded {
+        D::rollback(&tx).await;
+        return Err(Error::Handler { error });
+    }
+    D::complete_and_commit(&tx, cx.schema, key, token, Some(stored), status).await.map_err(Error::widen)
+}
+
+/// Whether the local transaction is retried for this error: 40001 / 40P01 or a lost
+/// connection, from our statements or from `record`.
+fn transient_for_record<E: HandlerError>(e: &Error<E>) -> bool {
+    match e {
+        Error::StoreUnavailable(_) => true,
+        Error::Handler { error } => is_retryable_sqlstate(error.sqlstate()) || error.store_unavailable(),
+        other => other.is_retryable_conflict(),
+    }
+}

@@ -1,0 +1,290 @@
+//! The text of every statement this crate sends, for one schema, written once for every driver.
+//! Arguments are named; columns are listed; every call is qualified with the extension's schema,
+//! never by changing the `search_path`.
+
+use crate::error::Error;
+use std::fmt;
+use std::sync::Arc;
+
+/// The extension versions this client speaks (major.minor): 0.2 to 0.4 changed no signature or
+/// outcome of the functions it calls.
+pub(crate) const SUPPORTED_EXTENSIONS: &[&str] = &["0.1", "0.2", "0.3", "0.4"];
+
+/// Where the extension lives and its version: the extension's schema, else the schema of a
+/// portable install (which records its version in `_idem_portable_version()`), so the client
+/// cannot tell the two apart.
+pub(crate) const EXTENSION_SQL: &str = "SELECT schema, version FROM ( \
+       SELECT 0 AS rank, n.nspname AS schema, e.extversion AS version \
+         FROM pg_catalog.pg_extension e JOIN pg_catalog.pg_namespace n ON n.oid = e.extnamespace \
+        WHERE e.extname = 'idempotency' \
+       UNION ALL \
+       SELECT 1, n.nspname, pg_catalog.substring(p.prosrc, '''([0-9][^'']*)''') \
+         FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace \
+        WHERE p.proname = '_idem_portable_version') AS installs \
+     ORDER BY rank, schema LIMIT 1";
+
+/// The text of the abort in `complete_or_abort`: invalid input for `boolean` (SQLSTATE 22P02).
+pub(crate) const LEASE_LOST_MARK: &str = "idempotency: lease lost";
+
+/// Whether an installed version is one this client speaks; the error says which it speaks.
+pub(crate) fn check_version<E>(version: &str) -> Result<(), Error<E>> {
+    if SUPPORTED_EXTENSIONS.iter().any(|s| version == *s || version.starts_with(&format!("{s}."))) {
+        return Ok(());
+    }
+    let speaks: Vec<String> = SUPPORTED_EXTENSIONS.iter().map(|s| format!("{s}.x")).collect();
+    Err(Error::IncompatibleExtension {
+        reason: format!("the idempotency extension is at version {version}; this client speaks {}", speaks.join(", ")),
+        source: None,
+    })
+}
+
+/// The schema the extension's functions are called in (`CREATE EXTENSION idempotency SCHEMA
+/// s`), with this crate's statements qualified with it. Cheap to clone.
+#[derive(Clone)]
+pub struct Schema(Arc<Statements>);
+
+/// Every statement of the crate, for one schema. Built once per [`Schema`].
+pub(crate) struct Statements {
+    pub(crate) name: String,
+    /// `idem_reserve`: $1-$3 the key, $4 request_hash, $5 ttl and $6 lease in seconds, $7 wait.
+    pub(crate) reserve: String,
+    /// `idem_complete`: $4 token, $5 response, $6 status.
+    pub(crate) complete: String,
+    /// `idem_complete` that aborts the transaction when it answers false, so that a `COMMIT`
+    /// pipelined behind it commits only a completed key.
+    pub(crate) complete_or_abort: String,
+    /// `idem_release`: $4 token, $5 max_retries.
+    pub(crate) release: String,
+    /// The transient-failure path without a savepoint, in a fresh transaction after the
+    /// attempt's was rolled back: reserve the key again (same request, never waiting) and, when
+    /// that created it, release it at once: $1-$7 as `reserve` (wait is false), $8 max_retries.
+    pub(crate) reserve_and_release: String,
+    /// The permanent-failure path, as `reserve_and_release` but completing `FAILED` with the
+    /// response $8.
+    pub(crate) reserve_and_fail: String,
+    /// `idem_heartbeat`: $4 token, $5 lease in seconds.
+    pub(crate) heartbeat: String,
+    pub(crate) recover_stuck: String,
+    pub(crate) sweep: String,
+    pub(crate) lookup: String,
+    pub(crate) stats: String,
+    /// `idem_reserve_many` (0.4): $1 operation, $2 user_id, $3 keys, $4 request_hashes, $5 ttl
+    /// and $6 lease in seconds, $7 wait; one row per key, in input order.
+    pub(crate) reserve_many: String,
+    /// `idem_complete_many` (0.4) aborting the transaction unless every key completed: $3 keys,
+    /// $4 tokens, $5 responses, $6 status.
+    pub(crate) complete_many_or_abort: String,
+}
+
+impl Schema {
+    /// The extension is installed in schema `name` (no quoting needed: it is quoted here).
+    /// A [`Error::Configuration`] error if `name` is empty, longer than 63 bytes or contains NUL.
+    pub fn named(name: impl Into<String>) -> Result<Self, Error> {
+        let name = name.into();
+        if name.is_empty() || name.len() > 63 || name.contains('\0') {
+            return Err(Error::Configuration {
+                reason: format!("schema must be 1 to 63 bytes without NUL, got {name:?}"),
+                source: None,
+            });
+        }
+        let s = quote_ident(&name);
+        let key = "operation => $1, user_id => $2, key => $3";
+        let reserve_call = format!(
+            "{s}.idem_reserve({key}, request_hash => $4, ttl => make_interval(secs => $5::float8), \
+             lease => make_interval(secs => $6::float8), wait => $7)"
+        );
+        let complete = format!("{s}.idem_complete({key}, token => $4, response => $5, status => $6)");
+        let again = |then: &str| {
+            format!(
+                "SELECT r.outcome, CASE WHEN r.outcome = 'created' THEN {then} END AS answer \
+                 FROM {s}.idem_reserve({key}, request_hash => $4, ttl => make_interval(secs => $5::float8), \
+                 lease => make_interval(secs => $6::float8), wait => $7) AS r"
+            )
+        };
+        Ok(Schema(Arc::new(Statements {
+            reserve: format!(
+                "SELECT outcome, token, response, attempts, extract(epoch FROM expires_at)::float8 AS expires_at FROM {reserve_call}"
+            ),
+            complete_or_abort: format!(
+                "SELECT (CASE WHEN {complete} THEN 'true' ELSE '{LEASE_LOST_MARK}' END)::pg_catalog.bool AS completed"
+            ),
+            complete: format!("SELECT {complete} AS completed"),
+            release: format!("SELECT {s}.idem_release({key}, token => $4, max_retries => $5) AS released"),
+            reserve_and_release: again(&format!("{s}.idem_release({key}, token => r.token, max_retries => $8)")),
+            reserve_and_fail: again(&format!(
+                "{s}.idem_complete({key}, token => r.token, response => $8, status => 'FAILED')::pg_catalog.text"
+            )),
+            heartbeat: format!(
+                "SELECT {s}.idem_heartbeat({key}, token => $4, lease => make_interval(secs => $5::float8)) AS extended"
+            ),
+            recover_stuck: format!(
+                "SELECT {s}.idem_recover_stuck(batch_size => $1, action => $2, max_retries => $3) AS handled"
+            ),
+            sweep: format!("SELECT {s}.idem_sweep(batch_size => $1) AS deleted"),
+            lookup: format!(
+                "SELECT operation, user_id, key, request_hash, status, token, response, lease_expires_at, expires_at, \
+                 created_at, updated_at FROM {s}.idem_lookup({key})"
+            ),
+            stats: format!(
+                "SELECT processing, success, failed, stuck, expired, \
+                 extract(epoch FROM oldest_processing_age)::float8 AS oldest_processing_secs FROM {s}.idem_stats()"
+            ),
+            reserve_many: format!(
+                "SELECT key, outcome, token, response, attempts, extract(epoch FROM expires_at)::float8 AS expires_at \
+                 FROM {s}.idem_reserve_many(operation => $1, user_id => $2, keys => $3, request_hashes => $4, \
+                 ttl => make_interval(secs => $5::float8), lease => make_interval(secs => $6::float8), wait => $7)"
+            ),
+            complete_many_or_abort: format!(
+                "SELECT (CASE WHEN pg_catalog.bool_and(completed) IS NOT FALSE THEN 'true' ELSE '{LEASE_LOST_MARK}' END)::pg_catalog.bool \
+                 AS completed FROM {s}.idem_complete_many(operation => $1, user_id => $2, keys => $3, tokens => $4, \
+                 responses => $5, status => $6)"
+            ),
+            name,
+        })))
+    }
+
+    /// The schema's name, unquoted.
+    pub fn name(&self) -> &str {
+        &self.0.name
+    }
+
+    pub(crate) fn sql(&self) -> &Statements {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Schema {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("Schema").field(&self.0.name).finish()
+    }
+}
+
+impl PartialEq for Schema {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.name == other.0.name
+    }
+}
+
+/// A value bound into a statement's text, for requests that must leave in one write (a simple
+/// query holding two statements).
+pub(crate) enum Literal<'a> {
+    Text(&'a str),
+    Int(i64),
+    Int4(i32),
+    Float(Option<f64>),
+    Bool(bool),
+    Json(Option<&'a serde_json::Value>),
+    Null4,
+    /// A `text[]`.
+    TextArray(Vec<&'a str>),
+    /// A `bigint[]`.
+    IntArray(Vec<i64>),
+    /// A `jsonb[]`.
+    JsonArray(Vec<Option<serde_json::Value>>),
+}
+
+impl Literal<'_> {
+    fn render(&self) -> String {
+        match self {
+            Literal::Text(t) => quote_literal(t),
+            Literal::Int(i) => format!("{i}::pg_catalog.int8"),
+            Literal::Int4(i) => format!("{i}::pg_catalog.int4"),
+            Literal::Float(Some(f)) if f.is_finite() => format!("{f:?}::pg_catalog.float8"),
+            Literal::Float(_) => "NULL::pg_catalog.float8".to_owned(),
+            Literal::Bool(b) => format!("{b}"),
+            Literal::Json(Some(v)) => format!("{}::pg_catalog.jsonb", quote_literal(&v.to_string())),
+            Literal::Json(None) => "NULL::pg_catalog.jsonb".to_owned(),
+            Literal::Null4 => "NULL::pg_catalog.int4".to_owned(),
+            Literal::TextArray(items) => array(items.iter().map(|t| quote_literal(t)), "text"),
+            Literal::IntArray(items) => array(items.iter().map(|i| i.to_string()), "int8"),
+            Literal::JsonArray(items) => {
+                array(items.iter().map(|v| v.as_ref().map_or("NULL".to_owned(), |v| quote_literal(&v.to_string()))), "jsonb")
+            }
+        }
+    }
+}
+
+/// A statement's text with `$1`..`$n` replaced by `values`, in one pass over the template (the
+/// same text the prepared form sends, so no statement is written twice; a bound value is never
+/// scanned again, whatever it holds).
+pub(crate) fn bind(sql: &str, values: &[Literal<'_>]) -> String {
+    let mut out = String::with_capacity(sql.len() + 64);
+    let mut rest = sql;
+    while let Some(at) = rest.find('$') {
+        out.push_str(&rest[..at]);
+        let digits = rest[at + 1..].bytes().take_while(u8::is_ascii_digit).count();
+        let n: usize = rest[at + 1..at + 1 + digits].parse().unwrap_or(0);
+        match n.checked_sub(1).and_then(|i| values.get(i)) {
+            Some(value) => out.push_str(&value.render()),
+            None => out.push_str(&rest[at..at + 1 + digits]),
+        }
+        rest = &rest[at + 1 + digits..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// `ARRAY[..]::pg_catalog.TYPE[]`.
+fn array(items: impl Iterator<Item = String>, ty: &str) -> String {
+    format!("ARRAY[{}]::pg_catalog.{ty}[]", items.collect::<Vec<_>>().join(", "))
+}
+
+/// An escape-string literal (`E'...'`): backslashes and quotes doubled, so its meaning does not
+/// depend on `standard_conforming_strings`. The texts bound here never hold NUL (keys refuse
+/// control characters; JSON text escapes them).
+fn quote_literal(text: &str) -> String {
+    format!("E'{}'", text.replace('\\', "\\\\").replace('\'', "''"))
+}
+
+/// `"name"`, with embedded quotes doubled.
+fn quote_ident(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schema_names_are_quoted_and_checked() {
+        let s = Schema::named("my \"idem\"").unwrap();
+        assert!(s.sql().reserve.contains("FROM \"my \"\"idem\"\"\".idem_reserve("), "{}", s.sql().reserve);
+        assert_eq!(s.name(), "my \"idem\"");
+        for bad in ["", "a\0b", &"x".repeat(64)] {
+            assert!(matches!(Schema::named(bad), Err(Error::Configuration { .. })), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn literals_are_bound_safely() {
+        let sql = bind(
+            "SELECT f($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+            &[
+                Literal::Text("o'k\\"),
+                Literal::Int(-7),
+                Literal::Float(Some(1.5)),
+                Literal::Float(None),
+                Literal::Bool(true),
+                Literal::Json(Some(&serde_json::json!({"a": "it's"}))),
+                Literal::Json(None),
+                Literal::Text("$1"),
+                Literal::Text("x"),
+                Literal::Text("ten"),
+            ],
+        );
+        assert_eq!(
+            sql,
+            "SELECT f(E'o''k\\\\', -7::pg_catalog.int8, 1.5::pg_catalog.float8, NULL::pg_catalog.float8, true, \
+             E'{\"a\":\"it''s\"}'::pg_catalog.jsonb, NULL::pg_catalog.jsonb, E'$1', E'x', E'ten')"
+        );
+    }
+
+    #[test]
+    fn versions_this_client_speaks() {
+        for ok in ["0.1.0", "0.3.0", "0.4", "0.4.1"] {
+            assert!(check_version::<std::convert::Infallible>(ok).is_ok(), "{ok}");
+        }
+        let err = check_version::<std::convert::Infallible>("0.10.0").unwrap_err();
+        assert!(err.to_string().contains("this client speaks 0.1.x"), "{err}");
+    }
+}
