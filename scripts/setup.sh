@@ -60,3 +60,12 @@ if ! python3 -c "import pgspot" 2>/dev/null; then
     say "pip: installing pgspot"
     python3 -m pip install --quiet --disable-pip-version-check pgspot 2>&1 | grep -v 'Running pip as the' || true
 fi
+
+# The test servers listen on 55400-56999, inside Linux's ephemeral port range: an outgoing
+# connection (a load test, a pool) may take one of those ports for a while (TIME-WAIT) and a
+# server start then fails. Reserve the range for listeners (as root; skipped when not allowed).
+reserved=/proc/sys/net/ipv4/ip_local_reserved_ports
+if [ -w "$reserved" ] && ! grep -q '55400-56999' "$reserved"; then
+    current=$(cat "$reserved")
+    echo "${current:+$current,}55400-56999" >"$reserved" 2>/dev/null && say "reserved ports 55400-56999 for the test servers" || true
+fi

@@ -1,10 +1,13 @@
 """Checks of the Python example against a live database: every outcome of both flows, mapped to
-HTTP, and concurrent duplicates that execute once.
+HTTP, concurrent duplicates that execute once, and no SAVEPOINT on any in-transaction outcome.
 
     python3 examples/python/check.py DATABASE_URL [LABEL]
 
 DATABASE_URL names a database with idempotency installed in schema public (the extension or the
-portable install) and a superuser (the lease-lost check recovers a key with idem_recover_stuck).
+portable install) and a superuser (the lease-lost check recovers a key with idem_recover_stuck),
+on a server that preloads pg_stat_statements (shared_preload_libraries): the checks create that
+extension in the database and turn its tracking on there (ALTER DATABASE .. SET
+pg_stat_statements.track = 'all', reset at the end) to count the SAVEPOINTs the server ran.
 The checks create and drop their own tables. Prints one line per check and ends with
 `N passed, N failed`; exits non-zero on a failure.
 """
@@ -19,6 +22,7 @@ import uuid
 from datetime import timedelta
 
 import psycopg
+from psycopg import sql
 
 from idempotency_sql import Answer, Idempotency, Permanent
 
@@ -40,6 +44,26 @@ admin.execute("DROP TABLE IF EXISTS py_charges, py_card_charges")
 admin.execute("CREATE TABLE py_charges (id bigserial PRIMARY KEY, k text NOT NULL, amount bigint NOT NULL)")
 admin.execute("CREATE TABLE py_card_charges (id bigserial PRIMARY KEY, k text NOT NULL, network_ref text NOT NULL)")
 idem = Idempotency(schema="public")
+
+# Every connection opened from here on is tracked by pg_stat_statements, top-level statements
+# and nested ones (a SAVEPOINT can only be top-level; 'all' leaves nothing out).
+DATABASE = admin.execute("SELECT current_database()").fetchone()[0]
+admin.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+admin.execute(sql.SQL("ALTER DATABASE {} SET pg_stat_statements.track = 'all'").format(sql.Identifier(DATABASE)))
+
+
+def statements(pattern: str) -> int:
+    """How often this database's backends ran a statement matching the regular expression
+    (case-insensitive): the server's count, whatever the client sent."""
+    return admin.execute(
+        "SELECT coalesce(sum(calls), 0) FROM pg_stat_statements "
+        "WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) AND query ~* %s",
+        (pattern,)).fetchone()[0]
+
+
+SAVEPOINTS = r"^\s*(savepoint|release|rollback\s+to)\y"  # SAVEPOINT, RELEASE [SAVEPOINT], ROLLBACK TO
+RESERVES = r"idem_reserve\("
+savepoints_before = reserves_before = 0
 
 
 def check(name):
@@ -93,6 +117,31 @@ def expect(answer: Answer, status: int, replayed: bool | None = None, kind: str 
 
 
 conn = connect()
+
+
+@check("pg_stat_statements counts the statements of this database: a SAVEPOINT taken on purpose is seen")
+def _():
+    global savepoints_before, reserves_before
+    assert conn.execute("SHOW pg_stat_statements.track").fetchone()[0] == "all"
+    before = statements(SAVEPOINTS)
+    with connect() as c, c.transaction(), c.transaction():  # BEGIN, SAVEPOINT, RELEASE, COMMIT
+        c.execute("SELECT 1")
+    seen = statements(SAVEPOINTS) - before
+    assert seen == 2, f"{seen} savepoint statements counted for a SAVEPOINT and its RELEASE, wanted 2"
+    savepoints_before, reserves_before = statements(SAVEPOINTS), statements(RESERVES)
+
+
+@check("in-transaction: a connection inside a transaction is refused (the flow's BEGIN would be a SAVEPOINT)")
+def _():
+    calls = []
+    with connect() as c, c.transaction():
+        try:
+            run(c, fresh(), charge("x", calls=calls))
+        except ValueError as e:
+            assert "autocommit" in str(e) and "SAVEPOINT" in str(e), e
+        else:
+            raise AssertionError("run inside a transaction was not refused")
+    assert not calls
 
 
 @check("in-transaction: a fresh key runs, commits one business row and answers 201")
@@ -382,6 +431,76 @@ def _():
         [(a.status, a.replayed) for a in answers]
 
 
+def race(failing, then_status: int):
+    """A fails with `failing`; between its rollback and its re-reservation, B takes the key (gated
+    there by a seam on the failure path's statement) and holds it uncommitted until A answered."""
+    key = fresh()
+    a_rolled_back, b_inside, b_go = threading.Event(), threading.Event(), threading.Event()
+    result = {}
+
+    class Racing(Idempotency):
+        def _again(self, c, statement, params):
+            a_rolled_back.set()
+            assert b_inside.wait(DEADLINE), "the other attempt never took the key"
+            return super()._again(c, statement, params)
+
+    def b_handler(c):
+        a = charge(key)(c)
+        b_inside.set()
+        assert b_go.wait(DEADLINE), "the test never let the other attempt finish"
+        return a
+
+    def attempt(name, flow, handler):
+        with connect() as c:
+            result[name] = flow.run(c, "payments.create", "user-1", key, {"amount": 100}, handler)
+
+    a = threading.Thread(target=attempt, args=("a", Racing(schema="public"), failing(key)))
+    a.start()
+    b = None
+    try:
+        assert a_rolled_back.wait(DEADLINE), "the failing attempt never reached its failure path"
+        b = threading.Thread(target=attempt, args=("b", idem, b_handler))
+        b.start()
+        a.join(DEADLINE)
+        assert not a.is_alive(), "the failing attempt never answered"
+    finally:
+        b_go.set()
+        a.join(DEADLINE)
+        if b:
+            b.join(DEADLINE)
+    expect(result["a"], then_status, replayed=False)
+    expect(result["b"], 201, replayed=False)
+    counted = admin.execute("SELECT count(*) FROM idem_retries WHERE key = %s", (key,)).fetchone()[0]
+    assert counted == 0, f"{counted} failures counted for a key the failed attempt could not take again"
+    assert admin.execute("SELECT status FROM idem_lookup('payments.create', 'user-1', %s)", (key,)).fetchone()[0] == "SUCCESS"
+    assert rows("py_charges", key) == 1, "only the other attempt's write commits"
+    expect(run(conn, key, charge(key)), 201, replayed=True)
+
+
+@check("in-transaction: a transient failure whose key another attempt took after the rollback is not counted; that attempt's 201 stands")
+def _():
+    race(lambda key: charge(key, status=503), 503)
+
+
+@check("in-transaction: a Permanent failure whose key another attempt took after the rollback stores nothing; that attempt's 201 stands")
+def _():
+    def declined(key):
+        def handler(c):
+            charge(key)(c)
+            raise Permanent(Answer(402, {"error": "card declined"}))
+        return handler
+
+    race(declined, 402)
+
+
+@check("in-transaction: no check above took a SAVEPOINT (pg_stat_statements: every outcome, the threads included)")
+def _():
+    reserves = statements(RESERVES) - reserves_before
+    savepoints = statements(SAVEPOINTS) - savepoints_before
+    assert reserves >= 50, f"only {reserves} idem_reserve statements counted: is tracking on for the flows' connections?"
+    assert savepoints == 0, f"{savepoints} SAVEPOINT / RELEASE / ROLLBACK TO statements ran during the in-transaction checks"
+
+
 # -- two-phase -------------------------------------------------------------------------------
 
 
@@ -583,6 +702,7 @@ def _():
 
 conn.close()
 admin.execute("DROP TABLE py_charges, py_card_charges")
+admin.execute(sql.SQL("ALTER DATABASE {} RESET pg_stat_statements.track").format(sql.Identifier(DATABASE)))
 admin.close()
 print(f"{passed} passed, {failed} failed")
 sys.exit(0 if failed == 0 else 1)

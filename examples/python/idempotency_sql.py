@@ -11,6 +11,8 @@ the way the Rust tower layer maps its outcomes:
       408/409/425/429                    and the key released (idem_release), so a retry runs again
     created, handler raised              500 problem; writes undone, key released
     created, handler raised Permanent    its response, stored as FAILED; its writes undone
+    a failure whose key another attempt  the failed attempt's own answer (above); nothing counted,
+      took after the rollback              the other attempt's result stands
     replay                               the stored response + Idempotent-Replayed: true
     in_progress                          409 problem + Retry-After
     mismatch                             422 problem
@@ -26,8 +28,17 @@ so Python never re-implements the canonical JSON rules. Stored responses have th
 client's StoredResponse uses ({"status", "headers", "body"}), so a key written from Python
 replays from Rust and the other way round. Set-Cookie and Authorization are never stored.
 
-Connections must be in autocommit mode (psycopg.connect(url, autocommit=True)): each flow opens
-its own transactions with conn.transaction().
+No subtransaction on any path. A failure of the in-transaction flow (a transient answer or
+error, a Permanent) rolls the whole transaction back, which undoes the handler's writes and the
+reservation with them; then one statement, committed on its own, reserves the key again (the
+same request, never waiting) and, only when that answers created, releases it (counted towards
+max_retries) or completes it FAILED with the Permanent's response. When another attempt took or
+finished the key in between, nothing is counted and that attempt's result stands.
+
+Connections must be in autocommit mode (psycopg.connect(url, autocommit=True)) and outside a
+transaction: each flow opens its own with conn.transaction(), which would be a SAVEPOINT inside
+one of yours (the flows refuse that). A handler that opens conn.transaction() itself takes a
+savepoint of its own.
 """
 
 from __future__ import annotations
@@ -112,16 +123,26 @@ class Idempotency:
                  serialization_retries: int = 5):
         s = sql.Identifier(schema)
         scope = sql.SQL("operation => %(operation)s, user_id => %(user_id)s, key => %(key)s")
-        self.reserve_sql = sql.SQL(
-            "SELECT outcome, token, response FROM {s}.idem_reserve({scope}, "
-            "request_hash => {s}.idem_fingerprint(%(request)s::jsonb), "
+        reserve_call = sql.SQL(
+            "{s}.idem_reserve({scope}, request_hash => {s}.idem_fingerprint(%(request)s::jsonb), "
             "lease => %(lease)s::interval, wait => %(wait)s)").format(s=s, scope=scope)
+        self.reserve_sql = sql.SQL("SELECT outcome, token, response FROM {reserve}").format(reserve=reserve_call)
         self.complete_sql = sql.SQL(
             "SELECT {s}.idem_complete({scope}, token => %(token)s, response => %(response)s::jsonb, "
             "status => %(status)s)").format(s=s, scope=scope)
         self.release_sql = sql.SQL(
             "SELECT {s}.idem_release({scope}, token => %(token)s, max_retries => %(max_retries)s)"
         ).format(s=s, scope=scope)
+
+        def again(then: str) -> sql.Composed:
+            """The failure path's one statement: reserve again and, only when created, `then`."""
+            return sql.SQL("SELECT r.outcome, CASE WHEN r.outcome = 'created' THEN {then} END AS answer "
+                           "FROM {reserve} AS r").format(then=sql.SQL(then).format(s=s, scope=scope),
+                                                         reserve=reserve_call)
+
+        self.reserve_and_release_sql = again("{s}.idem_release({scope}, token => r.token, max_retries => %(max_retries)s)")
+        self.reserve_and_fail_sql = again(
+            "{s}.idem_complete({scope}, token => r.token, response => %(response)s::jsonb, status => 'FAILED')::text")
         self.heartbeat_sql = sql.SQL(
             "SELECT {s}.idem_heartbeat({scope}, token => %(token)s, lease => %(lease)s::interval)"
         ).format(s=s, scope=scope)
@@ -134,7 +155,8 @@ class Idempotency:
     def run(self, conn: psycopg.Connection, operation: str, user_id: str, key: str, request: object,
             handler: Callable[[psycopg.Connection], Answer], *, wait: bool = False,
             lease: Optional[timedelta] = None) -> Answer:
-        """Reserve, run handler(conn) behind a savepoint, complete, in one transaction."""
+        """Reserve, run handler(conn), complete, in one transaction; no savepoint."""
+        _outside_transaction(conn)
         scope = {"operation": operation, "user_id": user_id, "key": key}
         for attempt in range(self.serialization_retries + 1):
             try:
@@ -149,34 +171,51 @@ class Idempotency:
         raise AssertionError("unreachable")
 
     def _run_once(self, conn, scope, request, handler, wait, lease) -> Answer:
-        with conn.transaction() as outer:
+        failure = None  # set when the attempt failed: its transaction is then rolled back whole
+        with conn.transaction() as tx:  # BEGIN ... COMMIT (conn is in autocommit mode)
             reserved = self._reserve(conn, scope, request, wait, lease)
             if isinstance(reserved, Answer):
                 return reserved  # the transaction wrote nothing
-            ids = {**scope, "token": reserved}
             try:
-                with conn.transaction():  # SAVEPOINT: the handler's writes can be undone alone
-                    answer = handler(conn)
-                    if verdict(answer.status) == "transient":
-                        raise _Undo(answer)
-            except _Undo as undo:  # rolled back to the savepoint; the release commits
-                return self._release(conn, ids) or undo.answer
-            except Permanent as p:  # rolled back to the savepoint; the failure is stored
-                if self._complete(conn, ids, p.answer, "FAILED"):
-                    return p.answer
-                raise psycopg.Rollback(outer)
+                answer = handler(conn)
             except (RETRIED + (psycopg.OperationalError,)):
                 raise  # the whole transaction is retried / the store is unavailable
-            except Exception as e:  # any other handler error is transient
-                return self._release(conn, ids) or problem(500, HANDLER_FAILED, "Handler failed",
-                                                           f"the handler raised {e!r}")
+            except Exception as e:  # a Permanent, or any other error (transient)
+                failure = e
+                raise psycopg.Rollback(tx)
+            if verdict(answer.status) == "transient":
+                failure = answer
+                raise psycopg.Rollback(tx)
             status = "SUCCESS" if verdict(answer.status) == "success" else "FAILED"
-            if self._complete(conn, ids, answer, status):
+            if self._complete(conn, {**scope, "token": reserved}, answer, status):
                 return answer
             # The key was lost (recovered, taken over): nothing of this attempt may commit.
-            raise psycopg.Rollback(outer)
-        # Reached only through psycopg.Rollback(outer), which ends the block quietly.
-        return self._lease_lost()
+            raise psycopg.Rollback(tx)
+        # Reached only through psycopg.Rollback(tx), which ends the block quietly.
+        if failure is None:
+            return self._lease_lost()
+        return self._record_failure(conn, scope, request, lease, failure)
+
+    def _record_failure(self, conn, scope, request, lease, failure) -> Answer:
+        """After the rollback (the handler's writes and the reservation undone): reserve the key
+        again and release it (transient) or complete it FAILED (Permanent), in one statement.
+        When the key could not be taken again, another attempt holds or finished it: nothing is
+        counted, and this attempt answers its own result."""
+        params = {**scope, "request": json.dumps(request), "lease": lease, "wait": False}
+        if isinstance(failure, Permanent):
+            self._again(conn, self.reserve_and_fail_sql, {**params, "response": failure.answer.stored()})
+            return failure.answer
+        _, released = self._again(conn, self.reserve_and_release_sql, {**params, "max_retries": self.max_retries})
+        if released == "stale":
+            return self._lease_lost()
+        if isinstance(failure, Answer):
+            return failure
+        return problem(500, HANDLER_FAILED, "Handler failed", f"the handler raised {failure!r}")
+
+    def _again(self, conn, statement, params):
+        """(outcome, answer) of a failure path's statement, committed on its own (autocommit);
+        answer is NULL unless the re-reservation answered created."""
+        return conn.execute(statement, params).fetchone()
 
     # -- the two-phase flow --------------------------------------------------------------------
 
@@ -185,6 +224,7 @@ class Idempotency:
                       lease: timedelta = timedelta(seconds=60), heartbeat: bool = True) -> Answer:
         """Reserve and commit; call() outside the database while a thread heartbeats the lease;
         then, in a new transaction, record(conn, answer) and complete."""
+        _outside_transaction(conn)
         scope = {"operation": operation, "user_id": user_id, "key": key}
         try:
             reserved = self._reserve(conn, scope, request, False, lease)  # autocommit: committed now
@@ -275,12 +315,14 @@ class Idempotency:
         return problem(503, STORE_UNAVAILABLE, "Idempotency store unavailable", str(e).strip(), self.retry_after)
 
 
-class _Undo(Exception):
-    """Rolls the handler's savepoint back, carrying its (transient) answer."""
-
-    def __init__(self, answer: Answer):
-        super().__init__("transient answer")
-        self.answer = answer
+def _outside_transaction(conn: psycopg.Connection) -> None:
+    """The flows' rule for conn: autocommit and outside a transaction, so their transactions are
+    not savepoints (a connection already lost passes: its first statement answers 503)."""
+    busy = (psycopg.pq.TransactionStatus.INTRANS, psycopg.pq.TransactionStatus.INERROR,
+            psycopg.pq.TransactionStatus.ACTIVE)
+    if not conn.autocommit or conn.info.transaction_status in busy:
+        raise ValueError("conn must be in autocommit mode and outside a transaction: the flows open "
+                         "their own, and one inside yours would be a SAVEPOINT")
 
 
 class _Refused(Exception):

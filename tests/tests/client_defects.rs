@@ -232,3 +232,32 @@ async fn an_unexpected_answer_is_a_protocol_error() {
     let err = ops::reserve(&admin, &skewed, &key, &fp(), &ReserveOptions::default()).await.unwrap_err();
     assert!(matches!(&err, Error::Protocol { reason, .. } if reason.contains("maybe")), "{err:?}");
 }
+
+/// A server that cannot take writes (a standby after a failover, or a read-only database)
+/// refuses with 25006: the client reports `StoreUnavailable` (a retry after the failover reaches
+/// the new primary), and the source says why.
+#[tokio::test]
+async fn a_read_only_server_is_store_unavailable() {
+    let url = idempotency_testkit::fresh_database("idem_read_only").await;
+    let admin = Idempotency::connect(&url, 1).unwrap();
+    admin.pool().get().await.unwrap().batch_execute("ALTER DATABASE idem_read_only SET default_transaction_read_only = on").await.unwrap();
+    drop(admin);
+    let idem = Idempotency::connect(&url, 2).unwrap();
+    let key = unique_key("defect.read_only");
+    let runs = Arc::new(AtomicUsize::new(0));
+    let err = idem
+        .run(&key, &fp(), {
+            let runs = runs.clone();
+            move |_tx: &Tx| {
+                runs.fetch_add(1, Ordering::SeqCst);
+                Box::pin(async { Ok(StoredResponse::json(201, json!({}))) }) as TxFuture<'_, _, tokio_postgres::Error>
+            }
+        })
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::StoreUnavailable(_)), "{err:?}");
+    let db = std::error::Error::source(&err).and_then(|s| s.downcast_ref::<tokio_postgres::Error>()).and_then(|e| e.as_db_error());
+    assert_eq!(db.map(|d| d.code().code()), Some("25006"), "the source is the server's refusal: {err:?}");
+    assert!(db.is_some_and(|d| d.message().contains("read-only transaction")), "{err:?}");
+    assert_eq!(runs.load(Ordering::SeqCst), 0, "nothing ran");
+}

@@ -61,6 +61,8 @@ pub(crate) const LAYERS: &[&str] = &[
 /// What a layer knows of the major it runs on.
 #[derive(Debug, Clone)]
 pub(crate) struct Ctx {
+    /// How the summary names it: `pgNN` (`all` for the layer across majors).
+    pub(crate) label: String,
     /// The major.
     pub(crate) major: u32,
     /// Its pg_config.
@@ -70,7 +72,7 @@ pub(crate) struct Ctx {
     /// The default major (the client's unit tests and clippy run there only).
     pub(crate) is_default: bool,
     /// The private cluster's port; the layers' own servers use ports above it (ops +20/+21,
-    /// the TLS server +25, citus +30..+32, failover +40/+41, pg_upgrade +42..+45).
+    /// the TLS server +25, citus +30..+32, failover +500/+501; pg_upgrade from 56000).
     pub(crate) port: u16,
     /// target/test-logs/pgNN.
     pub(crate) logs: PathBuf,
@@ -120,7 +122,7 @@ impl Harness {
         if !self.wants(family) {
             return Outcome::default();
         }
-        println!("\n== pg{} {name}", ctx.major);
+        println!("\n== {} {name}", ctx.label);
         let started = Instant::now();
         let log = ctx.logs.join(format!("{name}.log"));
         let mut checks = Checks::new(&log);
@@ -146,8 +148,8 @@ impl Harness {
         let secs = started.elapsed().as_secs();
         let log = log.strip_prefix(idempotency_pgserver::root()).unwrap_or(log).display().to_string();
         if let Some(why) = &o.skipped {
-            println!("== pg{} {name}: skipped ({why})", ctx.major);
-            self.summary.push(format!("pg{} {name:<16} skipped: {why}", ctx.major));
+            println!("== {} {name}: skipped ({why})", ctx.label);
+            self.summary.push(format!("{:<4} {name:<16} skipped: {why}", ctx.label));
             return;
         }
         self.passed += o.passed;
@@ -157,8 +159,8 @@ impl Harness {
         if o.failed > 0 {
             self.failed_layers += 1;
         }
-        println!("== pg{} {name}: {} passed, {} failed (log: {log})", ctx.major, o.passed, o.failed);
-        self.summary.push(format!("pg{} {name:<16} {:>5} passed, {} failed  {secs:>4}s", ctx.major, o.passed, o.failed));
+        println!("== {} {name}: {} passed, {} failed (log: {log})", ctx.label, o.passed, o.failed);
+        self.summary.push(format!("{:<4} {name:<16} {:>5} passed, {} failed  {secs:>4}s", ctx.label, o.passed, o.failed));
     }
 }
 
@@ -195,7 +197,7 @@ pub(crate) fn run(options: &Options) -> ExitCode {
             _ => 55400 + u16::try_from(major).expect("a major below 100"),
         };
         let full = is_default || options.all_majors;
-        let ctx = Ctx { major, config, full, is_default, port, logs: PathBuf::from(format!("target/test-logs/pg{major}")), version: version.clone() };
+        let ctx = Ctx { label: format!("pg{major}"), major, config, full, is_default, port, logs: PathBuf::from(format!("target/test-logs/pg{major}")), version: version.clone() };
         // The test kit and the scripts the layers run read these.
         std::env::set_var("PG_CONFIG", &ctx.config);
         std::env::set_var("IDEM_PG_PORT", port.to_string());
@@ -219,11 +221,16 @@ pub(crate) fn run(options: &Options) -> ExitCode {
         ));
     }
 
-    // Across majors, once the trees it needs have had their install layer.
-    if let Some(ctx) = default_ctx {
+    // Across majors, once every major's tree it needs has had its install layer.
+    let covered = options.majors.as_ref().is_none_or(|m| [14, 15, 17, 18].iter().all(|x| m.contains(x)));
+    if let (true, Some(default_ctx)) = (covered, default_ctx) {
+        let ctx = Ctx { label: "all".into(), logs: PathBuf::from("target/test-logs/pg_upgrade"), ..default_ctx };
         std::env::set_var("PG_CONFIG", &ctx.config);
         std::env::set_var("IDEM_PG_PORT", ctx.port.to_string());
+        let started = Instant::now();
+        let (p, f) = (h.passed, h.failed);
         h.layer(&ctx, "pg_upgrade", layers::pg_upgrade::run);
+        h.per_major.push(format!("all: {} passed, {} failed ({}s)", h.passed - p, h.failed - f, started.elapsed().as_secs()));
     }
 
     println!("\n== summary");
@@ -268,8 +275,9 @@ fn run_major(h: &mut Harness, ctx: &Ctx) {
     // use its port.
     let _ = catch_unwind(AssertUnwindSafe(|| private.stop(Stop::Fast)));
 
-    // These run throwaway servers of their own (the upgrade, portable and python layers on the
-    // now free port of the private cluster).
+    // These run servers of their own (the upgrade, portable and python layers on the now free
+    // port of the private cluster).
+    h.layer(ctx, "failover", layers::failover::run);
     h.layer(ctx, "upgrade", layers::upgrade::run);
     h.layer(ctx, "portable", layers::portable::run);
     h.layer(ctx, "python", layers::python::run);
@@ -277,7 +285,6 @@ fn run_major(h: &mut Harness, ctx: &Ctx) {
         h.layer(ctx, "ops", layers::ops::run);
         h.layer(ctx, "citus", layers::citus::run);
         h.layer(ctx, "pgspot", layers::pgspot::run);
-        h.layer(ctx, "failover", layers::failover::run);
     }
 }
 

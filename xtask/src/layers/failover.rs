@@ -1,5 +1,6 @@
 //! Layer failover: tests/failover.rs (ignored by the plain e2e run), a primary and a synchronous
-//! standby of the major on ports 40 and 41 above the private cluster's.
+//! standby of the major, the primary killed under load, the standby promoted; on ports 500 and
+//! 501 above the private cluster's (`IDEM_SERVERS_PORT` overrides the first).
 
 use crate::harness::Ctx;
 use crate::report::Checks;
@@ -7,6 +8,7 @@ use std::path::Path;
 
 /// Runs the layer.
 pub(crate) fn run(ctx: &Ctx, checks: &mut Checks) {
-    let base = (ctx.port + 40).to_string();
-    crate::cargo::test(checks, Path::new("."), &["test", "-p", "idempotency-tests", "--test", "failover", "--", "--ignored"], &[("IDEM_SERVERS_PORT", &base)]);
+    let base = std::env::var("IDEM_SERVERS_PORT").unwrap_or_else(|_| (ctx.port + 500).to_string());
+    let args = ["test", "--no-fail-fast", "-p", "idempotency-tests", "--test", "failover", "--", "--ignored"];
+    crate::cargo::test(checks, Path::new("."), &args, &[("IDEM_SERVERS_PORT", &base)]);
 }

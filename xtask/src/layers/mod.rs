@@ -11,7 +11,7 @@ pub(crate) mod lint; // cargo clippy over every crate and target; a warning fail
 pub(crate) mod ops; // the maintenance worker, the counters, idem_stats and the pg_cron recipe on preloaded servers
 pub(crate) mod package; // scripts/package.sh, each package installed into a fresh tree and smoke-tested
 pub(crate) mod pg_test; // cargo pgrx test: the Rust that runs inside PostgreSQL
-pub(crate) mod pg_upgrade; // tests/pg_upgrade.rs: pg_upgrade 14 -> 18 and 15 -> 17 with records in every state
+pub(crate) mod pg_upgrade; // tests/pg_upgrade.rs once across majors: pg_upgrade 14 -> 18 and 15 -> 17
 pub(crate) mod pgspot; // pgspot over the generated install script
 pub(crate) mod portable; // the portable install: no superuser, refusals, fingerprint parity, suites, portable upgrades
 pub(crate) mod python; // examples/python/check.py against the extension and the portable install

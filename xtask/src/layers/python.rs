@@ -1,6 +1,7 @@
 //! Layer python: the SQL API from Python (examples/python/check.py, psycopg 3) against the
 //! extension and against the portable install, in a throwaway server on the private cluster's
-//! port; each of check.py's checks is one test.
+//! port (pg_stat_statements preloaded: no SAVEPOINT on any in-transaction outcome); each of
+//! check.py's checks is one test.
 
 use crate::harness::Ctx;
 use crate::report::Checks;
@@ -17,7 +18,8 @@ pub(crate) fn run(ctx: &Ctx, checks: &mut Checks) {
     if !checks.check("bash scripts/portable.sh > target/idempotency-portable.sql", built.map(drop)) {
         return;
     }
-    let server = super::throwaway(ctx, "python", ctx.port, "");
+    // pg_stat_statements: check.py counts the SAVEPOINTs the server ran (none, on every outcome).
+    let server = super::throwaway(ctx, "python", ctx.port, "shared_preload_libraries = 'pg_stat_statements'");
     let psql = ctx.psql(ctx.port);
     for kind in ["extension", "portable"] {
         let db = format!("idem_python_{kind}");
