@@ -359,10 +359,13 @@ impl Server {
         let data = data.to_str().expect("UTF-8 path");
         let log = self.dir.join("server.log");
         let log = log.to_str().expect("UTF-8 path");
+        let port = format!("-p {}", self.port);
         let started = Instant::now();
         loop {
             let before = self.log().len();
-            let out = self.run_in(&self.bindir.clone(), "pg_ctl", &["-D", data, "-l", log, "-w", "-t", "120", "start"]);
+            // The port on the command line too: a data directory made earlier for another port
+            // (the private cluster's, IDEM_PG_PORT changed) listens where this server says.
+            let out = self.run_in(&self.bindir.clone(), "pg_ctl", &["-D", data, "-l", log, "-o", &port, "-w", "-t", "120", "start"]);
             if out.status.success() {
                 return;
             }
