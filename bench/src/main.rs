@@ -159,6 +159,7 @@ async fn main() {
     }
     let smoke = args.iter().any(|a| a == "--smoke");
     let only_http = args.iter().any(|a| a == "--http");
+    let only_rust = args.iter().any(|a| a == "--rust");
     let s = if smoke {
         Settings { smoke, seconds: 1, reps: 1, clients: vec![1, 8], http_connections: vec![8, 64], growth_rows: 20_000, sweep_rows: 20_000, bloat_cycles: 3 }
     } else {
@@ -187,6 +188,12 @@ async fn main() {
     db.batch_execute(&std::fs::read_to_string(script("setup")).expect("setup.sql")).await.expect("bench setup");
     db.batch_execute("VACUUM ANALYZE").await.expect("vacuum");
     let mut rows: Vec<Row> = Vec::new();
+    if only_rust {
+        rust_rows(&s, &url, &db, &mut rows).await;
+        print!("{}", render(&rows, None, &s, started.elapsed().as_secs()));
+        check_numbers(&rows, None);
+        return;
+    }
 
     // 1-2: fresh execution against the hand-written protocol and the bare business transaction.
     for &c in &s.clients {
@@ -205,27 +212,7 @@ async fn main() {
     rows.push(Row { figure: "fresh execution vs the seed libraries' store".into(), clients: "8".into(), baseline: "lookup, reserve, run, save: 4 statements, 3 commits".into(), base: seed, ours: fresh, goal: Some(1.3), work: work(&url, &db, "fresh", "seed_store").await });
 
     // 5: the Rust client against a raw tokio-postgres transaction doing the same insert.
-    let (mut raw, mut run) = (Vec::new(), Vec::new());
-    for rep in 0..s.reps {
-        for first in [rep % 2 == 0, rep % 2 != 0] {
-            let m = client::throughput(&url, &db, 8, u64::from(s.seconds), if first { client::Call::RawInsert } else { client::Call::Run }).await;
-            if first { raw.push(m) } else { run.push(m) }
-        }
-    }
-    let upstream = cluster_addr();
-    let calls = if smoke { 20 } else { 200 };
-    let rt_raw = client::round_trips(upstream, "idem_bench", calls, false, false).await;
-    let rt_run = client::round_trips(upstream, "idem_bench", calls, true, false).await;
-    let rt_empty = client::round_trips(upstream, "idem_bench", calls, true, true).await;
-    rows.push(Row { figure: "Rust run vs raw tokio-postgres transaction".into(), clients: "8 tasks".into(), baseline: "BEGIN; INSERT; COMMIT (tokio-postgres)".into(), base: Measure::mean(&raw), ours: Measure::mean(&run), goal: Some(0.8), work: Some(format!("round trips {rt_run:.1} ({rt_empty:.1} empty closure) / {rt_raw:.1}")) });
-    let (mut select, mut replayed) = (Vec::new(), Vec::new());
-    for rep in 0..s.reps {
-        for first in [rep % 2 == 0, rep % 2 != 0] {
-            let m = client::throughput(&url, &db, 8, u64::from(s.seconds), if first { client::Call::RawSelect } else { client::Call::Replay }).await;
-            if first { select.push(m) } else { replayed.push(m) }
-        }
-    }
-    rows.push(Row { figure: "Rust replay vs raw tokio-postgres primary-key SELECT".into(), clients: "8 tasks".into(), baseline: "prepared SELECT of the record (tokio-postgres)".into(), base: Measure::mean(&select), ours: Measure::mean(&replayed), goal: Some(0.9), work: None });
+    rust_rows(&s, &url, &db, &mut rows).await;
 
     // 6: the example services over HTTP, each route against its twin without the layer.
     let ratio_of = |figure: &str, clients: &str| rows.iter().find(|r| r.figure == figure && r.clients == clients).map(|r| format!("{:.2}", r.ratio()));
@@ -404,4 +391,34 @@ fn csv(rows: &[Row], sweep: Option<(f64, i64, i64)>) -> String {
         let _ = writeln!(c, "\"bloat: size after last cycle / after first\",1,,{first},{last},{:.3},,,,,,,,,", last as f64 / first.max(1) as f64);
     }
     c
+}
+
+/// The Rust client's rows: `run` against the same INSERT in a raw tokio-postgres transaction,
+/// and a replay against a raw primary-key SELECT, at 8 and 32 tasks (8 in smoke mode), with the
+/// round trips the proxy counts per call.
+async fn rust_rows(s: &Settings, url: &str, db: &tokio_postgres::Client, rows: &mut Vec<Row>) {
+    let upstream = cluster_addr();
+    let calls = if s.smoke { 20 } else { 200 };
+    let rt_raw = client::round_trips(upstream, "idem_bench", calls, false, false).await;
+    let rt_run = client::round_trips(upstream, "idem_bench", calls, true, false).await;
+    let rt_empty = client::round_trips(upstream, "idem_bench", calls, true, true).await;
+    let tasks: &[usize] = if s.smoke { &[8] } else { &[8, 32] };
+    for &n in tasks {
+        let (mut raw, mut run) = (Vec::new(), Vec::new());
+        for rep in 0..s.reps {
+            for first in [rep % 2 == 0, rep % 2 != 0] {
+                let m = client::throughput(url, db, n, u64::from(s.seconds), if first { client::Call::RawInsert } else { client::Call::Run }).await;
+                if first { raw.push(m) } else { run.push(m) }
+            }
+        }
+        rows.push(Row { figure: "Rust run vs raw tokio-postgres transaction".into(), clients: format!("{n} tasks"), baseline: "BEGIN; INSERT; COMMIT (tokio-postgres)".into(), base: Measure::mean(&raw), ours: Measure::mean(&run), goal: Some(0.8), work: Some(format!("round trips {rt_run:.1} ({rt_empty:.1} empty closure) / {rt_raw:.1}")) });
+        let (mut select, mut replayed) = (Vec::new(), Vec::new());
+        for rep in 0..s.reps {
+            for first in [rep % 2 == 0, rep % 2 != 0] {
+                let m = client::throughput(url, db, n, u64::from(s.seconds), if first { client::Call::RawSelect } else { client::Call::Replay }).await;
+                if first { select.push(m) } else { replayed.push(m) }
+            }
+        }
+        rows.push(Row { figure: "Rust replay vs raw tokio-postgres primary-key SELECT".into(), clients: format!("{n} tasks"), baseline: "prepared SELECT of the record (tokio-postgres)".into(), base: Measure::mean(&select), ours: Measure::mean(&replayed), goal: Some(0.9), work: None });
+    }
 }
