@@ -22,7 +22,7 @@ mod payouts_example;
 use idempotency_testkit::{cluster_addr, fresh_database, pg_bin, root};
 use pgbench::Measure;
 use std::fmt::Write as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 use tokio_postgres::NoTls;
 
@@ -76,6 +76,26 @@ async fn work(url: &str, db: &tokio_postgres::Client, ours: &str, base: &str) ->
 
 /// Runs `a` and `b` interleaved (A B, then B A, ...) and returns their means.
 async fn pair(s: &Settings, url: &str, db: &tokio_postgres::Client, a: &str, b: &str, clients: u32) -> (Measure, Measure) {
+    pair_scripts(s, url, db, &script(a), &script(b), clients).await
+}
+
+/// The baseline of bench/pgbench/batch.sql: the same keys reserved and completed by single
+/// idem_reserve + idem_complete calls in one transaction (2 statements per key; generated,
+/// pgbench has no loop).
+fn singles_script(keys: u32) -> PathBuf {
+    let mut text = String::from("\\set u random(1, 1000)\n\\set k random(1, 9000000000000000000)\nBEGIN;\n");
+    for i in 1..=keys {
+        text += &format!("SELECT token AS t{i} FROM idem_reserve('bench.single', 'u' || :u, 'k' || :k || '-{i}', 'h') \\gset\n");
+        text += &format!("SELECT idem_complete('bench.single', 'u' || :u, 'k' || :k || '-{i}', :t{i}, '{{\"status\": 201}}');\n");
+    }
+    text += "COMMIT;\n";
+    let path = root().join("target/bench/singles.sql");
+    std::fs::write(&path, text).expect("write singles.sql");
+    path
+}
+
+/// [`pair`] of two script files.
+async fn pair_scripts(s: &Settings, url: &str, db: &tokio_postgres::Client, a: &Path, b: &Path, clients: u32) -> (Measure, Measure) {
     let pgbench = pg_bin("pgbench");
     let logs = root().join("target/bench/logs");
     let (mut ra, mut rb) = (Vec::new(), Vec::new());
@@ -83,7 +103,7 @@ async fn pair(s: &Settings, url: &str, db: &tokio_postgres::Client, a: &str, b: 
         let order = if rep % 2 == 0 { [(a, true), (b, false)] } else { [(b, false), (a, true)] };
         for (name, is_a) in order {
             let before = pgbench::counters(db).await;
-            let mut m = pgbench::run(&pgbench, url, &script(name), clients, s.seconds, &logs);
+            let mut m = pgbench::run(&pgbench, url, name, clients, s.seconds, &logs);
             pgbench::delta(db, &before, &mut m).await;
             if is_a { ra.push(m) } else { rb.push(m) }
         }
@@ -210,6 +230,12 @@ async fn main() {
     // 4: the seed libraries' store.
     let (seed, fresh) = pair(&s, &url, &db, "seed_store", "fresh", 8).await;
     rows.push(Row { figure: "fresh execution vs the seed libraries' store".into(), clients: "8".into(), baseline: "lookup, reserve, run, save: 4 statements, 3 commits".into(), base: seed, ours: fresh, goal: Some(1.3), work: work(&url, &db, "fresh", "seed_store").await });
+
+    // 4b: batches: 1,000 keys in one idem_reserve_many + idem_complete_many against the same
+    // keys one call at a time in one transaction (both scripts do 1,000 keys per transaction:
+    // the tps ratio is the per-key cost ratio).
+    let (singles, batch) = pair_scripts(&s, &url, &db, &singles_script(1000), &script("batch"), 1).await;
+    rows.push(Row { figure: "1,000-key batch vs 1,000 single calls (per key)".into(), clients: "1".into(), baseline: "1,000 x (idem_reserve; idem_complete) in one transaction".into(), base: singles, ours: batch, goal: Some(5.0), work: None });
 
     // 5: the Rust client against a raw tokio-postgres transaction doing the same insert.
     rust_rows(&s, &url, &db, &mut rows).await;
