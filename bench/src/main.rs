@@ -241,7 +241,7 @@ async fn run_soak(s: &Settings, out: &std::path::Path) -> soak::Soak {
     std::fs::write(out.join("soak.csv"), soaked.csv()).expect("soak csv");
     let kb: Vec<f64> = soaked.cycles.iter().map(|c| c.total() as f64 / 1024.0).collect();
     let base = kb.get(soak::BASE_CYCLE - 1).or(kb.first()).copied().unwrap_or(0.0);
-    let title = format!("idempotency {}: table + index size per soak cycle ({} transactions each), {}", env!("CARGO_PKG_VERSION"), soaked.transactions_per_cycle, machine());
+    let title = format!("idempotency {} soak: size after each cycle of {} transactions", env!("CARGO_PKG_VERSION"), soaked.transactions_per_cycle);
     if let Err(e) = chart::sizes(&out.join("soak.png"), &title, &kb, base * 1.3) {
         eprintln!("soak chart not drawn: {e}");
         std::process::exit(1);
