@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # The benchmark (DESIGN section 8): installs what is missing, starts the private cluster, installs
 # the release build, runs every case interleaved A/B/B/A, prints the table, and writes
-# target/bench/results.csv and target/bench/benchmark.png. `--smoke`: a few seconds per case,
-# checking only that every case produced numbers (the test command runs this).
+# target/bench/results.csv and target/bench/benchmark.png; then the soak (100 cycles swept by the
+# maintenance worker, on a server of its own with idempotency preloaded, port IDEM_SOAK_PORT,
+# default 55915), which writes target/bench/soak.csv and target/bench/soak.png. `--smoke`: a few
+# seconds per case and a 6-cycle soak, checking only that every case produced numbers (the test
+# command runs this). `--soak`: the soak alone.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
