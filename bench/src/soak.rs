@@ -127,9 +127,19 @@ impl Server {
         );
         let mut file = std::fs::OpenOptions::new().append(true).open(data.join("postgresql.conf")).expect("postgresql.conf");
         std::io::Write::write_all(&mut file, conf.as_bytes()).expect("write postgresql.conf");
-        let mut start = as_server(&pg_bin("pg_ctl"));
-        start.arg("-D").arg(&data).arg("-l").arg(dir.join("server.log")).args(["-w", "-t", "60", "-o"]).arg(format!("-p {port}")).arg("start");
-        run(start, "start the soak cluster (see target/bench/soak-cluster/server.log)");
+        // The port lies in Linux's ephemeral range, so a client connection elsewhere may hold it
+        // for a moment: a start that fails is tried again, three times in all (as scripts/pg.sh).
+        for attempt in 1..=3 {
+            let mut start = as_server(&pg_bin("pg_ctl"));
+            start.arg("-D").arg(&data).arg("-l").arg(dir.join("server.log")).args(["-w", "-t", "60", "-o"]).arg(format!("-p {port}")).arg("start");
+            if attempt == 3 {
+                run(start, "start the soak cluster (see target/bench/soak-cluster/server.log)");
+            } else if start.output().map(|o| o.status.success()).unwrap_or(false) {
+                break;
+            } else {
+                std::thread::sleep(Duration::from_secs(2));
+            }
+        }
         stop
     }
 
