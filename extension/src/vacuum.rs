@@ -5,7 +5,7 @@
 //! expire minutes after they are written), the worker sweeps every few seconds and the tables
 //! would grow by a minute of traffic between two autovacuums. So, after a pass whose sweep
 //! deleted at least 50 rows + 2% of the records table (as `pg_class.reltuples` last counted
-//! them; 2% is also where VACUUM stops skipping the index pass), the worker vacuums both tables
+//! them; 2%, not autovacuum's 20%: the soak measured both), the worker vacuums both tables
 //! itself, `SKIP_LOCKED` (an autovacuum already at work is left to it). A large table swept a
 //! little at a time is left to autovacuum. Measured by the benchmark's soak
 //! (docs/performance.md, "Churn without bloat").
@@ -16,11 +16,17 @@ use std::time::Instant;
 
 /// The rows a sweep must delete before the worker vacuums.
 fn threshold(schema: &str) -> f64 {
-    let sql = format!(
-        "SELECT 50 + 0.02 * GREATEST(c.reltuples, 0)::pg_catalog.float8
-           FROM pg_catalog.pg_class AS c WHERE c.oid OPERATOR(pg_catalog.=) '{schema}.idem_records'::pg_catalog.regclass"
-    );
-    pgrx::bgworkers::BackgroundWorker::transaction(|| Spi::get_one::<f64>(&sql)).ok().flatten().unwrap_or(f64::MAX)
+    let table = format!("{schema}.idem_records");
+    pgrx::bgworkers::BackgroundWorker::transaction(|| {
+        Spi::get_one_with_args::<f64>(
+            "SELECT 50 + 0.02 * GREATEST(c.reltuples, 0)::pg_catalog.float8
+               FROM pg_catalog.pg_class AS c WHERE c.oid OPERATOR(pg_catalog.=) pg_catalog.to_regclass($1)",
+            &[table.as_str().into()],
+        )
+    })
+    .ok()
+    .flatten()
+    .unwrap_or(f64::MAX)
 }
 
 /// After a pass in database `db` (extension schema `schema`, quoted) whose sweep deleted `swept`
