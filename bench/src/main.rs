@@ -89,7 +89,7 @@ async fn main() {
     let s = if smoke {
         Settings { smoke, seconds: 1, reps: 1, clients: vec![1, 8], growth_rows: 20_000, sweep_rows: 20_000, soak_cycles: 6, soak_per_client: 50 }
     } else {
-        Settings { smoke, seconds: 6, reps: 2, clients: vec![1, 8, 32], growth_rows: 1_000_000, sweep_rows: 500_000, soak_cycles: 100, soak_per_client: 750 }
+        Settings { smoke, seconds: 6, reps: 2, clients: vec![1, 8, 32], growth_rows: 1_000_000, sweep_rows: 500_000, soak_cycles: 100, soak_per_client: 300 }
     };
     let out = root().join("target/bench");
     std::fs::create_dir_all(&out).expect("output dir");
