@@ -1,4 +1,4 @@
-//! The soak: many cycles of reserve/complete (and release) whose records expire at once, swept by
+//! The soak: many cycles of reserve/complete (and release) whose records expire a second later, swept by
 //! the maintenance worker only, on a server of its own (idempotency preloaded, every other
 //! setting PostgreSQL's default, autovacuum included). After each cycle it records the size of
 //! idem_records + idem_retries with their indexes; the figure is the size after the last cycle
