@@ -277,6 +277,8 @@ note "drained in ~${drain_seconds} s; ${intermediate} polls saw a partial count;
 note "log: ${sweep_line#*: }"
 check "the worker's summary shows the batch transactions" \
     ge "$(sed -nE 's/.*in ([0-9]+) transactions.*/\1/p' <<<"$sweep_line")" $((rows / 10000))
+check "after that sweep the worker vacuums both tables, and logs it" \
+    until_logged 60 worker 'idempotency maintenance in database "idem_ops": vacuumed idem_records and idem_retries after sweeping [0-9]+ rows'
 
 printf -- '-- counters after the run\n'
 metrics | tr ' ' '\n' | sed 's/^/        /'

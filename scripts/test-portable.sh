@@ -9,6 +9,11 @@
 #              each fails and changes nothing (schema compared before and after)
 #   parity     idem_fingerprint: PL/pgSQL against the extension's Rust, on IDEM_PARITY_COUNT
 #              (default 5000) generated JSON texts and their jsonb values, plus invalid texts
+#   answers    the state machine: a scenario of every outcome (replay, mismatch, failed, retries
+#              counted and poisoned, stale tokens, heartbeat, one transaction, a rollback, a key
+#              held by another session, a takeover, a takeover losing every race, recovery,
+#              sweep) against the extension's native functions and the portable ones: every
+#              column of every answer and of the stored rows equal, and the contract's values
 #   defaults   the portable defaults of the settings equal the extension's
 #   suites     the regress suite (less install, members, guc_prefix and privileges, which test the extension's own
 #              catalog entries and CREATE EXTENSION, and write_once, the native hot path's own flow) and
@@ -122,6 +127,9 @@ echo "-- parity of idem_fingerprint with the extension"
 psql_db idem_portable -c "CREATE SCHEMA port"
 install_portable idem_portable port
 sql_checks idem_portable tests/portable/parity.sql -v count="${IDEM_PARITY_COUNT:-5000}"
+
+echo "-- parity of the state machine with the extension"
+sql_checks idem_portable tests/portable/answers.sql
 
 echo "-- defaults"
 for setting in ttl lease max_retries max_response_bytes; do

@@ -273,7 +273,7 @@ run_major() {
 
     layer failover
     # A primary and a streaming standby of this major (tests/tests/failover.rs, servers of its own).
-    IDEM_SERVERS_PORT=$((IDEM_PG_PORT + 500)) cargo test --no-fail-fast -p idempotency-tests --test failover -- --ignored >"$logs/failover.log" 2>&1
+    IDEM_SERVERS_PORT=$((IDEM_PG_PORT + 400)) cargo test --no-fail-fast -p idempotency-tests --test failover -- --ignored >"$logs/failover.log" 2>&1
     status=$?
     grep -E '^(test |test result|error)' "$logs/failover.log" | grep -v '\.\.\. ok$'
     [ $status = 0 ] || grep -A30 -- '---- ' "$logs/failover.log" | head -60

@@ -203,7 +203,12 @@ BEGIN
         END IF;
         -- Lost a race with a commit, a takeover, a recovery or a sweep: read the key again.
     END LOOP;
-    -- The key kept changing under us; answer as a busy key so the caller retries later.
+    -- The key kept changing under us; answer as a busy key so the caller retries later, with
+    -- the transient failures counted for it so far (as every other answer).
+    SELECT t.attempts INTO v_attempts
+      FROM @extschema@.idem_retries AS t
+     WHERE t.operation = operation AND t.user_id = user_id AND t.key = key
+       AND t.expires_at > clock_timestamp();
     v_counted := @extschema@._idem_count('reservations_in_progress');
     RETURN ROW('in_progress', NULL, NULL, coalesce(v_attempts, 0), NULL)::@extschema@.idem_reservation;
 END
