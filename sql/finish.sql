@@ -64,9 +64,12 @@ COMMENT ON FUNCTION @extschema@.idem_complete(text, text, text, bigint, jsonb, t
     'Finishes the attempt holding token: SUCCESS (the default) or FAILED (a permanent failure), storing response for replays. false, changing nothing, when the token is stale or the record is no longer PROCESSING: roll the business write back.';
 
 -- A batch: idem_complete for each key of one operation and user, in input order, in one
--- statement, each exactly as its own call (a key repeated completes once; its later
--- occurrences find it no longer PROCESSING and answer false). responses[i] may be NULL (no
--- stored response), as idem_complete's response.
+-- statement, each answered as its own call (a key repeated with its token completes once; its
+-- later occurrences find it no longer PROCESSING and answer false). responses[i] may be NULL
+-- (no stored response), as idem_complete's response. One fenced UPDATE completes every key
+-- whose PROCESSING record is written (the first occurrence of each key and token); the others
+-- (a reservation of this transaction not written yet, a stale token, a repeat) each go through
+-- idem_complete. On Citus every key goes through idem_complete (a join is not routable).
 CREATE FUNCTION @extschema@.idem_complete_many(
     operation text,
     user_id   text,
@@ -80,7 +83,12 @@ CREATE FUNCTION @extschema@.idem_complete_many(
     AS $fn$
 #variable_conflict use_column
 DECLARE
-    v_n integer;
+    v_n       integer;
+    v_now     timestamptz := clock_timestamp();
+    v_limit   bigint;
+    v_bad     record;
+    v_done    integer[] := '{}';
+    v_counted boolean; -- receives _idem_count
 BEGIN
     IF NOT (@extschema@._idem_check_scope(operation, user_id, 'k')
             AND @extschema@._idem_require('status', status IS NULL)) THEN
@@ -89,13 +97,54 @@ BEGIN
     v_n := @extschema@._idem_check_array('keys', keys, NULL, NULL, false);
     PERFORM @extschema@._idem_check_array('tokens', tokens, 'keys', v_n, false);
     PERFORM @extschema@._idem_check_array('responses', responses, 'keys', v_n, true);
+    -- idem_complete's rules for what the UPDATE below writes without it.
+    IF status NOT IN ('SUCCESS', 'FAILED') THEN
+        RAISE EXCEPTION 'status must be ''SUCCESS'' or ''FAILED'', got %',
+            @extschema@._idem_echo(status)
+            USING ERRCODE = '22023';
+    END IF;
+    v_limit := @extschema@._idem_max_response_bytes();
+    SELECT x.i, octet_length(x.r::text) AS size INTO v_bad
+      FROM unnest(idem_complete_many.responses) WITH ORDINALITY AS x(r, i)
+     WHERE octet_length(x.r::text) > v_limit
+     LIMIT 1;
+    IF FOUND THEN
+        -- Never echo the value: it may be huge, and it may be private.
+        RAISE EXCEPTION 'responses[%] must be at most % bytes (idempotency.max_response_bytes), got %',
+            v_bad.i, v_limit, v_bad.size USING ERRCODE = '54000';
+    END IF;
+    IF NOT @extschema@._idem_distributed() THEN
+        WITH u AS (
+            SELECT DISTINCT ON (u.k, u.t) u.k, u.t, u.r, u.i
+              FROM unnest(idem_complete_many.keys, idem_complete_many.tokens,
+                          idem_complete_many.responses) WITH ORDINALITY AS u(k, t, r, i)
+             ORDER BY u.k, u.t, u.i),
+        done AS (
+            UPDATE @extschema@.idem_records AS x
+               SET status = idem_complete_many.status, response = u.r, updated_at = v_now
+              FROM u
+             WHERE x.operation = idem_complete_many.operation
+               AND x.user_id = idem_complete_many.user_id AND x.key = u.k AND x.token = u.t
+               AND x.status = ('PROCESSING' COLLATE pg_catalog."C")
+            RETURNING u.i)
+        SELECT coalesce(array_agg(done.i::integer), '{}') INTO v_done FROM done;
+        IF cardinality(v_done) > 0 THEN
+            v_counted := @extschema@._idem_count(CASE idem_complete_many.status
+                                                     WHEN 'SUCCESS' THEN 'completions_success'
+                                                     ELSE 'completions_failed' END,
+                                                 cardinality(v_done));
+        END IF;
+    END IF;
     RETURN QUERY
     SELECT s.k, s.done
       FROM (SELECT u.i, u.k,
-                   @extschema@.idem_complete(idem_complete_many.operation, idem_complete_many.user_id,
-                                             u.k, u.t, u.r, idem_complete_many.status) AS done
+                   CASE WHEN d.i IS NOT NULL THEN true
+                        ELSE @extschema@.idem_complete(idem_complete_many.operation,
+                                                       idem_complete_many.user_id, u.k, u.t, u.r,
+                                                       idem_complete_many.status) END AS done
               FROM unnest(idem_complete_many.keys, idem_complete_many.tokens,
                           idem_complete_many.responses) WITH ORDINALITY AS u(k, t, r, i)
+              LEFT JOIN unnest(v_done) AS d(i) ON d.i = u.i
              ORDER BY u.i
             OFFSET 0) AS s
      ORDER BY s.i;

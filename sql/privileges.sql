@@ -32,6 +32,6 @@ REVOKE EXECUTE ON FUNCTION
     @extschema@._idem_lease(interval, interval),
     @extschema@._idem_max_retries(integer),
     @extschema@._idem_release_locked(text, text, text, timestamptz, timestamptz, integer),
-    @extschema@._idem_write_nowait(boolean, text, text, text, text, bigint, timestamptz, timestamptz, timestamptz),
+    @extschema@._idem_write_nowait(text, text, text, text, bigint, timestamptz, timestamptz, timestamptz),
     @extschema@._idem_distributed()
     FROM PUBLIC;

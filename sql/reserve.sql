@@ -15,12 +15,13 @@
 --   4. The locks live in the server's shared lock table (about max_locks_per_transaction per
 --      session): a transaction keeps at most half of max_locks_per_transaction of them. Past
 --      that it takes no key lock; its uncommitted row holds the key, as a row of the
---      hand-written INSERT ... ON CONFLICT does. So every write with wait => false goes through
+--      hand-written INSERT ... ON CONFLICT does. So every insert with wait => false goes through
 --      _idem_write_nowait, which answers busy instead of waiting for another transaction's
---      uncommitted row (at most its lock_timeout); with wait => true the write waits for it.
+--      uncommitted row (at most its lock_timeout); with wait => true the insert waits for it.
+--      A takeover waits for a row another transaction holds (a sweep or a recovery, briefly;
+--      or the takeover of a transaction past its budget, until it ends).
 
 CREATE FUNCTION @extschema@._idem_write_nowait(
-    takeover     boolean,
     operation    text,
     user_id      text,
     key          text,
@@ -36,22 +37,12 @@ CREATE FUNCTION @extschema@._idem_write_nowait(
     AS $fn$
 #variable_conflict use_variable
 BEGIN
-    IF takeover THEN
-        UPDATE @extschema@.idem_records AS r
-           SET request_hash = request_hash, status = 'PROCESSING', token = token,
-               response = NULL, lease_expires_at = lease_end,
-               expires_at = expires_at, created_at = now, updated_at = now
-         WHERE r.operation = operation AND r.user_id = user_id AND r.key = key
-           AND r.expires_at <= now
-           AND (r.status <> 'PROCESSING' OR r.lease_expires_at <= now);
-    ELSE
-        INSERT INTO @extschema@.idem_records AS r
-               (operation, user_id, key, request_hash, status, token, response,
-                lease_expires_at, expires_at, created_at, updated_at)
-        VALUES (operation, user_id, key, request_hash, 'PROCESSING', token, NULL,
-                lease_end, expires_at, now, now)
-        ON CONFLICT ON CONSTRAINT idem_records_pkey DO NOTHING;
-    END IF;
+    INSERT INTO @extschema@.idem_records AS r
+           (operation, user_id, key, request_hash, status, token, response,
+            lease_expires_at, expires_at, created_at, updated_at)
+    VALUES (operation, user_id, key, request_hash, 'PROCESSING', token, NULL,
+            lease_end, expires_at, now, now)
+    ON CONFLICT ON CONSTRAINT idem_records_pkey DO NOTHING;
     RETURN FOUND;
 EXCEPTION WHEN lock_not_available THEN
     -- Another transaction holds the key by its uncommitted row: busy.
@@ -59,8 +50,8 @@ EXCEPTION WHEN lock_not_available THEN
 END
 $fn$;
 
-COMMENT ON FUNCTION @extschema@._idem_write_nowait(boolean, text, text, text, text, bigint, timestamptz, timestamptz, timestamptz) IS
-    'Internal (PL/pgSQL idem_reserve): the create or takeover write; NULL instead of waiting (lock_timeout) for another transaction''s uncommitted row of the key.';
+COMMENT ON FUNCTION @extschema@._idem_write_nowait(text, text, text, text, bigint, timestamptz, timestamptz, timestamptz) IS
+    'Internal (PL/pgSQL idem_reserve): the insert of a new record; NULL instead of waiting (lock_timeout) for another transaction''s uncommitted row of the key.';
 
 CREATE FUNCTION @extschema@.idem_reserve(
     operation    text,
@@ -160,10 +151,9 @@ BEGIN
 
         v_locked := true; -- (past the budget: no lock, the row holds the key)
         v_token := nextval('@extschema@.idem_token_seq');
-        IF NOT wait THEN
-            v_found := @extschema@._idem_write_nowait(v_rec.status IS NOT NULL, operation, user_id, key,
-                                                      request_hash, v_token, v_now, v_now + v_lease,
-                                                      v_now + v_ttl);
+        IF NOT wait AND v_rec.status IS NULL THEN
+            v_found := @extschema@._idem_write_nowait(operation, user_id, key, request_hash, v_token,
+                                                      v_now, v_now + v_lease, v_now + v_ttl);
             IF v_found IS NULL THEN
                 -- Another transaction is creating this key and has not committed.
                 SELECT t.attempts INTO v_attempts
@@ -190,7 +180,7 @@ BEGIN
                AND r.expires_at <= v_now
                AND (r.status <> 'PROCESSING' OR r.lease_expires_at <= v_now);
         END IF;
-        IF wait THEN
+        IF wait OR v_rec.status IS NOT NULL THEN
             v_found := FOUND;
         END IF;
         IF v_found THEN
@@ -213,7 +203,12 @@ BEGIN
         END IF;
         -- Lost a race with a commit, a takeover, a recovery or a sweep: read the key again.
     END LOOP;
-    -- The key kept changing under us; answer as a busy key so the caller retries later.
+    -- The key kept changing under us; answer as a busy key so the caller retries later, with
+    -- the transient failures counted for it so far (as every other answer).
+    SELECT t.attempts INTO v_attempts
+      FROM @extschema@.idem_retries AS t
+     WHERE t.operation = operation AND t.user_id = user_id AND t.key = key
+       AND t.expires_at > clock_timestamp();
     v_counted := @extschema@._idem_count('reservations_in_progress');
     RETURN ROW('in_progress', NULL, NULL, coalesce(v_attempts, 0), NULL)::@extschema@.idem_reservation;
 END

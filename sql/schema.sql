@@ -10,6 +10,11 @@ CREATE SEQUENCE @extschema@.idem_token_seq AS bigint;
 COMMENT ON SEQUENCE @extschema@.idem_token_seq IS
     'Fencing tokens for idem_reserve: unique and increasing over the life of the database.';
 
+-- Both tables churn: every row is deleted by the sweep some time after it is written, and the
+-- maintenance worker vacuums after a large sweep (extension/src/vacuum.rs). vacuum_truncate = false
+-- keeps the space a VACUUM frees for the next rows instead of giving the empty tail back to the
+-- file system, which would take an ACCESS EXCLUSIVE lock on the table at each such VACUUM (and
+-- replay it on every standby) only to grow the file again (docs/operations.md, "Table size").
 CREATE TABLE @extschema@.idem_records (
     operation        text        NOT NULL,
     user_id          text        NOT NULL,
@@ -26,7 +31,7 @@ CREATE TABLE @extschema@.idem_records (
     created_at       timestamptz NOT NULL,
     updated_at       timestamptz NOT NULL,
     CONSTRAINT idem_records_pkey PRIMARY KEY (operation, user_id, key)
-);
+) WITH (vacuum_truncate = false);
 
 COMMENT ON TABLE @extschema@.idem_records IS
     'One record per (operation, user_id, key): the reservation, its fencing token and the stored response.';
@@ -49,7 +54,7 @@ CREATE TABLE @extschema@.idem_retries (
     attempts   integer     NOT NULL CHECK (attempts OPERATOR(pg_catalog.>) 0),
     expires_at timestamptz NOT NULL,
     CONSTRAINT idem_retries_pkey PRIMARY KEY (operation, user_id, key)
-);
+) WITH (vacuum_truncate = false);
 
 COMMENT ON TABLE @extschema@.idem_retries IS
     'Transient failures per (operation, user_id, key); kept after the record is released, swept once expired and unneeded.';

@@ -4,6 +4,18 @@ use plotters::prelude::*;
 use plotters::style::{register_font, FontStyle};
 use std::path::Path;
 
+/// Registers the charts' font once.
+fn font() -> Result<(), Box<dyn std::error::Error>> {
+    static DONE: std::sync::OnceLock<()> = std::sync::OnceLock::new();
+    if DONE.get().is_none() {
+        let font = std::fs::read("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf")?;
+        register_font("sans-serif", FontStyle::Normal, Box::leak(font.into_boxed_slice()))
+            .map_err(|_| "DejaVuSans.ttf is not a usable font")?;
+        let _ = DONE.set(());
+    }
+    Ok(())
+}
+
 /// (label, measured ratio, goal)
 pub(crate) type Bar = (String, f64, f64);
 
@@ -44,9 +56,7 @@ fn fields(line: &str) -> Vec<String> {
 }
 
 pub(crate) fn draw(path: &Path, title: &str, bars: &[Bar]) -> Result<(), Box<dyn std::error::Error>> {
-    let font = std::fs::read("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf")?;
-    register_font("sans-serif", FontStyle::Normal, Box::leak(font.into_boxed_slice()))
-        .map_err(|_| "DejaVuSans.ttf is not a usable font")?;
+    font()?;
     let height = 120 + 44 * bars.len() as u32;
     let root = BitMapBackend::new(path, (1100, height)).into_drawing_area();
     root.fill(&WHITE)?;
@@ -82,6 +92,39 @@ pub(crate) fn draw(path: &Path, title: &str, bars: &[Bar]) -> Result<(), Box<dyn
         chart.draw_series(std::iter::once(PathElement::new(vec![(*goal, top), (*goal, bottom)], BLACK.stroke_width(3))))?;
         chart.draw_series(std::iter::once(Text::new(format!("{value:.2}"), (shown + max * 0.01, SegmentValue::CenterOf(y)), ("sans-serif", 14))))?;
     }
+    root.present()?;
+    Ok(())
+}
+
+/// The soak chart: table + index size (kB) after each cycle, and the plateau limit (a horizontal
+/// line at `limit` kB).
+pub(crate) fn sizes(path: &Path, title: &str, kb: &[f64], limit: f64) -> Result<(), Box<dyn std::error::Error>> {
+    font()?;
+    let root = BitMapBackend::new(path, (1100, 520)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let top = kb.iter().copied().fold(limit, f64::max) * 1.15;
+    let n = kb.len().max(2);
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 22))
+        .margin(16)
+        .x_label_area_size(40)
+        .y_label_area_size(80)
+        .build_cartesian_2d(1usize..n, 0.0..top)?;
+    chart
+        .configure_mesh()
+        .x_desc("cycle (reserve/complete/release, expire, sweep by the maintenance worker)")
+        .y_desc("idem_records + idem_retries + indexes, kB")
+        .label_style(("sans-serif", 15))
+        .draw()?;
+    chart
+        .draw_series(LineSeries::new(kb.iter().enumerate().map(|(i, v)| (i + 1, *v)), RGBColor(46, 139, 87).stroke_width(2)))?
+        .label("size after the cycle")
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], RGBColor(46, 139, 87).stroke_width(2)));
+    chart
+        .draw_series(LineSeries::new([(1, limit), (n, limit)], RGBColor(205, 92, 92).stroke_width(2)))?
+        .label("limit: 1.3 x the size after cycle 5")
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], RGBColor(205, 92, 92).stroke_width(2)));
+    chart.configure_series_labels().background_style(WHITE).border_style(BLACK).label_font(("sans-serif", 15)).position(SeriesLabelPosition::LowerRight).draw()?;
     root.present()?;
     Ok(())
 }

@@ -2,14 +2,16 @@
 //! same run, interleaved A/B/B/A so machine drift cancels. Run with `bash scripts/bench.sh`
 //! (or `--smoke` for a few seconds per case, which checks only that every case produced numbers).
 //!
-//! Writes `target/bench/results.csv` and `target/bench/benchmark.png`. `--http` runs only the
-//! HTTP rows (see [`http`]) and writes `target/bench/http.csv`; `--chart CSV PNG [TITLE]` draws
-//! the chart of a results CSV.
+//! Writes `target/bench/results.csv` and `target/bench/benchmark.png`, and the soak's
+//! `target/bench/soak.csv` and `target/bench/soak.png`. `--http` runs only the HTTP rows (see
+//! [`http`]) and writes `target/bench/http.csv`; `--soak` only the soak; `--rust` only the Rust
+//! client's rows; `--chart CSV PNG [TITLE]` draws the chart of a results CSV.
 
 mod chart;
 mod client;
 mod http;
 mod pgbench;
+mod soak;
 
 // The example services, compiled in so the HTTP rows serve the routers they build.
 #[path = "../../client/examples/axum_charges.rs"]
@@ -22,7 +24,7 @@ mod payouts_example;
 use idempotency_testkit::{cluster_addr, fresh_database, pg_bin, root};
 use pgbench::Measure;
 use std::fmt::Write as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 use tokio_postgres::NoTls;
 
@@ -34,7 +36,9 @@ struct Settings {
     http_connections: Vec<usize>,
     growth_rows: i64,
     sweep_rows: i64,
-    bloat_cycles: usize,
+    /// Soak cycles, and transactions per client and cycle (4 clients).
+    soak_cycles: usize,
+    soak_per_client: u32,
 }
 
 /// One output row.
@@ -76,6 +80,26 @@ async fn work(url: &str, db: &tokio_postgres::Client, ours: &str, base: &str) ->
 
 /// Runs `a` and `b` interleaved (A B, then B A, ...) and returns their means.
 async fn pair(s: &Settings, url: &str, db: &tokio_postgres::Client, a: &str, b: &str, clients: u32) -> (Measure, Measure) {
+    pair_scripts(s, url, db, &script(a), &script(b), clients).await
+}
+
+/// The baseline of bench/pgbench/batch.sql: the same keys reserved and completed by single
+/// idem_reserve + idem_complete calls in one transaction (2 statements per key; generated,
+/// pgbench has no loop).
+fn singles_script(keys: u32) -> PathBuf {
+    let mut text = String::from("\\set u random(1, 1000)\n\\set k random(1, 9000000000000000000)\nBEGIN;\n");
+    for i in 1..=keys {
+        text += &format!("SELECT token AS t{i} FROM idem_reserve('bench.single', 'u' || :u, 'k' || :k || '-{i}', 'h') \\gset\n");
+        text += &format!("SELECT idem_complete('bench.single', 'u' || :u, 'k' || :k || '-{i}', :t{i}, '{{\"status\": 201}}');\n");
+    }
+    text += "COMMIT;\n";
+    let path = root().join("target/bench/singles.sql");
+    std::fs::write(&path, text).expect("write singles.sql");
+    path
+}
+
+/// [`pair`] of two script files.
+async fn pair_scripts(s: &Settings, url: &str, db: &tokio_postgres::Client, a: &Path, b: &Path, clients: u32) -> (Measure, Measure) {
     let pgbench = pg_bin("pgbench");
     let logs = root().join("target/bench/logs");
     let (mut ra, mut rb) = (Vec::new(), Vec::new());
@@ -83,7 +107,7 @@ async fn pair(s: &Settings, url: &str, db: &tokio_postgres::Client, a: &str, b: 
         let order = if rep % 2 == 0 { [(a, true), (b, false)] } else { [(b, false), (a, true)] };
         for (name, is_a) in order {
             let before = pgbench::counters(db).await;
-            let mut m = pgbench::run(&pgbench, url, &script(name), clients, s.seconds, &logs);
+            let mut m = pgbench::run(&pgbench, url, name, clients, s.seconds, &logs);
             pgbench::delta(db, &before, &mut m).await;
             if is_a { ra.push(m) } else { rb.push(m) }
         }
@@ -153,16 +177,17 @@ async fn main() {
             // Redraws a chart from a results CSV (docs/benchmark.png from docs/benchmark.csv),
             // titled TITLE if given.
             let title = title.first().cloned().unwrap_or_else(title_of_run);
-            draw(&std::fs::read_to_string(csv).unwrap_or_else(|e| panic!("{csv}: {e}")), std::path::Path::new(png), &title);
+            draw(&std::fs::read_to_string(csv).unwrap_or_else(|e| panic!("{csv}: {e}")), Path::new(png), &title);
             return;
         }
     }
     let smoke = args.iter().any(|a| a == "--smoke");
     let only_http = args.iter().any(|a| a == "--http");
+    let only_rust = args.iter().any(|a| a == "--rust");
     let s = if smoke {
-        Settings { smoke, seconds: 1, reps: 1, clients: vec![1, 8], http_connections: vec![8, 64], growth_rows: 20_000, sweep_rows: 20_000, bloat_cycles: 3 }
+        Settings { smoke, seconds: 1, reps: 1, clients: vec![1, 8], http_connections: vec![8, 64], growth_rows: 20_000, sweep_rows: 20_000, soak_cycles: 6, soak_per_client: 50 }
     } else {
-        Settings { smoke, seconds: 6, reps: 2, clients: vec![1, 8, 32], http_connections: vec![8, 64], growth_rows: 1_000_000, sweep_rows: 500_000, bloat_cycles: 20 }
+        Settings { smoke, seconds: 6, reps: 2, clients: vec![1, 8, 32], http_connections: vec![8, 64], growth_rows: 1_000_000, sweep_rows: 500_000, soak_cycles: 100, soak_per_client: 300 }
     };
     // IDEM_BENCH_SECONDS: another length of every run (bench/profile-http.sh shortens them).
     let s = match std::env::var("IDEM_BENCH_SECONDS") {
@@ -181,12 +206,23 @@ async fn main() {
         println!("{} cases measured; wrote target/bench/http.csv", rows.len());
         return;
     }
+    if args.iter().any(|a| a == "--soak") {
+        let soaked = run_soak(&s, &out).await;
+        println!("{}", soak_line(&s, &soaked));
+        return;
+    }
 
     let url = fresh_database("idem_bench").await;
     let db = connect(&url).await;
     db.batch_execute(&std::fs::read_to_string(script("setup")).expect("setup.sql")).await.expect("bench setup");
     db.batch_execute("VACUUM ANALYZE").await.expect("vacuum");
     let mut rows: Vec<Row> = Vec::new();
+    if only_rust {
+        rust_rows(&s, &url, &db, &mut rows).await;
+        print!("{}", render(&rows, None, &s, started.elapsed().as_secs()));
+        check_numbers(&rows, None);
+        return;
+    }
 
     // 1-2: fresh execution against the hand-written protocol and the bare business transaction.
     for &c in &s.clients {
@@ -204,28 +240,14 @@ async fn main() {
     let (seed, fresh) = pair(&s, &url, &db, "seed_store", "fresh", 8).await;
     rows.push(Row { figure: "fresh execution vs the seed libraries' store".into(), clients: "8".into(), baseline: "lookup, reserve, run, save: 4 statements, 3 commits".into(), base: seed, ours: fresh, goal: Some(1.3), work: work(&url, &db, "fresh", "seed_store").await });
 
+    // 4b: batches: 1,000 keys in one idem_reserve_many + idem_complete_many against the same
+    // keys one call at a time in one transaction (both scripts do 1,000 keys per transaction:
+    // the tps ratio is the per-key cost ratio).
+    let (singles, batch) = pair_scripts(&s, &url, &db, &singles_script(1000), &script("batch"), 1).await;
+    rows.push(Row { figure: "1,000-key batch vs 1,000 single calls (per key)".into(), clients: "1".into(), baseline: "1,000 x (idem_reserve; idem_complete) in one transaction".into(), base: singles, ours: batch, goal: Some(5.0), work: None });
+
     // 5: the Rust client against a raw tokio-postgres transaction doing the same insert.
-    let (mut raw, mut run) = (Vec::new(), Vec::new());
-    for rep in 0..s.reps {
-        for first in [rep % 2 == 0, rep % 2 != 0] {
-            let m = client::throughput(&url, &db, 8, u64::from(s.seconds), if first { client::Call::RawInsert } else { client::Call::Run }).await;
-            if first { raw.push(m) } else { run.push(m) }
-        }
-    }
-    let upstream = cluster_addr();
-    let calls = if smoke { 20 } else { 200 };
-    let rt_raw = client::round_trips(upstream, "idem_bench", calls, false, false).await;
-    let rt_run = client::round_trips(upstream, "idem_bench", calls, true, false).await;
-    let rt_empty = client::round_trips(upstream, "idem_bench", calls, true, true).await;
-    rows.push(Row { figure: "Rust run vs raw tokio-postgres transaction".into(), clients: "8 tasks".into(), baseline: "BEGIN; INSERT; COMMIT (tokio-postgres)".into(), base: Measure::mean(&raw), ours: Measure::mean(&run), goal: Some(0.8), work: Some(format!("round trips {rt_run:.1} ({rt_empty:.1} empty closure) / {rt_raw:.1}")) });
-    let (mut select, mut replayed) = (Vec::new(), Vec::new());
-    for rep in 0..s.reps {
-        for first in [rep % 2 == 0, rep % 2 != 0] {
-            let m = client::throughput(&url, &db, 8, u64::from(s.seconds), if first { client::Call::RawSelect } else { client::Call::Replay }).await;
-            if first { select.push(m) } else { replayed.push(m) }
-        }
-    }
-    rows.push(Row { figure: "Rust replay vs raw tokio-postgres primary-key SELECT".into(), clients: "8 tasks".into(), baseline: "prepared SELECT of the record (tokio-postgres)".into(), base: Measure::mean(&select), ours: Measure::mean(&replayed), goal: Some(0.9), work: None });
+    rust_rows(&s, &url, &db, &mut rows).await;
 
     // 6: the example services over HTTP, each route against its twin without the layer.
     let ratio_of = |figure: &str, clients: &str| rows.iter().find(|r| r.figure == figure && r.clients == clients).map(|r| format!("{:.2}", r.ratio()));
@@ -255,19 +277,24 @@ async fn main() {
     }
     rows.push(Row { figure: format!("growth: fresh execution at {} vs 10k records", human(s.growth_rows)), clients: "8".into(), baseline: "the same, 10k existing records".into(), base: Measure::mean(&ms), ours: Measure::mean(&ml), goal: Some(0.85), work: None });
 
-    // 8: sweep throughput and bloat, in a database of their own.
-    let cycles_url = fresh_database("idem_bench_cycles").await;
-    let cdb = connect(&cycles_url).await;
-    let (rows_per_sec, first_size, last_size) = sweep(&s, &cycles_url, &cdb).await;
+    // 8: sweep throughput, in a database of its own.
+    let sweep_url = fresh_database("idem_bench_cycles").await;
+    let rows_per_sec = sweep(&s, &connect(&sweep_url).await).await;
 
-    let swept = Some((rows_per_sec, first_size, last_size));
+    // 9: the soak, on a server of its own (the maintenance worker needs the preloaded library).
+    let soaked = run_soak(&s, &out).await;
+
+    let swept = Some((rows_per_sec, &soaked));
     let report = render(&rows, swept, &s, started.elapsed().as_secs());
     print!("{report}");
     let table = csv(&rows, swept);
     std::fs::write(out.join("results.csv"), &table).expect("csv");
     draw(&table, &out.join("benchmark.png"), &title_of_run());
     check_numbers(&rows, swept);
-    println!("{} cases measured; wrote target/bench/results.csv and target/bench/benchmark.png", rows.len() + 1);
+    println!(
+        "{} cases measured; wrote target/bench/results.csv, target/bench/benchmark.png, target/bench/soak.csv and target/bench/soak.png",
+        rows.len() + 2
+    );
 }
 
 /// The chart's title for a run on this machine.
@@ -276,7 +303,7 @@ fn title_of_run() -> String {
 }
 
 /// The chart of a results CSV.
-fn draw(csv: &str, png: &std::path::Path, title: &str) {
+fn draw(csv: &str, png: &Path, title: &str) {
     if let Err(e) = chart::draw(png, title, &chart::bars(csv)) {
         eprintln!("chart not drawn: {e}");
         std::process::exit(1);
@@ -284,10 +311,10 @@ fn draw(csv: &str, png: &std::path::Path, title: &str) {
 }
 
 /// The smoke mode asserts only that every case ran and produced numbers.
-fn check_numbers(rows: &[Row], sweep: Option<(f64, i64, i64)>) {
+fn check_numbers(rows: &[Row], sweep: Option<(f64, &soak::Soak)>) {
     let empty: Vec<&str> = rows.iter().filter(|r| !(r.base.tps > 0.0 && r.ours.tps > 0.0)).map(|r| r.figure.as_str()).collect();
-    if !empty.is_empty() || sweep.is_some_and(|(rps, first, _)| rps <= 0.0 || first <= 0) {
-        eprintln!("cases without numbers: {empty:?}{}", if sweep.is_some_and(|(rps, _, _)| rps <= 0.0) { " and the sweep" } else { "" });
+    if !empty.is_empty() || sweep.is_some_and(|(rps, soaked)| rps <= 0.0 || soaked.cycles.iter().any(|c| c.total() <= 0)) {
+        eprintln!("cases without numbers: {empty:?}{}", if sweep.is_some_and(|(rps, _)| rps <= 0.0) { " and the sweep" } else { "" });
         std::process::exit(1);
     }
 }
@@ -311,9 +338,8 @@ async fn growth_db(name: &str, rows: i64) -> String {
     url
 }
 
-/// Sweep throughput (rows/s), then table+index size after the first and the last of many
-/// reserve/complete/expire/sweep cycles.
-async fn sweep(s: &Settings, url: &str, db: &tokio_postgres::Client) -> (f64, i64, i64) {
+/// Sweep throughput (rows/s) of expired rows, in batches of 10,000.
+async fn sweep(s: &Settings, db: &tokio_postgres::Client) -> f64 {
     db.execute(
         "INSERT INTO idem_records (operation, user_id, key, request_hash, status, token, response, lease_expires_at, expires_at, created_at, updated_at)
          SELECT 'bench.sweep', 'u' || (i % 1000), 's' || i, 'h', 'SUCCESS', nextval('idem_token_seq'), '{\"status\": 201}',
@@ -333,23 +359,40 @@ async fn sweep(s: &Settings, url: &str, db: &tokio_postgres::Client) -> (f64, i6
             break;
         }
     }
-    let rows_per_sec = deleted as f64 / started.elapsed().as_secs_f64();
+    deleted as f64 / started.elapsed().as_secs_f64()
+}
 
-    // Cycles: pgbench runs fresh executions whose records expire at once, then the sweep empties
-    // the table; the server's autovacuum runs as configured (no manual VACUUM).
-    let pgbench_bin = pg_bin("pgbench");
-    let logs = root().join("target/bench/logs");
-    let (mut first, mut last) = (0i64, 0i64);
-    for cycle in 0..s.bloat_cycles {
-        pgbench::run(&pgbench_bin, url, &script("cycle"), 4, if s.smoke { 1 } else { 3 }, &logs);
-        while db.query_one("SELECT idem_sweep(10000) AS n", &[]).await.expect("sweep").get::<_, i64>("n") > 0 {}
-        let size: i64 = db.query_one("SELECT pg_total_relation_size('idem_records') AS s", &[]).await.expect("size").get("s");
-        if cycle == 0 {
-            first = size;
-        }
-        last = size;
+/// The soak (see soak.rs); writes its CSV and chart.
+async fn run_soak(s: &Settings, out: &Path) -> soak::Soak {
+    let soaked = soak::soak(s.soak_cycles, 4, s.soak_per_client).await;
+    std::fs::write(out.join("soak.csv"), soaked.csv()).expect("soak csv");
+    let kb: Vec<f64> = soaked.cycles.iter().map(|c| c.total() as f64 / 1024.0).collect();
+    let base = kb.get(soak::BASE_CYCLE - 1).or(kb.first()).copied().unwrap_or(0.0);
+    let title = format!("idempotency {} soak: size after each cycle of {} transactions", env!("CARGO_PKG_VERSION"), soaked.transactions_per_cycle);
+    if let Err(e) = chart::sizes(&out.join("soak.png"), &title, &kb, base * 1.3) {
+        eprintln!("soak chart not drawn: {e}");
+        std::process::exit(1);
     }
-    (rows_per_sec, first, last)
+    soaked
+}
+
+fn soak_line(s: &Settings, soaked: &soak::Soak) -> String {
+    let size = |i: usize| soaked.cycles.get(i).map(|c| c.total() / 1024).unwrap_or(0);
+    let last = soaked.cycles.last().copied().unwrap_or_default();
+    format!(
+        "| soak: size after {} cycles / after cycle {} (worker sweeps, default autovacuum) | 4 | — | {} tx/cycle | {:.2} | ≤ 1.30 {} | {} kB after cycle {}, {} kB after the last; {} autovacuums, {} vacuums; {:.0} s | | | | |",
+        soaked.cycles.len(),
+        soak::BASE_CYCLE,
+        soaked.transactions_per_cycle,
+        soaked.ratio(),
+        if soaked.ratio() <= 1.3 { "met" } else { "not met" },
+        size(soak::BASE_CYCLE - 1),
+        soak::BASE_CYCLE,
+        size(soaked.cycles.len().saturating_sub(1)),
+        last.autovacuums,
+        last.vacuums,
+        soaked.seconds,
+    ) + if s.smoke { " (smoke: too few cycles to mean anything)" } else { "" }
 }
 
 fn human(n: i64) -> String {
@@ -365,7 +408,7 @@ fn machine() -> String {
     format!("{cpus} cores ({model}), PostgreSQL 15, loopback")
 }
 
-fn render(rows: &[Row], sweep: Option<(f64, i64, i64)>, s: &Settings, secs: u64) -> String {
+fn render(rows: &[Row], sweep: Option<(f64, &soak::Soak)>, s: &Settings, secs: u64) -> String {
     let mut t = String::new();
     let _ = writeln!(t, "\nidempotency benchmark — {} — {} s per run, {} interleaved runs per side{}\n", machine(), s.seconds, s.reps, if s.smoke { " (SMOKE: numbers are not meaningful)" } else { "" });
     let _ = writeln!(t, "| figure | clients | baseline tps | ours tps | ratio | goal | p50 / p99 ms (ours) | p50 / p99 ms (baseline) | WAL B/op (ours / base) | HOT (ours) | statements per op, nested included (ours / base) |");
@@ -380,15 +423,15 @@ fn render(rows: &[Row], sweep: Option<(f64, i64, i64)>, s: &Settings, secs: u64)
             r.ours.wal_per_op(), r.base.wal_per_op(), hot, r.work.as_deref().unwrap_or("")
         );
     }
-    if let Some((sweep_rps, first, last)) = sweep {
+    if let Some((sweep_rps, soaked)) = sweep {
         let _ = writeln!(t, "| sweep | 1 | — | {:.0} rows/s | {:.2} | ≥ 200k rows/s {} | | | | | |", sweep_rps, sweep_rps / 200_000.0, if sweep_rps >= 200_000.0 { "met" } else { "not met" });
-        let _ = writeln!(t, "| bloat after {} reserve/complete/expire/sweep cycles | | | | {:.2} | bounded | table+indexes {} kB after cycle 1, {} kB after the last | | | | |", s.bloat_cycles, last as f64 / first.max(1) as f64, first / 1024, last / 1024);
+        let _ = writeln!(t, "{}", soak_line(s, soaked));
     }
     let _ = writeln!(t, "\n(total {secs} s)");
     t
 }
 
-fn csv(rows: &[Row], sweep: Option<(f64, i64, i64)>) -> String {
+fn csv(rows: &[Row], sweep: Option<(f64, &soak::Soak)>) -> String {
     let mut c = String::from("figure,clients,baseline,baseline_tps,ours_tps,ratio,goal,ours_p50_ms,ours_p99_ms,base_p50_ms,base_p99_ms,ours_wal_per_op,base_wal_per_op,ours_hot_ratio,statements\n");
     for r in rows {
         let _ = writeln!(
@@ -399,9 +442,41 @@ fn csv(rows: &[Row], sweep: Option<(f64, i64, i64)>) -> String {
             r.ours.hot_ratio().map(|h| format!("{h:.3}")).unwrap_or_default(), r.work.as_deref().unwrap_or("")
         );
     }
-    if let Some((sweep_rps, first, last)) = sweep {
+    if let Some((sweep_rps, soaked)) = sweep {
         let _ = writeln!(c, "\"sweep rows per second\",1,,,{sweep_rps:.0},{:.3},1,,,,,,,,", sweep_rps / 200_000.0);
-        let _ = writeln!(c, "\"bloat: size after last cycle / after first\",1,,{first},{last},{:.3},,,,,,,,,", last as f64 / first.max(1) as f64);
+        let base = soaked.cycles.get(soak::BASE_CYCLE - 1).or(soaked.cycles.first()).map(soak::Sizes::total).unwrap_or(0);
+        let last = soaked.cycles.last().map(soak::Sizes::total).unwrap_or(0);
+        let _ = writeln!(c, "\"soak: size after the last cycle / after cycle {}\",4,,{base},{last},{:.3},1.3,,,,,,,,", soak::BASE_CYCLE, soaked.ratio());
     }
     c
+}
+
+/// The Rust client's rows: `run` against the same INSERT in a raw tokio-postgres transaction,
+/// and a replay against a raw primary-key SELECT, at 8 and 32 tasks (8 in smoke mode), with the
+/// round trips the proxy counts per call.
+async fn rust_rows(s: &Settings, url: &str, db: &tokio_postgres::Client, rows: &mut Vec<Row>) {
+    let upstream = cluster_addr();
+    let calls = if s.smoke { 20 } else { 200 };
+    let rt_raw = client::round_trips(upstream, "idem_bench", calls, false, false).await;
+    let rt_run = client::round_trips(upstream, "idem_bench", calls, true, false).await;
+    let rt_empty = client::round_trips(upstream, "idem_bench", calls, true, true).await;
+    let tasks: &[usize] = if s.smoke { &[8] } else { &[8, 32] };
+    for &n in tasks {
+        let (mut raw, mut run) = (Vec::new(), Vec::new());
+        for rep in 0..s.reps {
+            for first in [rep % 2 == 0, rep % 2 != 0] {
+                let m = client::throughput(url, db, n, u64::from(s.seconds), if first { client::Call::RawInsert } else { client::Call::Run }).await;
+                if first { raw.push(m) } else { run.push(m) }
+            }
+        }
+        rows.push(Row { figure: "Rust run vs raw tokio-postgres transaction".into(), clients: format!("{n} tasks"), baseline: "BEGIN; INSERT; COMMIT (tokio-postgres)".into(), base: Measure::mean(&raw), ours: Measure::mean(&run), goal: Some(0.8), work: Some(format!("round trips {rt_run:.1} ({rt_empty:.1} empty closure) / {rt_raw:.1}")) });
+        let (mut select, mut replayed) = (Vec::new(), Vec::new());
+        for rep in 0..s.reps {
+            for first in [rep % 2 == 0, rep % 2 != 0] {
+                let m = client::throughput(url, db, n, u64::from(s.seconds), if first { client::Call::RawSelect } else { client::Call::Replay }).await;
+                if first { select.push(m) } else { replayed.push(m) }
+            }
+        }
+        rows.push(Row { figure: "Rust replay vs raw tokio-postgres primary-key SELECT".into(), clients: format!("{n} tasks"), baseline: "prepared SELECT of the record (tokio-postgres)".into(), base: Measure::mean(&select), ours: Measure::mean(&replayed), goal: Some(0.9), work: None });
+    }
 }

@@ -169,7 +169,6 @@ impl PartialEq for Schema {
 /// query holding two statements).
 pub(crate) enum Literal<'a> {
     Text(&'a str),
-    Int(i64),
     Int4(i32),
     Float(Option<f64>),
     Bool(bool),
@@ -187,7 +186,6 @@ impl Literal<'_> {
     fn render(&self) -> String {
         match self {
             Literal::Text(t) => quote_literal(t),
-            Literal::Int(i) => format!("{i}::pg_catalog.int8"),
             Literal::Int4(i) => format!("{i}::pg_catalog.int4"),
             Literal::Float(Some(f)) if f.is_finite() => format!("{f:?}::pg_catalog.float8"),
             Literal::Float(_) => "NULL::pg_catalog.float8".to_owned(),
@@ -258,10 +256,9 @@ mod tests {
     #[test]
     fn literals_are_bound_safely() {
         let sql = bind(
-            "SELECT f($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+            "SELECT f($1, $2, $3, $4, $5, $6, $7, $8, $9)",
             &[
                 Literal::Text("o'k\\"),
-                Literal::Int(-7),
                 Literal::Float(Some(1.5)),
                 Literal::Float(None),
                 Literal::Bool(true),
@@ -274,7 +271,7 @@ mod tests {
         );
         assert_eq!(
             sql,
-            "SELECT f(E'o''k\\\\', -7::pg_catalog.int8, 1.5::pg_catalog.float8, NULL::pg_catalog.float8, true, \
+            "SELECT f(E'o''k\\\\', 1.5::pg_catalog.float8, NULL::pg_catalog.float8, true, \
              E'{\"a\":\"it''s\"}'::pg_catalog.jsonb, NULL::pg_catalog.jsonb, E'$1', E'x', E'ten')"
         );
     }

@@ -15,6 +15,7 @@ mod fingerprint;
 mod guc;
 mod metrics;
 mod native;
+mod vacuum;
 mod worker;
 
 pgrx::pg_module_magic!();

@@ -322,6 +322,7 @@ pub extern "C-unwind" fn _idem_maintenance_main(arg: pg_sys::Datum) {
     );
     let (swept, sweep_xacts) =
         drain(&format!("SELECT {schema}.idem_sweep(batch_size => $1)"), settings.batch_size, None);
+    crate::vacuum::after_sweep(db, &schema, swept);
     metrics::add("worker_passes", 1);
     if recovered + swept > 0 {
         log!(

@@ -330,9 +330,12 @@ async fn a_commit_pipelined_behind_a_lost_completion_commits_nothing() {
     assert!(ops::lookup(&client, &idem.schema().await.unwrap(), &key).await.unwrap().is_none());
 }
 
-/// The same counts on the multi-threaded runtime a service uses, where the connection's task can
-/// run on another worker while the statements of one round trip are being issued: the
-/// statements pipelined together must still leave in one write.
+/// The same calls on the multi-threaded runtime a service uses. The client waits for three
+/// answers per `run` and one per replay; the proxy counts a round trip per client write that
+/// follows an answer, so a pair of pipelined requests that the connection's task (running on
+/// another worker) flushed in two writes counts twice although nobody waited in between. The
+/// bound is therefore below what a savepoint or any awaited extra statement would cost (4 per
+/// call): it catches a wasted round trip, not a split write.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn round_trips_hold_on_the_multi_threaded_runtime() {
     let name = "idem_client_round_trips_mt";
@@ -352,9 +355,7 @@ async fn round_trips_hold_on_the_multi_threaded_runtime() {
         assert!(idem.run(&key(i), &fp(), insert("never".into(), 1)).await.unwrap().is_replayed());
     }
     let replays = proxy.round_trips() - before;
-    println!("multi-threaded runtime: run {:.2} round trips, replay {:.2}", fresh as f64 / calls as f64, replays as f64 / calls as f64);
-    assert_eq!(fresh, 3 * calls, "run with a one-statement closure: 3 round trips each");
-    // A replay waits for one round trip; its ROLLBACK is written without waiting, and counts as a
-    // write of its own unless it leaves with the next call's BEGIN and reservation.
-    assert!(replays <= 2 * calls, "a replay: 1 round trip, then its ROLLBACK (not waited for): {replays}");
+    println!("multi-threaded runtime: run {:.2} writes after an answer, replay {:.2}", fresh as f64 / calls as f64, replays as f64 / calls as f64);
+    assert!(fresh < 4 * calls, "run with a one-statement closure waits for 3 answers: {fresh} writes for {calls} calls");
+    assert!(replays < 2 * calls, "a replay waits for 1 answer (its ROLLBACK is not waited for): {replays} writes for {calls} calls");
 }

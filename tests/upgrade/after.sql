@@ -41,3 +41,7 @@ SELECT 'sweep deletes the old expired row (and only it)', idem_sweep() = 1;
 SELECT 'the expired row is gone', NOT EXISTS (SELECT FROM idem_records WHERE key = 'expired');
 SELECT 'the expired key can be reserved again', outcome = 'created'
   FROM idem_reserve('up', 'u', 'expired', 'h');
+SELECT 'both tables keep the space VACUUM frees (vacuum_truncate = false, as a fresh install)',
+       count(*) = 2
+  FROM pg_class
+ WHERE oid IN ('idem_records'::regclass, 'idem_retries'::regclass) AND reloptions @> '{vacuum_truncate=false}';

@@ -72,7 +72,7 @@ pub(crate) struct Ctx {
     /// The default major (the client's unit tests and clippy run there only).
     pub(crate) is_default: bool,
     /// The private cluster's port; the layers' own servers use ports above it (ops +20/+21,
-    /// the TLS server +25, citus +30..+32, failover +500/+501; pg_upgrade from 56000).
+    /// the TLS server +25, citus +30..+32, failover +400/+401; pg_upgrade from 56000).
     pub(crate) port: u16,
     /// target/test-logs/pgNN.
     pub(crate) logs: PathBuf,

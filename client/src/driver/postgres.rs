@@ -173,12 +173,20 @@ impl Driver for Postgres {
         options: &ReserveOptions,
     ) -> Result<(Tx, Reservation), Error> {
         let client = self.get().await?;
+        // Prepared (or found cached) before anything is pipelined: a statement being prepared
+        // would let the statements after it overtake it.
+        let reserve = ops::prepare(&client, &schema.sql().reserve).await?;
+        let complete = ops::prepare(&client, &schema.sql().complete_or_abort).await?;
+        drop(complete);
         let tx = Tx(Arc::new(Open { client: Some(client), ended: AtomicBool::new(false) }));
-        // BEGIN and the reservation in one simple query: one request, so one write whatever the
-        // connection's task is doing on another worker (two requests can leave in two writes).
-        let reserve = bind(&schema.sql().reserve, &reserve_values(key, fingerprint, options));
-        let answer = tx.0.client().simple_query(&format!("{}; {reserve}", Isolation::begin_sql(isolation))).await;
-        match answer.map_err(ours).and_then(|messages| first_row(&messages).and_then(Reservation::from_text)) {
+        // BEGIN and the reservation leave together: the connection comes idle from the pool, so
+        // its task is parked and both requests are queued before it runs. BEGIN can only fail
+        // with the connection, on which nothing after it runs either.
+        let (begun, reservation) = futures_util::join!(
+            tx.0.client().batch_execute(Isolation::begin_sql(isolation)),
+            ops::reserve_prepared(tx.0.client(), &reserve, key, fingerprint, options),
+        );
+        match begun.map_err(Error::from).and(reservation) {
             Ok(reservation) => Ok((tx, reservation)),
             Err(e) => {
                 Self::rollback(&tx).await;
@@ -206,36 +214,25 @@ impl Driver for Postgres {
         response: Option<&Value>,
         status: Status,
     ) -> Result<bool, Error> {
-        // The completion and COMMIT in one simple query (one write). When the completion fails
-        // (the key was lost: it aborts on purpose) the COMMIT is skipped and the transaction is
-        // rolled back here, one more round trip on that path only.
-        let complete = bind(
-            &schema.sql().complete_or_abort,
-            &[
-                Literal::Text(key.operation()),
-                Literal::Text(key.user_id()),
-                Literal::Text(key.key()),
-                Literal::Int(token.0),
-                Literal::Json(response),
-                Literal::Text(status.as_str()),
-            ],
-        );
-        match tx.0.client().simple_query(&format!("{complete}; COMMIT")).await {
-            Ok(_) => {
-                tx.0.end();
-                Ok(true)
-            }
-            Err(e) => {
-                let lost = e.as_db_error().is_some_and(|d| {
+        let client = tx.0.client();
+        let complete = ops::prepare(client, &schema.sql().complete_or_abort).await?;
+        let (operation, user_id, k, status) = (key.operation(), key.user_id(), key.key(), status.as_str());
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 6] = [&operation, &user_id, &k, &token.0, &response, &status];
+        let (completed, committed) = futures_util::join!(client.query_one(&complete, &params), client.batch_execute("COMMIT"));
+        // The server answered the COMMIT (a success, or an error after which it rolled back).
+        if committed.as_ref().err().is_none_or(|e| e.as_db_error().is_some()) {
+            tx.0.end();
+        }
+        match completed {
+            Err(e)
+                if e.as_db_error().is_some_and(|d| {
                     *d.code() == SqlState::INVALID_TEXT_REPRESENTATION && d.message().contains(LEASE_LOST_MARK)
-                });
-                Self::rollback(tx).await;
-                if lost {
-                    Ok(false)
-                } else {
-                    Err(ours(e))
-                }
+                }) =>
+            {
+                Ok(false) // the COMMIT behind it rolled back
             }
+            Err(e) => Err(ours(e)),
+            Ok(_) => committed.map(|()| true).map_err(Error::from),
         }
     }
 

@@ -303,6 +303,9 @@ fn reserve(catalog: &Rc<Catalog>, scope: &Scope<'_>, request_hash: Text<'_>, ttl
         }
         // Lost a race with a commit, a takeover, a recovery or a sweep: read the key again.
     }
-    // The key kept changing under us; answer as a busy key so the caller retries later.
-    Answer::busy(0, None)
+    // The key kept changing under us; answer as a busy key so the caller retries later, with
+    // the transient failures counted for it so far (read again, as sql/reserve.sql does).
+    // SAFETY: reads the clock.
+    let now = unsafe { pg_sys::GetCurrentTimestamp() };
+    Answer::busy(probe::key(catalog, scope, request_hash.str, true).attempts(now), None)
 }

@@ -53,6 +53,22 @@ SELECT * FROM idem_complete_many('batch', 'u', ARRAY['k1'], ARRAY[1], NULL);
 SELECT * FROM idem_complete_many('batch', 'u', ARRAY['k1'], ARRAY[1], ARRAY[NULL::jsonb], NULL);
 SELECT * FROM idem_complete_many('batch', 'u', ARRAY['k1'], ARRAY[1], ARRAY[NULL::jsonb], 'DONE');
 SELECT count(*) AS k1_records FROM idem_records WHERE operation = 'batch' AND key = 'k1';
+-- An oversized response: 54000 naming the element, before anything is completed.
+SET idempotency.max_response_bytes = 16;
+SELECT * FROM idem_complete_many('batch', 'u', ARRAY['k1', 'k2'], ARRAY[1, 2],
+                                 ARRAY['{}', '{"long": "response text"}']::jsonb[]);
+RESET idempotency.max_response_bytes;
+
+-- Committed reservations (written records): a repeated key with its token completes once; a
+-- wrong token before the right one answers false, then true.
+CREATE TEMP TABLE b3 AS
+SELECT * FROM idem_reserve_many('batch.written', 'u', ARRAY['w1', 'w2'], ARRAY['h', 'h']);
+SELECT * FROM idem_complete_many('batch.written', 'u', ARRAY['w1', 'w1', 'w2', 'w2'],
+    ARRAY[(SELECT token FROM b3 WHERE key = 'w1'), (SELECT token FROM b3 WHERE key = 'w1'),
+          (SELECT token FROM b3 WHERE key = 'w2') + 1000, (SELECT token FROM b3 WHERE key = 'w2')],
+    ARRAY['{"n": 1}', '{"n": "again"}', '{"n": "stale"}', '{"n": 2}']::jsonb[]);
+SELECT key, status, response FROM idem_records WHERE operation = 'batch.written' ORDER BY key;
+DROP TABLE b3;
 
 -- Many reservations in one transaction keep at most half of max_locks_per_transaction key
 -- locks (the rest are held by their uncommitted rows); every key is created, commits as

@@ -296,6 +296,10 @@ SELECT idem_complete('m', 'u', 'k3', (idem_reserve('m', 'u', 'k3', 'h')).token, 
     checks.note(&format!("     drained in ~{secs} s; {intermediate} polls saw a partial count; {} xids", xid_after - xid_before));
     checks.note(&format!("     log: {}", sweep_line.split_once(": ").map_or("", |(_, r)| r)));
     checks.check("the worker's summary shows the batch transactions", ge(transactions_in(&sweep_line), rows / 10000));
+    checks.check(
+        "after that sweep the worker vacuums both tables, and logs it",
+        until_logged(&server, 60, "idempotency maintenance in database \"idem_ops\": vacuumed idem_records and idem_retries after sweeping ", 0),
+    );
 
     checks.note("-- counters after the run");
     for m in p.run("SELECT string_agg(name || '=' || value, ' ' ORDER BY name) FROM idem_metrics()").split(' ') {

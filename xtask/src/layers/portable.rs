@@ -8,6 +8,11 @@
 //!              schema: each fails and changes nothing (schema compared before and after)
 //!   parity     idem_fingerprint: PL/pgSQL against the extension's Rust, on IDEM_PARITY_COUNT
 //!              (default 5000) generated JSON texts and their jsonb values, plus invalid texts
+//!   answers    the state machine: a scenario of every outcome (replay, mismatch, failed, retries
+//!              counted and poisoned, stale tokens, heartbeat, one transaction, a rollback, a key
+//!              held by another session, a takeover, a takeover losing every race, recovery,
+//!              sweep) against the extension's native functions and the portable ones: every
+//!              column of every answer and of the stored rows equal, and the contract's values
 //!   defaults   the portable defaults of the settings equal the extension's
 //!   suites     the regress suite (less install, members, guc_prefix and privileges, which test
 //!              the extension's own catalog entries and CREATE EXTENSION, and write_once, the
@@ -154,6 +159,9 @@ pub(crate) fn run(ctx: &Ctx, checks: &mut Checks) {
     let _ = install(&psql, "idem_portable", "port", "postgres", &script);
     let count = std::env::var("IDEM_PARITY_COUNT").unwrap_or_else(|_| "5000".into());
     sql_checks(checks, "tests/portable/parity.sql", p.file(Path::new("tests/portable/parity.sql"), &[("count", &count)]));
+
+    // Parity of the state machine with the extension: every column of every answer.
+    sql_checks(checks, "tests/portable/answers.sql", p.file(Path::new("tests/portable/answers.sql"), &[]));
 
     // Defaults: each side in a new session, the portable one first (the extension's call loads
     // its library).

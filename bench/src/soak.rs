@@ -1,0 +1,181 @@
+//! The soak: many cycles of reserve/complete (and release) whose records expire a second later, swept by
+//! the maintenance worker only, on a server of its own (idempotency preloaded, every other
+//! setting PostgreSQL's default, autovacuum included). After each cycle it records the size of
+//! idem_records + idem_retries with their indexes; the figure is the size after the last cycle
+//! against the size after cycle 5.
+//!
+//! The server: a fresh cluster under target/servers/bench-soak on port `IDEM_SOAK_PORT` (default
+//! 55915). `IDEM_SOAK_SQL`, when set, runs after CREATE EXTENSION (to measure an alternative,
+//! e.g. other storage options), and `bench --soak` runs the soak alone.
+
+use idempotency_testkit::server::Server;
+use idempotency_testkit::{pg_bin, pg_config, root};
+use std::process::Command;
+use std::time::{Duration, Instant};
+use tokio_postgres::NoTls;
+
+/// The cycle whose size is the baseline of the plateau figure (the table has warmed up by then).
+pub(crate) const BASE_CYCLE: usize = 5;
+
+/// What the soak measured: per cycle (1-based index = position + 1), the sizes in bytes.
+pub(crate) struct Soak {
+    pub(crate) cycles: Vec<Sizes>,
+    pub(crate) transactions_per_cycle: u32,
+    pub(crate) seconds: f64,
+}
+
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Sizes {
+    pub(crate) records_heap: i64,
+    pub(crate) records_indexes: i64,
+    pub(crate) retries_heap: i64,
+    pub(crate) retries_indexes: i64,
+    /// Of records_indexes: the primary key's (random keys: the one that grows by page splits).
+    pub(crate) records_pkey: i64,
+    /// Autovacuum and manual vacuums of the two tables so far (pg_stat_user_tables).
+    pub(crate) autovacuums: i64,
+    pub(crate) vacuums: i64,
+}
+
+impl Sizes {
+    pub(crate) fn total(&self) -> i64 {
+        self.records_heap + self.records_indexes + self.retries_heap + self.retries_indexes
+    }
+}
+
+impl Soak {
+    /// Size after the last cycle / size after cycle 5 (or the first, in a shorter soak).
+    pub(crate) fn ratio(&self) -> f64 {
+        let base = self.cycles.get(BASE_CYCLE - 1).or(self.cycles.first()).map(Sizes::total).unwrap_or(0);
+        let last = self.cycles.last().map(Sizes::total).unwrap_or(0);
+        last as f64 / base.max(1) as f64
+    }
+
+    pub(crate) fn csv(&self) -> String {
+        let mut c = String::from("cycle,total_bytes,records_heap_bytes,records_index_bytes,records_pkey_bytes,retries_heap_bytes,retries_index_bytes,autovacuums,vacuums\n");
+        for (i, s) in self.cycles.iter().enumerate() {
+            c.push_str(&format!(
+                "{},{},{},{},{},{},{},{},{}\n",
+                i + 1,
+                s.total(),
+                s.records_heap,
+                s.records_indexes,
+                s.records_pkey,
+                s.retries_heap,
+                s.retries_indexes,
+                s.autovacuums,
+                s.vacuums
+            ));
+        }
+        c
+    }
+}
+
+/// The soak's own server (the test kit's [`Server`]: initdb, its settings, start with a bind
+/// deadline), with only what the soak needs: idempotency preloaded and its worker on idem_soak
+/// every second; autovacuum and everything else keep their defaults. Stopped when dropped.
+fn start_server() -> Server {
+    let port: u16 = std::env::var("IDEM_SOAK_PORT").ok().and_then(|p| p.parse().ok()).unwrap_or(55915);
+    let server = Server::new("bench-soak", &pg_config(), port);
+    server.initdb(&[]);
+    server.configure(
+        "shared_preload_libraries = 'idempotency'\nidempotency.maintenance_databases = 'idem_soak'\n\
+         idempotency.maintenance_interval = 1\nlog_min_messages = warning\n",
+    );
+    server.start();
+    server
+}
+
+async fn connect(url: &str) -> tokio_postgres::Client {
+    let (client, conn) = tokio_postgres::connect(url, NoTls).await.unwrap_or_else(|e| panic!("connect to {url}: {e}"));
+    tokio::spawn(conn);
+    client
+}
+
+/// A counter of idem_metrics() (shared memory: reading it touches no table, so the wait itself
+/// prunes no page).
+async fn counter(db: &tokio_postgres::Client, name: &str) -> i64 {
+    db.query_one("SELECT value FROM idem_metrics() WHERE name = $1", &[&name]).await.expect("idem_metrics").get("value")
+}
+
+/// Polls `counter` until it reaches `at_least` (a minute at most), then returns it.
+async fn await_counter(db: &tokio_postgres::Client, name: &str, at_least: i64, cycle: usize) -> i64 {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let now = counter(db, name).await;
+        if now >= at_least {
+            return now;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "soak cycle {cycle}: idem_metrics() {name} = {now} after 60 s, {at_least} awaited (is the maintenance worker running? see target/servers/bench-soak/server.log)"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn sizes(db: &tokio_postgres::Client) -> Sizes {
+    let r = db
+        .query_one(
+            "SELECT pg_relation_size('idem_records') AS rh, pg_indexes_size('idem_records') AS ri, pg_relation_size('idem_records_pkey') AS rk,
+                    pg_relation_size('idem_retries') AS th, pg_indexes_size('idem_retries') AS ti,
+                    (SELECT sum(autovacuum_count) FROM pg_stat_user_tables WHERE relname IN ('idem_records', 'idem_retries'))::bigint AS av,
+                    (SELECT sum(vacuum_count) FROM pg_stat_user_tables WHERE relname IN ('idem_records', 'idem_retries'))::bigint AS v",
+            &[],
+        )
+        .await
+        .expect("sizes");
+    Sizes {
+        records_heap: r.get("rh"),
+        records_indexes: r.get("ri"),
+        records_pkey: r.get("rk"),
+        retries_heap: r.get("th"),
+        retries_indexes: r.get("ti"),
+        autovacuums: r.get::<_, Option<i64>>("av").unwrap_or(0),
+        vacuums: r.get::<_, Option<i64>>("v").unwrap_or(0),
+    }
+}
+
+/// `cycles` cycles of `clients` x `per_client` transactions of bench/pgbench/soak.sql, each
+/// followed by the worker's sweep of everything it created, awaited through its counters.
+pub(crate) async fn soak(cycles: usize, clients: u32, per_client: u32) -> Soak {
+    let server = start_server();
+    let admin = connect(&server.url("postgres")).await;
+    admin.batch_execute("CREATE DATABASE idem_soak").await.expect("create idem_soak");
+    let url = server.url("idem_soak");
+    let db = connect(&url).await;
+    db.batch_execute("CREATE EXTENSION idempotency").await.expect("create extension");
+    if let Ok(sql) = std::env::var("IDEM_SOAK_SQL") {
+        db.batch_execute(&sql).await.unwrap_or_else(|e| panic!("IDEM_SOAK_SQL {sql}: {e}"));
+    }
+    let script = root().join("bench/pgbench/soak.sql");
+    let pgbench = pg_bin("pgbench");
+    let per_cycle = clients * per_client;
+    let started = Instant::now();
+    let mut measured = Vec::with_capacity(cycles);
+    let mut expected = counter(&db, "swept").await;
+    for cycle in 1..=cycles {
+        let out = Command::new(&pgbench)
+            .args(["-n", "-M", "prepared"])
+            .arg(format!("-c{clients}"))
+            .arg(format!("-j{}", clients.min(2)))
+            .arg(format!("-t{per_client}"))
+            .arg("-f")
+            .arg(&script)
+            .arg(&url)
+            .output()
+            .expect("run pgbench");
+        assert!(out.status.success(), "pgbench soak cycle {cycle}: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        // Each transaction leaves one expired row: a record, or a released key's retry counter.
+        expected += i64::from(per_cycle);
+        await_counter(&db, "swept", expected, cycle).await;
+        // The pass that swept the last of them has ended (it counts itself at its very end, after
+        // anything it does once swept), so every cycle is measured at the same point.
+        let passes = counter(&db, "worker_passes").await;
+        await_counter(&db, "worker_passes", passes + 1, cycle).await;
+        measured.push(sizes(&db).await);
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    drop(server);
+    Soak { cycles: measured, transactions_per_cycle: per_cycle, seconds }
+}

@@ -1,0 +1,147 @@
+-- The state machine twice: the extension's native idem_reserve/complete/release/heartbeat
+-- (schema ext) against the portable PL/pgSQL ones (schema port), in one database. One scenario
+-- of steps, each its own statement (so each its own transaction unless a step opens one), runs
+-- against each schema; every column of every answer is compared, the stored rows too, and the
+-- values the contract fixes are checked on both sides. Tokens and instants differ between two
+-- runs by nature: each becomes a label by order of first appearance, and an instant also its
+-- distance from the step's start in whole hours (the scenario's durations are hours and days).
+-- Each row is one test: `label|t` passes. Needs dblink (a second session holds a key).
+SET client_min_messages = warning;
+CREATE EXTENSION IF NOT EXISTS dblink;
+CREATE TEMP TABLE steps (n int PRIMARY KEY, kind text NOT NULL CHECK (kind IN ('answer', 'do')), sql text NOT NULL, expect jsonb);
+CREATE TEMP TABLE answers (s text, n int, clock timestamptz, a jsonb);
+-- The token of an earlier step's answer.
+CREATE FUNCTION pg_temp.tok(s text, step int) RETURNS bigint LANGUAGE sql AS
+    $$ SELECT (a -> 0 ->> 'token')::bigint FROM answers WHERE answers.s = tok.s AND n = step $$;
+-- Refuses to update key 'blocked': a takeover of that key loses its race on every attempt.
+CREATE FUNCTION public.parity_refuse_update() RETURNS trigger LANGUAGE plpgsql AS
+    $$ BEGIN RETURN NULL; END $$;
+
+INSERT INTO steps (n, kind, sql, expect) VALUES
+    -- created, replay, mismatch
+    (1, 'answer', $$SELECT * FROM @s.idem_reserve('parity', 'u', 'a', 'h1', ttl => '3 days', lease => '2 hours')$$, '{"outcome": "created", "attempts": 0}'),
+    (2, 'answer', $$SELECT @s.idem_complete('parity', 'u', 'a', pg_temp.tok('@s', 1), '{"id": 1}') AS v$$, '{"v": true}'),
+    (3, 'answer', $$SELECT * FROM @s.idem_reserve('parity', 'u', 'a', 'h1')$$, '{"outcome": "replay", "response": {"id": 1}}'),
+    (4, 'answer', $$SELECT * FROM @s.idem_reserve('parity', 'u', 'a', 'h2')$$, '{"outcome": "mismatch"}'),
+    -- a failed outcome is stored and answered
+    (5, 'answer', $$SELECT * FROM @s.idem_reserve('parity', 'u', 'b', 'h1', ttl => '1 day')$$, NULL),
+    (6, 'answer', $$SELECT @s.idem_complete('parity', 'u', 'b', pg_temp.tok('@s', 5), '{"error": "declined"}', status => 'FAILED') AS v$$, '{"v": true}'),
+    (7, 'answer', $$SELECT * FROM @s.idem_reserve('parity', 'u', 'b', 'h1')$$, '{"outcome": "failed", "response": {"error": "declined"}}'),
+    -- transient failures counted, then poisoned
+    (8, 'answer', $$SELECT * FROM @s.idem_reserve('parity', 'u', 'c', 'h1')$$, '{"attempts": 0}'),
+    (9, 'answer', $$SELECT @s.idem_release('parity', 'u', 'c', pg_temp.tok('@s', 8)) AS v$$, '{"v": "released"}'),
+    (10, 'answer', $$SELECT * FROM @s.idem_reserve('parity', 'u', 'c', 'h1')$$, '{"outcome": "created", "attempts": 1}'),
+    (11, 'answer', $$SELECT @s.idem_release('parity', 'u', 'c', pg_temp.tok('@s', 10)) AS v$$, '{"v": "released"}'),
+    (12, 'answer', $$SELECT * FROM @s.idem_reserve('parity', 'u', 'c', 'h1')$$, '{"outcome": "created", "attempts": 2}'),
+    (13, 'answer', $$SELECT @s.idem_release('parity', 'u', 'c', pg_temp.tok('@s', 12), max_retries => 3) AS v$$, '{"v": "poisoned"}'),
+    (14, 'answer', $$SELECT * FROM @s.idem_reserve('parity', 'u', 'c', 'h1')$$, '{"outcome": "failed", "attempts": 3}'),
+    -- stale tokens
+    (15, 'answer', $$SELECT @s.idem_complete('parity', 'u', 'c', pg_temp.tok('@s', 8), '{}') AS v$$, '{"v": false}'),
+    (16, 'answer', $$SELECT @s.idem_heartbeat('parity', 'u', 'c', pg_temp.tok('@s', 8)) AS v$$, '{"v": false}'),
+    (17, 'answer', $$SELECT @s.idem_release('parity', 'u', 'c', pg_temp.tok('@s', 8)) AS v$$, '{"v": "stale"}'),
+    -- a heartbeat moves the lease and the expiry; the live attempt answers in_progress
+    (18, 'answer', $$SELECT * FROM @s.idem_reserve('parity', 'u', 'd', 'h1', ttl => '1 hour', lease => '1 hour')$$, NULL),
+    (19, 'answer', $$SELECT @s.idem_heartbeat('parity', 'u', 'd', pg_temp.tok('@s', 18), lease => '5 hours') AS v$$, '{"v": true}'),
+    (20, 'answer', $$SELECT * FROM @s.idem_reserve('parity', 'u', 'd', 'h1')$$, '{"outcome": "in_progress"}'),
+    -- in one transaction: reserve, the same key again, complete, replay
+    (21, 'do', 'BEGIN', NULL),
+    (22, 'answer', $$SELECT * FROM @s.idem_reserve('parity', 'u', 'e', 'h1')$$, '{"outcome": "created"}'),
+    (23, 'answer', $$SELECT * FROM @s.idem_reserve('parity', 'u', 'e', 'h1')$$, '{"outcome": "in_progress"}'),
+    (24, 'answer', $$SELECT @s.idem_complete('parity', 'u', 'e', pg_temp.tok('@s', 22), '{"id": 5}') AS v$$, '{"v": true}'),
+    (25, 'answer', $$SELECT * FROM @s.idem_reserve('parity', 'u', 'e', 'h1')$$, '{"outcome": "replay"}'),
+    (26, 'do', 'COMMIT', NULL),
+    -- a rolled-back reservation leaves nothing
+    (27, 'do', 'BEGIN', NULL),
+    (28, 'do', $step$DO $d$ BEGIN PERFORM @s.idem_reserve('parity', 'u', 'f', 'h1'); END $d$$step$, NULL),
+    (29, 'do', 'ROLLBACK', NULL),
+    (30, 'answer', $$SELECT * FROM @s.idem_reserve('parity', 'u', 'f', 'h1')$$, '{"outcome": "created", "attempts": 0}'),
+    -- another session holds a key with one failure counted: busy, with the count
+    (31, 'answer', $$SELECT * FROM @s.idem_reserve('parity', 'u', 'g', 'h1')$$, NULL),
+    (32, 'answer', $$SELECT @s.idem_release('parity', 'u', 'g', pg_temp.tok('@s', 31)) AS v$$, '{"v": "released"}'),
+    (33, 'do', $step$DO $d$ BEGIN
+                    PERFORM dblink_connect('holder', format('host=127.0.0.1 port=%s user=postgres dbname=%s', current_setting('port'), current_database()));
+                    PERFORM dblink_exec('holder', 'BEGIN');
+                    PERFORM * FROM dblink('holder', $q$SELECT outcome FROM @s.idem_reserve('parity', 'u', 'g', 'h1')$q$) AS t(outcome text);
+                 END $d$$step$, NULL),
+    (34, 'answer', $$SELECT * FROM @s.idem_reserve('parity', 'u', 'g', 'h1')$$, '{"outcome": "in_progress", "attempts": 1, "token": null, "expires_at": null}'),
+    (35, 'do', $step$DO $d$ BEGIN PERFORM dblink_exec('holder', 'ROLLBACK'); PERFORM dblink_disconnect('holder'); END $d$$step$, NULL),
+    -- an expired record is taken over
+    (36, 'do', $$UPDATE @s.idem_records SET expires_at = now() - interval '5 hours', lease_expires_at = now() - interval '5 hours' WHERE key = 'a'$$, NULL),
+    (37, 'answer', $$SELECT * FROM @s.idem_reserve('parity', 'u', 'a', 'h2', ttl => '2 days')$$, '{"outcome": "created", "attempts": 0}'),
+    -- a takeover that loses its race on every attempt answers busy, with the failures counted
+    (38, 'answer', $$SELECT * FROM @s.idem_reserve('parity', 'u', 'blocked', 'h1')$$, NULL),
+    (39, 'answer', $$SELECT @s.idem_release('parity', 'u', 'blocked', pg_temp.tok('@s', 38)) AS v$$, '{"v": "released"}'),
+    (40, 'answer', $$SELECT * FROM @s.idem_reserve('parity', 'u', 'blocked', 'h1')$$, '{"outcome": "created", "attempts": 1}'),
+    (41, 'answer', $$SELECT @s.idem_complete('parity', 'u', 'blocked', pg_temp.tok('@s', 40), '{}') AS v$$, '{"v": true}'),
+    (42, 'do', $$UPDATE @s.idem_records SET expires_at = now() - interval '5 hours' WHERE key = 'blocked'$$, NULL),
+    (43, 'do', $$CREATE TRIGGER parity_refuse BEFORE UPDATE ON @s.idem_records FOR EACH ROW WHEN (OLD.key = 'blocked') EXECUTE FUNCTION public.parity_refuse_update()$$, NULL),
+    (44, 'answer', $$SELECT * FROM @s.idem_reserve('parity', 'u', 'blocked', 'h1')$$, '{"outcome": "in_progress", "attempts": 1, "token": null, "expires_at": null}'),
+    (45, 'do', $$DROP TRIGGER parity_refuse ON @s.idem_records$$, NULL),
+    -- recovery of a stuck attempt, then sweep
+    (46, 'answer', $$SELECT * FROM @s.idem_reserve('parity', 'u', 'i', 'h1', lease => '1 hour')$$, NULL),
+    (47, 'do', $$UPDATE @s.idem_records SET lease_expires_at = now() - interval '1 hour' WHERE key = 'i'$$, NULL),
+    (48, 'answer', $$SELECT @s.idem_recover_stuck(action => 'release') AS v$$, '{"v": 1}'),
+    (49, 'answer', $$SELECT * FROM @s.idem_reserve('parity', 'u', 'i', 'h1')$$, '{"outcome": "created", "attempts": 1}'),
+    (50, 'do', $$UPDATE @s.idem_records SET expires_at = now() - interval '5 hours' WHERE key IN ('b', 'e')$$, NULL),
+    (51, 'answer', $$SELECT @s.idem_sweep() AS v$$, NULL),
+    (52, 'answer', $$SELECT * FROM @s.idem_lookup('parity', 'u', 'e')$$, NULL),
+    (53, 'answer', $$SELECT * FROM @s.idem_lookup('parity', 'u', 'c')$$, NULL),
+    -- what is stored, every column
+    (54, 'answer', $$SELECT * FROM @s.idem_records ORDER BY key$$, NULL),
+    (55, 'answer', $$SELECT * FROM @s.idem_retries ORDER BY key$$, NULL);
+
+-- Run the scenario against each schema, step by step.
+SELECT CASE kind
+         WHEN 'answer' THEN format('INSERT INTO answers SELECT %L, %s, statement_timestamp(), (SELECT jsonb_agg(to_jsonb(r)) FROM (%s) AS r)',
+                                   s, n, replace(sql, '@s', s))
+         ELSE replace(sql, '@s', s) END
+  FROM steps, unnest(ARRAY['ext', 'port']) AS s
+ ORDER BY s, n \gexec
+
+-- Every column of every row of every answer, tokens and instants as labels.
+CREATE TEMP VIEW cells AS
+WITH raw AS (
+    SELECT a.s, a.n, e.i, kv.key, kv.value, a.clock
+      FROM answers AS a
+      CROSS JOIN LATERAL jsonb_array_elements(coalesce(a.a, '[]')) WITH ORDINALITY AS e(r, i)
+      CROSS JOIN LATERAL jsonb_each(e.r) AS kv(key, value)
+), labelled AS (
+    SELECT *, CASE WHEN key = 'token' THEN 'token' WHEN key LIKE '%\_at' THEN 'instant' END AS kind FROM raw
+), firsts AS (
+    SELECT s, kind, value, dense_rank() OVER (PARTITION BY s, kind ORDER BY min(n), min(i), min(key)) AS rank
+      FROM labelled WHERE kind IS NOT NULL AND value <> 'null' GROUP BY s, kind, value
+)
+SELECT l.s, l.n, l.i, l.key,
+       CASE WHEN l.kind IS NULL OR l.value = 'null' THEN l.value
+            WHEN l.kind = 'token' THEN to_jsonb('token #' || f.rank)
+            ELSE to_jsonb(format('instant #%s, %s h from the step', f.rank,
+                                 round(extract(epoch FROM (l.value #>> '{}')::timestamptz - l.clock) / 3600)))
+       END AS v
+  FROM labelled AS l LEFT JOIN firsts AS f USING (s, kind, value);
+
+CREATE TEMP TABLE compared AS
+SELECT n, i, key, e.v AS ext, p.v AS port
+  FROM (SELECT * FROM cells WHERE s = 'ext') AS e
+  FULL JOIN (SELECT * FROM cells WHERE s = 'port') AS p USING (n, i, key);
+
+SELECT format('native and portable state machines: %s answers of %s steps, %s cells, every column of every answer equal',
+              (SELECT count(*) FROM answers WHERE s = 'ext'), (SELECT count(*) FROM steps), count(*)),
+       count(*) >= 200 AND bool_and(ext IS NOT DISTINCT FROM port)
+  FROM compared;
+SELECT format('both answered every step (%s and %s answers)',
+              count(*) FILTER (WHERE s = 'ext'), count(*) FILTER (WHERE s = 'port')),
+       count(*) FILTER (WHERE s = 'ext') = (SELECT count(*) FROM steps WHERE kind = 'answer')
+       AND count(*) FILTER (WHERE s = 'port') = count(*) FILTER (WHERE s = 'ext')
+  FROM answers;
+-- The values the contract fixes (outcome, attempts = transient failures recorded so far, ...).
+SELECT format('%s step %s answers what the contract says: %s', a.s, t.n, t.expect),
+       coalesce(a.a -> 0 @> t.expect, false)
+  FROM steps AS t JOIN answers AS a USING (n)
+ WHERE t.expect IS NOT NULL
+ ORDER BY a.s, t.n;
+
+-- On failure, the differences.
+SELECT format('differs: step %s row %s column %s: ext=%s port=%s', n, i, key, ext, port), false
+  FROM compared WHERE ext IS DISTINCT FROM port ORDER BY n, i, key LIMIT 20;
+
+DROP FUNCTION public.parity_refuse_update();
