@@ -286,13 +286,16 @@ SELECT idem_complete('m', 'u', 'k3', (idem_reserve('m', 'u', 'k3', 'h')).token, 
     let (intermediate, secs) = drained.unwrap_or((0, 0));
     checks.check("in many transactions: another session saw a partial count", ge(intermediate.into(), 1));
     checks.check("at least one transaction per batch of 10000 (xids used)", ge(xid_after - xid_before, rows / 10000));
-    let log = server.log();
-    let sweep_line = log
-        .lines()
-        .rev()
-        .find(|l| l.contains("idempotency maintenance in database \"idem_ops\": ") && l.split(" swept ").nth(1).is_some_and(|r| r.bytes().take_while(u8::is_ascii_digit).count() >= 6))
-        .unwrap_or_default()
-        .to_owned();
+    // The pass logs its summary when it ends, after the VACUUM that follows a large sweep: await it.
+    let is_summary = |l: &&str| {
+        l.contains("idempotency maintenance in database \"idem_ops\": ")
+            && l.split(" swept ").nth(1).is_some_and(|r| r.bytes().take_while(u8::is_ascii_digit).count() >= 6)
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !server.log().lines().any(|l| is_summary(&l)) && Instant::now() < deadline {
+        sleep(0.2);
+    }
+    let sweep_line = server.log().lines().rev().find(is_summary).unwrap_or_default().to_owned();
     checks.note(&format!("     drained in ~{secs} s; {intermediate} polls saw a partial count; {} xids", xid_after - xid_before));
     checks.note(&format!("     log: {}", sweep_line.split_once(": ").map_or("", |(_, r)| r)));
     checks.check("the worker's summary shows the batch transactions", ge(transactions_in(&sweep_line), rows / 10000));
