@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Citus tests (issue 15): the extension on a Citus cluster of private servers on loopback, a
+# Citus tests (scaling out): the extension on a Citus cluster of private servers on loopback, a
 # coordinator and two workers of the PostgreSQL that PG_CONFIG names (default Debian's 15), with
 # idem_records and idem_retries distributed by user_id and co-located with a business table.
 # Runs only when Citus is installed in that PostgreSQL ($(pg_config --sharedir)/extension/

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Portable install tests (issue 11), on the PostgreSQL of PG_CONFIG, in a throwaway cluster on
+# Portable install tests (plain SQL, no native library), on the PostgreSQL of PG_CONFIG, in a throwaway cluster on
 # IDEM_PG_PORT. The extension must be installed there too (fingerprint parity compares with it).
 #
 #   build      bash scripts/portable.sh: one plain-SQL script, no LANGUAGE c, no library

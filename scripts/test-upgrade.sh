@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Upgrade tests (issue 11), on the PostgreSQL of PG_CONFIG, in a throwaway cluster on IDEM_PG_PORT.
+# Upgrade tests (released versions to the current one), on the PostgreSQL of PG_CONFIG, in a throwaway cluster on IDEM_PG_PORT.
 # The extension must be installed there with every released and update script
 # (cargo pgrx install, then python3 scripts/sqlbuild.py install-files SHAREDIR/extension).
 #
