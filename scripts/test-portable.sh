@@ -80,7 +80,7 @@ SELECT 'the operator functions are not PUBLIC',
        AND NOT has_function_privilege('public', 'idem.idem_lookup(text,text,text)', 'EXECUTE')
        AND NOT has_function_privilege('public', 'idem.idem_stats()', 'EXECUTE');
 SQL
-# The schema's owner grants the app role what the README's recipe grants.
+# The schema's owner grants the app role what docs/operations.md's GRANT recipe grants.
 as=idem_owner psql_db idem_portable -c "GRANT USAGE ON SCHEMA idem TO idem_app"
 as=idem_app sql_checks idem_portable /dev/stdin <<'SQL'
 BEGIN;
