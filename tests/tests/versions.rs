@@ -47,7 +47,10 @@ fn workspace_version(cargo_toml: &str) -> String {
         } else if in_section {
             if let Some(rest) = line.strip_prefix("version") {
                 let value = rest.trim_start().strip_prefix('=').map(str::trim);
-                if let Some(v) = value.and_then(|v| v.strip_prefix('"')).and_then(|v| v.strip_suffix('"')) {
+                if let Some(v) = value
+                    .and_then(|v| v.strip_prefix('"'))
+                    .and_then(|v| v.strip_suffix('"'))
+                {
                     return v.to_owned();
                 }
             }
@@ -59,7 +62,10 @@ fn workspace_version(cargo_toml: &str) -> String {
 /// True for `N.N.N` (digits only).
 fn is_semver(s: &str) -> bool {
     let parts: Vec<&str> = s.split('.').collect();
-    parts.len() == 3 && parts.iter().all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+    parts.len() == 3
+        && parts
+            .iter()
+            .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
 }
 
 /// Every current-version string of `text` (named `file` in the result).
@@ -71,10 +77,17 @@ fn versions_in(file: &str, text: &str) -> Vec<Found> {
             while let Some(i) = line[from..].find(before) {
                 let start = from + i + before.len();
                 let rest = &line[start..];
-                let len = rest.bytes().take_while(|b| b.is_ascii_digit() || *b == b'.').count();
+                let len = rest
+                    .bytes()
+                    .take_while(|b| b.is_ascii_digit() || *b == b'.')
+                    .count();
                 let version = rest[..len].trim_end_matches('.');
                 if is_semver(version) && rest[version.len()..].starts_with(after) {
-                    found.push(Found { file: file.to_owned(), line: n + 1, version: version.to_owned() });
+                    found.push(Found {
+                        file: file.to_owned(),
+                        line: n + 1,
+                        version: version.to_owned(),
+                    });
                 }
                 from = start;
             }
@@ -100,12 +113,20 @@ fn user_files(root: &Path) -> Vec<PathBuf> {
 fn wrong_versions(root: &Path, expected: &str) -> (Vec<Found>, usize) {
     let mut all = Vec::new();
     for path in user_files(root) {
-        let text = fs::read_to_string(&path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
-        let name = path.strip_prefix(root).unwrap_or(&path).display().to_string();
+        let text = fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+        let name = path
+            .strip_prefix(root)
+            .unwrap_or(&path)
+            .display()
+            .to_string();
         all.extend(versions_in(&name, &text));
     }
     let count = all.len();
-    (all.into_iter().filter(|f| f.version != expected).collect(), count)
+    (
+        all.into_iter().filter(|f| f.version != expected).collect(),
+        count,
+    )
 }
 
 #[test]
@@ -115,9 +136,21 @@ fn every_current_version_string_matches_cargo_toml() {
     let expected = workspace_version(&cargo);
     let (wrong, count) = wrong_versions(&root, &expected);
     assert!(count > 0, "no current-version string found in README.md, CONTRIBUTING.md or docs/*.md: the scan is broken");
-    let listed: Vec<String> =
-        wrong.iter().map(|f| format!("{}:{}: {} (Cargo.toml says {expected})", f.file, f.line, f.version)).collect();
-    assert!(wrong.is_empty(), "{} version string(s) differ from [workspace.package] version:\n{}", wrong.len(), listed.join("\n"));
+    let listed: Vec<String> = wrong
+        .iter()
+        .map(|f| {
+            format!(
+                "{}:{}: {} (Cargo.toml says {expected})",
+                f.file, f.line, f.version
+            )
+        })
+        .collect();
+    assert!(
+        wrong.is_empty(),
+        "{} version string(s) differ from [workspace.package] version:\n{}",
+        wrong.len(),
+        listed.join("\n")
+    );
 }
 
 #[test]
@@ -129,9 +162,25 @@ fn the_scan_finds_current_version_shapes_and_skips_history() {
                 idempotency-client = \"0.9.5\"\n\
                 0.1.0 had a PL/pgSQL hot path; CREATE EXTENSION idempotency VERSION '0.1.0'\n\
                 | 0.2.0 | 1.00 | idempotency-core 0.3.0 |\n";
-    let versions: Vec<(usize, String)> = versions_in("t.md", text).into_iter().map(|f| (f.line, f.version)).collect();
-    let want: Vec<(usize, String)> =
-        [(1, "0.9.1"), (2, "0.9.2"), (3, "0.9.3"), (4, "0.9.4"), (5, "0.9.5")].iter().map(|(l, v)| (*l, v.to_string())).collect();
+    let versions: Vec<(usize, String)> = versions_in("t.md", text)
+        .into_iter()
+        .map(|f| (f.line, f.version))
+        .collect();
+    let want: Vec<(usize, String)> = [
+        (1, "0.9.1"),
+        (2, "0.9.2"),
+        (3, "0.9.3"),
+        (4, "0.9.4"),
+        (5, "0.9.5"),
+    ]
+    .iter()
+    .map(|(l, v)| (*l, v.to_string()))
+    .collect();
     assert_eq!(versions, want);
-    assert_eq!(workspace_version("[workspace]\nversion = \"9.9.9\"\n[workspace.package]\nversion = \"0.4.0\"\n"), "0.4.0");
+    assert_eq!(
+        workspace_version(
+            "[workspace]\nversion = \"9.9.9\"\n[workspace.package]\nversion = \"0.4.0\"\n"
+        ),
+        "0.4.0"
+    );
 }
