@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The benchmark (DESIGN section 8): installs what is missing, starts the private cluster, installs
+# The benchmark of the performance goals (docs/performance.md): installs what is missing, starts the private cluster, installs
 # the release build, runs every case interleaved A/B/B/A, prints the table, and writes
 # target/bench/results.csv and target/bench/benchmark.png; then the soak (100 cycles swept by the
 # maintenance worker, on a server of its own with idempotency preloaded, port IDEM_SOAK_PORT,

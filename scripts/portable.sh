@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The portable install of idempotency: plain SQL, no native library, no superuser (issue 11).
+# The portable install of idempotency: plain SQL, no native library, no superuser.
 #
 #   bash scripts/portable.sh > idempotency-portable.sql       the install of the current version
 #       then: psql -v schema=NAME -f idempotency-portable.sql  (NAME exists and you own it)

@@ -1,4 +1,4 @@
-//! The benchmark of DESIGN section 8: every figure a ratio against a baseline measured in the
+//! The benchmark of the performance goals (docs/performance.md): every figure a ratio against a baseline measured in the
 //! same run, interleaved A/B/B/A so machine drift cancels. Run with `bash scripts/bench.sh`
 //! (or `--smoke` for a few seconds per case, which checks only that every case produced numbers).
 //!

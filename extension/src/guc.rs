@@ -236,7 +236,7 @@ pub(crate) fn register() {
     );
     // From 15 the prefix is reserved: a misspelt `idempotency.*` name is an error. 14 has only
     // the older call, which warns about placeholders that exist now and reserves nothing, so a
-    // misspelt name set later is accepted as a placeholder (the README's "Supported PostgreSQL").
+    // misspelt name set later is accepted as a placeholder (CONTRIBUTING.md, "Supported PostgreSQL majors").
     // SAFETY: a valid, static C string; called once, from _PG_init.
     #[cfg(not(feature = "pg14"))]
     unsafe {

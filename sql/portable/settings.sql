@@ -3,7 +3,7 @@
 -- come from sql/ unchanged).
 --
 -- Without the library PostgreSQL keeps `idempotency.*` as plain placeholder strings, so the
--- defaults documented in DESIGN.md (and registered by extension/src/guc.rs) are spelled here;
+-- defaults (registered by extension/src/guc.rs) are spelled here;
 -- xtask/src/layers/portable.rs checks them against the extension's.
 
 CREATE FUNCTION @extschema@._idem_setting(name text) RETURNS text

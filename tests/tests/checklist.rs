@@ -1,4 +1,4 @@
-//! The release checklist of DESIGN section 7, end to end through the client, against the
+//! The release checklist (what a release must show before it ships), end to end through the client, against the
 //! private cluster. Each assertion would fail on a check-then-run implementation.
 
 use idempotency_client::ops::{self, RecoverAction, ReserveOptions, ReserveOutcome, Status};

@@ -1,4 +1,4 @@
-//! The client defects of issue 9, one test each; each failed against the API before the fix
+//! The client API defects (wrong errors, names outside their ecosystem, extra round trips), one test each; each failed against the API before the fix
 //! (commit b0a1f05 holds their first form, written against that API).
 
 use idempotency_client::ops::{self, ReserveOptions};
