@@ -272,6 +272,8 @@ check "the worker sweeps them all" ge "$drain_seconds" 0
 xid_after=$(q $P idem_ops "SELECT txid_current()")
 check "in many transactions: another session saw a partial count" ge "$intermediate" 1
 check "at least one transaction per batch of 10000 (xids used)" ge $((xid_after - xid_before)) $((rows / 10000))
+# The pass logs its summary after its VACUUM: wait for the line (a deadline), then read it.
+until_logged 60 worker 'idempotency maintenance in database "idem_ops": .*swept [0-9]{6,}' >/dev/null
 sweep_line=$(grep -E 'idempotency maintenance in database "idem_ops": .*swept [0-9]{6,}' "$work/worker/server.log" | tail -1)
 note "drained in ~${drain_seconds} s; ${intermediate} polls saw a partial count; $((xid_after - xid_before)) xids"
 note "log: ${sweep_line#*: }"
