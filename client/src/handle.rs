@@ -126,11 +126,22 @@ impl<D: Driver> Idempotency<D> {
     /// completed key). A closure with one statement costs three round trips; a failure path one
     /// more. Prepare your statements with `tx.prepare_cached(..)`: a query given as a string
     /// costs an extra round trip to parse it.
-    pub async fn run<T, E, F>(&self, key: &Key, fingerprint: &Fingerprint, work: F) -> Result<Outcome<T>, Error<E>>
+    pub async fn run<T, E, F>(&self, key: &Key, fingerprint: &Fingerprint, mut work: F) -> Result<Outcome<T>, Error<E>>
     where
         T: Replayable + Send,
         E: HandlerError + Send,
-        F: for<'t> FnMut(&'t D::Tx) -> TxFuture<'t, T, E> + Send,
+        F: for<'t> FnMut(&'t mut D::Conn) -> TxFuture<'t, T, E> + Send,
+    {
+        self.run_tx(key, fingerprint, lend::<D, _, _, _>(move |tx| work(D::conn(tx)))).await
+    }
+
+    /// [`Idempotency::run`] with the work given the driver's transaction itself (the layer lends
+    /// it to the request in its shareable form).
+    pub(crate) async fn run_tx<T, E, F>(&self, key: &Key, fingerprint: &Fingerprint, work: F) -> Result<Outcome<T>, Error<E>>
+    where
+        T: Replayable + Send,
+        E: HandlerError + Send,
+        F: for<'t> FnMut(&'t mut D::Tx) -> TxFuture<'t, T, E> + Send,
     {
         crate::trace::call("run", key, async {
             let schema = self.schema().await.map_err(Error::widen)?;
@@ -165,7 +176,7 @@ impl<D: Driver> Idempotency<D> {
         T: Replayable + Send + Sync,
         E: HandlerError + Send,
         C: std::future::Future<Output = Result<T, E>> + Send,
-        R: for<'t> FnMut(&'t D::Tx, &'t T) -> TxFuture<'t, (), E> + Send,
+        R: for<'t> FnMut(&'t mut D::Conn, &'t T) -> TxFuture<'t, (), E> + Send,
     {
         crate::trace::call("run_external", key, async {
             let schema = self.schema().await.map_err(Error::widen)?;
@@ -173,4 +184,9 @@ impl<D: Driver> Idempotency<D> {
         })
         .await
     }
+}
+
+/// Gives a closure the higher-ranked signature of the flow's work.
+fn lend<D: Driver, T, E, F: for<'t> FnMut(&'t mut D::Tx) -> TxFuture<'t, T, E>>(f: F) -> F {
+    f
 }

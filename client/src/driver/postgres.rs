@@ -138,6 +138,18 @@ async fn again(
 
 impl Driver for Postgres {
     type Tx = Tx;
+    type Conn = Tx;
+    type Shared = Tx;
+
+    fn conn(tx: &mut Tx) -> &mut Tx {
+        tx
+    }
+
+    fn share(tx: &mut Tx) -> Tx {
+        tx.clone()
+    }
+
+    fn unshare(_: &mut Tx, _: Tx) {}
 
     async fn installed(&self) -> Result<(String, String), Error> {
         ops::installed(&self.get().await?).await
@@ -160,7 +172,7 @@ impl Driver for Postgres {
             ops::prepare(&client, &schema.sql().reserve_and_release),
         );
         complete?;
-        let tx = Tx(Arc::new(Open { client: Some(client), ended: AtomicBool::new(false) }));
+        let mut tx = Tx(Arc::new(Open { client: Some(client), ended: AtomicBool::new(false) }));
         // BEGIN can only fail with the connection, on which nothing after it runs either.
         let (begun, reservation) = futures_util::join!(
             tx.0.client().batch_execute(Isolation::begin_sql(isolation)),
@@ -169,7 +181,7 @@ impl Driver for Postgres {
         match begun.map_err(Error::from).and(reservation) {
             Ok(reservation) => Ok((tx, reservation)),
             Err(e) => {
-                Self::rollback(&tx).await;
+                Self::rollback(&mut tx).await;
                 Err(e)
             }
         }
@@ -187,7 +199,7 @@ impl Driver for Postgres {
     }
 
     async fn complete_and_commit(
-        tx: &Tx,
+        tx: &mut Tx,
         schema: &Schema,
         key: &Key,
         token: Token,
@@ -215,7 +227,7 @@ impl Driver for Postgres {
     }
 
     async fn rollback_and_release(
-        tx: &Tx,
+        tx: &mut Tx,
         schema: &Schema,
         key: &Key,
         fingerprint: &Fingerprint,
@@ -227,7 +239,7 @@ impl Driver for Postgres {
     }
 
     async fn rollback_and_fail(
-        tx: &Tx,
+        tx: &mut Tx,
         schema: &Schema,
         key: &Key,
         fingerprint: &Fingerprint,
@@ -238,7 +250,7 @@ impl Driver for Postgres {
         Ok(answer.as_deref() == Some("true"))
     }
 
-    async fn rollback(tx: &Tx) {
+    async fn rollback(tx: &mut Tx) {
         if tx.0.client().batch_execute("ROLLBACK").await.is_ok() {
             tx.0.end();
         }
@@ -249,8 +261,18 @@ impl Driver for Postgres {
         Ok(Tx(Arc::new(Open { client: Some(client), ended: AtomicBool::new(false) })))
     }
 
-    async fn begin(tx: &Tx) -> Result<(), Error> {
-        Ok(tx.0.client().batch_execute("BEGIN").await?)
+    async fn begin_then<'a, T, E, F>(tx: &'a mut Tx, then: F) -> Result<Result<T, E>, Error>
+    where
+        T: Send + 'a,
+        E: Send + 'a,
+        F: FnOnce(&'a mut Tx) -> crate::TxFuture<'a, T, E> + Send + 'a,
+    {
+        // BEGIN is queued before then's first statement (join polls in order), so both leave in
+        // one round trip; BEGIN can only fail with the connection, which then runs nothing.
+        let begin = tx.clone();
+        let (begun, done) = futures_util::join!(begin.0.client().batch_execute("BEGIN"), then(tx));
+        begun?;
+        Ok(done)
     }
 
     async fn reserve(&self, schema: &Schema, key: &Key, fingerprint: &Fingerprint, options: &ReserveOptions) -> Result<Reservation, Error> {
