@@ -1,0 +1,91 @@
+//! The client driver under test, one per build: tokio-postgres by default, sqlx when the test
+//! kit is built with its `sqlx` feature (`cargo test -p idempotency-tests --features sqlx`).
+//! The suites are written once against these names: [`TestDriver`], the handle [`Idem`], the
+//! connection a closure gets ([`Conn`]), the driver's error ([`DbError`]) and a few statements
+//! run the same way on either ([`exec`], [`query_i64`], [`batch`]).
+
+use idempotency_client::{Driver, Idempotency, Settings};
+
+#[cfg(not(feature = "sqlx"))]
+mod imp {
+    use idempotency_client::{Idempotency, Settings};
+    /// The driver under test.
+    pub type TestDriver = idempotency_client::Postgres;
+    /// The driver's error type.
+    pub type DbError = tokio_postgres::Error;
+    /// The driver's name, for messages.
+    pub const NAME: &str = "tokio-postgres";
+
+    pub(crate) fn connect_with(url: &str, pool_size: usize, settings: Settings) -> Idempotency<TestDriver> {
+        Idempotency::connect_with(url, pool_size, settings).expect("pool")
+    }
+
+    pub(crate) fn params<'a>(args: &'a [&'a str]) -> Vec<&'a (dyn tokio_postgres::types::ToSql + Sync)> {
+        args.iter().map(|a| a as &(dyn tokio_postgres::types::ToSql + Sync)).collect()
+    }
+
+    /// Runs `sql` with text arguments; the rows it affected.
+    pub async fn exec(conn: &mut super::Conn, sql: &str, args: &[&str]) -> Result<u64, DbError> {
+        conn.execute(sql, &params(args)).await
+    }
+
+    /// The first column (a bigint) of the one row `sql` answers.
+    pub async fn query_i64(conn: &mut super::Conn, sql: &str, args: &[&str]) -> Result<i64, DbError> {
+        conn.query_one(sql, &params(args)).await?.try_get(0)
+    }
+
+    /// `sql` (one or more statements, no arguments) as a simple query.
+    pub async fn batch(conn: &mut super::Conn, sql: &str) -> Result<(), DbError> {
+        conn.batch_execute(sql).await
+    }
+}
+
+#[cfg(feature = "sqlx")]
+mod imp {
+    use idempotency_client::{Idempotency, Settings};
+    use sqlx::AssertSqlSafe;
+    /// The driver under test.
+    pub type TestDriver = idempotency_client::Sqlx;
+    /// The driver's error type.
+    pub type DbError = sqlx::Error;
+    /// The driver's name, for messages.
+    pub const NAME: &str = "sqlx";
+
+    pub(crate) fn connect_with(url: &str, pool_size: usize, settings: Settings) -> Idempotency<TestDriver> {
+        let size = u32::try_from(pool_size).expect("a pool size that fits u32");
+        Idempotency::connect_sqlx_with(url, size, settings).expect("pool")
+    }
+
+    fn bound<'q>(sql: &str, args: &'q [&'q str]) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
+        args.iter().fold(sqlx::query(AssertSqlSafe(sql.to_owned())), |q, a| q.bind(*a))
+    }
+
+    /// Runs `sql` with text arguments; the rows it affected.
+    pub async fn exec(conn: &mut super::Conn, sql: &str, args: &[&str]) -> Result<u64, DbError> {
+        Ok(bound(sql, args).execute(&mut *conn).await?.rows_affected())
+    }
+
+    /// The first column (a bigint) of the one row `sql` answers.
+    pub async fn query_i64(conn: &mut super::Conn, sql: &str, args: &[&str]) -> Result<i64, DbError> {
+        use sqlx::Row;
+        bound(sql, args).fetch_one(&mut *conn).await?.try_get(0)
+    }
+
+    /// `sql` (one or more statements, no arguments) as a simple query.
+    pub async fn batch(conn: &mut super::Conn, sql: &str) -> Result<(), DbError> {
+        sqlx::raw_sql(AssertSqlSafe(sql.to_owned())).execute(&mut *conn).await.map(|_| ())
+    }
+}
+
+pub use imp::{batch, exec, query_i64, DbError, TestDriver, NAME};
+
+/// The handle of the driver under test.
+pub type Idem = Idempotency<TestDriver>;
+
+/// What a closure of `run` / `run_external` gets, as `&mut Conn`.
+pub type Conn = <TestDriver as Driver>::Conn;
+
+/// A handle of the driver under test on `url`, with a pool of `pool_size` connections.
+pub fn connect_with(url: &str, pool_size: usize, settings: Settings) -> Idem {
+    imp::connect_with(url, pool_size, settings)
+}
