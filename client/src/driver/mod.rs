@@ -16,7 +16,6 @@ pub use postgres::{Postgres, Tx};
 pub use self::sqlx::{SharedConnection, Sqlx, SqlxTx};
 
 use crate::error::Error;
-use crate::flow::TxFuture;
 use crate::ops::{ReleaseOutcome, ReserveOptions, Reservation, Status, Token};
 use crate::sql::Schema;
 use crate::settings::Isolation;
@@ -108,17 +107,13 @@ pub trait Driver: Sealed + Clone + Send + Sync + 'static {
     /// `ROLLBACK`, waited for.
     fn rollback(tx: &mut Self::Tx) -> impl Future<Output = ()> + Send;
 
-    /// A connection for a transaction whose `BEGIN` is sent by [`Driver::begin_then`].
+    /// A connection for a transaction whose `BEGIN` is sent by [`Driver::begin`].
     fn open(&self) -> impl Future<Output = Result<Self::Tx, Error>> + Send;
 
-    /// `BEGIN` on `tx`, then `then` on its connection: pipelined where the driver can (the
-    /// `BEGIN` leaves with `then`'s first statement). `Err` when `BEGIN` failed (`then` may not
-    /// have run); otherwise `then`'s result.
-    fn begin_then<'a, T, E, F>(tx: &'a mut Self::Tx, then: F) -> impl Future<Output = Result<Result<T, E>, Error>> + Send + 'a
-    where
-        T: Send + 'a,
-        E: Send + 'a,
-        F: FnOnce(&'a mut Self::Conn) -> TxFuture<'a, T, E> + Send + 'a;
+    /// `BEGIN` on `tx`. A driver that pipelines only queues it, so it leaves with the next
+    /// statement (a closure's first); `BEGIN` on a fresh connection can only fail with the
+    /// connection, and that statement then fails too.
+    fn begin(tx: &mut Self::Tx) -> impl Future<Output = Result<(), Error>> + Send;
 
     /// `idem_reserve` in a transaction of its own.
     fn reserve(

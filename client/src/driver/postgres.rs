@@ -261,18 +261,15 @@ impl Driver for Postgres {
         Ok(Tx(Arc::new(Open { client: Some(client), ended: AtomicBool::new(false) })))
     }
 
-    async fn begin_then<'a, T, E, F>(tx: &'a mut Tx, then: F) -> Result<Result<T, E>, Error>
-    where
-        T: Send + 'a,
-        E: Send + 'a,
-        F: FnOnce(&'a mut Tx) -> crate::TxFuture<'a, T, E> + Send + 'a,
-    {
-        // BEGIN is queued before then's first statement (join polls in order), so both leave in
-        // one round trip; BEGIN can only fail with the connection, which then runs nothing.
-        let begin = tx.clone();
-        let (begun, done) = futures_util::join!(begin.0.client().batch_execute("BEGIN"), then(tx));
-        begun?;
-        Ok(done)
+    async fn begin(tx: &mut Tx) -> Result<(), Error> {
+        // Queued, not waited for (tokio-postgres sends a request when its future is first
+        // polled, and ignores the answer of one whose future is gone): BEGIN leaves with the
+        // closure's first statement, in one round trip.
+        use futures_util::FutureExt;
+        match tx.0.client().batch_execute("BEGIN").now_or_never() {
+            Some(Err(e)) => Err(e.into()),
+            None | Some(Ok(())) => Ok(()),
+        }
     }
 
     async fn reserve(&self, schema: &Schema, key: &Key, fingerprint: &Fingerprint, options: &ReserveOptions) -> Result<Reservation, Error> {

@@ -7,7 +7,6 @@
 
 use super::{Driver, Sealed};
 use crate::error::{DatabaseError, Error};
-use crate::flow::TxFuture;
 use crate::ops::{secs, ReleaseOutcome, ReserveOptions, Reservation, Status, Token};
 use crate::settings::{Isolation, Settings};
 use crate::sql::{Schema, EXTENSION_SQL, LEASE_LOST_MARK};
@@ -294,15 +293,8 @@ impl Driver for Sqlx {
         Ok(SqlxTx { conn: Some(self.get().await?) })
     }
 
-    async fn begin_then<'a, T, E, F>(tx: &'a mut SqlxTx, then: F) -> Result<Result<T, E>, Error>
-    where
-        T: Send + 'a,
-        E: Send + 'a,
-        F: FnOnce(&'a mut PgConnection) -> TxFuture<'a, T, E> + Send + 'a,
-    {
-        let conn = tx.conn()?;
-        PgTransactionManager::begin(conn, None).await?;
-        Ok(then(conn).await)
+    async fn begin(tx: &mut SqlxTx) -> Result<(), Error> {
+        Ok(PgTransactionManager::begin(tx.conn()?, None).await?)
     }
 
     async fn reserve(&self, schema: &Schema, key: &Key, fingerprint: &Fingerprint, options: &ReserveOptions) -> Result<Reservation, Error> {

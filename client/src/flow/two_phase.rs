@@ -111,17 +111,15 @@ where
     R: for<'t> FnMut(&'t mut D::Conn, &'t T) -> TxFuture<'t, (), E> + Send,
 {
     let mut tx = cx.driver.open().await.map_err(Error::widen)?;
-    // BEGIN leaves with record's first statement where the driver pipelines.
-    match D::begin_then(&mut tx, |conn| record(conn, value)).await {
-        Err(e) => {
-            D::rollback(&mut tx).await;
-            return Err(e.widen());
-        }
-        Ok(Err(error)) => {
-            D::rollback(&mut tx).await;
-            return Err(Error::Handler { error });
-        }
-        Ok(Ok(())) => {}
+    // BEGIN leaves with record's first statement where the driver pipelines (it only queues
+    // it then).
+    if let Err(e) = D::begin(&mut tx).await {
+        D::rollback(&mut tx).await;
+        return Err(e.widen());
+    }
+    if let Err(error) = record(D::conn(&mut tx), value).await {
+        D::rollback(&mut tx).await;
+        return Err(Error::Handler { error });
     }
     D::complete_and_commit(&mut tx, cx.schema, key, token, Some(stored), status).await.map_err(Error::widen)
 }
