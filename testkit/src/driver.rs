@@ -24,6 +24,19 @@ mod imp {
         args.iter().map(|a| a as &(dyn tokio_postgres::types::ToSql + Sync)).collect()
     }
 
+    /// A handle on `url` whose pool has one connection, waited for at most `wait`, and that
+    /// connection, held: the pool is exhausted until the second value is dropped.
+    pub async fn exhausted(url: &str, wait: std::time::Duration) -> (Idempotency<TestDriver>, Box<dyn std::any::Any + Send>) {
+        use deadpool_postgres::{Config, PoolConfig, Runtime, Timeouts};
+        let mut cfg = Config::new();
+        cfg.url = Some(url.to_owned());
+        let wait = Some(wait);
+        cfg.pool = Some(PoolConfig { max_size: 1, timeouts: Timeouts { wait, create: wait, recycle: wait }, ..PoolConfig::default() });
+        let idem = Idempotency::new(cfg.create_pool(Some(Runtime::Tokio1), tokio_postgres::NoTls).expect("pool"), Settings::default());
+        let held = idem.pool().get().await.expect("the one connection");
+        (idem, Box::new(held))
+    }
+
     /// Runs `sql` with text arguments; the rows it affected.
     pub async fn exec(conn: &mut super::Conn, sql: &str, args: &[&str]) -> Result<u64, DbError> {
         conn.execute(sql, &params(args)).await
@@ -60,6 +73,16 @@ mod imp {
         args.iter().fold(sqlx::query(AssertSqlSafe(sql.to_owned())), |q, a| q.bind(*a))
     }
 
+    /// A handle on `url` whose pool has one connection, waited for at most `wait`, and that
+    /// connection, held: the pool is exhausted until the second value is dropped.
+    pub async fn exhausted(url: &str, wait: std::time::Duration) -> (Idempotency<TestDriver>, Box<dyn std::any::Any + Send>) {
+        use std::str::FromStr;
+        let options = sqlx::postgres::PgConnectOptions::from_str(url).expect("url");
+        let pool = sqlx::postgres::PgPoolOptions::new().max_connections(1).acquire_timeout(wait).connect_lazy_with(options);
+        let held = pool.acquire().await.expect("the one connection");
+        (Idempotency::from_sqlx(pool, Settings::default()), Box::new(held))
+    }
+
     /// Runs `sql` with text arguments; the rows it affected.
     pub async fn exec(conn: &mut super::Conn, sql: &str, args: &[&str]) -> Result<u64, DbError> {
         Ok(bound(sql, args).execute(&mut *conn).await?.rows_affected())
@@ -77,7 +100,7 @@ mod imp {
     }
 }
 
-pub use imp::{batch, exec, query_i64, DbError, TestDriver, NAME};
+pub use imp::{batch, exec, exhausted, query_i64, DbError, TestDriver, NAME};
 
 /// The handle of the driver under test.
 pub type Idem = Idempotency<TestDriver>;
