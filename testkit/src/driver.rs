@@ -16,8 +16,15 @@ mod imp {
     /// The driver's name, for messages.
     pub const NAME: &str = "tokio-postgres";
 
-    pub(crate) fn connect_with(url: &str, pool_size: usize, settings: Settings) -> Idempotency<TestDriver> {
-        Idempotency::connect_with(url, pool_size, settings).expect("pool")
+    pub(crate) fn try_connect_with(url: &str, pool_size: usize, settings: Settings) -> Result<Idempotency<TestDriver>, idempotency_client::Error> {
+        Idempotency::connect_with(url, pool_size, settings)
+    }
+
+    /// The driver's error for `sql` run on a connection of its own to `url`.
+    pub async fn error_of(url: &str, sql: &str) -> DbError {
+        let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await.expect("connect");
+        tokio::spawn(conn);
+        client.batch_execute(sql).await.expect_err("the statement fails")
     }
 
     pub(crate) fn params<'a>(args: &'a [&'a str]) -> Vec<&'a (dyn tokio_postgres::types::ToSql + Sync)> {
@@ -64,9 +71,16 @@ mod imp {
     /// The driver's name, for messages.
     pub const NAME: &str = "sqlx";
 
-    pub(crate) fn connect_with(url: &str, pool_size: usize, settings: Settings) -> Idempotency<TestDriver> {
+    pub(crate) fn try_connect_with(url: &str, pool_size: usize, settings: Settings) -> Result<Idempotency<TestDriver>, idempotency_client::Error> {
         let size = u32::try_from(pool_size).expect("a pool size that fits u32");
-        Idempotency::connect_sqlx_with(url, size, settings).expect("pool")
+        Idempotency::connect_sqlx_with(url, size, settings)
+    }
+
+    /// The driver's error for `sql` run on a connection of its own to `url`.
+    pub async fn error_of(url: &str, sql: &str) -> DbError {
+        use sqlx::Connection;
+        let mut conn = sqlx::PgConnection::connect(url).await.expect("connect");
+        sqlx::raw_sql(AssertSqlSafe(sql.to_owned())).execute(&mut conn).await.expect_err("the statement fails")
     }
 
     fn bound<'q>(sql: &str, args: &'q [&'q str]) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
@@ -100,7 +114,7 @@ mod imp {
     }
 }
 
-pub use imp::{batch, exec, exhausted, query_i64, DbError, TestDriver, NAME};
+pub use imp::{batch, error_of, exec, exhausted, query_i64, DbError, TestDriver, NAME};
 
 /// The handle of the driver under test.
 pub type Idem = Idempotency<TestDriver>;
@@ -110,5 +124,10 @@ pub type Conn = <TestDriver as Driver>::Conn;
 
 /// A handle of the driver under test on `url`, with a pool of `pool_size` connections.
 pub fn connect_with(url: &str, pool_size: usize, settings: Settings) -> Idem {
-    imp::connect_with(url, pool_size, settings)
+    try_connect_with(url, pool_size, settings).expect("pool")
+}
+
+/// [`connect_with`], or its error (a malformed URL, a bad schema name).
+pub fn try_connect_with(url: &str, pool_size: usize, settings: Settings) -> Result<Idem, idempotency_client::Error> {
+    imp::try_connect_with(url, pool_size, settings)
 }
