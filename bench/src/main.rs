@@ -1,11 +1,13 @@
 //! The benchmark of DESIGN section 8: every figure a ratio against a baseline measured in the
 //! same run, interleaved A/B/B/A so machine drift cancels. Run with `bash scripts/bench.sh`
-//! (or `--smoke` for a few seconds per case, which checks only that every case produced numbers).
+//! (or `--smoke` for a few seconds per case, which checks only that every case produced numbers;
+//! `--client` for only the Rust client's rows, over tokio-postgres and over sqlx).
 //!
 //! Writes `target/bench/results.csv` and `target/bench/benchmark.png`.
 
 mod chart;
 mod client;
+mod client_sqlx;
 mod pgbench;
 
 use idempotency_testkit::{cluster_addr, fresh_database, pg_bin, root};
@@ -79,6 +81,60 @@ async fn pair(s: &Settings, url: &str, db: &tokio_postgres::Client, a: &str, b: 
     (Measure::mean(&ra), Measure::mean(&rb))
 }
 
+/// 5: the Rust client against a raw tokio-postgres transaction doing the same insert, then the
+/// same over sqlx.
+async fn client_rows(s: &Settings, url: &str, db: &tokio_postgres::Client, rows: &mut Vec<Row>) {
+    // 5: the Rust client against a raw tokio-postgres transaction doing the same insert.
+    let (mut raw, mut run) = (Vec::new(), Vec::new());
+    for rep in 0..s.reps {
+        for first in [rep % 2 == 0, rep % 2 != 0] {
+            let m = client::throughput(url, db, 8, u64::from(s.seconds), if first { client::Call::RawInsert } else { client::Call::Run }).await;
+            if first { raw.push(m) } else { run.push(m) }
+        }
+    }
+    let upstream = cluster_addr();
+    let calls = if s.smoke { 20 } else { 200 };
+    let rt_raw = client::round_trips(upstream, "idem_bench", calls, false, false).await;
+    let rt_run = client::round_trips(upstream, "idem_bench", calls, true, false).await;
+    let rt_empty = client::round_trips(upstream, "idem_bench", calls, true, true).await;
+    rows.push(Row { figure: "Rust run vs raw tokio-postgres transaction".into(), clients: "8 tasks".into(), baseline: "BEGIN; INSERT; COMMIT (tokio-postgres)".into(), base: Measure::mean(&raw), ours: Measure::mean(&run), goal: Some(0.8), work: Some(format!("round trips {rt_run:.1} ({rt_empty:.1} empty closure) / {rt_raw:.1}")) });
+    let (mut select, mut replayed) = (Vec::new(), Vec::new());
+    for rep in 0..s.reps {
+        for first in [rep % 2 == 0, rep % 2 != 0] {
+            let m = client::throughput(url, db, 8, u64::from(s.seconds), if first { client::Call::RawSelect } else { client::Call::Replay }).await;
+            if first { select.push(m) } else { replayed.push(m) }
+        }
+    }
+    rows.push(Row { figure: "Rust replay vs raw tokio-postgres primary-key SELECT".into(), clients: "8 tasks".into(), baseline: "prepared SELECT of the record (tokio-postgres)".into(), base: Measure::mean(&select), ours: Measure::mean(&replayed), goal: Some(0.9), work: None });
+    client_rows_sqlx(s, url, calls, rows).await;
+
+}
+
+/// 5b: the same rows over the sqlx driver, against a raw sqlx transaction and SELECT (sqlx does
+/// not pipeline: see the round trips).
+async fn client_rows_sqlx(s: &Settings, url: &str, calls: u64, rows: &mut Vec<Row>) {
+    let (mut raw, mut run) = (Vec::new(), Vec::new());
+    for rep in 0..s.reps {
+        for first in [rep % 2 == 0, rep % 2 != 0] {
+            let m = client_sqlx::throughput(url, 8, u64::from(s.seconds), if first { client::Call::RawInsert } else { client::Call::Run }).await;
+            if first { raw.push(m) } else { run.push(m) }
+        }
+    }
+    let upstream = cluster_addr();
+    let rt_raw = client_sqlx::round_trips(upstream, "idem_bench", calls, false, false).await;
+    let rt_run = client_sqlx::round_trips(upstream, "idem_bench", calls, true, false).await;
+    let rt_empty = client_sqlx::round_trips(upstream, "idem_bench", calls, true, true).await;
+    rows.push(Row { figure: "Rust run (sqlx) vs raw sqlx transaction".into(), clients: "8 tasks".into(), baseline: "begin; INSERT; commit (sqlx)".into(), base: Measure::mean(&raw), ours: Measure::mean(&run), goal: None, work: Some(format!("round trips {rt_run:.1} ({rt_empty:.1} empty closure) / {rt_raw:.1}")) });
+    let (mut select, mut replayed) = (Vec::new(), Vec::new());
+    for rep in 0..s.reps {
+        for first in [rep % 2 == 0, rep % 2 != 0] {
+            let m = client_sqlx::throughput(url, 8, u64::from(s.seconds), if first { client::Call::RawSelect } else { client::Call::Replay }).await;
+            if first { select.push(m) } else { replayed.push(m) }
+        }
+    }
+    rows.push(Row { figure: "Rust replay (sqlx) vs raw sqlx primary-key SELECT".into(), clients: "8 tasks".into(), baseline: "SELECT of the record (sqlx)".into(), base: Measure::mean(&select), ours: Measure::mean(&replayed), goal: None, work: None });
+}
+
 #[tokio::main]
 async fn main() {
     let smoke = std::env::args().any(|a| a == "--smoke");
@@ -96,6 +152,12 @@ async fn main() {
     db.batch_execute(&std::fs::read_to_string(script("setup")).expect("setup.sql")).await.expect("bench setup");
     db.batch_execute("VACUUM ANALYZE").await.expect("vacuum");
     let mut rows: Vec<Row> = Vec::new();
+    // `--client`: only the Rust client's rows (both drivers), printed.
+    if std::env::args().any(|a| a == "--client") {
+        client_rows(&s, &url, &db, &mut rows).await;
+        print!("{}", render(&rows, 0.0, 0, 0, &s, started.elapsed().as_secs()));
+        return;
+    }
 
     // 1-2: fresh execution against the hand-written protocol and the bare business transaction.
     for &c in &s.clients {
@@ -113,28 +175,7 @@ async fn main() {
     let (seed, fresh) = pair(&s, &url, &db, "seed_store", "fresh", 8).await;
     rows.push(Row { figure: "fresh execution vs the seed libraries' store".into(), clients: "8".into(), baseline: "lookup, reserve, run, save: 4 statements, 3 commits".into(), base: seed, ours: fresh, goal: Some(1.3), work: work(&url, &db, "fresh", "seed_store").await });
 
-    // 5: the Rust client against a raw tokio-postgres transaction doing the same insert.
-    let (mut raw, mut run) = (Vec::new(), Vec::new());
-    for rep in 0..s.reps {
-        for first in [rep % 2 == 0, rep % 2 != 0] {
-            let m = client::throughput(&url, &db, 8, u64::from(s.seconds), if first { client::Call::RawInsert } else { client::Call::Run }).await;
-            if first { raw.push(m) } else { run.push(m) }
-        }
-    }
-    let upstream = cluster_addr();
-    let calls = if smoke { 20 } else { 200 };
-    let rt_raw = client::round_trips(upstream, "idem_bench", calls, false, false).await;
-    let rt_run = client::round_trips(upstream, "idem_bench", calls, true, false).await;
-    let rt_empty = client::round_trips(upstream, "idem_bench", calls, true, true).await;
-    rows.push(Row { figure: "Rust run vs raw tokio-postgres transaction".into(), clients: "8 tasks".into(), baseline: "BEGIN; INSERT; COMMIT (tokio-postgres)".into(), base: Measure::mean(&raw), ours: Measure::mean(&run), goal: Some(0.8), work: Some(format!("round trips {rt_run:.1} ({rt_empty:.1} empty closure) / {rt_raw:.1}")) });
-    let (mut select, mut replayed) = (Vec::new(), Vec::new());
-    for rep in 0..s.reps {
-        for first in [rep % 2 == 0, rep % 2 != 0] {
-            let m = client::throughput(&url, &db, 8, u64::from(s.seconds), if first { client::Call::RawSelect } else { client::Call::Replay }).await;
-            if first { select.push(m) } else { replayed.push(m) }
-        }
-    }
-    rows.push(Row { figure: "Rust replay vs raw tokio-postgres primary-key SELECT".into(), clients: "8 tasks".into(), baseline: "prepared SELECT of the record (tokio-postgres)".into(), base: Measure::mean(&select), ours: Measure::mean(&replayed), goal: Some(0.9), work: None });
+    client_rows(&s, &url, &db, &mut rows).await;
 
     // 6: growth: fresh execution with 10k vs 1M existing records (two databases, interleaved).
     let small = growth_db("idem_bench_small", 10_000).await;
