@@ -125,7 +125,10 @@ impl<D: Driver> Idempotency<D> {
     /// aborts the transaction if the key was lost, so the `COMMIT` behind it can only commit a
     /// completed key). A closure with one statement costs three round trips; a failure path one
     /// more. Prepare your statements with `tx.prepare_cached(..)`: a query given as a string
-    /// costs an extra round trip to parse it.
+    /// costs an extra round trip to parse it. Over the sqlx driver (feature `sqlx`) the closure
+    /// gets the transaction's `&mut sqlx::PgConnection`, and nothing is pipelined: `BEGIN`, the
+    /// reservation, each statement, the completion and `COMMIT` are a round trip each (five for
+    /// one statement, two for a replay).
     pub async fn run<T, E, F>(&self, key: &Key, fingerprint: &Fingerprint, mut work: F) -> Result<Outcome<T>, Error<E>>
     where
         T: Replayable + Send,
