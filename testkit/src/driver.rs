@@ -58,6 +58,12 @@ mod imp {
     pub async fn batch(conn: &mut super::Conn, sql: &str) -> Result<(), DbError> {
         conn.batch_execute(sql).await
     }
+
+    /// [`query_i64`] through the request's transaction of an in-transaction layer.
+    pub async fn query_i64_in(tx: &idempotency_client::layer::Transaction<TestDriver>, sql: &str, args: &[&str]) -> Result<i64, DbError> {
+        let mut tx = (**tx).clone();
+        query_i64(&mut tx, sql, args).await
+    }
 }
 
 #[cfg(feature = "sqlx")]
@@ -108,13 +114,19 @@ mod imp {
         bound(sql, args).fetch_one(&mut *conn).await?.try_get(0)
     }
 
+    /// [`query_i64`] through the request's transaction of an in-transaction layer.
+    pub async fn query_i64_in(tx: &idempotency_client::layer::Transaction<TestDriver>, sql: &str, args: &[&str]) -> Result<i64, DbError> {
+        let mut conn = tx.lock().await?;
+        query_i64(&mut conn, sql, args).await
+    }
+
     /// `sql` (one or more statements, no arguments) as a simple query.
     pub async fn batch(conn: &mut super::Conn, sql: &str) -> Result<(), DbError> {
         sqlx::raw_sql(AssertSqlSafe(sql.to_owned())).execute(&mut *conn).await.map(|_| ())
     }
 }
 
-pub use imp::{batch, error_of, exec, exhausted, query_i64, DbError, TestDriver, NAME};
+pub use imp::{batch, error_of, exec, exhausted, query_i64, query_i64_in, DbError, TestDriver, NAME};
 
 /// The handle of the driver under test.
 pub type Idem = Idempotency<TestDriver>;

@@ -9,7 +9,8 @@ use axum::routing::post;
 use axum::Router;
 use idempotency_client::layer::{problem::types, Builder, IdempotencyLayer, Mode, Transaction};
 use idempotency_client::{Idempotency, Settings};
-use idempotency_testkit::{admin, connect_with, handle, query_i64, test_database, Idem, TestDriver};
+use idempotency_testkit::driver::query_i64_in;
+use idempotency_testkit::{admin, connect_with, handle, test_database, Idem, TestDriver};
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -52,7 +53,7 @@ async fn charge(db: Db<'_>, app: &App, headers: &HeaderMap, body: &str) -> Respo
     let args = [header("x-user"), amount.to_string(), header("idempotency-key")];
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let id = match db {
-        Db::Request(tx) => insert_in(tx, insert, &args).await,
+        Db::Request(tx) => query_i64_in(tx, insert, &args).await.expect("insert the charge"),
         Db::Own(client) => {
             let params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = args.iter().map(|a| a as &(dyn tokio_postgres::types::ToSql + Sync)).collect();
             client.query_one(insert, &params).await.expect("insert the charge").get(0)
@@ -72,20 +73,6 @@ async fn charge(db: Db<'_>, app: &App, headers: &HeaderMap, body: &str) -> Respo
 enum Db<'a> {
     Request(&'a Transaction<TestDriver>),
     Own(&'a deadpool_postgres::Client),
-}
-
-/// The id `insert` returns, run through the request's transaction.
-#[cfg(not(feature = "sqlx"))]
-async fn insert_in(tx: &Transaction<TestDriver>, insert: &str, args: &[&str]) -> i64 {
-    let mut tx = (**tx).clone();
-    query_i64(&mut tx, insert, args).await.expect("insert the charge")
-}
-
-/// The id `insert` returns, run through the request's transaction.
-#[cfg(feature = "sqlx")]
-async fn insert_in(tx: &Transaction<TestDriver>, insert: &str, args: &[&str]) -> i64 {
-    let mut conn = tx.lock().await.expect("the request's connection");
-    query_i64(&mut conn, insert, args).await.expect("insert the charge")
 }
 
 async fn in_transaction(tx: Transaction<TestDriver>, State(app): State<Arc<App>>, headers: HeaderMap, body: String) -> Response {

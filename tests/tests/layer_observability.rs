@@ -6,7 +6,8 @@ use axum::routing::post;
 use axum::Router;
 use idempotency_client::layer::{IdempotencyLayer, Transaction};
 use idempotency_client::{Fingerprint, Key, Settings};
-use idempotency_testkit::handle;
+use idempotency_testkit::driver::query_i64_in;
+use idempotency_testkit::{handle, DbError, TestDriver};
 use metrics::{SharedString, Unit};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use metrics_util::CompositeKey;
@@ -86,9 +87,9 @@ async fn spans_and_metrics_for_every_decision() {
     recorder.install().unwrap();
 
     let idem = handle(Settings::default()).await;
-    let route = post(|tx: Transaction, body: String| async move {
+    let route = post(|tx: Transaction<TestDriver>, body: String| async move {
         let request: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
-        tx.execute("INSERT INTO charges (user_id, amount, k) VALUES ('obs', 1, 'obs')", &[]).await.unwrap();
+        query_i64_in(&tx, "INSERT INTO charges (user_id, amount, k) VALUES ('obs', 1, 'obs') RETURNING id", &[]).await.unwrap();
         let status = request["status"].as_u64().map_or(StatusCode::CREATED, |s| StatusCode::from_u16(s as u16).unwrap());
         (status, body)
     });
@@ -153,7 +154,7 @@ async fn spans_and_metrics_for_every_decision() {
     let key = Key::new("obs.direct", "u", "obs-direct-1").unwrap();
     let fingerprint = Fingerprint::of_bytes(b"direct");
     let outcome = idem_direct
-        .run(&key, &fingerprint, |_tx| Box::pin(async { Ok::<_, tokio_postgres::Error>(json!({"ok": true})) }))
+        .run(&key, &fingerprint, |_tx| Box::pin(async { Ok::<_, DbError>(json!({"ok": true})) }))
         .await
         .unwrap();
     assert!(outcome.is_executed());
