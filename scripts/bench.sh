@@ -2,7 +2,9 @@
 # The benchmark (DESIGN section 8): installs what is missing, starts the private cluster, installs
 # the release build, runs every case interleaved A/B/B/A, prints the table, and writes
 # target/bench/results.csv and target/bench/benchmark.png. `--smoke`: a few seconds per case,
-# checking only that every case produced numbers (the test command runs this).
+# checking only that every case produced numbers (the test command runs this). `--http`: only the
+# HTTP rows (the example services against their routes without the layer, ≈ 2.5 minutes), into
+# target/bench/http.csv; IDEM_BENCH_HTTP_PORT=N serves them on port N (and N+1), not ephemeral.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the tests, the demo and the benchmarks need, when it is missing; cheap when
 # everything is already there: Debian's PostgreSQL 15, a relocatable tree of every other supported
-# major (scripts/pg-env.sh), cargo-pgrx registered with all of them, pgspot. Debian 12, as root.
+# major (scripts/pg-env.sh), cargo-pgrx registered with all of them, pgspot, psycopg. Debian 12, as root.
 set -euo pipefail
 
 PGRX_VERSION=0.18.1
@@ -12,7 +12,7 @@ say() { printf '[setup] %s\n' "$*"; }
 root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
 missing=()
-for pkg in postgresql-15 postgresql-server-dev-15 postgresql-15-cron libclang-dev clang sudo make fonts-dejavu-core unzip; do
+for pkg in postgresql-15 postgresql-server-dev-15 postgresql-15-cron libclang-dev clang sudo make fonts-dejavu-core unzip openssl; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || missing+=("$pkg")
 done
 if [ ${#missing[@]} -gt 0 ]; then
@@ -21,7 +21,7 @@ if [ ${#missing[@]} -gt 0 ]; then
     # The server and its dev package go together so their versions match (installing only the
     # dev package would upgrade a running server underneath us).
     root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-        postgresql-15 postgresql-server-dev-15 postgresql-15-cron libclang-dev clang sudo make fonts-dejavu-core unzip >/dev/null
+        postgresql-15 postgresql-server-dev-15 postgresql-15-cron libclang-dev clang sudo make fonts-dejavu-core unzip openssl >/dev/null
 fi
 
 if ! cargo pgrx --version 2>/dev/null | grep -q " $PGRX_VERSION\$"; then
@@ -50,7 +50,22 @@ if [ "$have" != "$(printf '%s' "$want" | sort)" ]; then
     cargo pgrx init "${init[@]}" >/dev/null
 fi
 
+# psycopg 3: the Python example's driver (scripts/test-python.sh).
+if ! python3 -c "import psycopg" 2>/dev/null; then
+    say "pip: installing psycopg[binary]"
+    python3 -m pip install --quiet --disable-pip-version-check 'psycopg[binary]' 2>&1 | grep -v 'Running pip as the' || true
+fi
+
 if ! python3 -c "import pgspot" 2>/dev/null; then
     say "pip: installing pgspot"
     python3 -m pip install --quiet --disable-pip-version-check pgspot 2>&1 | grep -v 'Running pip as the' || true
+fi
+
+# The test servers listen on 55400-56999, inside Linux's ephemeral port range: an outgoing
+# connection (a load test, a pool) may take one of those ports for a while (TIME-WAIT) and a
+# server start then fails. Reserve the range for listeners (as root; skipped when not allowed).
+reserved=/proc/sys/net/ipv4/ip_local_reserved_ports
+if [ -w "$reserved" ] && ! grep -q '55400-56999' "$reserved"; then
+    current=$(cat "$reserved")
+    echo "${current:+$current,}55400-56999" >"$reserved" 2>/dev/null && say "reserved ports 55400-56999 for the test servers" || true
 fi

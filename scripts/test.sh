@@ -9,7 +9,7 @@
 #   scripts/test.sh --majors "14 17"  only these majors (every layer on the default one, if given)
 #
 # Layers (* = core: run on every major):
-#   unit        cargo test -p idempotency-client --features axum,metrics (fingerprint, key rules, response policy, the layer's header, record and fingerprint rules, doc tests)
+#   unit        cargo test -p idempotency-core -p idempotency-client (fingerprint, key rules, vocabulary, response policy, the layer's header, record and fingerprint rules, statement binding, sslmode parsing with and without the tls feature, doc tests)
 #   lint        cargo clippy over every crate and target, the extension included; a warning fails
 #   pg_test *   cargo pgrx test: the Rust that runs inside PostgreSQL
 #   package *   scripts/package.sh, then each package installed into a fresh copy of the major's
@@ -22,7 +22,13 @@
 #   e2e_portable * the same tests against the portable install (IDEM_INSTALL=portable)
 #   upgrade *   scripts/test-upgrade.sh: updates from every released version, schema diff, load
 #   portable *  scripts/test-portable.sh: the portable install, fingerprint parity, suites, upgrade
+#   python *    scripts/test-python.sh: the SQL API from Python (psycopg 3, examples/python) against
+#               the extension and the portable install, both flows, concurrent duplicates run once
 #   bench       the benchmark in smoke mode: every case runs and produces numbers (no speed asserted)
+#   failover *  tests/tests/failover.rs: a primary and a streaming standby, the primary killed
+#               under load, the standby promoted (records, business rows, tokens, the worker)
+#   pg_upgrade  tests/tests/pg_upgrade.rs, once after the majors: pg_upgrade 14 -> 18 and 15 -> 17
+#               (records in every state, a two-phase reservation in flight, the worker after)
 #   ops         scripts/test-ops.sh: the maintenance worker, the counters and the pg_cron recipe
 #               on preloaded servers of their own
 #   pgspot      pgspot over the generated install script
@@ -154,7 +160,9 @@ run_major() {
 
     if [ "$major" = "$default_major" ]; then # the client crate does not depend on the major
         layer unit
-        cargo test --no-fail-fast -p idempotency-client --features axum,metrics 2>&1 | tee "$logs/unit.log" | grep -E '^(test |test result|error)' | grep -v '\.\.\. ok$'
+        # The pure rules, the client without TLS (the feature-off refusals), then its TLS code.
+        { cargo test --no-fail-fast -p idempotency-core -p idempotency-client --features idempotency-client/axum,idempotency-client/metrics 2>&1 &&
+            cargo test --no-fail-fast -p idempotency-client --features tls --lib tls 2>&1; } | tee "$logs/unit.log" | grep -E '^(test |test result|error)' | grep -v '\.\.\. ok$'
         status=${PIPESTATUS[0]}
         read -r p f < <(cargo_counts "$logs/unit.log")
         record unit "$p" "$f" "$status"
@@ -263,9 +271,18 @@ run_major() {
     fi
     scripts/pg.sh stop || true
 
-    # The upgrade and portable layers run their own throwaway cluster on the (now free) port.
+    layer failover
+    # A primary and a streaming standby of this major (tests/tests/failover.rs, servers of its own).
+    IDEM_SERVERS_PORT=$((IDEM_PG_PORT + 500)) cargo test --no-fail-fast -p idempotency-tests --test failover -- --ignored >"$logs/failover.log" 2>&1
+    status=$?
+    grep -E '^(test |test result|error)' "$logs/failover.log" | grep -v '\.\.\. ok$'
+    [ $status = 0 ] || grep -A30 -- '---- ' "$logs/failover.log" | head -60
+    read -r p f < <(cargo_counts "$logs/failover.log")
+    record failover "$p" "$f" "$status"
+
+    # The upgrade, portable and python layers run their own throwaway cluster on the (now free) port.
     local name
-    local names=(upgrade portable)
+    local names=(upgrade portable python)
     [ "$full" = 1 ] && names+=(ops) # the worker and pg_cron need a preloaded server of their own
     for name in "${names[@]}"; do
         layer "$name"
@@ -323,6 +340,30 @@ for m in $majors; do
         run_major "$m" "$("$env_sh" config "$m")" "$all_majors"
     fi
 done
+
+# pg_upgrade between majors (14 -> 18, 15 -> 17), once every major's tree has the extension:
+# the default major's tree gets it here (its layers used Debian's own directories).
+if [ -z "$only" ] || (for m in 14 15 17 18; do case " $majors " in *" $m "*) ;; *) exit 1 ;; esac; done); then
+    major=all
+    logs=$root/target/test-logs/pg_upgrade
+    mkdir -p "$logs"
+    started=$SECONDS
+    layer pg_upgrade
+    tree15=$("$env_sh" tree "$default_major")
+    (cd extension && cargo pgrx install --release --pg-config "$tree15" --no-default-features --features "pg$default_major") >"$logs/install.log" 2>&1 &&
+        python3 scripts/sqlbuild.py install-files "$("$tree15" --sharedir)/extension" >>"$logs/install.log" 2>&1
+    if [ $? = 0 ]; then
+        IDEM_SERVERS_PORT=56000 cargo test --no-fail-fast -p idempotency-tests --test pg_upgrade -- --ignored >"$logs/pg_upgrade.log" 2>&1
+        status=$?
+        grep -E '^(test |test result|error)' "$logs/pg_upgrade.log" | grep -v '\.\.\. ok$'
+        [ $status = 0 ] || grep -A30 -- '---- ' "$logs/pg_upgrade.log" | head -60
+        read -r p f < <(cargo_counts "$logs/pg_upgrade.log")
+        record pg_upgrade "$p" "$f" "$status"
+    else
+        tail -20 "$logs/install.log"
+        record pg_upgrade 0 1 1
+    fi
+fi
 
 printf '\n== summary\n'
 printf '%s\n' "${summary[@]}"

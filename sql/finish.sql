@@ -2,7 +2,9 @@
 --
 -- Each is a conditional update fenced by (token, status = 'PROCESSING'): a stale token, or a
 -- record that completed, was recovered or was taken over, changes nothing and answers
--- false / 'stale'. Expected races are values, never errors.
+-- false / 'stale'. Expected races are values, never errors. The fence compares the status
+-- under the C collation (the same answer) so that no plan matches the partial index
+-- idem_records_lease_idx instead of probing the primary key (extension/src/native/plans.rs).
 
 CREATE FUNCTION @extschema@.idem_complete(
     operation text,
@@ -42,11 +44,12 @@ BEGIN
                 v_limit, v_size USING ERRCODE = '54000';
         END IF;
     END IF;
+    v_counted := @extschema@._idem_require_writable('complete a key');
 
     UPDATE @extschema@.idem_records AS r
        SET status = status, response = response, updated_at = v_now
      WHERE r.operation = operation AND r.user_id = user_id AND r.key = key
-       AND r.token = token AND r.status = 'PROCESSING';
+       AND r.token = token AND r.status = ('PROCESSING' COLLATE pg_catalog."C");
     IF FOUND THEN
         v_counted := @extschema@._idem_count(CASE status WHEN 'SUCCESS' THEN 'completions_success'
                                                                         ELSE 'completions_failed' END);
@@ -59,6 +62,97 @@ $fn$;
 
 COMMENT ON FUNCTION @extschema@.idem_complete(text, text, text, bigint, jsonb, text) IS
     'Finishes the attempt holding token: SUCCESS (the default) or FAILED (a permanent failure), storing response for replays. false, changing nothing, when the token is stale or the record is no longer PROCESSING: roll the business write back.';
+
+-- A batch: idem_complete for each key of one operation and user, in input order, in one
+-- statement, each answered as its own call (a key repeated with its token completes once; its
+-- later occurrences find it no longer PROCESSING and answer false). responses[i] may be NULL
+-- (no stored response), as idem_complete's response. One fenced UPDATE completes every key
+-- whose PROCESSING record is written (the first occurrence of each key and token); the others
+-- (a reservation of this transaction not written yet, a stale token, a repeat) each go through
+-- idem_complete. On Citus every key goes through idem_complete (a join is not routable).
+CREATE FUNCTION @extschema@.idem_complete_many(
+    operation text,
+    user_id   text,
+    keys      text[],
+    tokens    bigint[],
+    responses jsonb[],
+    status    text DEFAULT 'SUCCESS')
+    RETURNS TABLE (key text, completed boolean)
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp
+    AS $fn$
+#variable_conflict use_column
+DECLARE
+    v_n       integer;
+    v_now     timestamptz := clock_timestamp();
+    v_limit   bigint;
+    v_bad     record;
+    v_done    integer[] := '{}';
+    v_counted boolean; -- receives _idem_count
+BEGIN
+    IF NOT (@extschema@._idem_check_scope(operation, user_id, 'k')
+            AND @extschema@._idem_require('status', status IS NULL)) THEN
+        RETURN; -- not reached: a failed check raises
+    END IF;
+    v_n := @extschema@._idem_check_array('keys', keys, NULL, NULL, false);
+    PERFORM @extschema@._idem_check_array('tokens', tokens, 'keys', v_n, false);
+    PERFORM @extschema@._idem_check_array('responses', responses, 'keys', v_n, true);
+    -- idem_complete's rules for what the UPDATE below writes without it.
+    IF status NOT IN ('SUCCESS', 'FAILED') THEN
+        RAISE EXCEPTION 'status must be ''SUCCESS'' or ''FAILED'', got %',
+            @extschema@._idem_echo(status)
+            USING ERRCODE = '22023';
+    END IF;
+    v_limit := @extschema@._idem_max_response_bytes();
+    SELECT x.i, octet_length(x.r::text) AS size INTO v_bad
+      FROM unnest(idem_complete_many.responses) WITH ORDINALITY AS x(r, i)
+     WHERE octet_length(x.r::text) > v_limit
+     LIMIT 1;
+    IF FOUND THEN
+        -- Never echo the value: it may be huge, and it may be private.
+        RAISE EXCEPTION 'responses[%] must be at most % bytes (idempotency.max_response_bytes), got %',
+            v_bad.i, v_limit, v_bad.size USING ERRCODE = '54000';
+    END IF;
+    IF NOT @extschema@._idem_distributed() THEN
+        WITH u AS (
+            SELECT DISTINCT ON (u.k, u.t) u.k, u.t, u.r, u.i
+              FROM unnest(idem_complete_many.keys, idem_complete_many.tokens,
+                          idem_complete_many.responses) WITH ORDINALITY AS u(k, t, r, i)
+             ORDER BY u.k, u.t, u.i),
+        done AS (
+            UPDATE @extschema@.idem_records AS x
+               SET status = idem_complete_many.status, response = u.r, updated_at = v_now
+              FROM u
+             WHERE x.operation = idem_complete_many.operation
+               AND x.user_id = idem_complete_many.user_id AND x.key = u.k AND x.token = u.t
+               AND x.status = ('PROCESSING' COLLATE pg_catalog."C")
+            RETURNING u.i)
+        SELECT coalesce(array_agg(done.i::integer), '{}') INTO v_done FROM done;
+        IF cardinality(v_done) > 0 THEN
+            v_counted := @extschema@._idem_count(CASE idem_complete_many.status
+                                                     WHEN 'SUCCESS' THEN 'completions_success'
+                                                     ELSE 'completions_failed' END,
+                                                 cardinality(v_done));
+        END IF;
+    END IF;
+    RETURN QUERY
+    SELECT s.k, s.done
+      FROM (SELECT u.i, u.k,
+                   CASE WHEN d.i IS NOT NULL THEN true
+                        ELSE @extschema@.idem_complete(idem_complete_many.operation,
+                                                       idem_complete_many.user_id, u.k, u.t, u.r,
+                                                       idem_complete_many.status) END AS done
+              FROM unnest(idem_complete_many.keys, idem_complete_many.tokens,
+                          idem_complete_many.responses) WITH ORDINALITY AS u(k, t, r, i)
+              LEFT JOIN unnest(v_done) AS d(i) ON d.i = u.i
+             ORDER BY u.i
+            OFFSET 0) AS s
+     ORDER BY s.i;
+END
+$fn$;
+
+COMMENT ON FUNCTION @extschema@.idem_complete_many(text, text, text[], bigint[], jsonb[], text) IS
+    'Completes many attempts of one operation and user in one statement: one row per element of keys, in input order, completed as idem_complete(operation, user_id, keys[i], tokens[i], responses[i], status) answers it. keys, tokens and responses: equal lengths; no NULL key or token (a NULL response stores none).';
 
 CREATE FUNCTION @extschema@.idem_release(
     operation   text,
@@ -82,11 +176,12 @@ BEGIN
         RETURN NULL; -- not reached
     END IF;
     v_max := @extschema@._idem_max_retries(max_retries);
+    v_counted := @extschema@._idem_require_writable('release a key');
 
     SELECT r.created_at, r.expires_at INTO v_rec
       FROM @extschema@.idem_records AS r
      WHERE r.operation = operation AND r.user_id = user_id AND r.key = key
-       AND r.token = token AND r.status = 'PROCESSING'
+       AND r.token = token AND r.status = ('PROCESSING' COLLATE pg_catalog."C")
        FOR UPDATE;
     IF NOT FOUND THEN
         v_counted := @extschema@._idem_count('stale_tokens');
@@ -122,6 +217,7 @@ BEGIN
         RETURN NULL; -- not reached
     END IF;
     v_until := v_now + @extschema@._idem_lease(lease, NULL);
+    v_counted := @extschema@._idem_require_writable('extend a lease');
 
     -- expires_at moves to at least the lease end, so a live, heartbeating attempt is never
     -- taken over as expired.
@@ -129,7 +225,7 @@ BEGIN
        SET lease_expires_at = v_until, expires_at = greatest(r.expires_at, v_until),
            updated_at = v_now
      WHERE r.operation = operation AND r.user_id = user_id AND r.key = key
-       AND r.token = token AND r.status = 'PROCESSING';
+       AND r.token = token AND r.status = ('PROCESSING' COLLATE pg_catalog."C");
     IF NOT FOUND THEN
         v_counted := @extschema@._idem_count('stale_tokens');
         RETURN false;

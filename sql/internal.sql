@@ -121,6 +121,40 @@ CREATE FUNCTION @extschema@._idem_require(name text, is_null boolean) RETURNS bo
 COMMENT ON FUNCTION @extschema@._idem_require(text, boolean) IS
     'Internal: true, or 22004 naming the argument when a required argument is NULL.';
 
+-- An array argument of the batch functions: non-NULL (22004), one-dimensional (22023), as many
+-- elements as the first array (22023, when n is given), and no NULL element unless allowed
+-- (22004 naming the element). Answers the number of elements.
+CREATE FUNCTION @extschema@._idem_check_array(name text, value anyarray, first text, n integer,
+                                              allow_nulls boolean)
+    RETURNS integer
+    LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+    SET search_path = pg_catalog, pg_temp
+    AS $fn$
+DECLARE
+    v_at integer;
+BEGIN
+    PERFORM @extschema@._idem_require(name, value IS NULL);
+    IF array_ndims(value) > 1 THEN
+        RAISE EXCEPTION '% must be a one-dimensional array, got % dimensions', name, array_ndims(value)
+            USING ERRCODE = '22023';
+    END IF;
+    IF n IS NOT NULL AND cardinality(value) <> n THEN
+        RAISE EXCEPTION '% must have as many elements as % (%), got %', name, first, n, cardinality(value)
+            USING ERRCODE = '22023';
+    END IF;
+    IF NOT allow_nulls THEN
+        v_at := array_position(value, NULL);
+        IF v_at IS NOT NULL THEN
+            RAISE EXCEPTION '%[%] must not be NULL', name, v_at USING ERRCODE = '22004';
+        END IF;
+    END IF;
+    RETURN cardinality(value);
+END
+$fn$;
+
+COMMENT ON FUNCTION @extschema@._idem_check_array(text, anyarray, text, integer, boolean) IS
+    'Internal (the batch functions): the number of elements, or 22004/22023 naming the array argument (or its NULL element) that breaks the batch rules.';
+
 -- batch_size of the maintenance functions: non-NULL (22004) and at least 1 (22023).
 CREATE FUNCTION @extschema@._idem_check_batch_size(batch_size integer) RETURNS void
     LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
@@ -136,6 +170,33 @@ $fn$;
 
 COMMENT ON FUNCTION @extschema@._idem_check_batch_size(integer) IS
     'Internal: raises 22004/22023 for a NULL or non-positive batch_size.';
+
+-- Where a write is refused: on a server in recovery (a hot standby: every transaction there is
+-- read-only) and in a read-only transaction on a primary. Every mutating function calls this
+-- before its first write (the native ones too, so the message has this one source), and raises
+-- 25006 saying why, instead of the error of whichever internal write came first. A call that
+-- needs no write (a replay, idem_lookup) never gets here. True when writing is allowed.
+CREATE FUNCTION @extschema@._idem_require_writable(action text) RETURNS boolean
+    LANGUAGE plpgsql STABLE PARALLEL SAFE
+    SET search_path = pg_catalog, pg_temp
+    AS $fn$
+BEGIN
+    IF pg_is_in_recovery() THEN
+        RAISE EXCEPTION 'idempotency: cannot % on a server in recovery (a standby)', action
+            USING ERRCODE = '25006',
+                  HINT = 'Writes go to the primary: retry there (after a failover, on the promoted server). A standby answers only calls that write nothing, such as idem_lookup and replays of finished keys.';
+    END IF;
+    IF current_setting('transaction_read_only')::boolean THEN
+        RAISE EXCEPTION 'idempotency: cannot % in a read-only transaction', action
+            USING ERRCODE = '25006',
+                  HINT = 'Run it in a read-write transaction (see default_transaction_read_only and SET TRANSACTION).';
+    END IF;
+    RETURN true;
+END
+$fn$;
+
+COMMENT ON FUNCTION @extschema@._idem_require_writable(text) IS
+    'Internal: true, or 25006 saying that the server is in recovery (a standby) or the transaction is read-only, so action cannot write.';
 
 -- How an error message shows a rejected word: quoted when short, only its size otherwise, so
 -- a huge argument is never echoed.

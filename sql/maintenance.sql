@@ -34,6 +34,7 @@ BEGIN
             USING ERRCODE = '22023';
     END IF;
     v_max := @extschema@._idem_max_retries(max_retries);
+    v_counted := @extschema@._idem_require_writable('recover stuck reservations');
 
     IF @extschema@._idem_distributed() THEN
         -- Citus: candidates by a plain read across shards, then key by key (see above).
@@ -117,6 +118,7 @@ DECLARE
     v_counted  boolean; -- receives _idem_count
 BEGIN
     PERFORM @extschema@._idem_check_batch_size(batch_size);
+    v_counted := @extschema@._idem_require_writable('sweep expired records');
 
     IF @extschema@._idem_distributed() THEN
         -- Citus: candidates by a plain read across shards, then key by key (see above).

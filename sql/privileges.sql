@@ -25,10 +25,13 @@ REVOKE EXECUTE ON FUNCTION
     @extschema@._idem_check_request_hash(text),
     @extschema@._idem_require(text, boolean),
     @extschema@._idem_check_batch_size(integer),
+    @extschema@._idem_check_array(text, anyarray, text, integer, boolean),
     @extschema@._idem_echo(text),
+    @extschema@._idem_require_writable(text),
     @extschema@._idem_ttl(interval),
     @extschema@._idem_lease(interval, interval),
     @extschema@._idem_max_retries(integer),
     @extschema@._idem_release_locked(text, text, text, timestamptz, timestamptz, integer),
+    @extschema@._idem_write_nowait(text, text, text, text, bigint, timestamptz, timestamptz, timestamptz),
     @extschema@._idem_distributed()
     FROM PUBLIC;

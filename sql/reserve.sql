@@ -12,6 +12,46 @@
 --      UPDATE that re-checks expiry on the newest row version. The primary key and the re-check,
 --      not the lock, are what make two `created` for one key impossible; if either loses a
 --      race, loop and read again.
+--   4. The locks live in the server's shared lock table (about max_locks_per_transaction per
+--      session): a transaction keeps at most half of max_locks_per_transaction of them. Past
+--      that it takes no key lock; its uncommitted row holds the key, as a row of the
+--      hand-written INSERT ... ON CONFLICT does. So every insert with wait => false goes through
+--      _idem_write_nowait, which answers busy instead of waiting for another transaction's
+--      uncommitted row (at most its lock_timeout); with wait => true the insert waits for it.
+--      A takeover waits for a row another transaction holds (a sweep or a recovery, briefly;
+--      or the takeover of a transaction past its budget, until it ends).
+
+CREATE FUNCTION @extschema@._idem_write_nowait(
+    operation    text,
+    user_id      text,
+    key          text,
+    request_hash text,
+    token        bigint,
+    now          timestamptz,
+    lease_end    timestamptz,
+    expires_at   timestamptz)
+    RETURNS boolean
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    SET lock_timeout = '100ms'
+    AS $fn$
+#variable_conflict use_variable
+BEGIN
+    INSERT INTO @extschema@.idem_records AS r
+           (operation, user_id, key, request_hash, status, token, response,
+            lease_expires_at, expires_at, created_at, updated_at)
+    VALUES (operation, user_id, key, request_hash, 'PROCESSING', token, NULL,
+            lease_end, expires_at, now, now)
+    ON CONFLICT ON CONSTRAINT idem_records_pkey DO NOTHING;
+    RETURN FOUND;
+EXCEPTION WHEN lock_not_available THEN
+    -- Another transaction holds the key by its uncommitted row: busy.
+    RETURN NULL;
+END
+$fn$;
+
+COMMENT ON FUNCTION @extschema@._idem_write_nowait(text, text, text, text, bigint, timestamptz, timestamptz, timestamptz) IS
+    'Internal (PL/pgSQL idem_reserve): the insert of a new record; NULL instead of waiting (lock_timeout) for another transaction''s uncommitted row of the key.';
 
 CREATE FUNCTION @extschema@.idem_reserve(
     operation    text,
@@ -35,6 +75,9 @@ DECLARE
     v_token    bigint;
     v_locked   boolean := false;
     v_outcome  text;
+    v_kept     integer;
+    v_keep     boolean := true;
+    v_found    boolean;
     v_counted  boolean; -- receives _idem_count: an assignment is PL/pgSQL's cheapest call
 BEGIN
     -- The argument rules, checked natively (extension/src/args.rs, on the client crate's key
@@ -76,8 +119,15 @@ BEGIN
                        coalesce(v_rec.attempts, 0), v_rec.expires_at)::@extschema@.idem_reservation;
         END IF;
 
-        -- Absent, or expired and free to take over: a new attempt would start now.
+        -- Absent, or expired and free to take over: a new attempt would start now, and write.
+        v_counted := @extschema@._idem_require_writable('reserve a key');
         IF NOT v_locked THEN
+            -- Keep the key's lock until the transaction ends while this transaction keeps fewer
+            -- than half of max_locks_per_transaction (counted in a transaction-local setting).
+            v_kept := coalesce(nullif(current_setting('idem_portable.kept_locks', true), '')::integer, 0);
+            v_keep := v_kept < current_setting('max_locks_per_transaction')::integer / 2;
+        END IF;
+        IF NOT v_locked AND v_keep THEN
             IF wait THEN
                 PERFORM pg_advisory_xact_lock(
                     hashtextextended(operation || E'\x1f' || user_id || E'\x1f' || key, 0));
@@ -92,14 +142,29 @@ BEGIN
                 v_counted := @extschema@._idem_count('reservations_in_progress');
                 RETURN ROW('in_progress', NULL, NULL, v_attempts, NULL)::@extschema@.idem_reservation;
             END IF;
+            PERFORM set_config('idem_portable.kept_locks', (v_kept + 1)::text, true);
             v_locked := true;
             IF wait THEN
                 CONTINUE; -- the holder may have committed while we waited: read again
             END IF;
         END IF;
 
+        v_locked := true; -- (past the budget: no lock, the row holds the key)
         v_token := nextval('@extschema@.idem_token_seq');
-        IF v_rec.status IS NULL THEN
+        IF NOT wait AND v_rec.status IS NULL THEN
+            v_found := @extschema@._idem_write_nowait(operation, user_id, key, request_hash, v_token,
+                                                      v_now, v_now + v_lease, v_now + v_ttl);
+            IF v_found IS NULL THEN
+                -- Another transaction is creating this key and has not committed.
+                SELECT t.attempts INTO v_attempts
+                  FROM @extschema@.idem_retries AS t
+                 WHERE t.operation = operation AND t.user_id = user_id AND t.key = key
+                   AND t.expires_at > v_now;
+                v_attempts := coalesce(v_attempts, 0);
+                v_counted := @extschema@._idem_count('reservations_in_progress');
+                RETURN ROW('in_progress', NULL, NULL, v_attempts, NULL)::@extschema@.idem_reservation;
+            END IF;
+        ELSIF v_rec.status IS NULL THEN
             INSERT INTO @extschema@.idem_records AS r
                    (operation, user_id, key, request_hash, status, token, response,
                     lease_expires_at, expires_at, created_at, updated_at)
@@ -115,7 +180,10 @@ BEGIN
                AND r.expires_at <= v_now
                AND (r.status <> 'PROCESSING' OR r.lease_expires_at <= v_now);
         END IF;
-        IF FOUND THEN
+        IF wait OR v_rec.status IS NOT NULL THEN
+            v_found := FOUND;
+        END IF;
+        IF v_found THEN
             -- The retry counter, if one is live: this attempt continues its count. (A statement
             -- of its own, not a subquery in RETURNING: Citus cannot route a subquery inside
             -- INSERT or UPDATE on a distributed table.)
@@ -143,3 +211,51 @@ $fn$;
 
 COMMENT ON FUNCTION @extschema@.idem_reserve(text, text, text, text, interval, interval, boolean) IS
     'Reserves (operation, user_id, key) for one attempt. outcome: created (token to complete with), replay (stored response), failed, in_progress, or mismatch (the key was used with another request_hash). Call in the transaction of the business write.';
+
+-- A batch: idem_reserve for each key of one operation and user, in input order, in one
+-- statement. Each key is reserved exactly as by its own idem_reserve call, one after the other,
+-- so a key repeated in the batch answers as a repeated call would (in_progress, or mismatch
+-- under another request_hash: its first occurrence holds it). No key is reserved when an array
+-- breaks the batch rules; a key that breaks the key rules raises idem_reserve's error, and the
+-- statement's reservations roll back with it.
+CREATE FUNCTION @extschema@.idem_reserve_many(
+    operation      text,
+    user_id        text,
+    keys           text[],
+    request_hashes text[],
+    ttl            interval DEFAULT NULL,
+    lease          interval DEFAULT NULL,
+    wait           boolean  DEFAULT false)
+    RETURNS TABLE (key text, outcome text, token bigint, response jsonb, attempts integer,
+                   expires_at timestamptz)
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp
+    AS $fn$
+#variable_conflict use_column
+DECLARE
+    v_n integer;
+BEGIN
+    IF NOT (@extschema@._idem_check_scope(operation, user_id, 'k')
+            AND @extschema@._idem_require('wait', wait IS NULL)) THEN
+        RETURN; -- not reached: a failed check raises
+    END IF;
+    v_n := @extschema@._idem_check_array('keys', keys, NULL, NULL, false);
+    PERFORM @extschema@._idem_check_array('request_hashes', request_hashes, 'keys', v_n, false);
+    -- One idem_reserve per element, evaluated in input order (OFFSET 0 keeps the call in the
+    -- subquery: once per row, whatever the outer query reads of its result).
+    RETURN QUERY
+    SELECT s.k, (s.r).outcome, (s.r).token, (s.r).response, (s.r).attempts, (s.r).expires_at
+      FROM (SELECT u.i, u.k,
+                   @extschema@.idem_reserve(idem_reserve_many.operation, idem_reserve_many.user_id,
+                                            u.k, u.h, idem_reserve_many.ttl,
+                                            idem_reserve_many.lease, idem_reserve_many.wait) AS r
+              FROM unnest(idem_reserve_many.keys, idem_reserve_many.request_hashes)
+                   WITH ORDINALITY AS u(k, h, i)
+             ORDER BY u.i
+            OFFSET 0) AS s
+     ORDER BY s.i;
+END
+$fn$;
+
+COMMENT ON FUNCTION @extschema@.idem_reserve_many(text, text, text[], text[], interval, interval, boolean) IS
+    'Reserves many keys of one operation and user in one statement: one row per element of keys, in input order, each answered as idem_reserve(operation, user_id, keys[i], request_hashes[i], ttl, lease, wait) would answer it. keys and request_hashes: equal lengths, no NULL element.';

@@ -7,6 +7,42 @@ use std::path::Path;
 /// (label, measured ratio, goal)
 pub(crate) type Bar = (String, f64, f64);
 
+/// The bars of a results CSV (the benchmark's `results.csv`): one per row with a goal, labelled
+/// "figure (clients)".
+pub(crate) fn bars(csv: &str) -> Vec<Bar> {
+    csv.lines()
+        .skip(1)
+        .filter_map(|line| {
+            let f = fields(line);
+            let (figure, clients) = (f.first()?, f.get(1)?);
+            // The ratio of the two rates where there are two (as the table prints it), else the
+            // ratio column.
+            let rates = f.get(3).zip(f.get(4)).and_then(|(b, o)| Some((b.parse::<f64>().ok()?, o.parse::<f64>().ok()?)));
+            let ratio = match rates {
+                Some((base, ours)) if base > 0.0 => ours / base,
+                _ => f.get(5)?.parse().ok()?,
+            };
+            let goal: f64 = f.get(6)?.parse().ok()?;
+            let label = if figure == "sweep rows per second" { "sweep rows/s (÷ 200k goal)".to_owned() } else { format!("{figure} ({clients})") };
+            Some((label, ratio, goal))
+        })
+        .collect()
+}
+
+/// The fields of one CSV line (double-quoted fields may hold commas).
+fn fields(line: &str) -> Vec<String> {
+    let (mut out, mut cur, mut quoted) = (Vec::new(), String::new(), false);
+    for c in line.chars() {
+        match c {
+            '"' => quoted = !quoted,
+            ',' if !quoted => out.push(std::mem::take(&mut cur)),
+            c => cur.push(c),
+        }
+    }
+    out.push(cur);
+    out
+}
+
 pub(crate) fn draw(path: &Path, title: &str, bars: &[Bar]) -> Result<(), Box<dyn std::error::Error>> {
     let font = std::fs::read("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf")?;
     register_font("sans-serif", FontStyle::Normal, Box::leak(font.into_boxed_slice()))

@@ -111,12 +111,12 @@ pub(crate) async fn throughput(url: &str, db: &tokio_postgres::Client, tasks: us
         latencies.extend(h.await.expect("task"));
     }
     let elapsed = started.elapsed().as_secs_f64();
-    let after = wal_lsn(db).await;
-    let wal: f64 = db
-        .query_one("SELECT pg_wal_lsn_diff($1::text::pg_lsn, $2::text::pg_lsn)::float8 AS d", &[&after, &before])
-        .await
-        .expect("wal diff")
-        .get("d");
+    let wal = wal_since(db, &before).await;
+    measure(latencies, elapsed, wal)
+}
+
+/// The measure of a run: one latency per call over `elapsed` seconds, `wal` bytes written.
+pub(crate) fn measure(mut latencies: Vec<Duration>, elapsed: f64, wal: f64) -> Measure {
     latencies.sort_unstable();
     let pct = |p: f64| -> f64 {
         latencies.get(((latencies.len().max(1) - 1) as f64 * p).round() as usize).map_or(0.0, |d| d.as_secs_f64() * 1000.0)
@@ -131,8 +131,18 @@ pub(crate) async fn throughput(url: &str, db: &tokio_postgres::Client, tasks: us
     }
 }
 
-async fn wal_lsn(db: &tokio_postgres::Client) -> String {
+/// The server's current WAL position.
+pub(crate) async fn wal_lsn(db: &tokio_postgres::Client) -> String {
     db.query_one("SELECT pg_current_wal_lsn()::text AS l", &[]).await.expect("lsn").get("l")
+}
+
+/// WAL bytes written since `before` (a [`wal_lsn`]).
+pub(crate) async fn wal_since(db: &tokio_postgres::Client, before: &str) -> f64 {
+    let after = wal_lsn(db).await;
+    db.query_one("SELECT pg_wal_lsn_diff($1::text::pg_lsn, $2::text::pg_lsn)::float8 AS d", &[&after, &before])
+        .await
+        .expect("wal diff")
+        .get("d")
 }
 
 /// Round trips per call, counted by the test kit's proxy, over `calls`

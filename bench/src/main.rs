@@ -1,19 +1,30 @@
 //! The benchmark of DESIGN section 8: every figure a ratio against a baseline measured in the
 //! same run, interleaved A/B/B/A so machine drift cancels. Run with `bash scripts/bench.sh`
 //! (or `--smoke` for a few seconds per case, which checks only that every case produced numbers;
-//! `--client` for only the Rust client's rows, over tokio-postgres and over sqlx).
+//! `--rust` for only the Rust client's rows, over tokio-postgres and over sqlx).
 //!
-//! Writes `target/bench/results.csv` and `target/bench/benchmark.png`.
+//! Writes `target/bench/results.csv` and `target/bench/benchmark.png`. `--http` runs only the
+//! HTTP rows (see [`http`]) and writes `target/bench/http.csv`; `--chart CSV PNG [TITLE]` draws
+//! the chart of a results CSV.
 
 mod chart;
 mod client;
 mod client_sqlx;
+mod http;
 mod pgbench;
+
+// The example services, compiled in so the HTTP rows serve the routers they build.
+#[path = "../../client/examples/axum_charges.rs"]
+#[allow(dead_code)]
+mod charges_example;
+#[path = "../../client/examples/two_phase_stub.rs"]
+#[allow(dead_code)]
+mod payouts_example;
 
 use idempotency_testkit::{cluster_addr, fresh_database, pg_bin, root};
 use pgbench::Measure;
 use std::fmt::Write as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 use tokio_postgres::NoTls;
 
@@ -22,6 +33,7 @@ struct Settings {
     seconds: u32,
     reps: usize,
     clients: Vec<u32>,
+    http_connections: Vec<usize>,
     growth_rows: i64,
     sweep_rows: i64,
     bloat_cycles: usize,
@@ -66,6 +78,26 @@ async fn work(url: &str, db: &tokio_postgres::Client, ours: &str, base: &str) ->
 
 /// Runs `a` and `b` interleaved (A B, then B A, ...) and returns their means.
 async fn pair(s: &Settings, url: &str, db: &tokio_postgres::Client, a: &str, b: &str, clients: u32) -> (Measure, Measure) {
+    pair_scripts(s, url, db, &script(a), &script(b), clients).await
+}
+
+/// The baseline of bench/pgbench/batch.sql: the same keys reserved and completed by single
+/// idem_reserve + idem_complete calls in one transaction (2 statements per key; generated,
+/// pgbench has no loop).
+fn singles_script(keys: u32) -> PathBuf {
+    let mut text = String::from("\\set u random(1, 1000)\n\\set k random(1, 9000000000000000000)\nBEGIN;\n");
+    for i in 1..=keys {
+        text += &format!("SELECT token AS t{i} FROM idem_reserve('bench.single', 'u' || :u, 'k' || :k || '-{i}', 'h') \\gset\n");
+        text += &format!("SELECT idem_complete('bench.single', 'u' || :u, 'k' || :k || '-{i}', :t{i}, '{{\"status\": 201}}');\n");
+    }
+    text += "COMMIT;\n";
+    let path = root().join("target/bench/singles.sql");
+    std::fs::write(&path, text).expect("write singles.sql");
+    path
+}
+
+/// [`pair`] of two script files.
+async fn pair_scripts(s: &Settings, url: &str, db: &tokio_postgres::Client, a: &Path, b: &Path, clients: u32) -> (Measure, Measure) {
     let pgbench = pg_bin("pgbench");
     let logs = root().join("target/bench/logs");
     let (mut ra, mut rb) = (Vec::new(), Vec::new());
@@ -73,7 +105,7 @@ async fn pair(s: &Settings, url: &str, db: &tokio_postgres::Client, a: &str, b: 
         let order = if rep % 2 == 0 { [(a, true), (b, false)] } else { [(b, false), (a, true)] };
         for (name, is_a) in order {
             let before = pgbench::counters(db).await;
-            let mut m = pgbench::run(&pgbench, url, &script(name), clients, s.seconds, &logs);
+            let mut m = pgbench::run(&pgbench, url, name, clients, s.seconds, &logs);
             pgbench::delta(db, &before, &mut m).await;
             if is_a { ra.push(m) } else { rb.push(m) }
         }
@@ -81,81 +113,107 @@ async fn pair(s: &Settings, url: &str, db: &tokio_postgres::Client, a: &str, b: 
     (Measure::mean(&ra), Measure::mean(&rb))
 }
 
-/// 5: the Rust client against a raw tokio-postgres transaction doing the same insert, then the
-/// same over sqlx.
-async fn client_rows(s: &Settings, url: &str, db: &tokio_postgres::Client, rows: &mut Vec<Row>) {
-    // 5: the Rust client against a raw tokio-postgres transaction doing the same insert.
-    let (mut raw, mut run) = (Vec::new(), Vec::new());
-    for rep in 0..s.reps {
-        for first in [rep % 2 == 0, rep % 2 != 0] {
-            let m = client::throughput(url, db, 8, u64::from(s.seconds), if first { client::Call::RawInsert } else { client::Call::Run }).await;
-            if first { raw.push(m) } else { run.push(m) }
+/// The HTTP rows: each example route behind its layer (fresh keys, replays) against the same
+/// route without it, interleaved in the order plain, fresh, replay and then reversed. `bound`
+/// goes in the fresh `/charges` rows: the SQL-level and Rust-level ratios of the same run that
+/// bound what the layer can reach.
+async fn http_rows(s: &Settings, rows: &mut Vec<Row>, bound: Option<String>) {
+    let url = fresh_database("idem_bench_http").await;
+    let db = connect(&url).await;
+    let service = http::Service::start(&url).await;
+    let routes = [
+        (http::Route::Charges, "HTTP /charges (in-transaction)", "the same insert in a plain transaction, same pool"),
+        (http::Route::Payouts, "HTTP /payouts (two-phase)", "the same handler (a call to the provider stub), no layer"),
+    ];
+    // Statements per request, counted by a second service process that tracks them.
+    let mut counts = [[None; 3]; 2];
+    if db.batch_execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements").await.is_ok() {
+        let counting = http::Service::counting(&url).await;
+        for (r, (route, _, _)) in routes.iter().enumerate() {
+            for (i, side) in [http::Side::Plain, http::Side::Fresh, http::Side::Replay].into_iter().enumerate() {
+                counts[r][i] = http::statements_per_request(&counting, &db, *route, side, if s.smoke { 20 } else { 200 }).await;
+            }
+        }
+        counting.stop().await;
+    }
+    for (route, name, baseline) in routes {
+        for &c in &s.http_connections {
+            let sides = [http::Side::Plain, http::Side::Fresh, http::Side::Replay];
+            let mut runs: [Vec<Measure>; 3] = Default::default();
+            for rep in 0..s.reps {
+                for i in 0..3 {
+                    let i = if rep % 2 == 0 { i } else { 2 - i };
+                    runs[i].push(http::load(&service, &db, route, sides[i], c, u64::from(s.seconds)).await);
+                }
+            }
+            let [plain, fresh, replay] = runs.map(|r| Measure::mean(&r));
+            let [n_plain, n_fresh, n_replay] = counts[if route == http::Route::Charges { 0 } else { 1 }];
+            let counted = |ours: Option<f64>| ours.zip(n_plain).map(|(o, b)| format!("{o:.1} / {b:.1} top-level (BEGIN, COMMIT included)"));
+            let clients = format!("{c} conns");
+            let fresh_work = match (counted(n_fresh), (route == http::Route::Charges).then(|| bound.clone()).flatten()) {
+                (Some(n), Some(b)) => Some(format!("{n}; {b}")),
+                (n, b) => n.or(b),
+            };
+            rows.push(Row { figure: format!("{name}: fresh vs plain route"), clients: clients.clone(), baseline: baseline.into(), base: plain.clone(), ours: fresh, goal: Some(0.8), work: fresh_work });
+            rows.push(Row { figure: format!("{name}: replay vs plain route"), clients, baseline: baseline.into(), base: plain, ours: replay, goal: Some(1.0), work: counted(n_replay) });
         }
     }
-    let upstream = cluster_addr();
-    let calls = if s.smoke { 20 } else { 200 };
-    let rt_raw = client::round_trips(upstream, "idem_bench", calls, false, false).await;
-    let rt_run = client::round_trips(upstream, "idem_bench", calls, true, false).await;
-    let rt_empty = client::round_trips(upstream, "idem_bench", calls, true, true).await;
-    rows.push(Row { figure: "Rust run vs raw tokio-postgres transaction".into(), clients: "8 tasks".into(), baseline: "BEGIN; INSERT; COMMIT (tokio-postgres)".into(), base: Measure::mean(&raw), ours: Measure::mean(&run), goal: Some(0.8), work: Some(format!("round trips {rt_run:.1} ({rt_empty:.1} empty closure) / {rt_raw:.1}")) });
-    let (mut select, mut replayed) = (Vec::new(), Vec::new());
-    for rep in 0..s.reps {
-        for first in [rep % 2 == 0, rep % 2 != 0] {
-            let m = client::throughput(url, db, 8, u64::from(s.seconds), if first { client::Call::RawSelect } else { client::Call::Replay }).await;
-            if first { select.push(m) } else { replayed.push(m) }
-        }
-    }
-    rows.push(Row { figure: "Rust replay vs raw tokio-postgres primary-key SELECT".into(), clients: "8 tasks".into(), baseline: "prepared SELECT of the record (tokio-postgres)".into(), base: Measure::mean(&select), ours: Measure::mean(&replayed), goal: Some(0.9), work: None });
-    client_rows_sqlx(s, url, calls, rows).await;
-
-}
-
-/// 5b: the same rows over the sqlx driver, against a raw sqlx transaction and SELECT (sqlx does
-/// not pipeline: see the round trips).
-async fn client_rows_sqlx(s: &Settings, url: &str, calls: u64, rows: &mut Vec<Row>) {
-    let (mut raw, mut run) = (Vec::new(), Vec::new());
-    for rep in 0..s.reps {
-        for first in [rep % 2 == 0, rep % 2 != 0] {
-            let m = client_sqlx::throughput(url, 8, u64::from(s.seconds), if first { client::Call::RawInsert } else { client::Call::Run }).await;
-            if first { raw.push(m) } else { run.push(m) }
-        }
-    }
-    let upstream = cluster_addr();
-    let rt_raw = client_sqlx::round_trips(upstream, "idem_bench", calls, false, false).await;
-    let rt_run = client_sqlx::round_trips(upstream, "idem_bench", calls, true, false).await;
-    let rt_empty = client_sqlx::round_trips(upstream, "idem_bench", calls, true, true).await;
-    rows.push(Row { figure: "Rust run (sqlx) vs raw sqlx transaction".into(), clients: "8 tasks".into(), baseline: "begin; INSERT; commit (sqlx)".into(), base: Measure::mean(&raw), ours: Measure::mean(&run), goal: None, work: Some(format!("round trips {rt_run:.1} ({rt_empty:.1} empty closure) / {rt_raw:.1}")) });
-    let (mut select, mut replayed) = (Vec::new(), Vec::new());
-    for rep in 0..s.reps {
-        for first in [rep % 2 == 0, rep % 2 != 0] {
-            let m = client_sqlx::throughput(url, 8, u64::from(s.seconds), if first { client::Call::RawSelect } else { client::Call::Replay }).await;
-            if first { select.push(m) } else { replayed.push(m) }
-        }
-    }
-    rows.push(Row { figure: "Rust replay (sqlx) vs raw sqlx primary-key SELECT".into(), clients: "8 tasks".into(), baseline: "SELECT of the record (sqlx)".into(), base: Measure::mean(&select), ours: Measure::mean(&replayed), goal: None, work: None });
+    service.stop().await;
 }
 
 #[tokio::main]
 async fn main() {
-    let smoke = std::env::args().any(|a| a == "--smoke");
+    let args: Vec<String> = std::env::args().collect();
+    if let [_, flag, database_url, bind, provider_bind] = args.as_slice() {
+        if flag == "--serve-http" {
+            http::serve(database_url, bind, provider_bind).await;
+            return;
+        }
+    }
+    if let [_, flag, csv, png, title @ ..] = args.as_slice() {
+        if flag == "--chart" {
+            // Redraws a chart from a results CSV (docs/benchmark.png from docs/benchmark.csv),
+            // titled TITLE if given.
+            let title = title.first().cloned().unwrap_or_else(title_of_run);
+            draw(&std::fs::read_to_string(csv).unwrap_or_else(|e| panic!("{csv}: {e}")), Path::new(png), &title);
+            return;
+        }
+    }
+    let smoke = args.iter().any(|a| a == "--smoke");
+    let only_http = args.iter().any(|a| a == "--http");
+    let only_rust = args.iter().any(|a| a == "--rust");
     let s = if smoke {
-        Settings { smoke, seconds: 1, reps: 1, clients: vec![1, 8], growth_rows: 20_000, sweep_rows: 20_000, bloat_cycles: 3 }
+        Settings { smoke, seconds: 1, reps: 1, clients: vec![1, 8], http_connections: vec![8, 64], growth_rows: 20_000, sweep_rows: 20_000, bloat_cycles: 3 }
     } else {
-        Settings { smoke, seconds: 6, reps: 2, clients: vec![1, 8, 32], growth_rows: 1_000_000, sweep_rows: 500_000, bloat_cycles: 20 }
+        Settings { smoke, seconds: 6, reps: 2, clients: vec![1, 8, 32], http_connections: vec![8, 64], growth_rows: 1_000_000, sweep_rows: 500_000, bloat_cycles: 20 }
+    };
+    // IDEM_BENCH_SECONDS: another length of every run (bench/profile-http.sh shortens them).
+    let s = match std::env::var("IDEM_BENCH_SECONDS") {
+        Ok(v) => Settings { seconds: v.parse().unwrap_or_else(|_| panic!("IDEM_BENCH_SECONDS={v} is not a number of seconds")), ..s },
+        Err(_) => s,
     };
     let out = root().join("target/bench");
     std::fs::create_dir_all(&out).expect("output dir");
     let started = Instant::now();
+    if only_http {
+        let mut rows = Vec::new();
+        http_rows(&s, &mut rows, None).await;
+        print!("{}", render(&rows, None, &s, started.elapsed().as_secs()));
+        std::fs::write(out.join("http.csv"), csv(&rows, None)).expect("csv");
+        check_numbers(&rows, None);
+        println!("{} cases measured; wrote target/bench/http.csv", rows.len());
+        return;
+    }
 
     let url = fresh_database("idem_bench").await;
     let db = connect(&url).await;
     db.batch_execute(&std::fs::read_to_string(script("setup")).expect("setup.sql")).await.expect("bench setup");
     db.batch_execute("VACUUM ANALYZE").await.expect("vacuum");
     let mut rows: Vec<Row> = Vec::new();
-    // `--client`: only the Rust client's rows (both drivers), printed.
-    if std::env::args().any(|a| a == "--client") {
-        client_rows(&s, &url, &db, &mut rows).await;
-        print!("{}", render(&rows, 0.0, 0, 0, &s, started.elapsed().as_secs()));
+    if only_rust {
+        rust_rows(&s, &url, &db, &mut rows).await;
+        print!("{}", render(&rows, None, &s, started.elapsed().as_secs()));
+        check_numbers(&rows, None);
         return;
     }
 
@@ -175,9 +233,27 @@ async fn main() {
     let (seed, fresh) = pair(&s, &url, &db, "seed_store", "fresh", 8).await;
     rows.push(Row { figure: "fresh execution vs the seed libraries' store".into(), clients: "8".into(), baseline: "lookup, reserve, run, save: 4 statements, 3 commits".into(), base: seed, ours: fresh, goal: Some(1.3), work: work(&url, &db, "fresh", "seed_store").await });
 
-    client_rows(&s, &url, &db, &mut rows).await;
+    // 4b: batches: 1,000 keys in one idem_reserve_many + idem_complete_many against the same
+    // keys one call at a time in one transaction (both scripts do 1,000 keys per transaction:
+    // the tps ratio is the per-key cost ratio).
+    let (singles, batch) = pair_scripts(&s, &url, &db, &singles_script(1000), &script("batch"), 1).await;
+    rows.push(Row { figure: "1,000-key batch vs 1,000 single calls (per key)".into(), clients: "1".into(), baseline: "1,000 x (idem_reserve; idem_complete) in one transaction".into(), base: singles, ours: batch, goal: Some(5.0), work: None });
 
-    // 6: growth: fresh execution with 10k vs 1M existing records (two databases, interleaved).
+    // 5: the Rust client against a raw tokio-postgres transaction doing the same insert.
+    rust_rows(&s, &url, &db, &mut rows).await;
+
+    // 6: the example services over HTTP, each route against its twin without the layer.
+    let ratio_of = |figure: &str, clients: &str| rows.iter().find(|r| r.figure == figure && r.clients == clients).map(|r| format!("{:.2}", r.ratio()));
+    let bound = s
+        .clients
+        .iter()
+        .map(|c| ratio_of("fresh execution vs bare business transaction", &c.to_string()).map(|r| format!("{r} ({c})")))
+        .collect::<Option<Vec<_>>>()
+        .zip(ratio_of("Rust run vs raw tokio-postgres transaction", "8 tasks"))
+        .map(|(sql, rust)| format!("bounds: SQL fresh/bare {}; Rust run/raw {rust} (8 tasks)", sql.join(", ")));
+    http_rows(&s, &mut rows, bound).await;
+
+    // 7: growth: fresh execution with 10k vs 1M existing records (two databases, interleaved).
     let small = growth_db("idem_bench_small", 10_000).await;
     let large = growth_db("idem_bench_large", s.growth_rows).await;
     let (sdb, ldb) = (connect(&small).await, connect(&large).await);
@@ -194,32 +270,41 @@ async fn main() {
     }
     rows.push(Row { figure: format!("growth: fresh execution at {} vs 10k records", human(s.growth_rows)), clients: "8".into(), baseline: "the same, 10k existing records".into(), base: Measure::mean(&ms), ours: Measure::mean(&ml), goal: Some(0.85), work: None });
 
-    // 7: sweep throughput and bloat, in a database of their own.
+    // 8: sweep throughput and bloat, in a database of their own.
     let cycles_url = fresh_database("idem_bench_cycles").await;
     let cdb = connect(&cycles_url).await;
     let (rows_per_sec, first_size, last_size) = sweep(&s, &cycles_url, &cdb).await;
 
-    let report = render(&rows, rows_per_sec, first_size, last_size, &s, started.elapsed().as_secs());
+    let swept = Some((rows_per_sec, first_size, last_size));
+    let report = render(&rows, swept, &s, started.elapsed().as_secs());
     print!("{report}");
-    std::fs::write(out.join("results.csv"), csv(&rows, rows_per_sec, first_size, last_size)).expect("csv");
-    let mut bars: Vec<chart::Bar> = rows
-        .iter()
-        .filter_map(|r| r.goal.map(|g| (format!("{} ({})", r.figure, r.clients), r.ratio(), g)))
-        .collect();
-    bars.push(("sweep rows/s (÷ 200k goal)".into(), rows_per_sec / 200_000.0, 1.0));
-    let machine = machine();
-    let title = format!("idempotency {} — {machine}", env!("CARGO_PKG_VERSION"));
-    if let Err(e) = chart::draw(&out.join("benchmark.png"), &title, &bars) {
+    let table = csv(&rows, swept);
+    std::fs::write(out.join("results.csv"), &table).expect("csv");
+    draw(&table, &out.join("benchmark.png"), &title_of_run());
+    check_numbers(&rows, swept);
+    println!("{} cases measured; wrote target/bench/results.csv and target/bench/benchmark.png", rows.len() + 1);
+}
+
+/// The chart's title for a run on this machine.
+fn title_of_run() -> String {
+    format!("idempotency {} — {}", env!("CARGO_PKG_VERSION"), machine())
+}
+
+/// The chart of a results CSV.
+fn draw(csv: &str, png: &Path, title: &str) {
+    if let Err(e) = chart::draw(png, title, &chart::bars(csv)) {
         eprintln!("chart not drawn: {e}");
         std::process::exit(1);
     }
-    // The smoke mode asserts only that every case ran and produced numbers.
+}
+
+/// The smoke mode asserts only that every case ran and produced numbers.
+fn check_numbers(rows: &[Row], sweep: Option<(f64, i64, i64)>) {
     let empty: Vec<&str> = rows.iter().filter(|r| !(r.base.tps > 0.0 && r.ours.tps > 0.0)).map(|r| r.figure.as_str()).collect();
-    if !empty.is_empty() || rows_per_sec <= 0.0 || first_size <= 0 {
-        eprintln!("cases without numbers: {empty:?}");
+    if !empty.is_empty() || sweep.is_some_and(|(rps, first, _)| rps <= 0.0 || first <= 0) {
+        eprintln!("cases without numbers: {empty:?}{}", if sweep.is_some_and(|(rps, _, _)| rps <= 0.0) { " and the sweep" } else { "" });
         std::process::exit(1);
     }
-    println!("{} cases measured; wrote target/bench/results.csv and target/bench/benchmark.png", rows.len() + 1);
 }
 
 async fn growth_db(name: &str, rows: i64) -> String {
@@ -295,7 +380,7 @@ fn machine() -> String {
     format!("{cpus} cores ({model}), PostgreSQL 15, loopback")
 }
 
-fn render(rows: &[Row], sweep_rps: f64, first: i64, last: i64, s: &Settings, secs: u64) -> String {
+fn render(rows: &[Row], sweep: Option<(f64, i64, i64)>, s: &Settings, secs: u64) -> String {
     let mut t = String::new();
     let _ = writeln!(t, "\nidempotency benchmark — {} — {} s per run, {} interleaved runs per side{}\n", machine(), s.seconds, s.reps, if s.smoke { " (SMOKE: numbers are not meaningful)" } else { "" });
     let _ = writeln!(t, "| figure | clients | baseline tps | ours tps | ratio | goal | p50 / p99 ms (ours) | p50 / p99 ms (baseline) | WAL B/op (ours / base) | HOT (ours) | statements per op, nested included (ours / base) |");
@@ -310,13 +395,15 @@ fn render(rows: &[Row], sweep_rps: f64, first: i64, last: i64, s: &Settings, sec
             r.ours.wal_per_op(), r.base.wal_per_op(), hot, r.work.as_deref().unwrap_or("")
         );
     }
-    let _ = writeln!(t, "| sweep | 1 | — | {:.0} rows/s | {:.2} | ≥ 200k rows/s {} | | | | | |", sweep_rps, sweep_rps / 200_000.0, if sweep_rps >= 200_000.0 { "met" } else { "not met" });
-    let _ = writeln!(t, "| bloat after {} reserve/complete/expire/sweep cycles | | | | {:.2} | bounded | table+indexes {} kB after cycle 1, {} kB after the last | | | | |", s.bloat_cycles, last as f64 / first.max(1) as f64, first / 1024, last / 1024);
+    if let Some((sweep_rps, first, last)) = sweep {
+        let _ = writeln!(t, "| sweep | 1 | — | {:.0} rows/s | {:.2} | ≥ 200k rows/s {} | | | | | |", sweep_rps, sweep_rps / 200_000.0, if sweep_rps >= 200_000.0 { "met" } else { "not met" });
+        let _ = writeln!(t, "| bloat after {} reserve/complete/expire/sweep cycles | | | | {:.2} | bounded | table+indexes {} kB after cycle 1, {} kB after the last | | | | |", s.bloat_cycles, last as f64 / first.max(1) as f64, first / 1024, last / 1024);
+    }
     let _ = writeln!(t, "\n(total {secs} s)");
     t
 }
 
-fn csv(rows: &[Row], sweep_rps: f64, first: i64, last: i64) -> String {
+fn csv(rows: &[Row], sweep: Option<(f64, i64, i64)>) -> String {
     let mut c = String::from("figure,clients,baseline,baseline_tps,ours_tps,ratio,goal,ours_p50_ms,ours_p99_ms,base_p50_ms,base_p99_ms,ours_wal_per_op,base_wal_per_op,ours_hot_ratio,statements\n");
     for r in rows {
         let _ = writeln!(
@@ -327,7 +414,64 @@ fn csv(rows: &[Row], sweep_rps: f64, first: i64, last: i64) -> String {
             r.ours.hot_ratio().map(|h| format!("{h:.3}")).unwrap_or_default(), r.work.as_deref().unwrap_or("")
         );
     }
-    let _ = writeln!(c, "\"sweep rows per second\",1,,,{sweep_rps:.0},{:.3},1,,,,,,,,", sweep_rps / 200_000.0);
-    let _ = writeln!(c, "\"bloat: size after last cycle / after first\",1,,{first},{last},{:.3},,,,,,,,,", last as f64 / first.max(1) as f64);
+    if let Some((sweep_rps, first, last)) = sweep {
+        let _ = writeln!(c, "\"sweep rows per second\",1,,,{sweep_rps:.0},{:.3},1,,,,,,,,", sweep_rps / 200_000.0);
+        let _ = writeln!(c, "\"bloat: size after last cycle / after first\",1,,{first},{last},{:.3},,,,,,,,,", last as f64 / first.max(1) as f64);
+    }
     c
+}
+
+/// The Rust client's rows: `run` against the same INSERT in a raw tokio-postgres transaction,
+/// and a replay against a raw primary-key SELECT, at 8 and 32 tasks (8 in smoke mode), with the
+/// round trips the proxy counts per call.
+async fn rust_rows(s: &Settings, url: &str, db: &tokio_postgres::Client, rows: &mut Vec<Row>) {
+    let upstream = cluster_addr();
+    let calls = if s.smoke { 20 } else { 200 };
+    let rt_raw = client::round_trips(upstream, "idem_bench", calls, false, false).await;
+    let rt_run = client::round_trips(upstream, "idem_bench", calls, true, false).await;
+    let rt_empty = client::round_trips(upstream, "idem_bench", calls, true, true).await;
+    let tasks: &[usize] = if s.smoke { &[8] } else { &[8, 32] };
+    for &n in tasks {
+        let (mut raw, mut run) = (Vec::new(), Vec::new());
+        for rep in 0..s.reps {
+            for first in [rep % 2 == 0, rep % 2 != 0] {
+                let m = client::throughput(url, db, n, u64::from(s.seconds), if first { client::Call::RawInsert } else { client::Call::Run }).await;
+                if first { raw.push(m) } else { run.push(m) }
+            }
+        }
+        rows.push(Row { figure: "Rust run vs raw tokio-postgres transaction".into(), clients: format!("{n} tasks"), baseline: "BEGIN; INSERT; COMMIT (tokio-postgres)".into(), base: Measure::mean(&raw), ours: Measure::mean(&run), goal: Some(0.8), work: Some(format!("round trips {rt_run:.1} ({rt_empty:.1} empty closure) / {rt_raw:.1}")) });
+        let (mut select, mut replayed) = (Vec::new(), Vec::new());
+        for rep in 0..s.reps {
+            for first in [rep % 2 == 0, rep % 2 != 0] {
+                let m = client::throughput(url, db, n, u64::from(s.seconds), if first { client::Call::RawSelect } else { client::Call::Replay }).await;
+                if first { select.push(m) } else { replayed.push(m) }
+            }
+        }
+        rows.push(Row { figure: "Rust replay vs raw tokio-postgres primary-key SELECT".into(), clients: format!("{n} tasks"), baseline: "prepared SELECT of the record (tokio-postgres)".into(), base: Measure::mean(&select), ours: Measure::mean(&replayed), goal: Some(0.9), work: None });
+    }
+    sqlx_rows(s, url, calls, rows).await;
+}
+
+/// The same rows over the sqlx driver, against a raw sqlx transaction and SELECT, at 8 tasks.
+async fn sqlx_rows(s: &Settings, url: &str, calls: u64, rows: &mut Vec<Row>) {
+    let upstream = cluster_addr();
+    let rt_raw = client_sqlx::round_trips(upstream, "idem_bench", calls, false, false).await;
+    let rt_run = client_sqlx::round_trips(upstream, "idem_bench", calls, true, false).await;
+    let rt_empty = client_sqlx::round_trips(upstream, "idem_bench", calls, true, true).await;
+    let (mut raw, mut run) = (Vec::new(), Vec::new());
+    for rep in 0..s.reps {
+        for first in [rep % 2 == 0, rep % 2 != 0] {
+            let m = client_sqlx::throughput(url, 8, u64::from(s.seconds), if first { client::Call::RawInsert } else { client::Call::Run }).await;
+            if first { raw.push(m) } else { run.push(m) }
+        }
+    }
+    rows.push(Row { figure: "Rust run (sqlx) vs raw sqlx transaction".into(), clients: "8 tasks".into(), baseline: "begin; INSERT; commit (sqlx)".into(), base: Measure::mean(&raw), ours: Measure::mean(&run), goal: None, work: Some(format!("round trips {rt_run:.1} ({rt_empty:.1} empty closure) / {rt_raw:.1}")) });
+    let (mut select, mut replayed) = (Vec::new(), Vec::new());
+    for rep in 0..s.reps {
+        for first in [rep % 2 == 0, rep % 2 != 0] {
+            let m = client_sqlx::throughput(url, 8, u64::from(s.seconds), if first { client::Call::RawSelect } else { client::Call::Replay }).await;
+            if first { select.push(m) } else { replayed.push(m) }
+        }
+    }
+    rows.push(Row { figure: "Rust replay (sqlx) vs raw sqlx primary-key SELECT".into(), clients: "8 tasks".into(), baseline: "SELECT of the record (sqlx)".into(), base: Measure::mean(&select), ours: Measure::mean(&replayed), goal: None, work: None });
 }

@@ -13,14 +13,23 @@
 //! key, 422 when the key was used for another request, 413 for a body over 1 MiB, 503 when the
 //! store is down. The handler only charges. Set `IDEM_SCHEMA` to name the extension's schema
 //! (otherwise it is looked up in `pg_extension`).
+//!
+//! [`plain_router`] is the same route without the layer (the same insert in a plain transaction
+//! on the same pool): the baseline the benchmark (`bash scripts/bench.sh`) measures it against.
+//! `PLAIN=1` serves it instead, to compare the two with your own load tool.
 
+use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
+use deadpool_postgres::{GenericClient, Pool};
 use idempotency_client::layer::{IdempotencyLayer, Transaction};
 use idempotency_client::{Idempotency, Settings};
 use serde_json::{json, Value};
+
+/// The connections of the handle's pool.
+pub(crate) const POOL_SIZE: usize = 16;
 
 /// The routes, over a handle whose database has the [`SCHEMA`] table.
 pub(crate) fn router(idem: Idempotency) -> Router {
@@ -34,11 +43,42 @@ pub(crate) fn router(idem: Idempotency) -> Router {
 /// The SQL the routes need next to the extension.
 pub(crate) const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS charges (id bigserial PRIMARY KEY, user_id text NOT NULL, amount bigint NOT NULL)";
 
+/// The same route without the layer: the same insert in a plain transaction of `pool`, committed
+/// unless the answer is a 5xx. No key, no replay.
+pub(crate) fn plain_router(pool: Pool) -> Router {
+    Router::new().route("/charges", post(create_charge_plain)).with_state(pool)
+}
+
 /// Charges `{"amount": N}` for the `X-User`, through the request's transaction. A 4xx is stored
 /// and replayed like a 201; a 500 (a database error) releases the key for the retry.
 async fn create_charge(tx: Transaction, headers: HeaderMap, body: String) -> Response {
+    charge(&**tx, &headers, &body).await
+}
+
+async fn create_charge_plain(State(pool): State<Pool>, headers: HeaderMap, body: String) -> Response {
+    let failed = |e: &dyn std::fmt::Display| (StatusCode::INTERNAL_SERVER_ERROR, Json(json!({"error": e.to_string()}))).into_response();
+    let mut client = match pool.get().await {
+        Ok(client) => client,
+        Err(e) => return failed(&e),
+    };
+    let tx = match client.transaction().await {
+        Ok(tx) => tx,
+        Err(e) => return failed(&e),
+    };
+    let response = charge(&tx, &headers, &body).await;
+    if response.status().is_server_error() {
+        return response; // dropping `tx` rolls it back
+    }
+    match tx.commit().await {
+        Ok(()) => response,
+        Err(e) => failed(&e),
+    }
+}
+
+/// The handler's work, through `tx`: the charge row and a 201, or a 422 for a bad amount.
+async fn charge(tx: &impl GenericClient, headers: &HeaderMap, body: &str) -> Response {
     let user = headers.get("x-user").and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
-    let amount = serde_json::from_str::<Value>(&body).ok().and_then(|v| v.get("amount").and_then(Value::as_i64));
+    let amount = serde_json::from_str::<Value>(body).ok().and_then(|v| v.get("amount").and_then(Value::as_i64));
     let Some(amount) = amount.filter(|a| *a > 0) else {
         return (StatusCode::UNPROCESSABLE_ENTITY, Json(json!({"error": "amount must be positive"}))).into_response();
     };
@@ -61,11 +101,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     if let Ok(schema) = std::env::var("IDEM_SCHEMA") {
         settings = settings.schema(schema);
     }
-    let idem = Idempotency::connect_with(&url, 16, settings)?;
+    let idem = Idempotency::connect_with(&url, POOL_SIZE, settings)?;
     idem.check_extension().await?;
     idem.pool().get().await?.batch_execute(SCHEMA).await?;
     let listener = tokio::net::TcpListener::bind(&bind).await?;
-    println!("listening on http://{}", listener.local_addr()?);
-    axum::serve(listener, router(idem)).await?;
+    // PLAIN=1: the same route without the layer, to compare the two with your own load tool.
+    let plain = std::env::var_os("PLAIN").is_some_and(|v| v == "1");
+    println!("listening on http://{}{}", listener.local_addr()?, if plain { " (without the layer)" } else { "" });
+    axum::serve(listener, if plain { plain_router(idem.pool().clone()) } else { router(idem) }).await?;
     Ok(())
 }

@@ -13,6 +13,9 @@
 //! after the call but before the response is stored, the key is recovered once its lease ends,
 //! the retry calls out again, and the provider's own idempotency answers it without a second
 //! transfer.
+//!
+//! [`plain_router`] is the same route without the layer, the baseline of the benchmark
+//! (`bash scripts/bench.sh`); `PLAIN=1` serves it instead.
 
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
@@ -26,8 +29,12 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-/// The stub provider: one transfer per idempotency key, answered again for a repeated key.
-async fn provider() -> std::io::Result<String> {
+/// The connections of the handle's pool.
+pub(crate) const POOL_SIZE: usize = 16;
+
+/// The stub provider on `bind`: one transfer per idempotency key, answered again for a repeated
+/// key. Returns its URL.
+pub(crate) async fn provider(bind: &str) -> std::io::Result<String> {
     let transfers: Arc<Mutex<HashMap<String, Value>>> = Arc::default();
     let route = post(|State(seen): State<Arc<Mutex<HashMap<String, Value>>>>, headers: HeaderMap, body: String| async move {
         let key = headers.get("idempotency-key").and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
@@ -36,20 +43,29 @@ async fn provider() -> std::io::Result<String> {
         let transfer = seen.entry(key).or_insert_with(|| json!({"transfer": next, "request": body})).clone();
         Json(transfer)
     });
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let listener = tokio::net::TcpListener::bind(bind).await?;
     let url = format!("http://{}/transfers", listener.local_addr()?);
     tokio::spawn(async move { axum::serve(listener, Router::new().route("/transfers", route).with_state(transfers)).await });
     Ok(url)
 }
 
 /// The app's routes: `POST /payouts` in two-phase mode, calling `provider_url`.
-fn router(idem: Idempotency, provider_url: String) -> Router {
+pub(crate) fn router(idem: Idempotency, provider_url: String) -> Router {
     let idempotent = IdempotencyLayer::two_phase(idem)
         .lease(Duration::from_secs(30))
         .user(|req| req.headers.get("x-user")?.to_str().ok().map(str::to_owned))
         .build()
         .expect("a complete layer configuration");
-    Router::new().route("/payouts", post(payout)).route_layer(idempotent).with_state(provider_url)
+    routes().route_layer(idempotent).with_state(provider_url)
+}
+
+/// The same route without the layer: the benchmark's baseline (`bash scripts/bench.sh`).
+pub(crate) fn plain_router(provider_url: String) -> Router {
+    routes().with_state(provider_url)
+}
+
+fn routes() -> Router<String> {
+    Router::new().route("/payouts", post(payout))
 }
 
 /// Calls the provider with the request's key; a provider failure is a 502, which releases the
@@ -73,11 +89,13 @@ async fn payout(State(provider_url): State<String>, headers: HeaderMap, body: St
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let url = std::env::var("DATABASE_URL").map_err(|_| "set DATABASE_URL to the database with the extension")?;
     let bind = std::env::var("BIND").unwrap_or_else(|_| "127.0.0.1:3001".into());
-    let idem = Idempotency::connect(&url, 16)?;
+    let idem = Idempotency::connect(&url, POOL_SIZE)?;
     idem.check_extension().await?;
-    let provider_url = provider().await?;
+    let provider_url = provider("127.0.0.1:0").await?;
     let listener = tokio::net::TcpListener::bind(&bind).await?;
-    println!("listening on http://{} (provider stub at {provider_url})", listener.local_addr()?);
-    axum::serve(listener, router(idem, provider_url)).await?;
+    // PLAIN=1: the same route without the layer, to compare the two with your own load tool.
+    let plain = std::env::var_os("PLAIN").is_some_and(|v| v == "1");
+    println!("listening on http://{} (provider stub at {provider_url}){}", listener.local_addr()?, if plain { ", without the layer" } else { "" });
+    axum::serve(listener, if plain { plain_router(provider_url) } else { router(idem, provider_url) }).await?;
     Ok(())
 }

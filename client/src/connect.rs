@@ -29,24 +29,41 @@ impl Idempotency<Postgres> {
     /// [`Error::StoreUnavailable`] error, never a hang. Nothing is connected yet (call
     /// [`Idempotency::check_extension`] to fail fast); a malformed URL or schema name is a
     /// [`Error::Configuration`] error.
+    ///
+    /// The URL's `sslmode` is honoured (`disable`, `prefer` — the default —, `require`,
+    /// `verify-ca`, `verify-full`, with `sslrootcert`; see [`crate::tls`]): the encrypting modes
+    /// need the `tls` feature (rustls), and without it `require` and the verify modes are a
+    /// [`Error::Configuration`] error naming the feature.
     pub fn connect_with(url: &str, pool_size: usize, settings: Settings) -> Result<Self, Error> {
-        use deadpool_postgres::{Config, PoolConfig, Runtime, Timeouts};
+        use crate::tls::{connect_params, Connector};
+        use deadpool_postgres::{Manager, ManagerConfig, Runtime};
         if let Some(name) = &settings.schema {
             Schema::named(name.as_str())?;
         }
-        let timeout = Some(POOL_TIMEOUT);
-        let mut config = Config::new();
-        config.url = Some(url.to_owned());
-        config.connect_timeout = timeout;
-        config.pool = Some(PoolConfig {
-            max_size: pool_size,
-            timeouts: Timeouts { wait: timeout, create: timeout, recycle: timeout },
-            ..PoolConfig::default()
-        });
-        let pool = config.create_pool(Some(Runtime::Tokio1), tokio_postgres::NoTls).map_err(|e| Error::Configuration {
-            reason: format!("cannot build a connection pool for the given URL: {e}"),
-            source: Some(Box::new(e)),
+        let params = connect_params(url).map_err(|reason| Error::Configuration {
+            reason,
+            // The driver's own parse error, when it is the URL that does not parse.
+            source: url.parse::<tokio_postgres::Config>().err().map(|e| Box::new(e) as _),
         })?;
+        let mut config = params.options.config;
+        config.connect_timeout(POOL_TIMEOUT);
+        let manager = match params.connector {
+            Connector::NoTls(tls) => Manager::from_config(config, tls, ManagerConfig::default()),
+            #[cfg(feature = "tls")]
+            Connector::Rustls(tls) => Manager::from_config(config, tls, ManagerConfig::default()),
+        };
+        let timeout = Some(POOL_TIMEOUT);
+        let pool = Pool::builder(manager)
+            .max_size(pool_size)
+            .runtime(Runtime::Tokio1)
+            .wait_timeout(timeout)
+            .create_timeout(timeout)
+            .recycle_timeout(timeout)
+            .build()
+            .map_err(|e| Error::Configuration {
+                reason: format!("cannot build a connection pool for the given URL: {e}"),
+                source: Some(Box::new(e)),
+            })?;
         Ok(Self::new(pool, settings))
     }
 

@@ -122,6 +122,7 @@
 
 #![deny(missing_docs)]
 
+mod batch;
 mod connect;
 pub mod driver;
 mod error;
@@ -134,10 +135,12 @@ mod outcome;
 mod response;
 mod settings;
 mod sql;
+pub mod tls;
 mod trace;
 #[cfg(feature = "tower")]
 pub mod layer;
 
+pub use batch::{BatchItem, BatchOutcome};
 pub use driver::{Driver, Postgres, Tx};
 #[cfg(feature = "sqlx")]
 pub use driver::{SharedConnection, Sqlx, SqlxTx};

@@ -66,8 +66,9 @@ impl Reservation {
         token: Option<i64>,
         response: Option<Value>,
         attempts: i32,
-        expires_at: Option<SystemTime>,
+        expires_at: Option<f64>,
     ) -> Result<Self, Error> {
+        let expires_at = expires_at.and_then(|secs| SystemTime::UNIX_EPOCH.checked_add(Duration::try_from_secs_f64(secs).ok()?));
         let word = ReserveWord::parse(outcome).map_err(|e| Error::protocol(e.to_string()))?;
         let outcome = match word {
             ReserveWord::Created => match token {
@@ -80,6 +81,29 @@ impl Reservation {
             ReserveWord::Mismatch => ReserveOutcome::Mismatch,
         };
         Ok(Reservation { outcome, attempts, expires_at })
+    }
+
+    /// The answer from a simple query's text row.
+    pub(crate) fn from_text(row: &tokio_postgres::SimpleQueryRow) -> Result<Self, Error> {
+        fn parse<T: std::str::FromStr>(row: &tokio_postgres::SimpleQueryRow, name: &str) -> Result<Option<T>, Error> {
+            match row.try_get(name) {
+                Ok(None) => Ok(None),
+                Ok(Some(text)) => text.parse().map(Some).map_err(|_| Error::protocol(format!("cannot read column {name:?}: {text:?}"))),
+                Err(e) => Err(Error::Protocol { reason: format!("cannot read column {name:?}"), source: Some(Box::new(e)) }),
+            }
+        }
+        let outcome: Option<String> = parse(row, "outcome")?;
+        let response = match parse::<String>(row, "response")? {
+            Some(text) => Some(serde_json::from_str(&text).map_err(Error::Decode)?),
+            None => None,
+        };
+        Reservation::from_columns(
+            outcome.as_deref().unwrap_or(""),
+            parse(row, "token")?,
+            response,
+            parse(row, "attempts")?.unwrap_or(0),
+            parse(row, "expires_at")?,
+        )
     }
 }
 

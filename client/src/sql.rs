@@ -68,6 +68,12 @@ pub(crate) struct Statements {
     pub(crate) sweep: String,
     pub(crate) lookup: String,
     pub(crate) stats: String,
+    /// `idem_reserve_many` (0.4): $1 operation, $2 user_id, $3 keys, $4 request_hashes, $5 ttl
+    /// and $6 lease in seconds, $7 wait; one row per key, in input order.
+    pub(crate) reserve_many: String,
+    /// `idem_complete_many` (0.4) aborting the transaction unless every key completed: $3 keys,
+    /// $4 tokens, $5 responses, $6 status.
+    pub(crate) complete_many_or_abort: String,
 }
 
 impl Schema {
@@ -96,7 +102,9 @@ impl Schema {
             )
         };
         Ok(Schema(Arc::new(Statements {
-            reserve: format!("SELECT outcome, token, response, attempts, expires_at FROM {reserve_call}"),
+            reserve: format!(
+                "SELECT outcome, token, response, attempts, extract(epoch FROM expires_at)::float8 AS expires_at FROM {reserve_call}"
+            ),
             complete_or_abort: format!(
                 "SELECT (CASE WHEN {complete} THEN 'true' ELSE '{LEASE_LOST_MARK}' END)::pg_catalog.bool AS completed"
             ),
@@ -120,6 +128,16 @@ impl Schema {
             stats: format!(
                 "SELECT processing, success, failed, stuck, expired, \
                  extract(epoch FROM oldest_processing_age)::float8 AS oldest_processing_secs FROM {s}.idem_stats()"
+            ),
+            reserve_many: format!(
+                "SELECT key, outcome, token, response, attempts, extract(epoch FROM expires_at)::float8 AS expires_at \
+                 FROM {s}.idem_reserve_many(operation => $1, user_id => $2, keys => $3, request_hashes => $4, \
+                 ttl => make_interval(secs => $5::float8), lease => make_interval(secs => $6::float8), wait => $7)"
+            ),
+            complete_many_or_abort: format!(
+                "SELECT (CASE WHEN pg_catalog.bool_and(completed) IS NOT FALSE THEN 'true' ELSE '{LEASE_LOST_MARK}' END)::pg_catalog.bool \
+                 AS completed FROM {s}.idem_complete_many(operation => $1, user_id => $2, keys => $3, tokens => $4, \
+                 responses => $5, status => $6)"
             ),
             name,
         })))
@@ -147,6 +165,77 @@ impl PartialEq for Schema {
     }
 }
 
+/// A value bound into a statement's text, for requests that must leave in one write (a simple
+/// query holding two statements).
+pub(crate) enum Literal<'a> {
+    Text(&'a str),
+    Int(i64),
+    Int4(i32),
+    Float(Option<f64>),
+    Bool(bool),
+    Json(Option<&'a serde_json::Value>),
+    Null4,
+    /// A `text[]`.
+    TextArray(Vec<&'a str>),
+    /// A `bigint[]`.
+    IntArray(Vec<i64>),
+    /// A `jsonb[]`.
+    JsonArray(Vec<Option<serde_json::Value>>),
+}
+
+impl Literal<'_> {
+    fn render(&self) -> String {
+        match self {
+            Literal::Text(t) => quote_literal(t),
+            Literal::Int(i) => format!("{i}::pg_catalog.int8"),
+            Literal::Int4(i) => format!("{i}::pg_catalog.int4"),
+            Literal::Float(Some(f)) if f.is_finite() => format!("{f:?}::pg_catalog.float8"),
+            Literal::Float(_) => "NULL::pg_catalog.float8".to_owned(),
+            Literal::Bool(b) => format!("{b}"),
+            Literal::Json(Some(v)) => format!("{}::pg_catalog.jsonb", quote_literal(&v.to_string())),
+            Literal::Json(None) => "NULL::pg_catalog.jsonb".to_owned(),
+            Literal::Null4 => "NULL::pg_catalog.int4".to_owned(),
+            Literal::TextArray(items) => array(items.iter().map(|t| quote_literal(t)), "text"),
+            Literal::IntArray(items) => array(items.iter().map(|i| i.to_string()), "int8"),
+            Literal::JsonArray(items) => {
+                array(items.iter().map(|v| v.as_ref().map_or("NULL".to_owned(), |v| quote_literal(&v.to_string()))), "jsonb")
+            }
+        }
+    }
+}
+
+/// A statement's text with `$1`..`$n` replaced by `values`, in one pass over the template (the
+/// same text the prepared form sends, so no statement is written twice; a bound value is never
+/// scanned again, whatever it holds).
+pub(crate) fn bind(sql: &str, values: &[Literal<'_>]) -> String {
+    let mut out = String::with_capacity(sql.len() + 64);
+    let mut rest = sql;
+    while let Some(at) = rest.find('$') {
+        out.push_str(&rest[..at]);
+        let digits = rest[at + 1..].bytes().take_while(u8::is_ascii_digit).count();
+        let n: usize = rest[at + 1..at + 1 + digits].parse().unwrap_or(0);
+        match n.checked_sub(1).and_then(|i| values.get(i)) {
+            Some(value) => out.push_str(&value.render()),
+            None => out.push_str(&rest[at..at + 1 + digits]),
+        }
+        rest = &rest[at + 1 + digits..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// `ARRAY[..]::pg_catalog.TYPE[]`.
+fn array(items: impl Iterator<Item = String>, ty: &str) -> String {
+    format!("ARRAY[{}]::pg_catalog.{ty}[]", items.collect::<Vec<_>>().join(", "))
+}
+
+/// An escape-string literal (`E'...'`): backslashes and quotes doubled, so its meaning does not
+/// depend on `standard_conforming_strings`. The texts bound here never hold NUL (keys refuse
+/// control characters; JSON text escapes them).
+fn quote_literal(text: &str) -> String {
+    format!("E'{}'", text.replace('\\', "\\\\").replace('\'', "''"))
+}
+
 /// `"name"`, with embedded quotes doubled.
 fn quote_ident(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))
@@ -164,6 +253,30 @@ mod tests {
         for bad in ["", "a\0b", &"x".repeat(64)] {
             assert!(matches!(Schema::named(bad), Err(Error::Configuration { .. })), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn literals_are_bound_safely() {
+        let sql = bind(
+            "SELECT f($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+            &[
+                Literal::Text("o'k\\"),
+                Literal::Int(-7),
+                Literal::Float(Some(1.5)),
+                Literal::Float(None),
+                Literal::Bool(true),
+                Literal::Json(Some(&serde_json::json!({"a": "it's"}))),
+                Literal::Json(None),
+                Literal::Text("$1"),
+                Literal::Text("x"),
+                Literal::Text("ten"),
+            ],
+        );
+        assert_eq!(
+            sql,
+            "SELECT f(E'o''k\\\\', -7::pg_catalog.int8, 1.5::pg_catalog.float8, NULL::pg_catalog.float8, true, \
+             E'{\"a\":\"it''s\"}'::pg_catalog.jsonb, NULL::pg_catalog.jsonb, E'$1', E'x', E'ten')"
+        );
     }
 
     #[test]

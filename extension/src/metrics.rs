@@ -7,7 +7,7 @@ use pgrx::pg_sys::errcodes::PgSqlErrorCode;
 use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::prelude::*;
 use pgrx::{pg_shmem_init, PGRXSharedMemory, PgAtomic};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// Every counter, in the order `idem_metrics()` returns them. The SQL functions name them in
 /// `_idem_count(event)`; docs/operations.md explains each.
@@ -27,15 +27,9 @@ pub(crate) const EVENTS: [&str; 13] = [
     "worker_passes",
 ];
 
-/// What a maintenance worker reports back to the launcher about its pass (see `worker`).
-pub(crate) const PASS_STARTED: u32 = 0;
-pub(crate) const PASS_DONE: u32 = 1;
-pub(crate) const PASS_NO_EXTENSION: u32 = 2;
-
 #[derive(Default)]
 pub(crate) struct Shared {
     counters: [AtomicU64; EVENTS.len()],
-    pass: AtomicU32,
 }
 
 // SAFETY: atomics only; no pointers into process-local memory.
@@ -75,16 +69,6 @@ fn index_of(event: &str) -> usize {
 pub(crate) fn add(event: &str, n: u64) -> Option<u64> {
     let i = index_of(event);
     shared().map(|s| s.counters[i].fetch_add(n, Ordering::Relaxed) + n)
-}
-
-pub(crate) fn set_pass(state: u32) {
-    if let Some(s) = shared() {
-        s.pass.store(state, Ordering::SeqCst);
-    }
-}
-
-pub(crate) fn pass() -> u32 {
-    shared().map_or(PASS_DONE, |s| s.pass.load(Ordering::SeqCst))
 }
 
 /// `_idem_count(event text, n bigint) RETURNS boolean`: adds `n` to the counter `event`; true

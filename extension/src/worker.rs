@@ -16,9 +16,19 @@
 //! with code 1, so the postmaster restarts it after `RESTART` unless the server is shutting down
 //! (`pg_terminate_backend` on the launcher is a restart, not a way to disable it: use
 //! `idempotency.maintenance_interval = 0`).
+//!
+//! On a standby the launcher does not run: it is registered to start once recovery has finished
+//! (`BgWorkerStart_RecoveryFinished`), so the postmaster starts it at promotion, and its first pass
+//! runs on the new primary at once. A worker also checks for recovery itself before writing
+//! ([`handshake::Pass::InRecovery`]).
+//!
+//! [`handshake`] is how a worker tells the launcher how its pass ended.
+
+mod handshake;
 
 use crate::guc::Maintenance;
 use crate::metrics;
+use handshake::Pass;
 use pgrx::bgworkers::{
     BackgroundWorker, BackgroundWorkerBuilder, BackgroundWorkerStatus, BgWorkerStartTime, SignalWakeFlags,
 };
@@ -31,8 +41,10 @@ use std::time::{Duration, Instant};
 const RESTART: Duration = Duration::from_secs(5);
 const WORKER_TYPE: &str = "idempotency maintenance";
 
-/// Registers the launcher. Call from `_PG_init` while preloading only.
+/// Reserves the handshake's shared memory and registers the launcher. Call from `_PG_init` while
+/// preloading only.
 pub(crate) fn register() {
+    handshake::init();
     BackgroundWorkerBuilder::new("idempotency maintenance launcher")
         .set_type("idempotency maintenance launcher")
         .set_library("idempotency")
@@ -184,7 +196,7 @@ fn run_pass(db: &str, logged: &mut HashSet<String>) {
     logged.remove(&format!("no database {db}"));
     logged.remove(&format!("no connections {db}"));
 
-    metrics::set_pass(metrics::PASS_STARTED);
+    handshake::set(Pass::Started);
     let worker = BackgroundWorkerBuilder::new(&format!("{WORKER_TYPE} {db}"))
         .set_type(WORKER_TYPE)
         .set_library("idempotency")
@@ -218,20 +230,27 @@ fn run_pass(db: &str, logged: &mut HashSet<String>) {
     }
 
     let missing = format!("no extension {db}");
-    match metrics::pass() {
-        metrics::PASS_DONE => {
+    match handshake::get() {
+        Pass::Done => {
             if logged.remove(&missing) {
                 log!("idempotency maintenance: database \"{db}\" now has the idempotency extension");
             }
         }
-        metrics::PASS_NO_EXTENSION => {
+        Pass::NoExtension => {
             if logged.insert(missing) {
                 log!(
                     "idempotency maintenance: database \"{db}\" does not have the idempotency extension; skipping it until it does"
                 );
             }
         }
-        _ => warning!("idempotency maintenance: the worker for database \"{db}\" stopped before finishing its pass"),
+        Pass::InRecovery => {
+            if logged.insert(format!("in recovery {db}")) {
+                log!("idempotency maintenance: the server is in recovery; database \"{db}\" is skipped until it is promoted");
+            }
+        }
+        Pass::Started => {
+            warning!("idempotency maintenance: the worker for database \"{db}\" stopped before finishing its pass")
+        }
     }
 }
 
@@ -270,6 +289,11 @@ pub extern "C-unwind" fn _idem_maintenance_main(arg: pg_sys::Datum) {
     BackgroundWorker::connect_worker_to_spi_by_oid(Some(oid), None);
     let db = BackgroundWorker::get_extra();
     let settings = Maintenance::current();
+    // SAFETY: reads shared state; callable from any backend.
+    if unsafe { pg_sys::RecoveryInProgress() } {
+        handshake::set(Pass::InRecovery);
+        return;
+    }
 
     let schema = BackgroundWorker::transaction(|| {
         // One row whatever happens: NULL when the extension is not installed here.
@@ -283,7 +307,7 @@ pub extern "C-unwind" fn _idem_maintenance_main(arg: pg_sys::Datum) {
     let schema = match schema {
         Ok(Some(s)) => s,
         Ok(None) => {
-            metrics::set_pass(metrics::PASS_NO_EXTENSION);
+            handshake::set(Pass::NoExtension);
             return;
         }
         Err(e) => error!("idempotency maintenance: looking up the extension in database \"{db}\": {e}"),
@@ -307,5 +331,5 @@ pub extern "C-unwind" fn _idem_maintenance_main(arg: pg_sys::Datum) {
             started.elapsed().as_secs_f64()
         );
     }
-    metrics::set_pass(metrics::PASS_DONE);
+    handshake::set(Pass::Done);
 }

@@ -64,6 +64,12 @@ mod imp {
         let mut tx = (**tx).clone();
         query_i64(&mut tx, sql, args).await
     }
+
+    /// [`exec`] through the request's transaction of an in-transaction layer.
+    pub async fn exec_in(tx: &idempotency_client::layer::Transaction<TestDriver>, sql: &str, args: &[&str]) -> Result<u64, DbError> {
+        let mut tx = (**tx).clone();
+        exec(&mut tx, sql, args).await
+    }
 }
 
 #[cfg(feature = "sqlx")]
@@ -120,13 +126,19 @@ mod imp {
         query_i64(&mut conn, sql, args).await
     }
 
+    /// [`exec`] through the request's transaction of an in-transaction layer.
+    pub async fn exec_in(tx: &idempotency_client::layer::Transaction<TestDriver>, sql: &str, args: &[&str]) -> Result<u64, DbError> {
+        let mut conn = tx.lock().await?;
+        exec(&mut conn, sql, args).await
+    }
+
     /// `sql` (one or more statements, no arguments) as a simple query.
     pub async fn batch(conn: &mut super::Conn, sql: &str) -> Result<(), DbError> {
         sqlx::raw_sql(AssertSqlSafe(sql.to_owned())).execute(&mut *conn).await.map(|_| ())
     }
 }
 
-pub use imp::{batch, error_of, exec, exhausted, query_i64, query_i64_in, DbError, TestDriver, NAME};
+pub use imp::{batch, error_of, exec, exec_in, exhausted, query_i64, query_i64_in, DbError, TestDriver, NAME};
 
 /// The handle of the driver under test.
 pub type Idem = Idempotency<TestDriver>;

@@ -6,6 +6,10 @@
 //! - [`proxy`]: a TCP proxy to the cluster that counts round trips or cuts a connection at COMMIT.
 //! - [`driver`]: the client driver under test (tokio-postgres, or sqlx with the `sqlx` feature).
 //! - [`handler`]: the business handler the tests and the demo run ("charge a card").
+//! - [`server`]: private servers of any major driven from Rust (initdb, configure, start, stop,
+//!   a streaming standby, promotion, pg_upgrade and the other programs of a major), for tests
+//!   that need more than the shared cluster.
+//! - [`tls_server`]: a TLS-only server with certificates made for the test (the `sslmode` tests).
 //!
 //! The extension must be installed into the server's directories first (`cargo pgrx install
 //! --release`, which `scripts/test.sh` and `scripts/demo.sh` do).
@@ -14,6 +18,8 @@ pub mod cluster;
 pub mod driver;
 pub mod handler;
 pub mod proxy;
+pub mod server;
+pub mod tls_server;
 
 pub use cluster::{admin, admin_at, charges_for, cluster_addr, cluster_url, database_url, fresh_database, handle, handle_in, test_database, unique_key};
 pub use driver::{batch, connect_with, exec, query_i64, Conn, DbError, Idem, TestDriver};

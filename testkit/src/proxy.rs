@@ -11,8 +11,9 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-/// tokio-postgres sends `COMMIT` as a simple query: 'Q', length 11, "COMMIT\0".
-const COMMIT: &[u8] = b"Q\0\0\0\x0bCOMMIT\0";
+/// The client sends `COMMIT` as the last statement of a simple query (alone, or behind the
+/// completion: `...; COMMIT`), so a query text ending in it: "COMMIT\0".
+const COMMIT: &[u8] = b"COMMIT\0";
 /// The SQLSTATE field of an ErrorResponse reporting a serialization failure.
 const SERIALIZATION_FAILURE: &[u8] = b"C40001\0";
 

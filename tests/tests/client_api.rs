@@ -329,3 +329,32 @@ async fn a_commit_pipelined_behind_a_lost_completion_commits_nothing() {
     assert_eq!(charges_for(&client, &key).await, 0, "the business write rolled back with the COMMIT");
     assert!(ops::lookup(&client, &idem.schema().await.unwrap(), &key).await.unwrap().is_none());
 }
+
+/// The same counts on the multi-threaded runtime a service uses, where the connection's task can
+/// run on another worker while the statements of one round trip are being issued: the
+/// statements pipelined together must still leave in one write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn round_trips_hold_on_the_multi_threaded_runtime() {
+    let name = "idem_client_round_trips_mt";
+    fresh_database(name).await;
+    let proxy = Proxy::start(cluster_addr(), None).await;
+    let idem = Idempotency::connect(&proxy.url(name), 1).unwrap();
+    let calls = 200u64;
+    let key = |i: u64| Key::new("rt.mt", "mt-user", format!("k{i}")).unwrap();
+    idem.run(&key(0), &fp(), insert(key(0).to_string(), 1)).await.unwrap(); // warm-up
+    let before = proxy.round_trips();
+    for i in 1..=calls {
+        assert!(idem.run(&key(i), &fp(), insert(key(i).to_string(), 1)).await.unwrap().is_executed());
+    }
+    let fresh = proxy.round_trips() - before;
+    let before = proxy.round_trips();
+    for i in 1..=calls {
+        assert!(idem.run(&key(i), &fp(), insert("never".into(), 1)).await.unwrap().is_replayed());
+    }
+    let replays = proxy.round_trips() - before;
+    println!("multi-threaded runtime: run {:.2} round trips, replay {:.2}", fresh as f64 / calls as f64, replays as f64 / calls as f64);
+    assert_eq!(fresh, 3 * calls, "run with a one-statement closure: 3 round trips each");
+    // A replay waits for one round trip; its ROLLBACK is written without waiting, and counts as a
+    // write of its own unless it leaves with the next call's BEGIN and reservation.
+    assert!(replays <= 2 * calls, "a replay: 1 round trip, then its ROLLBACK (not waited for): {replays}");
+}

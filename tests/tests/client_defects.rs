@@ -2,7 +2,7 @@
 //! (commit b0a1f05 holds their first form, written against that API).
 
 use idempotency_client::ops::{self, ReserveOptions};
-use idempotency_client::{Error, Fingerprint, Outcome, Settings, StoredResponse, TxFuture};
+use idempotency_client::{Error, Fingerprint, HandlerError, Outcome, Settings, StoredResponse, TxFuture};
 use idempotency_testkit::driver::{error_of, try_connect_with};
 use idempotency_testkit::{admin, batch, charges_for, connect_with, exec, handle, unique_key, Conn, DbError};
 use serde_json::json;
@@ -233,4 +233,31 @@ async fn an_unexpected_answer_is_a_protocol_error() {
     let call = async { Ok::<_, DbError>(StoredResponse::json(201, json!({}))) };
     let err = idem.run_external(&key, &fp(), call, |_, _| Box::pin(async { Ok(()) })).await.unwrap_err();
     assert!(matches!(&err, Error::Protocol { reason, .. } if reason.contains("maybe")), "{err:?}");
+}
+
+/// A server that cannot take writes (a standby after a failover, or a read-only database)
+/// refuses with 25006: the client reports `StoreUnavailable` (a retry after the failover reaches
+/// the new primary), and the source says why.
+#[tokio::test]
+async fn a_read_only_server_is_store_unavailable() {
+    let url = idempotency_testkit::fresh_database("idem_read_only").await;
+    idempotency_testkit::admin_at(&url).await.batch_execute("ALTER DATABASE idem_read_only SET default_transaction_read_only = on").await.unwrap();
+    let idem = connect_with(&url, 2, Settings::default());
+    let key = unique_key("defect.read_only");
+    let runs = Arc::new(AtomicUsize::new(0));
+    let err = idem
+        .run(&key, &fp(), {
+            let runs = runs.clone();
+            move |_tx: &mut Conn| {
+                runs.fetch_add(1, Ordering::SeqCst);
+                Box::pin(async { Ok(StoredResponse::json(201, json!({}))) }) as TxFuture<'_, _, DbError>
+            }
+        })
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::StoreUnavailable(_)), "{err:?}");
+    let source = std::error::Error::source(&err).and_then(|s| s.downcast_ref::<DbError>());
+    assert_eq!(source.and_then(HandlerError::sqlstate), Some("25006"), "the source is the server's refusal: {err:?}");
+    assert!(source.is_some_and(|e| e.to_string().contains("read-only transaction")), "{err:?}");
+    assert_eq!(runs.load(Ordering::SeqCst), 0, "nothing ran");
 }

@@ -43,9 +43,6 @@ async fn charge(db: Db<'_>, app: &App, headers: &HeaderMap, body: &str) -> Respo
         let _ = app.started.send(());
         app.gate.acquire().await.expect("gate open").forget();
     }
-    if app.panic_next.swap(false, Ordering::SeqCst) {
-        panic!("the handler failed half-way");
-    }
     let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
     let status = request["status"].as_u64().and_then(|s| StatusCode::from_u16(s as u16).ok()).unwrap_or(StatusCode::CREATED);
     let amount = request["amount"].as_i64().unwrap_or(0);
@@ -59,6 +56,9 @@ async fn charge(db: Db<'_>, app: &App, headers: &HeaderMap, body: &str) -> Respo
             client.query_one(insert, &params).await.expect("insert the charge").get(0)
         }
     };
+    if app.panic_next.swap(false, Ordering::SeqCst) {
+        panic!("the handler failed half-way, after its write");
+    }
     let headers = [
         ("location", format!("/charges/{id}")),
         ("set-cookie", "session=secret".to_owned()),
@@ -146,7 +146,12 @@ impl Answer {
 }
 
 async fn send(url: &str, key: Option<&str>, user: Option<&str>, body: Value) -> Answer {
-    let mut req = reqwest::Client::new().post(url).header("content-type", "application/json").body(body.to_string());
+    send_text(url, key, user, &body.to_string()).await
+}
+
+/// [`send`] with the body's exact text.
+async fn send_text(url: &str, key: Option<&str>, user: Option<&str>, body: &str) -> Answer {
+    let mut req = reqwest::Client::new().post(url).header("content-type", "application/json").body(body.to_owned());
     if let Some(key) = key {
         req = req.header("idempotency-key", key);
     }
@@ -176,7 +181,7 @@ async fn every_answer(mode: Mode) {
     let served = serve(handle(Settings::default()).await, mode, |b| b.body_limit(1024)).await;
     let (url, name) = (served.url.as_str(), user("answers", mode));
     let u = Some(name.as_str());
-    let charge = json!({"amount": 100});
+    let charge = json!({"amount": 100, "currency": "EUR"});
 
     send(url, None, u, charge.clone()).await.problem(400, types::KEY_MISSING);
     send(url, Some("\"open"), u, charge.clone()).await.problem(400, types::KEY_INVALID);
@@ -206,10 +211,13 @@ async fn every_answer(mode: Mode) {
     assert_eq!(served.app.runs.load(Ordering::SeqCst), 1);
     assert_eq!(rows(&name, "k-1").await, 1);
 
-    // Same key, another request; the same body in another key order is the same request.
-    send(url, Some("k-1"), u, json!({"amount": 999})).await.problem(422, types::MISMATCH);
-    let reordered = send(url, Some("k-1"), u, json!({"amount": 100})).await;
-    assert!(reordered.replayed());
+    // Same key, another request; the same body in another key order and spacing (sent as text,
+    // so the order really differs on the wire) is the same request.
+    send(url, Some("k-1"), u, json!({"amount": 999, "currency": "EUR"})).await.problem(422, types::MISMATCH);
+    let reordered = send_text(url, Some("k-1"), u, r#"{ "currency": "EUR", "amount": 100.0 }"#).await;
+    assert!(reordered.replayed(), "{}", reordered.body);
+    let first_order = send_text(url, Some("k-1"), u, r#"{"amount":100,"currency":"EUR"}"#).await;
+    assert!(first_order.replayed(), "{}", first_order.body);
 
     // A 4xx is a stored failure, replayed as such.
     let declined = send(url, Some("k-4xx"), u, json!({"amount": 5, "status": 402})).await;
@@ -321,7 +329,12 @@ async fn panicking_handler(mode: Mode) {
     let retried = send(&served.url, Some("k-p"), Some(&u), json!({"amount": 3})).await;
     assert_eq!((retried.status, retried.replayed()), (StatusCode::CREATED, false), "{}", retried.body);
     assert_eq!(served.app.runs.load(Ordering::SeqCst), 2);
-    assert_eq!(rows(&u, "k-p").await, 1, "the panicking attempt wrote nothing");
+    match mode {
+        // The panic came after the write: the write rolled back with the attempt.
+        Mode::InTransaction => assert_eq!(rows(&u, "k-p").await, 1, "the panicking attempt's write was undone"),
+        // Two-phase writes leave the database on their own connection: both runs' rows stay.
+        Mode::TwoPhase => assert_eq!(rows(&u, "k-p").await, 2, "two-phase effects are outside the key's transaction"),
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -347,11 +360,13 @@ async fn disconnected_client(mode: Mode) {
     assert!(client.await.unwrap_err().is_cancelled());
     served.app.gate.add_permits(1);
     // The handler finishes anyway; the retry replays its response once it is stored.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     let answer = loop {
         let answer = send(&served.url, Some("k-gone"), Some(&u), request.clone()).await;
         if answer.status != StatusCode::CONFLICT {
             break answer;
         }
+        assert!(std::time::Instant::now() < deadline, "still in progress after 30 s: {} {}", answer.status, answer.body);
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     };
     assert_eq!((answer.status, answer.replayed()), (StatusCode::CREATED, true), "{}", answer.body);
@@ -383,7 +398,9 @@ async fn a_waiting_duplicate_replays_the_holders_response() {
     let duplicate = send_one();
     // The duplicate blocks on the holder's uncommitted reservation before the holder goes on.
     let blocked = "SELECT count(*) AS n FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()";
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     while admin().await.query_one(blocked, &[]).await.unwrap().get::<_, i64>("n") == 0 {
+        assert!(std::time::Instant::now() < deadline, "no session waited on a lock within 30 s");
         tokio::task::yield_now().await;
     }
     served.app.gate.add_permits(1);

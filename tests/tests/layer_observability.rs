@@ -6,8 +6,8 @@ use axum::routing::post;
 use axum::Router;
 use idempotency_client::layer::{IdempotencyLayer, Transaction};
 use idempotency_client::{Fingerprint, Key, Settings};
-use idempotency_testkit::driver::query_i64_in;
-use idempotency_testkit::{handle, DbError, TestDriver};
+use idempotency_testkit::driver::{exec_in, try_connect_with};
+use idempotency_testkit::{admin, handle, test_database, DbError, TestDriver};
 use metrics::{SharedString, Unit};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use metrics_util::CompositeKey;
@@ -87,18 +87,35 @@ async fn spans_and_metrics_for_every_decision() {
     recorder.install().unwrap();
 
     let idem = handle(Settings::default()).await;
-    let route = post(|tx: Transaction<TestDriver>, body: String| async move {
+    // The handler writes a row; `status` picks its answer, `sleep` holds its transaction open,
+    // `steal` moves the key's record to another token (so its completion finds the key lost).
+    let route = post(|tx: Transaction<TestDriver>, headers: axum::http::HeaderMap, body: String| async move {
         let request: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
-        query_i64_in(&tx, "INSERT INTO charges (user_id, amount, k) VALUES ('obs', 1, 'obs') RETURNING id", &[]).await.unwrap();
+        exec_in(&tx, "INSERT INTO charges (user_id, amount, k) VALUES ('obs', 1, 'obs')", &[]).await.unwrap();
+        if let Some(secs) = request["sleep"].as_f64() {
+            exec_in(&tx, "SELECT pg_sleep($1::text::float8)", &[&secs.to_string()]).await.unwrap();
+        }
+        if request["steal"] == json!(true) {
+            let key = headers.get("idempotency-key").and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
+            exec_in(&tx, "SELECT FROM idem_lookup('POST /obs', 'anonymous', $1)", &[&key]).await.unwrap();
+            exec_in(&tx, "UPDATE idem_records SET token = token + 1000000 WHERE key = $1", &[&key]).await.unwrap();
+        }
         let status = request["status"].as_u64().map_or(StatusCode::CREATED, |s| StatusCode::from_u16(s as u16).unwrap());
         (status, body)
     });
     let idem_direct = idem.clone();
-    let hashed = IdempotencyLayer::builder(idem.clone()).anonymous().build().unwrap();
+    let hashed = IdempotencyLayer::builder(idem.clone()).anonymous().max_retries(2).build().unwrap();
     let raw = IdempotencyLayer::builder(idem).anonymous().operation("obs.raw").log_keys(true).build().unwrap();
+    // A store that cannot be reached, and one whose configured schema holds no extension.
+    let down = try_connect_with("postgresql://postgres@127.0.0.1:1/none", 1, Settings::builder().schema("idem")).unwrap();
+    let down = IdempotencyLayer::builder(down).anonymous().operation("obs.down").build().unwrap();
+    let broken = try_connect_with(test_database().await, 1, Settings::builder().schema("no_such_schema")).unwrap();
+    let broken = IdempotencyLayer::builder(broken).anonymous().operation("obs.broken").build().unwrap();
     let app = Router::new()
         .route("/obs", route.clone().route_layer(hashed))
-        .route("/raw", route.route_layer(raw));
+        .route("/raw", route.clone().route_layer(raw))
+        .route("/down", route.clone().route_layer(down))
+        .route("/broken", route.route_layer(broken));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, app).await });
@@ -114,14 +131,46 @@ async fn spans_and_metrics_for_every_decision() {
     assert_eq!(post("/obs", Some("obs-secret-1"), json!({"a": 1})).await, 201);
     assert_eq!(post("/obs", Some("obs-secret-1"), json!({"a": 2})).await, 422);
     assert_eq!(post("/obs", Some("obs-secret-2"), json!({"status": 503})).await, 503);
+    assert_eq!(post("/obs", Some("obs-secret-2"), json!({"status": 503})).await, 503, "the second transient failure poisons");
+    assert_eq!(post("/obs", Some("obs-secret-2"), json!({"status": 503})).await, 409, "the poisoned key failed");
     assert_eq!(post("/obs", None, json!({})).await, 400);
+    assert_eq!(post("/obs", Some("obs-secret-3"), json!({"steal": true})).await, 409, "the lease was lost");
+    // In progress: a second request while the first holds the key in its open transaction.
+    let holder = tokio::spawn(post("/obs", Some("obs-secret-4"), json!({"sleep": 2})));
+    let admin = admin().await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let sleeping = "SELECT count(*) AS n FROM pg_stat_activity WHERE query LIKE 'SELECT pg_sleep%' AND state = 'active'";
+    while admin.query_one(sleeping, &[]).await.unwrap().get::<_, i64>("n") == 0 {
+        assert!(std::time::Instant::now() < deadline, "the holder never started its handler");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_eq!(post("/obs", Some("obs-secret-4"), json!({"sleep": 2})).await, 409, "in progress");
+    assert_eq!(holder.await.unwrap(), 201);
+    assert_eq!(post("/down", Some("obs-down-1"), json!({})).await, 503);
+    assert_eq!(post("/broken", Some("obs-broken-1"), json!({})).await, 500);
     assert_eq!(post("/raw", Some("obs-raw-1"), json!({})).await, 201);
 
     let metrics: Metrics = snapshotter.snapshot().into_vec();
     let op = "POST /obs";
-    for (outcome, n) in [("executed", 1), ("replayed", 1), ("mismatch", 1), ("released", 1), ("rejected", 1)] {
-        assert_eq!(metric(&metrics, "idempotency_requests_total", op, outcome), Some(&DebugValue::Counter(n)), "{outcome}");
-        match metric(&metrics, "idempotency_duration_seconds", op, outcome) {
+    let every: [(&str, &str, u64); 11] = [
+        (op, "executed", 2),
+        (op, "replayed", 1),
+        (op, "mismatch", 1),
+        (op, "released", 1),
+        (op, "poisoned", 1),
+        (op, "failed", 1),
+        (op, "rejected", 1),
+        (op, "lease_lost", 1),
+        (op, "in_progress", 1),
+        ("obs.down", "store_unavailable", 1),
+        ("obs.broken", "error", 1),
+    ];
+    let labels: std::collections::BTreeSet<_> = every.iter().map(|(_, outcome, _)| *outcome).collect();
+    let vocabulary: std::collections::BTreeSet<_> = idempotency_client::Decision::ALL.iter().map(|d| d.as_str()).collect();
+    assert_eq!(labels, vocabulary, "every decision of the vocabulary is exercised");
+    for (operation, outcome, n) in every {
+        assert_eq!(metric(&metrics, "idempotency_requests_total", operation, outcome), Some(&DebugValue::Counter(n)), "{outcome}");
+        match metric(&metrics, "idempotency_duration_seconds", operation, outcome) {
             Some(DebugValue::Histogram(samples)) => assert_eq!(samples.len(), n as usize, "{outcome}"),
             other => panic!("no duration histogram for {outcome}: {other:?}"),
         }
@@ -138,15 +187,21 @@ async fn spans_and_metrics_for_every_decision() {
             .collect::<Vec<_>>()
     };
     let obs = of(op);
-    let outcomes: Vec<_> = obs.iter().map(|s| s.get("outcome").cloned().unwrap_or_default()).collect();
-    assert_eq!(outcomes, ["executed", "replayed", "mismatch", "released", "rejected"]);
+    let mut outcomes: Vec<_> = obs.iter().map(|s| s.get("outcome").cloned().unwrap_or_default()).collect();
+    outcomes.sort();
+    let mut expected: Vec<_> = every.iter().filter(|(o, _, _)| *o == op).flat_map(|(_, outcome, n)| vec![outcome.to_string(); *n as usize]).collect();
+    expected.sort();
+    assert_eq!(outcomes, expected);
     for span in &obs {
         assert!(span.contains_key("duration_ms") && span.contains_key("status"), "{span:?}");
         assert_eq!(span.get("mode").map(String::as_str), Some("in_transaction"));
-        if let Some(key) = span.get("key") {
-            assert!(!key.contains("obs-secret"), "the key is hashed: {span:?}");
-            assert_eq!(key.len(), 16, "{span:?}");
+        if span.get("outcome").map(String::as_str) == Some("rejected") {
+            assert!(!span.contains_key("key"), "a request without a key records none: {span:?}");
+            continue;
         }
+        let key = span.get("key").unwrap_or_else(|| panic!("a request with a key records its hash: {span:?}"));
+        assert!(!key.contains("obs-secret"), "the key is hashed: {span:?}");
+        assert!(key.len() == 16 && key.bytes().all(|b| b.is_ascii_hexdigit()), "16 hex digits: {span:?}");
     }
     assert_eq!(of("obs.raw")[0].get("key").map(String::as_str), Some("obs-raw-1"));
 

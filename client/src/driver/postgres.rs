@@ -6,7 +6,7 @@ use super::{Driver, Sealed};
 use crate::error::{DatabaseError, Error};
 use crate::ops::{self, ReleaseOutcome, ReserveOptions, Reservation, Status, Token};
 use crate::settings::Isolation;
-use crate::sql::{Schema, LEASE_LOST_MARK};
+use crate::sql::{bind, Literal, Schema, LEASE_LOST_MARK};
 use deadpool_postgres::{Client, Pool};
 use idempotency_core::{Fingerprint, Key};
 use serde_json::Value;
@@ -85,14 +85,12 @@ impl Open {
     fn end(&self) {
         self.ended.store(true, Ordering::Release);
     }
+}
 
-    /// After a `COMMIT` or `ROLLBACK`: when the server answered it (success, or a database error
-    /// after which it has rolled back), the connection may go back to the pool.
-    fn finished<T>(&self, ended: &Result<T, tokio_postgres::Error>) {
-        if ended.as_ref().err().is_none_or(|e| e.as_db_error().is_some()) {
-            self.end();
-        }
-    }
+/// Marks `tx`'s transaction as ended (its COMMIT or ROLLBACK was answered): the connection goes
+/// back to the pool when the last clone is dropped.
+pub(crate) fn ended(tx: &Tx) {
+    tx.0.end();
 }
 
 impl Drop for Open {
@@ -106,34 +104,57 @@ impl Drop for Open {
     }
 }
 
-/// One statement of a failure path: reserve again, then release or fail; the `answer` column
-/// (NULL when the key was not created again).
-async fn again(
-    tx: &Tx,
-    sql: &str,
-    key: &Key,
-    fingerprint: &Fingerprint,
-    options: &ReserveOptions,
-    last: &(dyn tokio_postgres::types::ToSql + Sync),
-) -> Result<Option<String>, Error> {
-    let client = tx.0.client();
-    let stmt = ops::prepare(client, sql).await?;
-    let (operation, user_id, k) = (key.operation(), key.user_id(), key.key());
-    let (hash, ttl, lease, wait) = (fingerprint.as_str(), ops::secs(options.ttl), ops::secs(options.lease), false);
-    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 8] = [&operation, &user_id, &k, &hash, &ttl, &lease, &wait, last];
-    // ROLLBACK, BEGIN, the statement and COMMIT leave together.
-    let (undone, begun, answered, committed) = futures_util::join!(
-        client.batch_execute("ROLLBACK"),
-        client.batch_execute("BEGIN"),
-        client.query_one(&stmt, &params),
-        client.batch_execute("COMMIT"),
-    );
-    tx.0.finished(&committed);
-    undone?;
-    begun?;
-    let row = answered.map_err(ours)?;
-    committed?;
-    ops::col(&row, "answer")
+/// One request of a failure path: `ROLLBACK`, then in a fresh transaction reserve again and
+/// release or fail (the `answer` column: NULL when the key was not created again), `COMMIT`.
+async fn again(tx: &mut Tx, sql: &str, key: &Key, fingerprint: &Fingerprint, options: &ReserveOptions, last: Literal<'_>) -> Result<Option<String>, Error> {
+    let mut values = Vec::from(reserve_values(key, fingerprint, &ReserveOptions { wait: false, ..options.clone() }));
+    values.push(last);
+    let statement = bind(sql, &values);
+    match tx.0.client().simple_query(&format!("ROLLBACK; BEGIN; {statement}; COMMIT")).await {
+        Ok(messages) => {
+            tx.0.end();
+            let row = first_row(&messages)?;
+            row.try_get("answer").map(|a| a.map(str::to_owned)).map_err(|e| Error::Protocol {
+                reason: "cannot read column \"answer\"".into(),
+                source: Some(Box::new(e)),
+            })
+        }
+        Err(e) => {
+            Postgres::rollback(tx).await;
+            Err(ours(e))
+        }
+    }
+}
+
+/// The values of the reservation statement's `$1`..`$7`.
+fn reserve_values<'a>(key: &'a Key, fingerprint: &'a Fingerprint, options: &ReserveOptions) -> [Literal<'a>; 7] {
+    [
+        Literal::Text(key.operation()),
+        Literal::Text(key.user_id()),
+        Literal::Text(key.key()),
+        Literal::Text(fingerprint.as_str()),
+        Literal::Float(ops::secs(options.ttl)),
+        Literal::Float(ops::secs(options.lease)),
+        Literal::Bool(options.wait),
+    ]
+}
+
+/// The first row of a simple query's answer.
+fn first_row(messages: &[tokio_postgres::SimpleQueryMessage]) -> Result<&tokio_postgres::SimpleQueryRow, Error> {
+    messages
+        .iter()
+        .find_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(row) => Some(row),
+            _ => None,
+        })
+        .ok_or_else(|| Error::protocol("the statement answered no row"))
+}
+
+fn max_retries_literal(max_retries: Option<i32>) -> Literal<'static> {
+    match max_retries {
+        Some(n) => Literal::Int4(n),
+        None => Literal::Null4,
+    }
 }
 
 impl Driver for Postgres {
@@ -164,21 +185,12 @@ impl Driver for Postgres {
         options: &ReserveOptions,
     ) -> Result<(Tx, Reservation), Error> {
         let client = self.get().await?;
-        // Prepared (or found cached) before anything is pipelined: a statement being prepared
-        // would let the statements after it overtake it.
-        let reserve = ops::prepare(&client, &schema.sql().reserve).await?;
-        let (complete, _) = futures_util::join!(
-            ops::prepare(&client, &schema.sql().complete_or_abort),
-            ops::prepare(&client, &schema.sql().reserve_and_release),
-        );
-        complete?;
         let mut tx = Tx(Arc::new(Open { client: Some(client), ended: AtomicBool::new(false) }));
-        // BEGIN can only fail with the connection, on which nothing after it runs either.
-        let (begun, reservation) = futures_util::join!(
-            tx.0.client().batch_execute(Isolation::begin_sql(isolation)),
-            ops::reserve_prepared(tx.0.client(), &reserve, key, fingerprint, options),
-        );
-        match begun.map_err(Error::from).and(reservation) {
+        // BEGIN and the reservation in one simple query: one request, so one write whatever the
+        // connection's task is doing on another worker (two requests can leave in two writes).
+        let reserve = bind(&schema.sql().reserve, &reserve_values(key, fingerprint, options));
+        let answer = tx.0.client().simple_query(&format!("{}; {reserve}", Isolation::begin_sql(isolation))).await;
+        match answer.map_err(ours).and_then(|messages| first_row(&messages).and_then(Reservation::from_text)) {
             Ok(reservation) => Ok((tx, reservation)),
             Err(e) => {
                 Self::rollback(&mut tx).await;
@@ -206,23 +218,36 @@ impl Driver for Postgres {
         response: Option<&Value>,
         status: Status,
     ) -> Result<bool, Error> {
-        let client = tx.0.client();
-        let complete = ops::prepare(client, &schema.sql().complete_or_abort).await?;
-        let (operation, user_id, k, status) = (key.operation(), key.user_id(), key.key(), status.as_str());
-        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 6] = [&operation, &user_id, &k, &token.0, &response, &status];
-        let (completed, committed) = futures_util::join!(client.query_one(&complete, &params), client.batch_execute("COMMIT"));
-        tx.0.finished(&committed);
-        match completed {
-            Err(e)
-                if e.as_db_error().is_some_and(|d| {
-                    *d.code() == SqlState::INVALID_TEXT_REPRESENTATION && d.message().contains(LEASE_LOST_MARK)
-                }) =>
-            {
-                // The COMMIT behind it rolled back.
-                Ok(false)
+        // The completion and COMMIT in one simple query (one write). When the completion fails
+        // (the key was lost: it aborts on purpose) the COMMIT is skipped and the transaction is
+        // rolled back here, one more round trip on that path only.
+        let complete = bind(
+            &schema.sql().complete_or_abort,
+            &[
+                Literal::Text(key.operation()),
+                Literal::Text(key.user_id()),
+                Literal::Text(key.key()),
+                Literal::Int(token.0),
+                Literal::Json(response),
+                Literal::Text(status.as_str()),
+            ],
+        );
+        match tx.0.client().simple_query(&format!("{complete}; COMMIT")).await {
+            Ok(_) => {
+                tx.0.end();
+                Ok(true)
             }
-            Err(e) => Err(ours(e)),
-            Ok(_) => committed.map(|()| true).map_err(Error::from),
+            Err(e) => {
+                let lost = e.as_db_error().is_some_and(|d| {
+                    *d.code() == SqlState::INVALID_TEXT_REPRESENTATION && d.message().contains(LEASE_LOST_MARK)
+                });
+                Self::rollback(tx).await;
+                if lost {
+                    Ok(false)
+                } else {
+                    Err(ours(e))
+                }
+            }
         }
     }
 
@@ -234,7 +259,7 @@ impl Driver for Postgres {
         options: &ReserveOptions,
         max_retries: Option<i32>,
     ) -> Result<Option<ReleaseOutcome>, Error> {
-        let answer = again(tx, &schema.sql().reserve_and_release, key, fingerprint, options, &max_retries).await?;
+        let answer = again(tx, &schema.sql().reserve_and_release, key, fingerprint, options, max_retries_literal(max_retries)).await?;
         answer.map(|a| ReleaseOutcome::parse(&a).map_err(|e| Error::protocol(e.to_string()))).transpose()
     }
 
@@ -246,7 +271,7 @@ impl Driver for Postgres {
         options: &ReserveOptions,
         response: Option<&Value>,
     ) -> Result<bool, Error> {
-        let answer = again(tx, &schema.sql().reserve_and_fail, key, fingerprint, options, &response).await?;
+        let answer = again(tx, &schema.sql().reserve_and_fail, key, fingerprint, options, Literal::Json(response)).await?;
         Ok(answer.as_deref() == Some("true"))
     }
 

@@ -130,13 +130,12 @@ fn col<'r, T: sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres>>(row
 }
 
 fn reservation(row: &PgRow) -> Result<Reservation, Error> {
-    let expires_at: Option<chrono::DateTime<chrono::Utc>> = col(row, "expires_at")?;
     Reservation::from_columns(
         &col::<String>(row, "outcome")?,
         col(row, "token")?,
         col(row, "response")?,
         col(row, "attempts")?,
-        expires_at.map(Into::into),
+        col(row, "expires_at")?,
     )
 }
 

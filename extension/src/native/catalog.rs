@@ -1,6 +1,7 @@
 //! What the native functions work on, resolved once per backend: the OIDs of the extension's
 //! relations (in the schema of the function being called), the column numbers they read, the
-//! `idem_reservation` row type, and the kept SPI plans ([`Plans`]).
+//! `idem_reservation` row type, and the kept SPI plans of the schema ([`Plans`], which know only
+//! the schema's quoted name).
 //!
 //! PostgreSQL tells every backend when a relation changes or goes away (relcache invalidation);
 //! [`invalidated`] marks the cache stale when that concerns one of these relations (or all
@@ -33,9 +34,8 @@ pub(crate) struct RetryColumns {
 }
 
 pub(crate) struct Catalog {
-    /// The extension's schema, and its name quoted for SQL text.
+    /// The extension's schema.
     pub(crate) schema: Oid,
-    pub(crate) schema_sql: String,
     pub(crate) records: Oid,
     pub(crate) records_pkey: Oid,
     pub(crate) retries: Oid,
@@ -80,16 +80,9 @@ impl Catalog {
     }
 }
 
-/// Whether the backend is exiting: the cache is then dropped by the thread-local destructors,
-/// and nothing is worth freeing.
-pub(crate) fn exiting() -> bool {
-    // SAFETY: a plain read of a flag PostgreSQL sets when proc_exit starts.
-    unsafe { pg_sys::proc_exit_inprogress }
-}
-
 impl Drop for Catalog {
     fn drop(&mut self) {
-        if exiting() {
+        if super::exiting() {
             return;
         }
         // SAFETY: the descriptor was copied into TopMemoryContext by `resolve` and nothing else
@@ -246,7 +239,6 @@ fn resolve(schema: Oid) -> Catalog {
         token_base,
         local_group,
         schema,
-        schema_sql,
         records,
         records_pkey,
         retries,
@@ -256,7 +248,7 @@ fn resolve(schema: Oid) -> Catalog {
         reservation,
         rec,
         ret,
-        plans: Plans::default(),
+        plans: Plans::new(schema_sql),
     }
 }
 
@@ -285,7 +277,9 @@ fn citus(records: Oid) -> (bool, i64, Oid) {
                 (SELECT g.groupid FROM pg_catalog.pg_dist_local_group AS g)",
         records.to_u32()
     );
-    match Spi::get_two::<bool, i32>(&sql) {
+    // A read-only SPI call (select): Spi::get_two would assign a transaction ID, which a standby
+    // refuses.
+    match Spi::connect(|client| client.select(sql.as_str(), Some(1), &[])?.first().get_two::<bool, i32>()) {
         Ok((distributed, group)) => {
             (distributed.unwrap_or(false), i64::from(group.unwrap_or(0).max(0)) << TOKEN_GROUP_SHIFT, local_group)
         }

@@ -9,6 +9,7 @@ use super::catalog;
 use super::pending;
 use super::plans::{self, Stmt};
 use super::probe::Scope;
+use super::writable;
 use crate::args::{self, raise};
 use crate::guc;
 use crate::metrics;
@@ -84,6 +85,7 @@ pub unsafe extern "C-unwind" fn idem_complete_native(fcinfo: pg_sys::FunctionCal
         }
     }
     let catalog = catalog::for_function(fn_oid);
+    writable::require(&catalog, "complete a key");
     let now = now();
     // A reservation of this transaction not written yet: write it once, finished.
     let done = pending::complete(&catalog, &Scope { operation, user_id, key }, token, status.str, response, now) || {
@@ -96,7 +98,7 @@ pub unsafe extern "C-unwind" fn idem_complete_native(fcinfo: pg_sys::FunctionCal
             response,
             Some(Datum::from(now)),
         ];
-        plans::connected(|| plans::execute(&catalog, Stmt::Complete, &params)) > 0
+        plans::connected(|| plans::execute(&catalog.plans, Stmt::Complete, &params)) > 0
     };
     let event = match (done, status.str) {
         (false, _) => "stale_tokens",
@@ -123,11 +125,12 @@ pub unsafe extern "C-unwind" fn idem_release_native(fcinfo: pg_sys::FunctionCall
     let (max_retries, fn_oid) = unsafe { (call::arg::<i32>(fcinfo, 4), call::function_oid(fcinfo)) };
     let max_retries = args::_idem_max_retries(max_retries);
     let catalog = catalog::for_function(fn_oid);
+    writable::require(&catalog, "release a key");
     let _ = pending::materialize(&catalog, &Scope { operation, user_id, key });
     let scope = [Some(operation.datum), Some(user_id.datum), Some(key.datum)];
     let outcome = plans::connected(|| {
         let lock = [scope[0], scope[1], scope[2], Some(Datum::from(token))];
-        if plans::execute(&catalog, Stmt::LockForRelease, &lock) == 0 {
+        if plans::execute(&catalog.plans, Stmt::LockForRelease, &lock) == 0 {
             metrics::add("stale_tokens", 1);
             return "stale".to_owned();
         }
@@ -135,7 +138,7 @@ pub unsafe extern "C-unwind" fn idem_release_native(fcinfo: pg_sys::FunctionCall
         // failure, then poison or delete the record.
         let (created_at, expires_at) = (plans::first_row(1), plans::first_row(2));
         let step = [scope[0], scope[1], scope[2], created_at, expires_at, Some(Datum::from(max_retries))];
-        plans::execute(&catalog, Stmt::ReleaseLocked, &step);
+        plans::execute(&catalog.plans, Stmt::ReleaseLocked, &step);
         match plans::first_row(1) {
             // SAFETY: a text datum in SPI memory, copied out before SPI_finish frees it.
             Some(word) => unsafe { String::from_utf8_lossy(pgrx::varlena::varlena_to_byte_slice(
@@ -166,6 +169,7 @@ pub unsafe extern "C-unwind" fn idem_heartbeat_native(fcinfo: pg_sys::FunctionCa
     let lease = args::_idem_lease(lease, None).into_datum().unwrap_or(Datum::from(0));
     let until = call::plus(now, lease);
     let catalog = catalog::for_function(fn_oid);
+    writable::require(&catalog, "extend a lease");
     let _ = pending::materialize(&catalog, &Scope { operation, user_id, key });
     let params = [
         Some(operation.datum),
@@ -175,7 +179,7 @@ pub unsafe extern "C-unwind" fn idem_heartbeat_native(fcinfo: pg_sys::FunctionCa
         Some(Datum::from(until)),
         Some(Datum::from(now)),
     ];
-    let done = plans::connected(|| plans::execute(&catalog, Stmt::Heartbeat, &params)) > 0;
+    let done = plans::connected(|| plans::execute(&catalog.plans, Stmt::Heartbeat, &params)) > 0;
     if !done {
         metrics::add("stale_tokens", 1);
     }

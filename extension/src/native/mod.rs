@@ -8,9 +8,13 @@
 //!   no executor: the whole of a replay.
 //! - [`pending`]: the write-once flow: a fresh reservation kept in memory until `idem_complete`
 //!   inserts its finished record, or the pre-commit callback its PROCESSING record.
-//! - [`plans`]: the writes, as SPI plans prepared once per backend and kept.
+//! - [`plans`]: the writes, as SPI plans prepared once per backend and kept (the catalog owns
+//!   them; plans know only the schema's name, so the two modules do not import each other).
 //! - [`call`]: reading the arguments of a V1 call and building the answers.
+//! - [`writable`]: the refusal to write on a standby or in a read-only transaction.
 //! - [`reserve`], [`finish`]: the functions.
+
+use pgrx::pg_sys;
 
 pub(crate) mod call;
 pub(crate) mod catalog;
@@ -19,3 +23,11 @@ pub(crate) mod pending;
 pub(crate) mod plans;
 pub(crate) mod probe;
 pub(crate) mod reserve;
+pub(crate) mod writable;
+
+/// Whether the backend is exiting: the cached catalog and its plans are then dropped by the
+/// thread-local destructors, and nothing is worth freeing.
+pub(crate) fn exiting() -> bool {
+    // SAFETY: a plain read of a flag PostgreSQL sets when proc_exit starts.
+    unsafe { pg_sys::proc_exit_inprogress }
+}

@@ -15,6 +15,13 @@
 //! record holds the key's advisory lock, which this transaction holds until it ends. A
 //! transaction that rolls back, or a backend that dies, leaves nothing behind and frees the key.
 //!
+//! The locks live in the server's shared lock table, which is sized for about
+//! `max_locks_per_transaction` locks per session: a transaction keeps at most half of that many
+//! ([`may_keep_lock`]; the pending reservations and the ones written at once under a kept lock).
+//! Past it, `idem_reserve` writes the PROCESSING record at once and gives the key's lock back:
+//! the uncommitted row then holds the key, and other transactions find it with a dirty read
+//! (`probe::latest`).
+//!
 //! Savepoints: a reservation made in a subtransaction that rolls back is forgotten (its
 //! advisory lock is released with it); an insert made for a reservation (by complete or
 //! materialize) in a subtransaction that rolls back is undone by PostgreSQL, so the reservation
@@ -36,7 +43,7 @@ use crate::args::raise;
 use pgrx::pg_sys::errcodes::PgSqlErrorCode;
 use pgrx::pg_sys::{self, Datum, SubTransactionId};
 use pgrx::prelude::*;
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
@@ -77,6 +84,27 @@ impl Entry {
 
 thread_local! {
     static PENDING: RefCell<Vec<Entry>> = const { RefCell::new(Vec::new()) };
+    /// Key locks this transaction keeps for reservations written at once (takeovers, and
+    /// inserts after a lost race): counted up, never down (a subtransaction that rolls back
+    /// frees its locks early; counting them still keeps the transaction under its budget).
+    static KEPT: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Whether this transaction may keep the lock of one more key until it ends: while it keeps
+/// fewer than half of `max_locks_per_transaction` (32 by default), its fair share of the
+/// server's shared lock table (max_locks_per_transaction x max_connections slots for every
+/// session together). Past that, `idem_reserve` writes the PROCESSING record at once and
+/// gives the lock back, so the number of reservations in one transaction has no limit.
+pub(crate) fn may_keep_lock() -> bool {
+    // SAFETY: reads a setting fixed at server start.
+    let budget = usize::try_from(unsafe { pg_sys::max_locks_per_xact } / 2).unwrap_or(0).max(1);
+    PENDING.with(|p| p.borrow().len()) + KEPT.with(Cell::get) < budget
+}
+
+/// Counts a key lock kept for a reservation written at once.
+pub(crate) fn kept_lock() {
+    KEPT.with(|k| k.set(k.get() + 1));
+    ACTIVE.store(true, Relaxed);
 }
 
 /// Whether this transaction made a reservation kept here: the transaction callbacks run on
@@ -139,7 +167,7 @@ impl Reservation {
             pg_sys::GetUserIdAndSecContext(&mut user, &mut context);
             pg_sys::SetUserIdAndSecContext(owner, context | pg_sys::SECURITY_LOCAL_USERID_CHANGE as i32);
         }
-        let written = plans::connected(|| plans::execute(&self.catalog, Stmt::Insert, &params));
+        let written = plans::connected(|| plans::execute(&self.catalog.plans, Stmt::Insert, &params));
         // SAFETY: as above.
         unsafe { pg_sys::SetUserIdAndSecContext(user, context) };
         if written != 1 {
@@ -244,6 +272,7 @@ unsafe extern "C-unwind" fn on_xact_active(event: pg_sys::XactEvent::Type, _arg:
         }
         XACT_EVENT_COMMIT | XACT_EVENT_ABORT | XACT_EVENT_PREPARE => {
             PENDING.with(|p| p.borrow_mut().clear());
+            KEPT.with(|k| k.set(0));
             ACTIVE.store(false, Relaxed);
         }
         _ => {}

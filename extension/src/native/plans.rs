@@ -2,12 +2,11 @@
 //! (SPI_keepplan), so each call runs a cached plan with no parsing or planning. The plan
 //! cache re-plans them when their tables change.
 //!
-//! Every name is schema-qualified and every operator `OPERATOR(pg_catalog.…)`: the text never
-//! depends on the caller's search_path. Each statement is the one the PL/pgSQL implementation
+//! Every name is schema-qualified (a [`Plans`] belongs to one schema, the catalog's) and every
+//! operator `OPERATOR(pg_catalog.…)`: the text never depends on the caller's search_path. Each statement is the one the PL/pgSQL implementation
 //! runs (sql/reserve.sql, sql/finish.sql), with the clock passed in instead of read inside
 //! the statement.
 
-use super::catalog::Catalog;
 use crate::args::raise;
 use pgrx::pg_sys::errcodes::PgSqlErrorCode;
 use pgrx::pg_sys::{self, Datum, Oid};
@@ -43,6 +42,13 @@ pub(crate) enum Stmt {
 
 const STATEMENTS: usize = 9;
 
+/// The fence on a keyed statement: the record is still PROCESSING. Compared under the C
+/// collation (the same answer: equality of a deterministic collation is bytewise) so that the
+/// planner cannot match the predicate of the partial index idem_records_lease_idx: with stale
+/// statistics (a transaction holding thousands of uncommitted PROCESSING rows) a generic plan
+/// would otherwise scan that whole index instead of probing the primary key, once per key.
+const PROCESSING: &str = "r.status OPERATOR(pg_catalog.=) ('PROCESSING' COLLATE pg_catalog.\"C\")";
+
 const SCOPE: &str = "r.operation OPERATOR(pg_catalog.=) $1 AND r.user_id OPERATOR(pg_catalog.=) $2 \
                      AND r.key OPERATOR(pg_catalog.=) $3";
 
@@ -77,7 +83,7 @@ fn text(stmt: Stmt, s: &str) -> (String, &'static [Oid]) {
         Stmt::Complete => (
             format!(
                 "UPDATE {s}.idem_records AS r SET status = $5, response = $6, updated_at = $7 \
-                 WHERE {SCOPE} AND r.token OPERATOR(pg_catalog.=) $4 AND r.status OPERATOR(pg_catalog.=) 'PROCESSING'"
+                 WHERE {SCOPE} AND r.token OPERATOR(pg_catalog.=) $4 AND {PROCESSING}"
             ),
             &[TEXT, TEXT, TEXT, INT8, TEXT, JSONB, TSTZ],
         ),
@@ -85,14 +91,14 @@ fn text(stmt: Stmt, s: &str) -> (String, &'static [Oid]) {
             format!(
                 "UPDATE {s}.idem_records AS r SET lease_expires_at = $5, expires_at = GREATEST(r.expires_at, $5), \
                  updated_at = $6 \
-                 WHERE {SCOPE} AND r.token OPERATOR(pg_catalog.=) $4 AND r.status OPERATOR(pg_catalog.=) 'PROCESSING'"
+                 WHERE {SCOPE} AND r.token OPERATOR(pg_catalog.=) $4 AND {PROCESSING}"
             ),
             &[TEXT, TEXT, TEXT, INT8, TSTZ, TSTZ],
         ),
         Stmt::LockForRelease => (
             format!(
                 "SELECT r.created_at, r.expires_at FROM {s}.idem_records AS r \
-                 WHERE {SCOPE} AND r.token OPERATOR(pg_catalog.=) $4 AND r.status OPERATOR(pg_catalog.=) 'PROCESSING' \
+                 WHERE {SCOPE} AND r.token OPERATOR(pg_catalog.=) $4 AND {PROCESSING} \
                  FOR UPDATE"
             ),
             &[TEXT, TEXT, TEXT, INT8],
@@ -117,15 +123,29 @@ fn text(stmt: Stmt, s: &str) -> (String, &'static [Oid]) {
     }
 }
 
-/// The kept plans of one catalog, prepared on first use, freed with it.
-#[derive(Default)]
+/// The kept plans of the extension's schema, prepared on first use, freed with it (the catalog
+/// owns one).
 pub(crate) struct Plans {
+    /// The schema's name quoted for SQL text.
+    schema_sql: String,
     kept: [Cell<Option<std::ptr::NonNull<pg_sys::_SPI_plan>>>; STATEMENTS],
+}
+
+impl Plans {
+    /// No plan yet for the schema named `schema_sql` (quoted for SQL text).
+    pub(crate) fn new(schema_sql: String) -> Self {
+        Plans { schema_sql, kept: Default::default() }
+    }
+
+    /// The schema's name, quoted for SQL text.
+    pub(crate) fn schema_sql(&self) -> &str {
+        &self.schema_sql
+    }
 }
 
 impl Drop for Plans {
     fn drop(&mut self) {
-        if super::catalog::exiting() {
+        if super::exiting() {
             return;
         }
         for plan in &self.kept {
@@ -156,12 +176,12 @@ pub(crate) fn connected<T>(f: impl FnOnce() -> T) -> T {
     result
 }
 
-fn plan(catalog: &Catalog, stmt: Stmt) -> pg_sys::SPIPlanPtr {
-    let slot = &catalog.plans.kept[stmt as usize];
+fn plan(plans: &Plans, stmt: Stmt) -> pg_sys::SPIPlanPtr {
+    let slot = &plans.kept[stmt as usize];
     if let Some(plan) = slot.get() {
         return plan.as_ptr();
     }
-    let (sql, types) = text(stmt, &catalog.schema_sql);
+    let (sql, types) = text(stmt, &plans.schema_sql);
     let Ok(sql) = CString::new(sql) else { spi_failed("prepare", 0) };
     let mut types = types.to_vec();
     let nargs = types.len() as i32;
@@ -180,8 +200,8 @@ fn plan(catalog: &Catalog, stmt: Stmt) -> pg_sys::SPIPlanPtr {
 
 /// Executes `stmt` with `args` (`None` is NULL); answers the number of rows it processed.
 /// Must run inside [`connected`].
-pub(crate) fn execute(catalog: &Catalog, stmt: Stmt, args: &[Option<Datum>]) -> u64 {
-    let plan = plan(catalog, stmt);
+pub(crate) fn execute(plans: &Plans, stmt: Stmt, args: &[Option<Datum>]) -> u64 {
+    let plan = plan(plans, stmt);
     let mut values: Vec<Datum> = args.iter().map(|a| a.unwrap_or(Datum::from(0))).collect();
     let nulls: Vec<std::ffi::c_char> = args.iter().map(|a| if a.is_some() { b' ' } else { b'n' } as std::ffi::c_char).collect();
     // SAFETY: a kept plan whose parameter count and types are those of `text(stmt)`, matched by

@@ -109,15 +109,6 @@ impl Snapshot {
             }
         }
     }
-
-    /// A snapshot taken now whatever the isolation level: every transaction committed so far.
-    fn latest() -> Self {
-        // SAFETY: as `take`.
-        unsafe {
-            pg_sys::CommandCounterIncrement();
-            Snapshot(pg_sys::RegisterSnapshot(pg_sys::GetLatestSnapshot()))
-        }
-    }
 }
 
 impl Drop for Snapshot {
@@ -130,7 +121,7 @@ impl Drop for Snapshot {
 /// Looks `scope` up in `heap` through its primary key `index` and, if a row is visible, maps
 /// it with `read` (which must copy out anything it keeps: the row lives in a shared buffer).
 fn probe<T>(
-    snapshot: &Snapshot,
+    snapshot: pg_sys::Snapshot,
     heap: Oid,
     index: Oid,
     scope: &Scope<'_>,
@@ -139,7 +130,6 @@ fn probe<T>(
     // SAFETY: plain calls into PostgreSQL inside a transaction, on relations of our catalog; every
     // resource is released below on success, and by the resource owner if an error unwinds.
     unsafe {
-        let snapshot = snapshot.0;
         let heap = pg_sys::table_open(heap, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
         let index = pg_sys::index_open(index, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
         let slot = pg_sys::table_slot_create(heap, std::ptr::null_mut());
@@ -210,15 +200,51 @@ pub(crate) fn key(catalog: &Catalog, scope: &Scope<'_>, request_hash: &str, fres
     Key { record, counter }
 }
 
-/// Whether `scope` has a record committed by now (or written by this transaction), whatever
-/// the transaction's snapshot shows: the write-once flow's check after taking the key's lock.
-pub(crate) fn exists_now(catalog: &Catalog, scope: &Scope<'_>) -> bool {
-    probe(&Snapshot::latest(), catalog.records, catalog.records_pkey, scope, |_| ()).is_some()
+/// What the key's record is right now, whatever the transaction's snapshot shows: read with a
+/// dirty snapshot, as a unique index check reads, so a row another transaction is writing is
+/// seen before it commits.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Latest {
+    /// No record, and none being written.
+    Absent,
+    /// A committed record, or one written by this transaction.
+    Present,
+    /// Another transaction wrote the record (inserted it, or took it over) and has not ended:
+    /// the row is its lock on the key.
+    Writing(pg_sys::TransactionId),
+    /// Another transaction is deleting the record (idem_sweep, idem_release) and has not ended.
+    Deleting(pg_sys::TransactionId),
+}
+
+/// Reads [`Latest`] for `scope`: the check after taking the key's lock, before creating or
+/// taking over (a writer past its lock budget, [`super::pending::may_keep_lock`], holds the key
+/// by its uncommitted row alone).
+pub(crate) fn latest(catalog: &Catalog, scope: &Scope<'_>) -> Latest {
+    let mut dirty = pg_sys::SnapshotData { snapshot_type: pg_sys::SnapshotType::SNAPSHOT_DIRTY, ..Default::default() };
+    // The dirty snapshot is a local, never registered: the scan only reads it, and each
+    // visibility check sets its xmin (an inserter in progress) and xmax (an updater or deleter
+    // in progress) for the tuple it checked, the returned one last.
+    let found = probe(&mut dirty, catalog.records, catalog.records_pkey, scope, |slot| {
+        // Deleted rather than updated: the tuple's forward link points at itself.
+        // SAFETY: slot holds a heap tuple of idem_records, pinned while the scan is open.
+        unsafe {
+            let tuple = pg_sys::ExecFetchSlotHeapTuple(slot, false, std::ptr::null_mut());
+            pg_sys::ItemPointerEquals(&mut (*tuple).t_self, &mut (*(*tuple).t_data).t_ctid)
+        }
+    });
+    let valid = |xid: pg_sys::TransactionId| xid != pg_sys::InvalidTransactionId;
+    match (found, dirty.xmin, dirty.xmax) {
+        (None, _, _) => Latest::Absent,
+        (Some(_), xmin, _) if valid(xmin) => Latest::Writing(xmin),
+        (Some(true), _, xmax) if valid(xmax) => Latest::Deleting(xmax),
+        (Some(false), _, xmax) if valid(xmax) => Latest::Writing(xmax),
+        (Some(_), _, _) => Latest::Present,
+    }
 }
 
 fn record(snapshot: &Snapshot, catalog: &Catalog, scope: &Scope<'_>, request_hash: &str) -> Option<Record> {
     let cols = &catalog.rec;
-    probe(snapshot, catalog.records, catalog.records_pkey, scope, |slot| {
+    probe(snapshot.0, catalog.records, catalog.records_pkey, scope, |slot| {
         // SAFETY: slot holds an idem_records row; the columns are the catalog's; text values
         // are read while the buffer is pinned, the response is copied out.
         unsafe {
@@ -242,7 +268,7 @@ fn record(snapshot: &Snapshot, catalog: &Catalog, scope: &Scope<'_>, request_has
 
 fn counter(snapshot: &Snapshot, catalog: &Catalog, scope: &Scope<'_>) -> Option<Counter> {
     let cols = &catalog.ret;
-    probe(snapshot, catalog.retries, catalog.retries_pkey, scope, |slot| {
+    probe(snapshot.0, catalog.retries, catalog.retries_pkey, scope, |slot| {
         // SAFETY: slot holds an idem_retries row; both columns are by-value NOT NULL.
         unsafe {
             Counter {
@@ -275,7 +301,7 @@ fn planned(catalog: &Catalog, scope: &Scope<'_>, request_hash: &str) -> Key {
         value.unwrap_or_else(|| raise(PgSqlErrorCode::ERRCODE_DATA_CORRUPTED, format!("NULL in NOT NULL column {what}")))
     };
     plans::connected(|| {
-        let record = (plans::execute(catalog, Stmt::ReadRecord, &args) > 0).then(|| {
+        let record = (plans::execute(&catalog.plans, Stmt::ReadRecord, &args) > 0).then(|| {
             // SAFETY: text values of the first row, read before SPI_finish frees them; the
             // response is copied into the caller's memory context (SPI_datumTransfer).
             unsafe {
@@ -295,7 +321,7 @@ fn planned(catalog: &Catalog, scope: &Scope<'_>, request_hash: &str) -> Key {
                 }
             }
         });
-        let counter = (plans::execute(catalog, Stmt::ReadRetries, &args[..3]) > 0).then(|| Counter {
+        let counter = (plans::execute(&catalog.plans, Stmt::ReadRetries, &args[..3]) > 0).then(|| Counter {
             attempts: not_null(plans::first_row(1), "attempts").value() as i32,
             expires_at: not_null(plans::first_row(2), "expires_at").value() as i64,
         });

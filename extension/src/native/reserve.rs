@@ -12,13 +12,18 @@
 //!    is still absent under a fresh snapshot once the lock is held is kept pending (write-once,
 //!    [`pending`]): `idem_complete` or the pre-commit callback inserts its record. Otherwise
 //!    INSERT … ON CONFLICT DO NOTHING. The primary key and the re-check decide; a lost race
-//!    reads again.
+//!    reads again. Before writing, a dirty read of the key ([`probe::latest`]) finds a row
+//!    another transaction wrote and has not committed: busy, or waited for with `wait`.
+//! 4. Past its share of the lock table ([`pending::may_keep_lock`]), a transaction writes the
+//!    PROCESSING record at once and gives the key's lock back ([`unlock`]): the uncommitted
+//!    row holds the key, so any number of keys can be reserved in one transaction.
 
 use super::call::{self, v1_function_info, Text};
 use super::catalog::{self, Catalog};
 use super::pending;
 use super::plans::{self, Stmt};
 use super::probe::{self, Scope, Status};
+use super::writable;
 use crate::args;
 use crate::metrics;
 use pgrx::datum::Interval;
@@ -85,8 +90,9 @@ fn answer(record: &probe::Record, attempts: i32) -> Answer {
     Answer { outcome, token: None, response, attempts, expires_at: Some(record.expires_at) }
 }
 
-/// The key's advisory lock: taken (waiting if `wait`), or false when another transaction holds it.
-fn lock(scope: &Scope<'_>, wait: bool) -> bool {
+/// The key's advisory lock: its id, once taken (waiting if `wait`), or `None` when another
+/// transaction holds it.
+fn lock(scope: &Scope<'_>, wait: bool) -> Option<i64> {
     let mut joined = Vec::with_capacity(scope.operation.str.len() + scope.user_id.str.len() + scope.key.str.len() + 2);
     joined.extend_from_slice(scope.operation.str.as_bytes());
     joined.push(0x1f);
@@ -104,13 +110,35 @@ fn lock(scope: &Scope<'_>, wait: bool) -> bool {
             joined,
             Datum::from(0i64),
         );
-        if wait {
+        let taken = if wait {
             pg_sys::DirectFunctionCall1Coll(Some(call::builtins::pg_advisory_xact_lock_int8), pg_sys::InvalidOid, hash);
             true
         } else {
             pg_sys::DirectFunctionCall1Coll(Some(call::builtins::pg_try_advisory_xact_lock_int8), pg_sys::InvalidOid, hash).value() != 0
-        }
+        };
+        taken.then_some(hash.value() as i64)
     }
+}
+
+/// Gives back the key's advisory lock taken by [`lock`] in this same call (so under the same
+/// resource owner) once the reservation's row is written: from then on the uncommitted row
+/// holds the key, as a row of INSERT … ON CONFLICT does, and the lock no longer fills a slot of
+/// the server's shared lock table. Other reservations of the key find the row by
+/// [`probe::latest`].
+fn unlock(id: i64) {
+    // The tag pg_advisory_xact_lock(bigint) builds (SET_LOCKTAG_INT64).
+    let tag = pg_sys::LOCKTAG {
+        // SAFETY: reads the backend's database, set once at connection.
+        locktag_field1: unsafe { pg_sys::MyDatabaseId }.to_u32(),
+        locktag_field2: ((id as u64) >> 32) as u32,
+        locktag_field3: id as u32,
+        locktag_field4: 1,
+        locktag_type: pg_sys::LockTagType::LOCKTAG_ADVISORY as u8,
+        locktag_lockmethodid: pg_sys::USER_LOCKMETHOD as u8,
+    };
+    // SAFETY: releases one transaction-level hold of a lock this call acquired; if the
+    // transaction held it before (the key reserved again), that earlier hold stays.
+    unsafe { pg_sys::LockRelease(&tag, pg_sys::ExclusiveLock as pg_sys::LOCKMODE, false) };
 }
 
 fn next_token(catalog: &Catalog) -> i64 {
@@ -171,7 +199,7 @@ fn reserve(catalog: &Rc<Catalog>, scope: &Scope<'_>, request_hash: Text<'_>, ttl
     // A key reserved earlier in this transaction and not written yet: write it, so this call
     // answers from its record as it always did (in_progress, or replay once completed).
     let wrote = pending::materialize(catalog, scope);
-    let mut locked = false;
+    let mut locked = None;
     for attempt in 0..ATTEMPTS {
         // SAFETY: reads the clock.
         let now = unsafe { pg_sys::GetCurrentTimestamp() };
@@ -184,22 +212,44 @@ fn reserve(catalog: &Rc<Catalog>, scope: &Scope<'_>, request_hash: Text<'_>, ttl
                 return answer(record, found.attempts(record.created_at));
             }
         }
-        // Absent, or expired and free to take over: a new attempt would start now.
-        if !locked {
-            if !lock(scope, wait) {
-                // Another transaction is creating this key and has not committed.
+        // Absent, or expired and free to take over: a new attempt would start now, and write.
+        writable::require(catalog, "reserve a key");
+        let Some(lock_id) = locked.or_else(|| lock(scope, wait)) else {
+            // Another transaction is creating this key and has not committed.
+            return Answer::busy(found.attempts(now), None);
+        };
+        if locked.replace(lock_id).is_none() && wait {
+            continue; // the holder may have committed while we waited: read again
+        }
+        // The record as it is now, uncommitted rows included (not on Citus: there the table
+        // here is a shell, and every writer keeps its lock).
+        let latest = if catalog.distributed { probe::Latest::Present } else { probe::latest(catalog, scope) };
+        if let probe::Latest::Deleting(xid) = latest {
+            // A sweep or a release deleting the record, briefly: wait for it whatever `wait`
+            // (as the write would), then read again.
+            // SAFETY: waits for a transaction id read from a tuple header just now.
+            unsafe { pg_sys::XactLockTableWait(xid, std::ptr::null_mut(), std::ptr::null_mut(), pg_sys::XLTW_Oper::XLTW_None) };
+            continue;
+        }
+        if let probe::Latest::Writing(xid) = latest {
+            // Another transaction holds the key by its uncommitted row (written past its lock
+            // budget), or is deleting it: busy, or wait for it to end and read again.
+            if !wait {
                 return Answer::busy(found.attempts(now), None);
             }
-            locked = true;
-            if wait {
-                continue; // the holder may have committed while we waited: read again
-            }
+            // SAFETY: waits for a transaction id read from a tuple header just now.
+            unsafe { pg_sys::XactLockTableWait(xid, std::ptr::null_mut(), std::ptr::null_mut(), pg_sys::XLTW_Oper::XLTW_None) };
+            continue;
         }
+        // Keep the key's lock until the transaction ends (as every version did), unless this
+        // transaction already keeps its share of the lock table: then write the row now and
+        // give the lock back.
+        let keep = catalog.distributed || pending::may_keep_lock();
         let token = next_token(catalog);
         let lease_end = call::plus(now, lease);
         let expires_at = call::plus(now, ttl);
         // (Not on Citus: the record must be written through the planner, in the statement.)
-        let created = if found.record.is_none() && !catalog.distributed && !probe::exists_now(catalog, scope) {
+        let created = if found.record.is_none() && keep && latest == probe::Latest::Absent {
             // No record, and none can appear while we hold the lock: write it once, later.
             pending::add(pending::Reservation {
                 catalog: Rc::clone(catalog),
@@ -231,7 +281,11 @@ fn reserve(catalog: &Rc<Catalog>, scope: &Scope<'_>, request_hash: Text<'_>, ttl
                 Some(Datum::from(now)),
             ];
             let params = if found.record.is_some() { &params[..8] } else { &params[..] };
-            plans::connected(|| plans::execute(catalog, stmt, params)) == 1
+            let written = plans::connected(|| plans::execute(&catalog.plans, stmt, params)) == 1;
+            if written && keep {
+                pending::kept_lock();
+            }
+            written
         };
         if created {
             // The retry counter, if one is live: this attempt continues its count (read with the
@@ -239,8 +293,11 @@ fn reserve(catalog: &Rc<Catalog>, scope: &Scope<'_>, request_hash: Text<'_>, ttl
             let attempts = found.attempts(now);
             if attempts > 0 {
                 // A retry of a released key: keep its counter alive as long as this record.
-                let keep = [Some(scope.operation.datum), Some(scope.user_id.datum), Some(scope.key.datum), Some(Datum::from(expires_at))];
-                plans::connected(|| plans::execute(catalog, Stmt::KeepRetries, &keep));
+                let params = [Some(scope.operation.datum), Some(scope.user_id.datum), Some(scope.key.datum), Some(Datum::from(expires_at))];
+                plans::connected(|| plans::execute(&catalog.plans, Stmt::KeepRetries, &params));
+            }
+            if !keep {
+                unlock(lock_id);
             }
             return Answer { outcome: "created", token: Some(token), response: None, attempts, expires_at: Some(expires_at) };
         }

@@ -1,0 +1,4 @@
+-- idempotency 0.3.0 -> 0.4.0, the part a replay of the functions cannot do: nothing yet.
+--
+-- The new and changed functions of 0.4.0 arrive with the replay of every 0.4.0 function that
+-- scripts/sqlbuild.py appends to this file, with their comments and privileges.
