@@ -258,6 +258,6 @@ async fn a_read_only_server_is_store_unavailable() {
     assert!(matches!(err, Error::StoreUnavailable(_)), "{err:?}");
     let source = std::error::Error::source(&err).and_then(|s| s.downcast_ref::<DbError>());
     assert_eq!(source.and_then(HandlerError::sqlstate), Some("25006"), "the source is the server's refusal: {err:?}");
-    assert!(source.is_some_and(|e| e.to_string().contains("read-only transaction")), "{err:?}");
+    assert!(source.is_some_and(|e| format!("{e:?}").contains("read-only transaction")), "{err:?}");
     assert_eq!(runs.load(Ordering::SeqCst), 0, "nothing ran");
 }
