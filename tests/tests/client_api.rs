@@ -19,7 +19,7 @@ fn fp() -> Fingerprint {
 }
 
 /// A closure that writes one business row with a cached statement (one round trip), or none.
-fn insert(tag: String, statements: usize) -> impl for<'t> FnMut(&'t Tx) -> TxFuture<'t, StoredResponse, tokio_postgres::Error> + Send {
+fn insert(tag: String, statements: usize) -> impl for<'t> FnMut(&'t mut Tx) -> TxFuture<'t, StoredResponse, tokio_postgres::Error> + Send {
     move |tx| {
         let tag = tag.clone();
         Box::pin(async move {
@@ -33,7 +33,7 @@ fn insert(tag: String, statements: usize) -> impl for<'t> FnMut(&'t Tx) -> TxFut
 }
 
 /// The local write of `run_external`: one business row (one round trip), or nothing.
-fn record(tag: Option<String>) -> impl for<'t> FnMut(&'t Tx, &'t StoredResponse) -> TxFuture<'t, (), tokio_postgres::Error> + Send {
+fn record(tag: Option<String>) -> impl for<'t> FnMut(&'t mut Tx, &'t StoredResponse) -> TxFuture<'t, (), tokio_postgres::Error> + Send {
     move |tx, _response| {
         let tag = tag.clone();
         Box::pin(async move {
