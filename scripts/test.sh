@@ -20,6 +20,7 @@
 #   e2e *       cargo test -p idempotency-tests: the client end to end against the private cluster
 #               (core: the checklist test binary, which holds the concurrency tests)
 #   e2e_portable * the same tests against the portable install (IDEM_INSTALL=portable)
+#   e2e_sqlx *  the same tests over the sqlx driver (cargo test --features sqlx)
 #   upgrade *   scripts/test-upgrade.sh: updates from every released version, schema diff, load
 #   portable *  scripts/test-portable.sh: the portable install, fingerprint parity, suites, upgrade
 #   python *    scripts/test-python.sh: the SQL API from Python (psycopg 3, examples/python) against
@@ -246,14 +247,17 @@ run_major() {
         # installs target/idempotency-portable.sql instead of CREATE EXTENSION).
         local e2e=(--no-fail-fast -p idempotency-tests) kind install # every test binary runs, and is counted
         [ "$full" = 1 ] || e2e+=(--test checklist)
-        for kind in e2e e2e_portable; do
+        # e2e_sqlx: the same tests over the sqlx driver (the test kit's handle follows the feature).
+        for kind in e2e e2e_portable e2e_sqlx; do
             layer $kind
             install=extension
+            local driver=()
             if [ $kind = e2e_portable ]; then
                 install=portable
                 bash scripts/portable.sh >target/idempotency-portable.sql || { record $kind 0 1 1; continue; }
             fi
-            IDEM_INSTALL=$install cargo test "${e2e[@]}" >"$logs/$kind.log" 2>&1
+            [ $kind = e2e_sqlx ] && driver=(--features sqlx)
+            IDEM_INSTALL=$install cargo test "${e2e[@]}" "${driver[@]}" >"$logs/$kind.log" 2>&1
             status=$?
             grep -E '^(test |test result|error)' "$logs/$kind.log" | grep -v '\.\.\. ok$'
             [ $status = 0 ] || grep -A30 -- '---- ' "$logs/$kind.log" | head -80
