@@ -187,9 +187,9 @@ impl Driver for Postgres {
         let client = self.get().await?;
         // Prepared (or found cached) before anything is pipelined: a statement being prepared
         // would let the statements after it overtake it.
+        // The completion is prepared now too, so the last round trip never waits for a Parse.
         let reserve = ops::prepare(&client, &schema.sql().reserve).await?;
-        let complete = ops::prepare(&client, &schema.sql().complete_or_abort).await?;
-        drop(complete);
+        ops::prepare(&client, &schema.sql().complete_or_abort).await?;
         let mut tx = Tx(Arc::new(Open { client: Some(client), ended: AtomicBool::new(false) }));
         // BEGIN and the reservation leave together: the connection comes idle from the pool, so
         // its task is parked and both requests are queued before it runs. BEGIN can only fail
