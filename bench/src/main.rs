@@ -1,6 +1,7 @@
 //! The benchmark of the performance goals (docs/performance.md): every figure a ratio against a baseline measured in the
 //! same run, interleaved A/B/B/A so machine drift cancels. Run with `bash scripts/bench.sh`
-//! (or `--smoke` for a few seconds per case, which checks only that every case produced numbers).
+//! (or `--smoke` for a few seconds per case, which checks only that every case produced numbers;
+//! `--rust` for only the Rust client's rows, over tokio-postgres and over sqlx).
 //!
 //! Writes `target/bench/results.csv` and `target/bench/benchmark.png`, and the soak's
 //! `target/bench/soak.csv` and `target/bench/soak.png`. `--http` runs only the HTTP rows (see
@@ -9,6 +10,7 @@
 
 mod chart;
 mod client;
+mod client_sqlx;
 mod http;
 mod pgbench;
 mod soak;
@@ -479,4 +481,29 @@ async fn rust_rows(s: &Settings, url: &str, db: &tokio_postgres::Client, rows: &
         }
         rows.push(Row { figure: "Rust replay vs raw tokio-postgres primary-key SELECT".into(), clients: format!("{n} tasks"), baseline: "prepared SELECT of the record (tokio-postgres)".into(), base: Measure::mean(&select), ours: Measure::mean(&replayed), goal: Some(0.9), work: None });
     }
+    sqlx_rows(s, url, calls, rows).await;
+}
+
+/// The same rows over the sqlx driver, against a raw sqlx transaction and SELECT, at 8 tasks.
+async fn sqlx_rows(s: &Settings, url: &str, calls: u64, rows: &mut Vec<Row>) {
+    let upstream = cluster_addr();
+    let rt_raw = client_sqlx::round_trips(upstream, "idem_bench", calls, false, false).await;
+    let rt_run = client_sqlx::round_trips(upstream, "idem_bench", calls, true, false).await;
+    let rt_empty = client_sqlx::round_trips(upstream, "idem_bench", calls, true, true).await;
+    let (mut raw, mut run) = (Vec::new(), Vec::new());
+    for rep in 0..s.reps {
+        for first in [rep % 2 == 0, rep % 2 != 0] {
+            let m = client_sqlx::throughput(url, 8, u64::from(s.seconds), if first { client::Call::RawInsert } else { client::Call::Run }).await;
+            if first { raw.push(m) } else { run.push(m) }
+        }
+    }
+    rows.push(Row { figure: "Rust run (sqlx) vs raw sqlx transaction".into(), clients: "8 tasks".into(), baseline: "begin; INSERT; commit (sqlx)".into(), base: Measure::mean(&raw), ours: Measure::mean(&run), goal: None, work: Some(format!("round trips {rt_run:.1} ({rt_empty:.1} empty closure) / {rt_raw:.1}")) });
+    let (mut select, mut replayed) = (Vec::new(), Vec::new());
+    for rep in 0..s.reps {
+        for first in [rep % 2 == 0, rep % 2 != 0] {
+            let m = client_sqlx::throughput(url, 8, u64::from(s.seconds), if first { client::Call::RawSelect } else { client::Call::Replay }).await;
+            if first { select.push(m) } else { replayed.push(m) }
+        }
+    }
+    rows.push(Row { figure: "Rust replay (sqlx) vs raw sqlx primary-key SELECT".into(), clients: "8 tasks".into(), baseline: "SELECT of the record (sqlx)".into(), base: Measure::mean(&select), ours: Measure::mean(&replayed), goal: None, work: None });
 }

@@ -52,7 +52,7 @@ pub(crate) fn plain_router(pool: Pool) -> Router {
 /// Charges `{"amount": N}` for the `X-User`, through the request's transaction. A 4xx is stored
 /// and replayed like a 201; a 500 (a database error) releases the key for the retry.
 async fn create_charge(tx: Transaction, headers: HeaderMap, body: String) -> Response {
-    charge(&*tx, &headers, &body).await
+    charge(&**tx, &headers, &body).await
 }
 
 async fn create_charge_plain(State(pool): State<Pool>, headers: HeaderMap, body: String) -> Response {

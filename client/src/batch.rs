@@ -110,13 +110,13 @@ impl Idempotency<Postgres> {
                 Literal::Bool(options.wait),
             ],
         );
-        let tx = self.driver().open().await.map_err(Error::widen)?;
+        let mut tx = self.driver().open().await.map_err(Error::widen)?;
         // BEGIN and the reservations: one request, one round trip.
         let begin = crate::settings::Isolation::begin_sql(settings.isolation);
         let rows = match tx.simple_query(&format!("{begin}; {reserve}")).await {
             Ok(messages) => messages,
             Err(e) => {
-                Postgres::rollback(&tx).await;
+                Postgres::rollback(&mut tx).await;
                 return Err(crate::driver::postgres::ours(e).widen());
             }
         };
@@ -128,7 +128,7 @@ impl Idempotency<Postgres> {
             }
         }
         if answers.len() != items.len() {
-            Postgres::rollback(&tx).await;
+            Postgres::rollback(&mut tx).await;
             return Err(Error::protocol(format!("idem_reserve_many answered {} rows for {} keys", answers.len(), items.len())));
         }
         let created: Vec<(String, i64)> = answers
@@ -146,12 +146,12 @@ impl Idempotency<Postgres> {
         let results = match work(&tx, &created_keys).await {
             Ok(results) => results,
             Err(error) => {
-                Postgres::rollback(&tx).await;
+                Postgres::rollback(&mut tx).await;
                 return Err(Error::Handler { error });
             }
         };
         if results.len() != created.len() || results.iter().any(|r| r.verdict() == Verdict::Transient) {
-            Postgres::rollback(&tx).await;
+            Postgres::rollback(&mut tx).await;
             return Err(Error::Configuration {
                 reason: format!(
                     "run_batch: the closure must return one success or permanent-failure result per created key \
@@ -187,7 +187,7 @@ impl Idempotency<Postgres> {
         // The completions and COMMIT: one request; a lost key aborts it, and the COMMIT with it.
         statements.push("COMMIT".to_owned());
         if let Err(e) = tx.simple_query(&statements.join("; ")).await {
-            Postgres::rollback(&tx).await;
+            Postgres::rollback(&mut tx).await;
             let lost = e.as_db_error().is_some_and(|d| d.message().contains(LEASE_LOST_MARK));
             return Err(if lost { Error::LeaseLost { retry_after: settings.retry_after } } else { crate::driver::postgres::ours(e).widen() });
         }

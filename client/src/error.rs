@@ -27,7 +27,8 @@ impl DatabaseError {
         self.code.as_deref()
     }
 
-    /// The driver's error (a `tokio_postgres::Error`), to downcast.
+    /// The driver's error (a `tokio_postgres::Error`, or a `sqlx::Error` over the sqlx driver), to
+    /// downcast.
     pub fn driver_error(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
         self.source.as_ref()
     }

@@ -125,12 +125,26 @@ impl<D: Driver> Idempotency<D> {
     /// aborts the transaction if the key was lost, so the `COMMIT` behind it can only commit a
     /// completed key). A closure with one statement costs three round trips; a failure path one
     /// more. Prepare your statements with `tx.prepare_cached(..)`: a query given as a string
-    /// costs an extra round trip to parse it.
-    pub async fn run<T, E, F>(&self, key: &Key, fingerprint: &Fingerprint, work: F) -> Result<Outcome<T>, Error<E>>
+    /// costs an extra round trip to parse it. Over the sqlx driver (feature `sqlx`) the closure
+    /// gets the transaction's `&mut sqlx::PgConnection`, and nothing is pipelined: `BEGIN`, the
+    /// reservation, each statement, the completion and `COMMIT` are a round trip each (five for
+    /// one statement, two for a replay).
+    pub async fn run<T, E, F>(&self, key: &Key, fingerprint: &Fingerprint, mut work: F) -> Result<Outcome<T>, Error<E>>
     where
         T: Replayable + Send,
         E: HandlerError + Send,
-        F: for<'t> FnMut(&'t D::Tx) -> TxFuture<'t, T, E> + Send,
+        F: for<'t> FnMut(&'t mut D::Conn) -> TxFuture<'t, T, E> + Send,
+    {
+        self.run_tx(key, fingerprint, lend::<D, _, _, _>(move |tx| work(D::conn(tx)))).await
+    }
+
+    /// [`Idempotency::run`] with the work given the driver's transaction itself (the layer lends
+    /// it to the request in its shareable form).
+    pub(crate) async fn run_tx<T, E, F>(&self, key: &Key, fingerprint: &Fingerprint, work: F) -> Result<Outcome<T>, Error<E>>
+    where
+        T: Replayable + Send,
+        E: HandlerError + Send,
+        F: for<'t> FnMut(&'t mut D::Tx) -> TxFuture<'t, T, E> + Send,
     {
         crate::trace::call("run", key, async {
             let schema = self.schema().await.map_err(Error::widen)?;
@@ -165,7 +179,7 @@ impl<D: Driver> Idempotency<D> {
         T: Replayable + Send + Sync,
         E: HandlerError + Send,
         C: std::future::Future<Output = Result<T, E>> + Send,
-        R: for<'t> FnMut(&'t D::Tx, &'t T) -> TxFuture<'t, (), E> + Send,
+        R: for<'t> FnMut(&'t mut D::Conn, &'t T) -> TxFuture<'t, (), E> + Send,
     {
         crate::trace::call("run_external", key, async {
             let schema = self.schema().await.map_err(Error::widen)?;
@@ -173,4 +187,9 @@ impl<D: Driver> Idempotency<D> {
         })
         .await
     }
+}
+
+/// Gives a closure the higher-ranked signature of the flow's work.
+fn lend<D: Driver, T, E, F: for<'t> FnMut(&'t mut D::Tx) -> TxFuture<'t, T, E>>(f: F) -> F {
+    f
 }

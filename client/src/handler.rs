@@ -20,8 +20,8 @@ pub enum Disposition {
 /// A serialization failure (40001) or deadlock (40P01) inside the closure is neither: the whole
 /// transaction is retried and nothing is counted. The client recognises it through
 /// [`HandlerError::sqlstate`]; implement it when your error type wraps a database error
-/// (it is implemented for `tokio_postgres::Error` and for boxed errors whose source chain holds
-/// one).
+/// (it is implemented for `tokio_postgres::Error`, for `sqlx::Error` with the `sqlx` feature,
+/// and for boxed errors whose source chain holds one).
 pub trait HandlerError {
     /// How this error is recorded.
     fn disposition(&self) -> Disposition {
@@ -50,21 +50,37 @@ impl HandlerError for tokio_postgres::Error {
     }
 }
 
-impl HandlerError for Box<dyn std::error::Error + Send + Sync> {
-    /// The SQLSTATE of the first database error in the source chain.
+#[cfg(feature = "sqlx")]
+impl HandlerError for sqlx::Error {
     fn sqlstate(&self) -> Option<&str> {
-        first_database_error(self.as_ref()).and_then(|db| db.code()).map(|c| c.code())
+        crate::driver::sqlx::sqlstate(self)
     }
 
     fn store_unavailable(&self) -> bool {
-        first_database_error(self.as_ref()).is_some_and(crate::driver::postgres::is_unavailable)
+        crate::driver::sqlx::is_unavailable(self)
     }
 }
 
-fn first_database_error<'a>(e: &'a (dyn std::error::Error + Send + Sync + 'static)) -> Option<&'a tokio_postgres::Error> {
+impl HandlerError for Box<dyn std::error::Error + Send + Sync> {
+    /// The SQLSTATE of the first database error (of either driver) in the source chain.
+    fn sqlstate(&self) -> Option<&str> {
+        first_database_error(self.as_ref()).and_then(|db| db.sqlstate())
+    }
+
+    fn store_unavailable(&self) -> bool {
+        first_database_error(self.as_ref()).is_some_and(|db| db.store_unavailable())
+    }
+}
+
+/// The first error of a driver in a source chain.
+fn first_database_error<'a>(e: &'a (dyn std::error::Error + Send + Sync + 'static)) -> Option<&'a dyn HandlerError> {
     let mut next: Option<&(dyn std::error::Error + 'static)> = Some(e);
     while let Some(e) = next {
         if let Some(db) = e.downcast_ref::<tokio_postgres::Error>() {
+            return Some(db);
+        }
+        #[cfg(feature = "sqlx")]
+        if let Some(db) = e.downcast_ref::<sqlx::Error>() {
             return Some(db);
         }
         next = e.source();

@@ -89,7 +89,27 @@
 //! The pure rules (keys, fingerprints, the vocabulary of statuses and outcomes) are the crate
 //! `idempotency-core`, which the extension links too; this crate re-exports what a caller
 //! needs. The flows are written once over the [`Driver`] interface; [`Postgres`]
-//! (tokio-postgres with a deadpool pool) is its implementation.
+//! (tokio-postgres with a deadpool pool) is its default implementation, and with the `sqlx`
+//! feature `Sqlx` (a `sqlx::PgPool`) the other: `Idempotency::connect_sqlx(url, 16)`, and your
+//! closures get the transaction's `&mut sqlx::PgConnection`:
+//!
+//! ```ignore
+//! let idem = Idempotency::connect_sqlx("postgresql://app@localhost/shop", 16)?;
+//! let outcome = idem
+//!     .run(&key, &fingerprint, |conn| {
+//!         Box::pin(async move {
+//!             let id: i64 = sqlx::query_scalar("INSERT INTO charges (user_id, amount) VALUES ($1, $2) RETURNING id")
+//!                 .bind("user-42").bind(100i64).fetch_one(&mut *conn).await?;
+//!             Ok::<_, sqlx::Error>(StoredResponse::json(201, json!({"id": id})))
+//!         })
+//!     })
+//!     .await;
+//! ```
+//!
+//! Outcomes and errors are the same types; a sqlx error is the source of [`Error::Database`] or
+//! [`Error::StoreUnavailable`] as a tokio-postgres one is. sqlx does not pipeline: the same
+//! closure costs five round trips instead of three (`BEGIN`, the reservation, your statement,
+//! the completion, `COMMIT`).
 //!
 //! # Web services
 //!
@@ -122,6 +142,8 @@ pub mod layer;
 
 pub use batch::{BatchItem, BatchOutcome};
 pub use driver::{Driver, Postgres, Tx};
+#[cfg(feature = "sqlx")]
+pub use driver::{SharedConnection, Sqlx, SqlxTx};
 pub use error::{DatabaseError, Error};
 pub use flow::TxFuture;
 pub use handle::Idempotency;

@@ -111,20 +111,27 @@ pub async fn test_database() -> &'static str {
     .await
 }
 
-/// A handle with `settings` on the database of this test process (shared by its tests).
-pub async fn handle(settings: Settings) -> Idempotency {
-    Idempotency::connect_with(test_database().await, 100, settings).expect("pool")
+/// A handle of the driver under test with `settings` on the database of this test process
+/// (shared by its tests).
+pub async fn handle(settings: Settings) -> crate::Idem {
+    crate::connect_with(test_database().await, 100, settings)
 }
 
-/// A handle with `settings` on a fresh database `name` of its own (for tests that change the
-/// server or count everything in a database).
-pub async fn handle_in(name: &str, settings: Settings) -> Idempotency {
-    Idempotency::connect_with(&fresh_database(name).await, 32, settings).expect("pool")
+/// A handle of the driver under test with `settings` on a fresh database `name` of its own (for
+/// tests that change the server or count everything in a database).
+pub async fn handle_in(name: &str, settings: Settings) -> crate::Idem {
+    crate::connect_with(&fresh_database(name).await, 32, settings)
 }
 
-/// A pooled superuser connection to the test database, for assertions and direct `ops` calls.
+/// A pooled superuser connection to the test database, for assertions and direct `ops` calls
+/// (tokio-postgres whatever the driver under test).
 pub async fn admin() -> deadpool_postgres::Client {
-    let idem = Idempotency::connect(test_database().await, 2).expect("pool");
+    admin_at(test_database().await).await
+}
+
+/// A pooled superuser connection (tokio-postgres) to the database at `url`.
+pub async fn admin_at(url: &str) -> deadpool_postgres::Client {
+    let idem = Idempotency::connect(url, 2).expect("pool");
     idem.pool().get().await.expect("connect")
 }
 

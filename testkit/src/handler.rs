@@ -1,7 +1,8 @@
 //! The business handler of the tests and the demo: "charge a card" by writing one `charges` row
 //! tagged with the key, counting every run.
 
-use idempotency_client::{Key, StoredResponse, Tx, TxFuture};
+use crate::{Conn, DbError};
+use idempotency_client::{Key, StoredResponse, TxFuture};
 use serde_json::json;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -50,24 +51,24 @@ impl Charge {
 
     /// The closure for `Idempotency::run`: counts the run in `runs`, writes the row, waits, then
     /// answers `{"id", "run", "charged"}` with the status.
-    pub fn handler<E>(self, runs: &Arc<AtomicUsize>) -> impl for<'t> FnMut(&'t Tx) -> TxFuture<'t, StoredResponse, E> + Send
+    pub fn handler<E>(self, runs: &Arc<AtomicUsize>) -> impl for<'t> FnMut(&'t mut Conn) -> TxFuture<'t, StoredResponse, E> + Send
     where
-        E: Send + 'static + From<tokio_postgres::Error>,
+        E: Send + 'static + From<DbError>,
     {
         self.run_with(runs, None::<fn() -> E>)
     }
 
     /// [`handler`](Charge::handler), but failing with `fail` after the write.
-    pub fn failing<E>(self, runs: &Arc<AtomicUsize>, fail: E) -> impl for<'t> FnMut(&'t Tx) -> TxFuture<'t, StoredResponse, E> + Send
+    pub fn failing<E>(self, runs: &Arc<AtomicUsize>, fail: E) -> impl for<'t> FnMut(&'t mut Conn) -> TxFuture<'t, StoredResponse, E> + Send
     where
-        E: Clone + Send + Sync + 'static + From<tokio_postgres::Error>,
+        E: Clone + Send + Sync + 'static + From<DbError>,
     {
         self.run_with(runs, Some(move || fail.clone()))
     }
 
-    fn run_with<E, F>(self, runs: &Arc<AtomicUsize>, fail: Option<F>) -> impl for<'t> FnMut(&'t Tx) -> TxFuture<'t, StoredResponse, E> + Send
+    fn run_with<E, F>(self, runs: &Arc<AtomicUsize>, fail: Option<F>) -> impl for<'t> FnMut(&'t mut Conn) -> TxFuture<'t, StoredResponse, E> + Send
     where
-        E: Send + 'static + From<tokio_postgres::Error>,
+        E: Send + 'static + From<DbError>,
         F: Fn() -> E + Send + 'static,
     {
         let runs = runs.clone();
@@ -75,13 +76,9 @@ impl Charge {
             let (runs, charge, fail) = (runs.clone(), self.clone(), fail.as_ref().map(|f| f()));
             Box::pin(async move {
                 let n = runs.fetch_add(1, Ordering::SeqCst) + 1;
-                let row = tx
-                    .query_one(
-                        "INSERT INTO charges (user_id, amount, k) VALUES ($1, $2, $3) RETURNING id",
-                        &[&charge.user, &charge.amount, &charge.tag],
-                    )
-                    .await?;
-                let id: i64 = row.try_get("id")?;
+                let amount = charge.amount.to_string();
+                let insert = "INSERT INTO charges (user_id, amount, k) VALUES ($1, $2::text::bigint, $3) RETURNING id";
+                let id = crate::query_i64(tx, insert, &[&charge.user, &amount, &charge.tag]).await?;
                 tokio::time::sleep(charge.delay).await;
                 match fail {
                     Some(e) => Err(e),

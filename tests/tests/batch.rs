@@ -2,7 +2,13 @@
 //! created keys; concurrent batches over the same keys run each key once.
 
 use idempotency_client::{BatchItem, BatchOutcome, Error, Fingerprint, Idempotency, Outcome, Settings, StoredResponse, Tx, TxFuture};
-use idempotency_testkit::{admin, handle};
+use idempotency_testkit::{admin, test_database};
+
+/// `run_batch` is the tokio-postgres driver's (the sqlx driver has no batch form yet): these
+/// tests run on a tokio-postgres handle whatever the driver under test.
+async fn handle(settings: Settings) -> Idempotency {
+    Idempotency::connect_with(test_database().await, 100, settings).expect("pool")
+}
 use serde_json::json;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

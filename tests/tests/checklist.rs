@@ -3,9 +3,9 @@
 
 use idempotency_client::ops::{self, RecoverAction, ReserveOptions, ReserveOutcome, Status};
 use idempotency_client::{
-    Disposition, Error, Fingerprint, HandlerError, Idempotency, Key, Outcome, Settings, StoredResponse,
+    Disposition, Error, Fingerprint, HandlerError, Key, Outcome, Settings, StoredResponse,
 };
-use idempotency_testkit::{admin, charges_for, fresh_database, handle, unique_key, Charge};
+use idempotency_testkit::{admin, admin_at, charges_for, connect_with, fresh_database, handle, unique_key, Charge, DbError};
 use serde_json::json;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -15,8 +15,8 @@ use std::time::Duration;
 #[derive(Debug, Clone)]
 struct Failure(Option<serde_json::Value>);
 
-impl From<tokio_postgres::Error> for Failure {
-    fn from(e: tokio_postgres::Error) -> Self {
+impl From<DbError> for Failure {
+    fn from(e: DbError) -> Self {
         panic!("unexpected database error in the handler: {e}")
     }
 }
@@ -110,7 +110,7 @@ async fn concurrent_duplicates_run_once_and_the_others_are_in_progress() {
                     Box::pin(async move {
                         runs.fetch_add(1, Ordering::SeqCst);
                         let insert = "INSERT INTO charges (user_id, amount, k) VALUES ('u', 100, $1)";
-                        tx.execute(insert, &[&tag]).await.map_err(|_| Failure(None))?;
+                        idempotency_testkit::exec(tx, insert, &[&tag]).await.map_err(|_| Failure(None))?;
                         gate.acquire().await.expect("gate").forget();
                         Ok::<_, Failure>(StoredResponse::json(201, json!({})))
                     })
@@ -229,7 +229,7 @@ async fn max_retries_transient_failures_poison_the_key() {
 #[tokio::test]
 async fn store_down_is_store_unavailable_within_a_bounded_time() {
     // Nothing listens on port 1.
-    let idem = Idempotency::connect("postgresql://postgres@127.0.0.1:1/postgres?connect_timeout=2", 4).unwrap();
+    let idem = connect_with("postgresql://postgres@127.0.0.1:1/postgres?connect_timeout=2", 4, Settings::default());
     let key = unique_key("checklist.down");
     let runs = Arc::new(AtomicUsize::new(0));
     let fingerprint = fp(json!({}));
@@ -259,8 +259,8 @@ async fn keys_are_isolated_per_user_and_per_operation() {
 async fn recover_stuck_unblocks_a_crashed_workers_key() {
     // Its own database: recovery acts on every stuck record, so keep other tests' records away.
     let url = fresh_database("idem_checklist_recover").await;
-    let idem = Idempotency::connect(&url, 8).unwrap();
-    let client = idem.pool().get().await.unwrap();
+    let idem = connect_with(&url, 8, Settings::default());
+    let client = admin_at(&url).await;
     let schema = idem.schema().await.unwrap();
     let runs = Arc::new(AtomicUsize::new(0));
     let short = ReserveOptions { lease: Some(Duration::from_millis(200)), ..ReserveOptions::default() };
@@ -292,14 +292,14 @@ async fn recover_stuck_unblocks_a_crashed_workers_key() {
 async fn sweep_frees_an_expired_key() {
     let url = fresh_database("idem_checklist_sweep").await;
     let ttl = Duration::from_millis(200);
-    let idem = Idempotency::connect_with(&url, 8, Settings::builder().ttl(ttl)).unwrap();
+    let idem = connect_with(&url, 8, Settings::builder().ttl(ttl));
     let schema = idem.schema().await.unwrap();
     let runs = Arc::new(AtomicUsize::new(0));
     let key = unique_key("checklist.sweep");
     idem.run(&key, &fp(json!({})), Charge::of(&key).handler::<Failure>(&runs)).await.unwrap();
     assert!(idem.run(&key, &fp(json!({})), Charge::of(&key).handler::<Failure>(&runs)).await.unwrap().is_replayed());
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let client = idem.pool().get().await.unwrap();
+    let client = admin_at(&url).await;
     assert_eq!(ops::sweep(&client, &schema, 100).await.unwrap(), 1);
     assert!(ops::lookup(&client, &schema, &key).await.unwrap().is_none());
     let out = idem.run(&key, &fp(json!({"new": true})), Charge::of(&key).handler::<Failure>(&runs)).await.unwrap();
@@ -310,8 +310,8 @@ async fn sweep_frees_an_expired_key() {
 #[tokio::test]
 async fn stale_token_can_never_complete() {
     let url = fresh_database("idem_checklist_stale").await;
-    let idem = Idempotency::connect(&url, 8).unwrap();
-    let client = idem.pool().get().await.unwrap();
+    let idem = connect_with(&url, 8, Settings::default());
+    let client = admin_at(&url).await;
     let schema = idem.schema().await.unwrap();
     let key = unique_key("checklist.stale");
     let short = ReserveOptions { lease: Some(Duration::from_millis(100)), ..ReserveOptions::default() };
@@ -350,7 +350,7 @@ async fn check_extension_reports_the_version_or_its_absence() {
     let admin = admin().await;
     admin.batch_execute("DROP DATABASE IF EXISTS idem_no_extension WITH (FORCE)").await.unwrap();
     admin.batch_execute("CREATE DATABASE idem_no_extension").await.unwrap();
-    let bare = Idempotency::connect(&idempotency_testkit::database_url("idem_no_extension"), 2).unwrap();
+    let bare = connect_with(&idempotency_testkit::database_url("idem_no_extension"), 2, Settings::default());
     let err = bare.check_extension().await.unwrap_err();
     assert!(matches!(err, Error::IncompatibleExtension { .. }), "{err:?}");
     // And a call without the extension fails as IncompatibleExtension, not as an obscure error.

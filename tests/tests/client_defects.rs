@@ -2,8 +2,9 @@
 //! (commit b0a1f05 holds their first form, written against that API).
 
 use idempotency_client::ops::{self, ReserveOptions};
-use idempotency_client::{Error, Fingerprint, Idempotency, Outcome, Settings, StoredResponse, Tx, TxFuture};
-use idempotency_testkit::{admin, charges_for, handle, unique_key};
+use idempotency_client::{Error, Fingerprint, HandlerError, Outcome, Settings, StoredResponse, TxFuture};
+use idempotency_testkit::driver::{error_of, try_connect_with};
+use idempotency_testkit::{admin, batch, charges_for, connect_with, exec, handle, unique_key, Conn, DbError};
 use serde_json::json;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -31,12 +32,12 @@ async fn serialization_failure_inside_the_closure_retries_the_transaction_withou
                 let (runs, tag) = (runs.clone(), tag.clone());
                 Box::pin(async move {
                     let n = runs.fetch_add(1, Ordering::SeqCst);
-                    tx.execute("INSERT INTO charges (user_id, amount, k) VALUES ('u', 1, $1)", &[&tag]).await?;
+                    exec(tx, "INSERT INTO charges (user_id, amount, k) VALUES ('u', 1, $1)", &[&tag]).await?;
                     if n < 3 {
-                        tx.batch_execute(SERIALIZATION_FAILURE).await?;
+                        batch(tx, SERIALIZATION_FAILURE).await?;
                     }
                     Ok(StoredResponse::json(201, json!({"run": n})))
-                }) as TxFuture<'_, _, tokio_postgres::Error>
+                }) as TxFuture<'_, _, DbError>
             }
         })
         .await;
@@ -54,11 +55,11 @@ async fn serialization_failure_inside_the_closure_retries_the_transaction_withou
 /// `IncompatibleExtension`.
 #[tokio::test]
 async fn an_undefined_function_in_the_callers_sql_is_not_extension_missing() {
-    let admin = admin().await;
-    let db_error = admin.query_one("SELECT no_such_function_in_your_schema()", &[]).await.unwrap_err();
+    let url = idempotency_testkit::test_database().await;
+    let db_error = error_of(url, "SELECT no_such_function_in_your_schema()").await;
     let err: Error = db_error.into();
     assert!(matches!(err, Error::Database(_)), "{err:?}");
-    assert_eq!(err.sqlstate(), Some(tokio_postgres::error::SqlState::UNDEFINED_FUNCTION.code()));
+    assert_eq!(err.sqlstate(), Some("42883"));
 
     // Through `run`, with a closure whose error type is the crate's own: a handler error.
     let idem = handle(Settings::default()).await;
@@ -66,7 +67,7 @@ async fn an_undefined_function_in_the_callers_sql_is_not_extension_missing() {
     let err = idem
         .run(&key, &fp(), |tx| {
             Box::pin(async move {
-                tx.query_one("SELECT no_such_function_in_your_schema()", &[]).await?;
+                exec(tx, "SELECT no_such_function_in_your_schema()", &[]).await?;
                 Ok(StoredResponse::json(201, json!({})))
             }) as TxFuture<'_, _, Box<dyn std::error::Error + Send + Sync>>
         })
@@ -76,15 +77,10 @@ async fn an_undefined_function_in_the_callers_sql_is_not_extension_missing() {
 
     // Our own statement without the extension is still `IncompatibleExtension`, with its source.
     use std::error::Error as _;
-    let wrong = Idempotency::connect_with(
-        idempotency_testkit::test_database().await,
-        2,
-        Settings::builder().schema("pg_catalog"),
-    )
-    .unwrap();
-    let err = wrong.run(&key, &fp(), |_tx| Box::pin(async { Ok(StoredResponse::json(201, json!({}))) }) as TxFuture<'_, _, tokio_postgres::Error>).await.unwrap_err();
+    let wrong = connect_with(url, 2, Settings::builder().schema("pg_catalog"));
+    let err = wrong.run(&key, &fp(), |_tx| Box::pin(async { Ok(StoredResponse::json(201, json!({}))) }) as TxFuture<'_, _, DbError>).await.unwrap_err();
     assert!(matches!(err, Error::IncompatibleExtension { source: Some(_), .. }), "{err:?}");
-    assert!(err.source().is_some_and(|s| s.is::<tokio_postgres::Error>()));
+    assert!(err.source().is_some_and(|s| s.is::<DbError>()));
 }
 
 /// The local write of the two-phase flow: one row tagged with the key; its first `failures`
@@ -93,16 +89,16 @@ fn record(
     tag: String,
     runs: Arc<AtomicUsize>,
     failures: usize,
-) -> impl for<'t> FnMut(&'t Tx, &'t StoredResponse) -> TxFuture<'t, (), tokio_postgres::Error> + Send {
+) -> impl for<'t> FnMut(&'t mut Conn, &'t StoredResponse) -> TxFuture<'t, (), DbError> + Send {
     move |tx, _response| {
         let (tag, runs) = (tag.clone(), runs.clone());
         Box::pin(async move {
             if failures == usize::MAX {
-                tx.batch_execute("INSERT INTO no_such_table VALUES (1)").await?;
+                batch(tx, "INSERT INTO no_such_table VALUES (1)").await?;
             }
-            tx.execute("INSERT INTO charges (user_id, amount, k) VALUES ('u', 1, $1)", &[&tag]).await?;
+            exec(tx, "INSERT INTO charges (user_id, amount, k) VALUES ('u', 1, $1)", &[&tag]).await?;
             if runs.fetch_add(1, Ordering::SeqCst) < failures {
-                tx.batch_execute(SERIALIZATION_FAILURE).await?;
+                batch(tx, SERIALIZATION_FAILURE).await?;
             }
             Ok(())
         })
@@ -120,7 +116,7 @@ async fn run_external_retries_the_local_transaction_after_a_transient_error() {
         let calls = calls.clone();
         async move {
             calls.fetch_add(1, Ordering::SeqCst);
-            Ok::<_, tokio_postgres::Error>(StoredResponse::json(201, json!({"network_ref": "ch_1"})))
+            Ok::<_, DbError>(StoredResponse::json(201, json!({"network_ref": "ch_1"})))
         }
     };
     let attempts = Arc::new(AtomicUsize::new(0));
@@ -140,7 +136,7 @@ async fn run_external_retries_the_local_transaction_after_a_transient_error() {
 async fn run_external_keeps_the_outside_result_when_the_local_write_fails() {
     let idem = handle(Settings::builder().lease(Duration::from_secs(5))).await;
     let key = unique_key("defect.record_fails");
-    let call = async { Ok::<_, tokio_postgres::Error>(StoredResponse::json(201, json!({"network_ref": "ch_2"}))) };
+    let call = async { Ok::<_, DbError>(StoredResponse::json(201, json!({"network_ref": "ch_2"}))) };
     let err = idem.run_external(&key, &fp(), call, record(key.to_string(), Arc::default(), usize::MAX)).await.unwrap_err();
     match &err {
         Error::RecordFailed { response, key_completed: true, error } => {
@@ -169,7 +165,7 @@ async fn the_transient_result_that_poisons_the_key_is_not_reported_as_released()
     let idem = handle(Settings::builder().max_retries(1)).await;
     let key = unique_key("defect.poison_outcome");
     let out: Outcome<StoredResponse> = idem
-        .run(&key, &fp(), |_tx| Box::pin(async { Ok(StoredResponse::json(503, json!({}))) }) as TxFuture<'_, _, tokio_postgres::Error>)
+        .run(&key, &fp(), |_tx| Box::pin(async { Ok(StoredResponse::json(503, json!({}))) }) as TxFuture<'_, _, DbError>)
         .await
         .unwrap();
     let schema = idem.schema().await.unwrap();
@@ -189,23 +185,23 @@ async fn the_transient_result_that_poisons_the_key_is_not_reported_as_released()
 #[tokio::test]
 async fn errors_keep_their_sources_and_a_bad_url_is_a_configuration_error() {
     use std::error::Error as _;
-    let bad = Idempotency::connect("postgresql://127.0.0.1:not-a-port/db", 2);
+    let bad = try_connect_with("postgresql://127.0.0.1:not-a-port/db", 2, Settings::default());
     assert!(matches!(bad, Err(Error::Configuration { source: Some(_), .. })), "a malformed URL is not the store being down: {:?}", bad.err());
 
-    let down = Idempotency::connect("postgresql://postgres@127.0.0.1:1/postgres?connect_timeout=2", 2).unwrap();
+    let down = connect_with("postgresql://postgres@127.0.0.1:1/postgres?connect_timeout=2", 2, Settings::default());
     let err = down.check_extension().await.unwrap_err();
     assert!(matches!(err, Error::StoreUnavailable(_)), "{err:?}");
     let source = err.source().expect("StoreUnavailable keeps its source");
-    assert!(source.is::<deadpool_postgres::PoolError>() || source.is::<tokio_postgres::Error>(), "{source:?}");
+    assert!(source.is::<deadpool_postgres::PoolError>() || source.is::<DbError>(), "{source:?}");
 
     // A stored response that does not decode as the caller's type.
     let idem = handle(Settings::default()).await;
     let key = unique_key("defect.decode");
-    idem.run(&key, &fp(), |_tx| Box::pin(async { Ok(StoredResponse::json(201, json!({}))) }) as TxFuture<'_, _, tokio_postgres::Error>)
+    idem.run(&key, &fp(), |_tx| Box::pin(async { Ok(StoredResponse::json(201, json!({}))) }) as TxFuture<'_, _, DbError>)
         .await
         .unwrap();
     let err = idem
-        .run(&key, &fp(), |_tx| Box::pin(async { Ok(7i64) }) as TxFuture<'_, i64, tokio_postgres::Error>)
+        .run(&key, &fp(), |_tx| Box::pin(async { Ok(7i64) }) as TxFuture<'_, i64, DbError>)
         .await
         .unwrap_err();
     assert!(matches!(err, Error::Decode(_)), "{err:?}");
@@ -231,6 +227,12 @@ async fn an_unexpected_answer_is_a_protocol_error() {
     let key = unique_key("defect.protocol");
     let err = ops::reserve(&admin, &skewed, &key, &fp(), &ReserveOptions::default()).await.unwrap_err();
     assert!(matches!(&err, Error::Protocol { reason, .. } if reason.contains("maybe")), "{err:?}");
+    // The same through the driver under test (the two-phase flow's reservation is the only
+    // statement it sends first).
+    let idem = connect_with(idempotency_testkit::test_database().await, 2, Settings::builder().schema("skewed"));
+    let call = async { Ok::<_, DbError>(StoredResponse::json(201, json!({}))) };
+    let err = idem.run_external(&key, &fp(), call, |_, _| Box::pin(async { Ok(()) })).await.unwrap_err();
+    assert!(matches!(&err, Error::Protocol { reason, .. } if reason.contains("maybe")), "{err:?}");
 }
 
 /// A server that cannot take writes (a standby after a failover, or a read-only database)
@@ -239,25 +241,23 @@ async fn an_unexpected_answer_is_a_protocol_error() {
 #[tokio::test]
 async fn a_read_only_server_is_store_unavailable() {
     let url = idempotency_testkit::fresh_database("idem_read_only").await;
-    let admin = Idempotency::connect(&url, 1).unwrap();
-    admin.pool().get().await.unwrap().batch_execute("ALTER DATABASE idem_read_only SET default_transaction_read_only = on").await.unwrap();
-    drop(admin);
-    let idem = Idempotency::connect(&url, 2).unwrap();
+    idempotency_testkit::admin_at(&url).await.batch_execute("ALTER DATABASE idem_read_only SET default_transaction_read_only = on").await.unwrap();
+    let idem = connect_with(&url, 2, Settings::default());
     let key = unique_key("defect.read_only");
     let runs = Arc::new(AtomicUsize::new(0));
     let err = idem
         .run(&key, &fp(), {
             let runs = runs.clone();
-            move |_tx: &Tx| {
+            move |_tx: &mut Conn| {
                 runs.fetch_add(1, Ordering::SeqCst);
-                Box::pin(async { Ok(StoredResponse::json(201, json!({}))) }) as TxFuture<'_, _, tokio_postgres::Error>
+                Box::pin(async { Ok(StoredResponse::json(201, json!({}))) }) as TxFuture<'_, _, DbError>
             }
         })
         .await
         .unwrap_err();
     assert!(matches!(err, Error::StoreUnavailable(_)), "{err:?}");
-    let db = std::error::Error::source(&err).and_then(|s| s.downcast_ref::<tokio_postgres::Error>()).and_then(|e| e.as_db_error());
-    assert_eq!(db.map(|d| d.code().code()), Some("25006"), "the source is the server's refusal: {err:?}");
-    assert!(db.is_some_and(|d| d.message().contains("read-only transaction")), "{err:?}");
+    let source = std::error::Error::source(&err).and_then(|s| s.downcast_ref::<DbError>());
+    assert_eq!(source.and_then(HandlerError::sqlstate), Some("25006"), "the source is the server's refusal: {err:?}");
+    assert!(source.is_some_and(|e| format!("{e:?}").contains("read-only transaction")), "{err:?}");
     assert_eq!(runs.load(Ordering::SeqCst), 0, "nothing ran");
 }

@@ -3,9 +3,9 @@
 //! every key, each key has exactly one business row and one SUCCESS record.
 //! Its own test binary: it restarts the shared private cluster.
 
-use idempotency_client::{Settings, Fingerprint, Idempotency, Key, Outcome, StoredResponse};
+use idempotency_client::{Settings, Fingerprint, Key, Outcome, StoredResponse};
 use idempotency_testkit::server::Stop;
-use idempotency_testkit::{fresh_database, private_server};
+use idempotency_testkit::{admin_at, connect_with, exec, fresh_database, private_server, DbError};
 use serde_json::json;
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -19,7 +19,7 @@ const WORKERS: usize = 8;
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn server_crash_under_load_loses_no_acknowledged_key_and_runs_none_twice() {
     let url = fresh_database("idem_fault_crash").await;
-    let idem = Idempotency::new(Idempotency::connect(&url, WORKERS * 2).unwrap().pool().clone(), Settings::default());
+    let idem = connect_with(&url, WORKERS * 2, Settings::default());
     let fp = Fingerprint::of_json(&json!({"amount": 1})).unwrap();
     let mut report = Vec::new();
     for round in 0..ROUNDS {
@@ -40,8 +40,8 @@ async fn server_crash_under_load_loses_no_acknowledged_key_and_runs_none_twice()
                             .run(&keys[i], &fp, move |tx| {
                                 let tag = tag.clone();
                                 Box::pin(async move {
-                                    tx.execute("INSERT INTO charges (user_id, amount, k) VALUES ('crash', 1, $1)", &[&tag]).await?;
-                                    Ok::<_, tokio_postgres::Error>(StoredResponse::json(201, json!({})))
+                                    exec(tx, "INSERT INTO charges (user_id, amount, k) VALUES ('crash', 1, $1)", &[&tag]).await?;
+                                    Ok::<_, DbError>(StoredResponse::json(201, json!({})))
                                 })
                             })
                             .await;
@@ -81,10 +81,10 @@ async fn server_crash_under_load_loses_no_acknowledged_key_and_runs_none_twice()
         }
 
         // Every acknowledged key replays; every key has one row and one SUCCESS record.
-        let client = idem.pool().get().await.unwrap();
+        let client = admin_at(&url).await;
         for &i in &acked_before_crash {
             let again = idem
-                .run(&keys[i], &fp, |_tx| Box::pin(async { Ok::<_, tokio_postgres::Error>(StoredResponse::json(500, json!({}))) }))
+                .run(&keys[i], &fp, |_tx| Box::pin(async { Ok::<_, DbError>(StoredResponse::json(500, json!({}))) }))
                 .await
                 .unwrap();
             assert!(again.is_replayed(), "round {round}: acknowledged key {i} did not replay: {again:?}");

@@ -4,13 +4,21 @@
 //! cluster, so it runs in its own test binary.)
 
 use idempotency_client::ops::{self, RecoverAction, ReleaseOutcome, ReserveOptions, Status, Token};
-use idempotency_client::{Error, Fingerprint, Idempotency, Key, Outcome, Settings, StoredResponse, Tx, TxFuture};
+use idempotency_client::{Error, Fingerprint, HandlerError, Idempotency, Key, Outcome, Settings, StoredResponse, TxFuture};
 use idempotency_testkit::proxy::{Cut, Proxy};
-use idempotency_testkit::{charges_for, cluster_addr, fresh_database, handle_in, unique_key, Charge};
+use idempotency_testkit::{
+    batch, charges_for, cluster_addr, connect_with, database_url, exec, fresh_database, handle_in, query_i64, unique_key, Charge, Conn, DbError, Idem,
+};
 use serde_json::json;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// A tokio-postgres pool on database `name`, for the operator's side (whatever the driver under
+/// test).
+fn operator(name: &str) -> deadpool_postgres::Pool {
+    Idempotency::connect(&database_url(name), 8).expect("pool").pool().clone()
+}
 
 fn fp() -> Fingerprint {
     Fingerprint::of_json(&json!({"amount": 1})).unwrap()
@@ -21,15 +29,15 @@ fn charge(
     runs: &Arc<AtomicUsize>,
     key: &Key,
     delay: Duration,
-) -> impl for<'t> FnMut(&'t Tx) -> TxFuture<'t, StoredResponse, tokio_postgres::Error> + Send {
+) -> impl for<'t> FnMut(&'t mut Conn) -> TxFuture<'t, StoredResponse, DbError> + Send {
     Charge::of(key).amount(1).delay(delay).handler(runs)
 }
 
 /// A handle whose connections go through a proxy that cuts the first COMMIT, and a direct one.
-async fn through_proxy(name: &str, cut: Cut) -> (Idempotency, Idempotency, Proxy) {
+async fn through_proxy(name: &str, cut: Cut) -> (Idem, Idem, Proxy) {
     let direct = handle_in(name, Settings::default()).await;
     let proxy = Proxy::start(cluster_addr(), Some(cut)).await;
-    let via = Idempotency::connect(&proxy.url(name), 2).unwrap();
+    let via = connect_with(&proxy.url(name), 2, Settings::default());
     (via, direct, proxy)
 }
 
@@ -52,7 +60,7 @@ async fn lost_commit_acknowledgement_replays_on_retry_and_never_runs_twice() {
     };
     assert!(retry.is_replayed(), "{retry:?}");
     assert_eq!(runs.load(Ordering::SeqCst), 1, "executed once");
-    assert_eq!(charges_for(&direct.pool().get().await.unwrap(), &key).await, 1);
+    assert_eq!(charges_for(&operator("idem_fault_after_commit").get().await.unwrap(), &key).await, 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -64,7 +72,7 @@ async fn connection_lost_before_commit_executes_once_on_retry() {
     assert_eq!(proxy.cuts(), 1);
     assert!(first.is_err(), "{first:?}");
     // Nothing committed, nothing left behind: the retry executes.
-    let client = direct.pool().get().await.unwrap();
+    let client = operator("idem_fault_before_commit").get().await.unwrap();
     let schema = direct.schema().await.unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     while ops::lookup(&client, &schema, &key).await.unwrap().is_some() {
@@ -84,7 +92,7 @@ async fn a_terminated_holder_lets_a_waiting_duplicate_run_once() {
     let idem = handle_in("idem_fault_terminate", Settings::builder().wait(true)).await;
     let key = unique_key("fault.terminate");
     let runs = Arc::new(AtomicUsize::new(0));
-    let (pid_tx, pid_rx) = tokio::sync::oneshot::channel::<i32>();
+    let (pid_tx, pid_rx) = tokio::sync::oneshot::channel::<i64>();
     let holder = {
         let (idem, key, runs) = (idem.clone(), key.clone(), runs.clone());
         let mut pid_tx = Some(pid_tx);
@@ -94,13 +102,13 @@ async fn a_terminated_holder_lets_a_waiting_duplicate_run_once() {
                 let runs = runs.clone();
                 Box::pin(async move {
                     runs.fetch_add(1, Ordering::SeqCst);
-                    let pid: i32 = tx.query_one("SELECT pg_backend_pid() AS pid", &[]).await?.get("pid");
-                    tx.execute("INSERT INTO charges (user_id, amount, k) VALUES ('holder', 1, 'x')", &[]).await?;
+                    let pid = query_i64(tx, "SELECT pg_backend_pid()::int8", &[]).await?;
+                    exec(tx, "INSERT INTO charges (user_id, amount, k) VALUES ('holder', 1, 'x')", &[]).await?;
                     if let Some(p) = pid_tx {
                         let _ = p.send(pid);
                     }
                     tokio::time::sleep(Duration::from_secs(30)).await; // stuck until terminated
-                    Ok::<_, tokio_postgres::Error>(StoredResponse::json(201, json!({"by": "holder"})))
+                    Ok::<_, DbError>(StoredResponse::json(201, json!({"by": "holder"})))
                 }) as TxFuture<'_, _, _>
             })
             .await
@@ -113,8 +121,8 @@ async fn a_terminated_holder_lets_a_waiting_duplicate_run_once() {
     };
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!waiter.is_finished(), "the duplicate waits for the uncommitted holder");
-    let admin = idem.pool().get().await.unwrap();
-    let killed: bool = admin.query_one("SELECT pg_terminate_backend($1) AS ok", &[&pid]).await.unwrap().get("ok");
+    let admin = operator("idem_fault_terminate").get().await.unwrap();
+    let killed: bool = admin.query_one("SELECT pg_terminate_backend($1::int8::int4) AS ok", &[&pid]).await.unwrap().get("ok");
     assert!(killed);
     holder.abort(); // its connection is gone; the task would sleep on
     let out = tokio::time::timeout(Duration::from_secs(10), waiter).await.expect("waiter finished").unwrap().unwrap();
@@ -130,7 +138,7 @@ async fn a_killed_two_phase_worker_is_recovered_and_fenced() {
     // Long enough that a slow machine still heartbeats (a third of a lease apart) in time.
     let lease = Duration::from_secs(1);
     let idem = handle_in("idem_fault_killed_worker", Settings::builder().lease(lease)).await;
-    let admin = idem.pool().get().await.unwrap();
+    let admin = operator("idem_fault_killed_worker").get().await.unwrap();
     let schema = idem.schema().await.unwrap();
     let mut tokens: Vec<(Key, Token)> = Vec::new();
     for (name, action) in [("fault.killed.fail", RecoverAction::Fail), ("fault.killed.release", RecoverAction::Release)] {
@@ -140,7 +148,7 @@ async fn a_killed_two_phase_worker_is_recovered_and_fenced() {
             tokio::spawn(async move {
                 let call = async {
                     tokio::time::sleep(Duration::from_secs(60)).await; // the card network, forever
-                    Ok::<_, tokio_postgres::Error>(StoredResponse::json(201, json!({})))
+                    Ok::<_, DbError>(StoredResponse::json(201, json!({})))
                 };
                 idem.run_external(&key, &fp(), call, |_, _| Box::pin(async { Ok(()) })).await
             })
@@ -174,14 +182,8 @@ async fn a_killed_two_phase_worker_is_recovered_and_fenced() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pool_exhaustion_is_a_bounded_store_unavailable() {
-    use deadpool_postgres::{Config as PoolCfg, PoolConfig, Runtime, Timeouts};
     let url = fresh_database("idem_fault_pool").await;
-    let mut cfg = PoolCfg::new();
-    cfg.url = Some(url);
-    let wait = Some(Duration::from_millis(300));
-    cfg.pool = Some(PoolConfig { max_size: 1, timeouts: Timeouts { wait, create: wait, recycle: wait }, ..PoolConfig::default() });
-    let idem = Idempotency::new(cfg.create_pool(Some(Runtime::Tokio1), tokio_postgres::NoTls).unwrap(), Settings::default());
-    let held = idem.pool().get().await.unwrap();
+    let (idem, held) = idempotency_testkit::driver::exhausted(&url, Duration::from_millis(300)).await;
     let key = unique_key("fault.pool");
     let runs = Arc::new(AtomicUsize::new(0));
     // The pool's 300 ms wait bounds it; a deadline on the awaited answer proves it ends.
@@ -197,7 +199,8 @@ async fn pool_exhaustion_is_a_bounded_store_unavailable() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn timeouts_are_typed_errors_and_leave_no_reservation_behind() {
     let idem = handle_in("idem_fault_timeouts", Settings::default()).await;
-    let admin = idem.pool().get().await.unwrap();
+    let pool = operator("idem_fault_timeouts");
+    let admin = pool.get().await.unwrap();
     let schema = idem.schema().await.unwrap();
 
     // statement_timeout inside the closure: a transient failure, rolled back and released.
@@ -205,16 +208,16 @@ async fn timeouts_are_typed_errors_and_leave_no_reservation_behind() {
     let err = idem
         .run(&key, &fp(), |tx| {
             Box::pin(async move {
-                tx.batch_execute("SET LOCAL statement_timeout = '100ms'").await?;
-                tx.execute("INSERT INTO charges (user_id, amount, k) VALUES ('u', 1, 'timeout')", &[]).await?;
-                tx.query_one("SELECT pg_sleep(5)", &[]).await?;
+                batch(tx, "SET LOCAL statement_timeout = '100ms'").await?;
+                exec(tx, "INSERT INTO charges (user_id, amount, k) VALUES ('u', 1, 'timeout')", &[]).await?;
+                exec(tx, "SELECT pg_sleep(5)", &[]).await?;
                 Ok(StoredResponse::json(201, json!({})))
-            }) as TxFuture<'_, StoredResponse, tokio_postgres::Error>
+            }) as TxFuture<'_, StoredResponse, DbError>
         })
         .await
         .unwrap_err();
     match &err {
-        Error::Handler { error: e, .. } => assert_eq!(e.code(), Some(&tokio_postgres::error::SqlState::QUERY_CANCELED)),
+        Error::Handler { error: e, .. } => assert_eq!(e.sqlstate(), Some("57014"), "{e}"),
         other => panic!("{other:?}"),
     }
     assert!(ops::lookup(&admin, &schema, &key).await.unwrap().is_none(), "no reservation left behind");
@@ -222,7 +225,7 @@ async fn timeouts_are_typed_errors_and_leave_no_reservation_behind() {
     assert_eq!(rows, 0);
 
     // lock_timeout on a business row another transaction holds: same.
-    let mut blocker = idem.pool().get().await.unwrap();
+    let mut blocker = pool.get().await.unwrap();
     admin.execute("INSERT INTO charges (id, user_id, amount, k) VALUES (-1, 'locked', 1, 'locked')", &[]).await.unwrap();
     let btx = blocker.transaction().await.unwrap();
     btx.execute("UPDATE charges SET amount = 2 WHERE id = -1", &[]).await.unwrap();
@@ -230,15 +233,15 @@ async fn timeouts_are_typed_errors_and_leave_no_reservation_behind() {
     let err = idem
         .run(&key, &fp(), |tx| {
             Box::pin(async move {
-                tx.batch_execute("SET LOCAL lock_timeout = '100ms'").await?;
-                tx.execute("UPDATE charges SET amount = 3 WHERE id = -1", &[]).await?;
+                batch(tx, "SET LOCAL lock_timeout = '100ms'").await?;
+                exec(tx, "UPDATE charges SET amount = 3 WHERE id = -1", &[]).await?;
                 Ok(StoredResponse::json(201, json!({})))
-            }) as TxFuture<'_, StoredResponse, tokio_postgres::Error>
+            }) as TxFuture<'_, StoredResponse, DbError>
         })
         .await
         .unwrap_err();
     match &err {
-        Error::Handler { error: e, .. } => assert_eq!(e.code(), Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE)),
+        Error::Handler { error: e, .. } => assert_eq!(e.sqlstate(), Some("55P03"), "{e}"),
         other => panic!("{other:?}"),
     }
     assert!(ops::lookup(&admin, &schema, &key).await.unwrap().is_none());
@@ -247,10 +250,10 @@ async fn timeouts_are_typed_errors_and_leave_no_reservation_behind() {
     // statement_timeout on a reservation waiting for an uncommitted holder: a typed error
     // (57014) within the timeout, and nothing left behind.
     let key = unique_key("fault.wait_timeout");
-    let mut holder_client = idem.pool().get().await.unwrap();
+    let mut holder_client = pool.get().await.unwrap();
     let holder = holder_client.transaction().await.unwrap();
     ops::reserve(&holder, &schema, &key, &fp(), &ReserveOptions::default()).await.unwrap();
-    let mut waiter_client = idem.pool().get().await.unwrap();
+    let mut waiter_client = pool.get().await.unwrap();
     let tx = waiter_client.transaction().await.unwrap();
     tx.batch_execute("SET LOCAL statement_timeout = '200ms'").await.unwrap();
     let wait = ReserveOptions { wait: true, ..ReserveOptions::default() };
@@ -270,9 +273,10 @@ async fn repeatable_read_duplicates_are_retried_on_40001_and_run_once() {
     // Through a proxy that counts the 40001 errors the server sends: the test must see retries.
     drop(handle_in("idem_fault_rr", Settings::default()).await);
     let proxy = Proxy::start(cluster_addr(), None).await;
-    let idem = Idempotency::connect_with(&proxy.url("idem_fault_rr"), 32, config).unwrap();
+    let idem = connect_with(&proxy.url("idem_fault_rr"), 32, config);
     // A long REPEATABLE READ reader holds an old snapshot throughout.
-    let mut reader = idem.pool().get().await.unwrap();
+    let pool = operator("idem_fault_rr");
+    let mut reader = pool.get().await.unwrap();
     let snapshot = reader.build_transaction().isolation_level(tokio_postgres::IsolationLevel::RepeatableRead).start().await.unwrap();
     snapshot.query_one("SELECT count(*) FROM charges", &[]).await.unwrap();
 
@@ -294,7 +298,7 @@ async fn repeatable_read_duplicates_are_retried_on_40001_and_run_once() {
         }
         assert_eq!(executed, 1, "round {round}");
         assert_eq!(runs.load(Ordering::SeqCst), 1, "round {round}: a 40001 never reaches the closure");
-        assert_eq!(charges_for(&idem.pool().get().await.unwrap(), &key).await, 1);
+        assert_eq!(charges_for(&pool.get().await.unwrap(), &key).await, 1);
     }
     snapshot.rollback().await.unwrap();
     // Every round raced 8 duplicates that waited on the holder: at least one of them must have

@@ -1,17 +1,23 @@
-//! The axum example (`client/examples/axum_charges.rs`, compiled here as a module) served on
-//! loopback and exercised over real HTTP.
+//! The axum example of the driver under test (`client/examples/axum_charges.rs`, or its sqlx
+//! twin `axum_charges_sqlx.rs`, compiled here as a module) served on loopback and exercised
+//! over real HTTP: the twins give the same answers.
 
+#[cfg(not(feature = "sqlx"))]
 #[path = "../../client/examples/axum_charges.rs"]
 #[allow(dead_code)]
 mod app;
+#[cfg(feature = "sqlx")]
+#[path = "../../client/examples/axum_charges_sqlx.rs"]
+#[allow(dead_code)]
+mod app;
 
-use idempotency_client::{Settings, Idempotency};
-use idempotency_testkit::{admin, handle};
+use idempotency_client::Settings;
+use idempotency_testkit::{admin, connect_with, handle, Idem};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
-async fn serve(idem: Idempotency) -> String {
-    idem.pool().get().await.unwrap().batch_execute(app::SCHEMA).await.unwrap();
+async fn serve(idem: Idem) -> String {
+    admin().await.batch_execute(app::SCHEMA).await.unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app::router(idem)).await });
@@ -93,7 +99,7 @@ async fn two_concurrent_requests_with_one_key_charge_once() {
 
 #[tokio::test]
 async fn store_down_answers_503() {
-    let idem = Idempotency::connect("postgresql://postgres@127.0.0.1:1/postgres?connect_timeout=2", 2).unwrap();
+    let idem = connect_with("postgresql://postgres@127.0.0.1:1/postgres?connect_timeout=2", 2, Settings::default());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}/charges", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, app::router(idem)).await });

@@ -9,7 +9,8 @@ use axum::routing::post;
 use axum::Router;
 use idempotency_client::layer::{problem::types, Builder, IdempotencyLayer, Mode, Transaction};
 use idempotency_client::{Idempotency, Settings};
-use idempotency_testkit::{admin, handle};
+use idempotency_testkit::driver::query_i64_in;
+use idempotency_testkit::{admin, connect_with, handle, test_database, Idem, TestDriver};
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -35,7 +36,7 @@ struct Served {
 /// The business handler: counts the run, honours the levers, writes a `charges` row tagged with
 /// the key (through the request's transaction in-transaction, on its own connection two-phase)
 /// and answers `{"id", "amount"}` with the requested status and a few headers.
-async fn charge(db: &deadpool_postgres::Client, app: &App, headers: &HeaderMap, body: &str) -> Response {
+async fn charge(db: Db<'_>, app: &App, headers: &HeaderMap, body: &str) -> Response {
     let request: Value = serde_json::from_str(body).unwrap_or(Value::Null);
     app.runs.fetch_add(1, Ordering::SeqCst);
     if request["hold"] == json!(true) {
@@ -45,14 +46,16 @@ async fn charge(db: &deadpool_postgres::Client, app: &App, headers: &HeaderMap, 
     let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
     let status = request["status"].as_u64().and_then(|s| StatusCode::from_u16(s as u16).ok()).unwrap_or(StatusCode::CREATED);
     let amount = request["amount"].as_i64().unwrap_or(0);
-    let row = db
-        .query_one(
-            "INSERT INTO charges (user_id, amount, k) VALUES ($1, $2, $3) RETURNING id",
-            &[&header("x-user"), &amount, &header("idempotency-key")],
-        )
-        .await
-        .expect("insert the charge");
-    let id: i64 = row.get("id");
+    let insert = "INSERT INTO charges (user_id, amount, k) VALUES ($1, $2::text::bigint, $3) RETURNING id";
+    let args = [header("x-user"), amount.to_string(), header("idempotency-key")];
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let id = match db {
+        Db::Request(tx) => query_i64_in(tx, insert, &args).await.expect("insert the charge"),
+        Db::Own(client) => {
+            let params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = args.iter().map(|a| a as &(dyn tokio_postgres::types::ToSql + Sync)).collect();
+            client.query_one(insert, &params).await.expect("insert the charge").get(0)
+        }
+    };
     if app.panic_next.swap(false, Ordering::SeqCst) {
         panic!("the handler failed half-way, after its write");
     }
@@ -65,21 +68,28 @@ async fn charge(db: &deadpool_postgres::Client, app: &App, headers: &HeaderMap, 
     (status, headers, axum::Json(json!({"id": id, "amount": amount}))).into_response()
 }
 
-async fn in_transaction(tx: Transaction, State(app): State<Arc<App>>, headers: HeaderMap, body: String) -> Response {
-    charge(&tx, &app, &headers, &body).await
+/// Where the handler writes: the request's transaction (in-transaction) or a connection of its
+/// own (two-phase).
+enum Db<'a> {
+    Request(&'a Transaction<TestDriver>),
+    Own(&'a deadpool_postgres::Client),
+}
+
+async fn in_transaction(tx: Transaction<TestDriver>, State(app): State<Arc<App>>, headers: HeaderMap, body: String) -> Response {
+    charge(Db::Request(&tx), &app, &headers, &body).await
 }
 
 async fn two_phase(State(app): State<Arc<App>>, headers: HeaderMap, body: String) -> Response {
     let db = app.pool.get().await.expect("a connection");
-    charge(&db, &app, &headers, &body).await
+    charge(Db::Own(&db), &app, &headers, &body).await
 }
 
 /// Serves `POST /charges` in `mode` behind a layer that reads the user from `X-User`, stores
 /// `X-Charge-Id` too, and takes `configure`'s settings.
-async fn serve(idem: Idempotency, mode: Mode, configure: impl FnOnce(Builder) -> Builder) -> Served {
+async fn serve(idem: Idem, mode: Mode, configure: impl FnOnce(Builder<TestDriver>) -> Builder<TestDriver>) -> Served {
     let (tx, rx) = mpsc::unbounded_channel();
     let app = Arc::new(App {
-        pool: idem.pool().clone(),
+        pool: Idempotency::connect(test_database().await, 16).expect("pool").pool().clone(),
         runs: AtomicUsize::new(0),
         panic_next: AtomicBool::new(false),
         started: tx,
@@ -258,7 +268,7 @@ async fn every_answer_two_phase() {
 }
 
 async fn store_down(mode: Mode) {
-    let idem = Idempotency::connect("postgresql://postgres@127.0.0.1:1/postgres?connect_timeout=2", 2).unwrap();
+    let idem = connect_with("postgresql://postgres@127.0.0.1:1/postgres?connect_timeout=2", 2, Settings::default());
     let served = serve(idem, mode, |b| b).await;
     let down = send(&served.url, Some("k"), Some("u"), json!({"amount": 1})).await;
     down.problem(503, types::STORE_UNAVAILABLE);
@@ -421,7 +431,7 @@ async fn a_missing_key_passes_through_when_configured() {
 
 #[tokio::test]
 async fn unsafe_configurations_are_refused() {
-    let idem = Idempotency::connect("postgresql://u@127.0.0.1:1/db", 1).unwrap();
+    let idem = connect_with("postgresql://u@127.0.0.1:1/db", 1, Settings::default());
     let err = IdempotencyLayer::builder(idem.clone()).build().unwrap_err().to_string();
     assert!(err.contains(".user(") && err.contains(".anonymous()"), "{err}");
     let err = IdempotencyLayer::builder(idem.clone())

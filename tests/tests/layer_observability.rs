@@ -5,8 +5,9 @@ use axum::http::StatusCode;
 use axum::routing::post;
 use axum::Router;
 use idempotency_client::layer::{IdempotencyLayer, Transaction};
-use idempotency_client::{Fingerprint, Idempotency, Key, Settings};
-use idempotency_testkit::{admin, handle, test_database};
+use idempotency_client::{Fingerprint, Key, Settings};
+use idempotency_testkit::driver::{exec_in, try_connect_with};
+use idempotency_testkit::{admin, handle, test_database, DbError, TestDriver};
 use metrics::{SharedString, Unit};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use metrics_util::CompositeKey;
@@ -88,16 +89,16 @@ async fn spans_and_metrics_for_every_decision() {
     let idem = handle(Settings::default()).await;
     // The handler writes a row; `status` picks its answer, `sleep` holds its transaction open,
     // `steal` moves the key's record to another token (so its completion finds the key lost).
-    let route = post(|tx: Transaction, headers: axum::http::HeaderMap, body: String| async move {
+    let route = post(|tx: Transaction<TestDriver>, headers: axum::http::HeaderMap, body: String| async move {
         let request: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
-        tx.execute("INSERT INTO charges (user_id, amount, k) VALUES ('obs', 1, 'obs')", &[]).await.unwrap();
+        exec_in(&tx, "INSERT INTO charges (user_id, amount, k) VALUES ('obs', 1, 'obs')", &[]).await.unwrap();
         if let Some(secs) = request["sleep"].as_f64() {
-            tx.execute("SELECT pg_sleep($1)", &[&secs]).await.unwrap();
+            exec_in(&tx, "SELECT pg_sleep($1::text::float8)", &[&secs.to_string()]).await.unwrap();
         }
         if request["steal"] == json!(true) {
             let key = headers.get("idempotency-key").and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
-            tx.execute("SELECT FROM idem_lookup('POST /obs', 'anonymous', $1)", &[&key]).await.unwrap();
-            tx.execute("UPDATE idem_records SET token = token + 1000000 WHERE key = $1", &[&key]).await.unwrap();
+            exec_in(&tx, "SELECT FROM idem_lookup('POST /obs', 'anonymous', $1)", &[&key]).await.unwrap();
+            exec_in(&tx, "UPDATE idem_records SET token = token + 1000000 WHERE key = $1", &[&key]).await.unwrap();
         }
         let status = request["status"].as_u64().map_or(StatusCode::CREATED, |s| StatusCode::from_u16(s as u16).unwrap());
         (status, body)
@@ -106,9 +107,9 @@ async fn spans_and_metrics_for_every_decision() {
     let hashed = IdempotencyLayer::builder(idem.clone()).anonymous().max_retries(2).build().unwrap();
     let raw = IdempotencyLayer::builder(idem).anonymous().operation("obs.raw").log_keys(true).build().unwrap();
     // A store that cannot be reached, and one whose configured schema holds no extension.
-    let down = Idempotency::connect_with("postgresql://postgres@127.0.0.1:1/none", 1, Settings::builder().schema("idem")).unwrap();
+    let down = try_connect_with("postgresql://postgres@127.0.0.1:1/none", 1, Settings::builder().schema("idem")).unwrap();
     let down = IdempotencyLayer::builder(down).anonymous().operation("obs.down").build().unwrap();
-    let broken = Idempotency::connect_with(test_database().await, 1, Settings::builder().schema("no_such_schema")).unwrap();
+    let broken = try_connect_with(test_database().await, 1, Settings::builder().schema("no_such_schema")).unwrap();
     let broken = IdempotencyLayer::builder(broken).anonymous().operation("obs.broken").build().unwrap();
     let app = Router::new()
         .route("/obs", route.clone().route_layer(hashed))
@@ -208,7 +209,7 @@ async fn spans_and_metrics_for_every_decision() {
     let key = Key::new("obs.direct", "u", "obs-direct-1").unwrap();
     let fingerprint = Fingerprint::of_bytes(b"direct");
     let outcome = idem_direct
-        .run(&key, &fingerprint, |_tx| Box::pin(async { Ok::<_, tokio_postgres::Error>(json!({"ok": true})) }))
+        .run(&key, &fingerprint, |_tx| Box::pin(async { Ok::<_, DbError>(json!({"ok": true})) }))
         .await
         .unwrap();
     assert!(outcome.is_executed());

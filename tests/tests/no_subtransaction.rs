@@ -3,8 +3,8 @@
 //! SAVEPOINT, RELEASE or ROLLBACK TO. A control transaction with a savepoint proves the
 //! counting sees one when it happens.
 
-use idempotency_client::{Disposition, Error, Fingerprint, HandlerError, Idempotency, Outcome, Settings, StoredResponse, Tx, TxFuture};
-use idempotency_testkit::{fresh_database, unique_key, Charge};
+use idempotency_client::{Disposition, Error, Fingerprint, HandlerError, Outcome, Settings, StoredResponse, TxFuture};
+use idempotency_testkit::{batch, connect_with, exec, fresh_database, unique_key, Charge, Conn, DbError};
 use serde_json::json;
 use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
@@ -22,8 +22,8 @@ impl HandlerError for Failure {
     }
 }
 
-impl From<tokio_postgres::Error> for Failure {
-    fn from(_: tokio_postgres::Error) -> Self {
+impl From<DbError> for Failure {
+    fn from(_: DbError) -> Self {
         Failure(None)
     }
 }
@@ -77,7 +77,7 @@ async fn no_outcome_takes_a_savepoint() {
     assert_eq!(seen.len(), 3, "the control's SAVEPOINT, ROLLBACK TO and RELEASE are counted: {seen:?}");
     admin.execute("SELECT pg_stat_statements_reset()", &[]).await.expect("reset");
 
-    let idem = Idempotency::connect_with(&url, 4, Settings::builder().max_retries(2).lease(Duration::from_secs(5))).unwrap();
+    let idem = connect_with(&url, 4, Settings::builder().max_retries(2).lease(Duration::from_secs(5)));
     let runs = Arc::new(AtomicUsize::new(0));
     let mut seen = Vec::new();
 
@@ -103,14 +103,14 @@ async fn no_outcome_takes_a_savepoint() {
     let retried = idem
         .run(&key, &fp(1), {
             let tries = tries.clone();
-            move |tx: &Tx| {
+            move |tx: &mut Conn| {
                 let tries = tries.clone();
                 Box::pin(async move {
                     if tries.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
-                        tx.batch_execute("DO $$ BEGIN RAISE EXCEPTION 'forced' USING ERRCODE = 'serialization_failure'; END $$").await?;
+                        batch(tx, "DO $$ BEGIN RAISE EXCEPTION 'forced' USING ERRCODE = 'serialization_failure'; END $$").await?;
                     }
                     Ok(StoredResponse::json(201, json!({})))
-                }) as TxFuture<'_, _, tokio_postgres::Error>
+                }) as TxFuture<'_, _, DbError>
             }
         })
         .await;
@@ -119,13 +119,13 @@ async fn no_outcome_takes_a_savepoint() {
     let key = unique_key("nosub.lease");
     let scope = [key.operation().to_owned(), key.user_id().to_owned(), key.key().to_owned()];
     let lost = idem
-        .run(&key, &fp(1), move |tx: &Tx| {
+        .run(&key, &fp(1), move |tx: &mut Conn| {
             let scope = scope.clone();
             Box::pin(async move {
-                tx.execute("SELECT FROM idem_lookup($1, $2, $3)", &[&scope[0], &scope[1], &scope[2]]).await?;
-                tx.execute("UPDATE idem_records SET token = token + 1000000 WHERE key = $1", &[&scope[2]]).await?;
+                exec(tx, "SELECT FROM idem_lookup($1, $2, $3)", &[&scope[0], &scope[1], &scope[2]]).await?;
+                exec(tx, "UPDATE idem_records SET token = token + 1000000 WHERE key = $1", &[&scope[2]]).await?;
                 Ok(StoredResponse::json(201, json!({})))
-            }) as TxFuture<'_, _, tokio_postgres::Error>
+            }) as TxFuture<'_, _, DbError>
         })
         .await;
     assert!(matches!(lost, Err(Error::LeaseLost { .. })), "{lost:?}");
@@ -134,14 +134,14 @@ async fn no_outcome_takes_a_savepoint() {
     let panicked = tokio::spawn({
         let (idem, key) = (idem.clone(), key.clone());
         async move {
-            idem.run(&key, &fp(1), |tx: &Tx| {
+            idem.run(&key, &fp(1), |tx: &mut Conn| {
                 Box::pin(async move {
-                    tx.batch_execute("SELECT 1").await?;
-                    if tx.is_closed() {
+                    batch(tx, "SELECT 1").await?;
+                    if std::hint::black_box(false) {
                         return Ok(StoredResponse::json(200, json!({})));
                     }
                     panic!("the handler panicked");
-                }) as TxFuture<'_, StoredResponse, tokio_postgres::Error>
+                }) as TxFuture<'_, StoredResponse, DbError>
             })
             .await
         }
@@ -170,6 +170,6 @@ async fn no_outcome_takes_a_savepoint() {
     assert!(found.is_empty(), "statements that open a subtransaction: {found:?}");
 }
 
-fn nothing<'t>(_: &'t Tx, _: &'t StoredResponse) -> TxFuture<'t, (), Failure> {
+fn nothing<'t>(_: &'t mut Conn, _: &'t StoredResponse) -> TxFuture<'t, (), Failure> {
     Box::pin(std::future::ready(Ok(())))
 }

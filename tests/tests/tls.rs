@@ -173,7 +173,7 @@ async fn the_handle_connects_with_the_urls_sslmode_and_runs_the_flow() {
     assert!(ssl, "the pooled connection is encrypted");
     drop(client);
     let key = Key::new("tls.run", "u", format!("k-{}", std::process::id())).unwrap();
-    fn work<'t>(_: &'t Tx) -> TxFuture<'t, StoredResponse, tokio_postgres::Error> {
+    fn work<'t>(_: &'t mut Tx) -> TxFuture<'t, StoredResponse, tokio_postgres::Error> {
         Box::pin(async { Ok(StoredResponse::json(201, serde_json::json!({}))) })
     }
     let fp = Fingerprint::of_bytes(b"tls");

@@ -2,23 +2,27 @@
 //! its key cannot complete it, and its local writes roll back.
 
 use idempotency_client::ops::{self, RecoverAction};
-use idempotency_client::{Error, Fingerprint, Idempotency, Key, Outcome, Settings, StoredResponse, Tx, TxFuture};
-use idempotency_testkit::{charges_for, handle_in, unique_key};
+use idempotency_client::{Error, Fingerprint, Idempotency, Key, Outcome, Settings, StoredResponse, TxFuture};
+use idempotency_testkit::{charges_for, exec, handle_in, unique_key, Conn, DbError, Idem};
 use serde_json::json;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-async fn private(name: &str, lease: Duration) -> Idempotency {
-    handle_in(name, Settings::builder().lease(lease)).await
+/// A handle of the driver under test on a fresh database `name`, and a tokio-postgres pool on
+/// it for the operator's side.
+async fn private(name: &str, lease: Duration) -> (Idem, deadpool_postgres::Pool) {
+    let idem = handle_in(name, Settings::builder().lease(lease)).await;
+    let operator = Idempotency::connect(&idempotency_testkit::database_url(name), 4).expect("pool");
+    (idem, operator.pool().clone())
 }
 
 /// The local write of the two-phase flow: one row tagged with the key.
-fn record(tag: String) -> impl for<'t> FnMut(&'t Tx, &'t StoredResponse) -> TxFuture<'t, (), tokio_postgres::Error> + Send {
+fn record(tag: String) -> impl for<'t> FnMut(&'t mut Conn, &'t StoredResponse) -> TxFuture<'t, (), DbError> + Send {
     move |tx, _response| {
         let tag = tag.clone();
         Box::pin(async move {
-            tx.execute("INSERT INTO charges (user_id, amount, k) VALUES ('u', 1, $1)", &[&tag]).await?;
+            exec(tx, "INSERT INTO charges (user_id, amount, k) VALUES ('u', 1, $1)", &[&tag]).await?;
             Ok(())
         })
     }
@@ -28,7 +32,7 @@ fn record(tag: String) -> impl for<'t> FnMut(&'t Tx, &'t StoredResponse) -> TxFu
 async fn heartbeat_keeps_the_key_through_a_call_longer_than_the_lease() {
     // Heartbeats a third of a lease apart leave two spare beats before the lease could end.
     let lease = Duration::from_secs(1);
-    let idem = private("idem_two_phase_heartbeat", lease).await;
+    let (idem, operator) = private("idem_two_phase_heartbeat", lease).await;
     let key = unique_key("external.long");
     let fp = Fingerprint::of_json(&json!({"a": 1})).unwrap();
     let calls = Arc::new(AtomicUsize::new(0));
@@ -38,7 +42,7 @@ async fn heartbeat_keeps_the_key_through_a_call_longer_than_the_lease() {
     let schema = idem.schema().await.unwrap();
     let stop = Arc::new(tokio::sync::Notify::new());
     let recoverer = {
-        let (pool, recovered, stop, schema) = (idem.pool().clone(), recovered.clone(), stop.clone(), schema.clone());
+        let (pool, recovered, stop, schema) = (operator.clone(), recovered.clone(), stop.clone(), schema.clone());
         tokio::spawn(async move {
             let client = pool.get().await.unwrap();
             loop {
@@ -60,11 +64,11 @@ async fn heartbeat_keeps_the_key_through_a_call_longer_than_the_lease() {
             // Meanwhile a duplicate is told the key is in progress, with no second call.
             tokio::time::sleep(Duration::from_millis(1200)).await;
             let dup = idem
-                .run_external(&key, &fp, async { Ok::<_, tokio_postgres::Error>(StoredResponse::json(201, json!({}))) }, record("dup".into()))
+                .run_external(&key, &fp, async { Ok::<_, DbError>(StoredResponse::json(201, json!({}))) }, record("dup".into()))
                 .await;
             assert!(matches!(dup, Err(Error::InProgress { .. })), "{dup:?}");
             tokio::time::sleep(Duration::from_millis(2000)).await; // over 3 leases in all
-            Ok::<_, tokio_postgres::Error>(StoredResponse::json(201, json!({"network_ref": "ch_1"})))
+            Ok::<_, DbError>(StoredResponse::json(201, json!({"network_ref": "ch_1"})))
         }
     };
     let outcome = idem.run_external(&key, &fp, call, record(key.to_string())).await.unwrap();
@@ -74,12 +78,12 @@ async fn heartbeat_keeps_the_key_through_a_call_longer_than_the_lease() {
     assert!(matches!(&outcome, Outcome::Executed(r) if r.body_json().unwrap_or_default()["network_ref"] == "ch_1"));
     assert_eq!(recovered.load(Ordering::SeqCst), 0, "a heartbeating key is never recovered");
     assert_eq!(calls.load(Ordering::SeqCst), 1);
-    let client = idem.pool().get().await.unwrap();
+    let client = operator.get().await.unwrap();
     assert_eq!(charges_for(&client, &key).await, 1);
     assert_eq!(ops::lookup(&client, &schema, &key).await.unwrap().unwrap().status, ops::Status::Success);
     // And the replay does not call out again.
     let again = idem
-        .run_external(&key, &fp, async { Ok::<_, tokio_postgres::Error>(StoredResponse::json(500, json!({}))) }, record("again".into()))
+        .run_external(&key, &fp, async { Ok::<_, DbError>(StoredResponse::json(500, json!({}))) }, record("again".into()))
         .await
         .unwrap();
     assert!(again.is_replayed());
@@ -88,7 +92,7 @@ async fn heartbeat_keeps_the_key_through_a_call_longer_than_the_lease() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_that_lost_its_key_cannot_complete_it() {
     let lease = Duration::from_millis(300);
-    let idem = private("idem_two_phase_lost", lease).await;
+    let (idem, operator) = private("idem_two_phase_lost", lease).await;
     let key = unique_key("external.lost");
     let fp = Fingerprint::of_json(&json!({"a": 1})).unwrap();
     let schema = idem.schema().await.unwrap();
@@ -96,7 +100,7 @@ async fn a_worker_that_lost_its_key_cannot_complete_it() {
     // While the worker is out calling, its lease is cut short (as if its heartbeats had stopped
     // reaching the database), the key is recovered and a new attempt takes it over.
     let call = {
-        let (pool, key, schema) = (idem.pool().clone(), key.clone(), schema.clone());
+        let (pool, key, schema) = (operator.clone(), key.clone(), schema.clone());
         async move {
             tokio::time::sleep(Duration::from_millis(100)).await;
             let mut client = pool.get().await.unwrap();
@@ -113,13 +117,13 @@ async fn a_worker_that_lost_its_key_cannot_complete_it() {
             tx.commit().await.unwrap();
             let newer = ops::reserve(&client, &schema, &key, &Fingerprint::of_bytes(b"other-request"), &ops::ReserveOptions::default()).await.unwrap();
             assert!(matches!(newer.outcome, ops::ReserveOutcome::Created(_)));
-            Ok::<_, tokio_postgres::Error>(StoredResponse::json(201, json!({"late": true})))
+            Ok::<_, DbError>(StoredResponse::json(201, json!({"late": true})))
         }
     };
     let err = idem.run_external(&key, &fp, call, record(key.to_string())).await.unwrap_err();
     assert!(matches!(err, Error::LeaseLost { .. }), "{err:?}");
     assert_eq!(idempotency_client::layer::http_status(&err), 409);
-    let client = idem.pool().get().await.unwrap();
+    let client = operator.get().await.unwrap();
     assert_eq!(charges_for(&client, &key).await, 0, "the stale worker's local write rolled back");
     let record = ops::lookup(&client, &schema, &key).await.unwrap().unwrap();
     let other = Fingerprint::of_bytes(b"other-request");
@@ -128,13 +132,13 @@ async fn a_worker_that_lost_its_key_cannot_complete_it() {
 
 #[tokio::test]
 async fn external_transient_failures_release_and_permanent_ones_are_stored() {
-    let idem = private("idem_two_phase_failures", Duration::from_secs(5)).await;
+    let (idem, _operator) = private("idem_two_phase_failures", Duration::from_secs(5)).await;
     let key: Key = unique_key("external.failures");
     let fp = Fingerprint::of_json(&json!({"a": 1})).unwrap();
-    let ok = || async { Ok::<_, tokio_postgres::Error>(StoredResponse::json(502, json!({"upstream": "down"}))) };
+    let ok = || async { Ok::<_, DbError>(StoredResponse::json(502, json!({"upstream": "down"}))) };
     let out = idem.run_external(&key, &fp, ok(), record("x".into())).await.unwrap();
     assert!(matches!(out, Outcome::Released(_)), "a 5xx from the outside call releases the key");
-    let declined = || async { Ok::<_, tokio_postgres::Error>(StoredResponse::json(402, json!({"error": "declined"}))) };
+    let declined = || async { Ok::<_, DbError>(StoredResponse::json(402, json!({"error": "declined"}))) };
     let out = idem.run_external(&key, &fp, declined(), record("y".into())).await.unwrap();
     assert!(matches!(&out, Outcome::Executed(r) if r.status == 402));
     let err = idem.run_external(&key, &fp, ok(), record("z".into())).await.unwrap_err();

@@ -54,7 +54,7 @@ impl Options {
 /// Every layer, in the order a major runs them (`--layers` picks some; the package layer
 /// includes package_tarball and package_deb).
 pub(crate) const LAYERS: &[&str] = &[
-    "unit", "lint", "pg_test", "package", "install", "regress", "isolation", "e2e", "e2e_portable", "bench", "upgrade", "portable",
+    "unit", "lint", "pg_test", "package", "install", "regress", "isolation", "e2e", "e2e_portable", "e2e_sqlx", "bench", "upgrade", "portable",
     "python", "ops", "citus", "pgspot", "failover", "pg_upgrade",
 ];
 
@@ -258,15 +258,17 @@ fn run_major(h: &mut Harness, ctx: &Ctx) {
 
     // The suites and the client's tests share the major's private cluster.
     let private = Server::private(&ctx.config);
-    let needed = ["regress", "isolation", "e2e", "e2e_portable", "bench"].iter().any(|l| h.wants(l));
+    let needed = ["regress", "isolation", "e2e", "e2e_portable", "e2e_sqlx", "bench"].iter().any(|l| h.wants(l));
     let started = if needed { catch_unwind(AssertUnwindSafe(|| private.ensure_started())) } else { Ok(()) };
     if started.is_err() {
         h.layer(ctx, "regress", |_, c| c.fail("start the private cluster", &idempotency_pgserver::root().join("target/servers").display().to_string()));
     } else {
         h.layer(ctx, "regress", layers::regress::run);
         h.layer(ctx, "isolation", layers::isolation::run);
-        h.layer(ctx, "e2e", |c, k| layers::e2e::run(c, k, layers::e2e::Install::Extension));
-        h.layer(ctx, "e2e_portable", |c, k| layers::e2e::run(c, k, layers::e2e::Install::Portable));
+        use layers::e2e::{Driver, Install};
+        h.layer(ctx, "e2e", |c, k| layers::e2e::run(c, k, Install::Extension, Driver::TokioPostgres));
+        h.layer(ctx, "e2e_portable", |c, k| layers::e2e::run(c, k, Install::Portable, Driver::TokioPostgres));
+        h.layer(ctx, "e2e_sqlx", |c, k| layers::e2e::run(c, k, Install::Extension, Driver::Sqlx));
         if ctx.full {
             h.layer(ctx, "bench", layers::bench::run);
         }

@@ -1,14 +1,19 @@
 //! The driver interface: the statements a flow sends and how they are pipelined. The flows
 //! (`flow::in_transaction`, `flow::two_phase`) are written once against it; a Postgres stack is
-//! one implementation ([`Postgres`]: tokio-postgres with a deadpool pool). The statement texts
-//! come from one place (`sql.rs`), whatever the driver.
+//! one implementation ([`Postgres`]: tokio-postgres with a deadpool pool), and with the `sqlx`
+//! feature [`Sqlx`] (a `sqlx::PgPool`) another. The statement texts come from one place
+//! (`sql.rs`), whatever the driver.
 //!
 //! No method takes a savepoint: the failure paths of the in-transaction flow roll the whole
 //! transaction back and record the failure in a fresh one.
 
 pub(crate) mod postgres;
+#[cfg(feature = "sqlx")]
+pub(crate) mod sqlx;
 
 pub use postgres::{Postgres, Tx};
+#[cfg(feature = "sqlx")]
+pub use self::sqlx::{SharedConnection, Sqlx, SqlxTx};
 
 use crate::error::Error;
 use crate::ops::{ReleaseOutcome, ReserveOptions, Reservation, Status, Token};
@@ -26,10 +31,26 @@ pub(crate) use sealed::Sealed;
 
 /// A Postgres stack the flows run on. Implemented by this crate only.
 pub trait Driver: Sealed + Clone + Send + Sync + 'static {
-    /// The open transaction of the in-transaction flow as your closure sees it; the layer hands
-    /// a clone to the handler. Dropping the last clone before the transaction was seen to end
-    /// closes the connection (the server rolls back) instead of returning it to the pool.
-    type Tx: Clone + Send + Sync + 'static;
+    /// An open transaction as a flow holds it. Dropping it before the transaction was seen to
+    /// end closes the connection (the server rolls back) instead of returning it to the pool.
+    type Tx: Send + 'static;
+
+    /// What your closures receive, as `&mut Self::Conn`: for [`Postgres`] its [`Tx`] (which
+    /// dereferences to the pooled client), for `Sqlx` a `sqlx::PgConnection`.
+    type Conn: Send + ?Sized;
+
+    /// The form of the open transaction an HTTP handler is given (the layer's `Transaction`):
+    /// cloneable and `'static`, so it can travel in the request.
+    type Shared: Clone + Send + Sync + 'static;
+
+    /// The connection inside `tx`, for a closure.
+    fn conn(tx: &mut Self::Tx) -> &mut Self::Conn;
+
+    /// Lends `tx` out in its shareable form (for the layer, for the length of a request).
+    fn share(tx: &mut Self::Tx) -> Self::Shared;
+
+    /// Takes back what [`Driver::share`] lent; a copy kept by the handler after that is empty.
+    fn unshare(tx: &mut Self::Tx, shared: Self::Shared);
 
     /// The installed extension's schema and version (not yet checked).
     fn installed(&self) -> impl Future<Output = Result<(String, String), Error>> + Send;
@@ -51,7 +72,7 @@ pub trait Driver: Sealed + Clone + Send + Sync + 'static {
     /// The last round trip: `idem_complete` and `COMMIT`, pipelined. False when the key was
     /// lost: the completion then aborts the transaction, so the `COMMIT` behind it rolls back.
     fn complete_and_commit(
-        tx: &Self::Tx,
+        tx: &mut Self::Tx,
         schema: &Schema,
         key: &Key,
         token: Token,
@@ -64,7 +85,7 @@ pub trait Driver: Sealed + Clone + Send + Sync + 'static {
     /// `COMMIT`; one round trip. `None` when the key could not be taken again (another attempt
     /// holds it or finished it meanwhile): nothing was counted.
     fn rollback_and_release(
-        tx: &Self::Tx,
+        tx: &mut Self::Tx,
         schema: &Schema,
         key: &Key,
         fingerprint: &Fingerprint,
@@ -75,7 +96,7 @@ pub trait Driver: Sealed + Clone + Send + Sync + 'static {
     /// The permanent-failure path: as [`Driver::rollback_and_release`], but the key is completed
     /// `FAILED` with `response`. False when the key could not be taken again.
     fn rollback_and_fail(
-        tx: &Self::Tx,
+        tx: &mut Self::Tx,
         schema: &Schema,
         key: &Key,
         fingerprint: &Fingerprint,
@@ -84,14 +105,15 @@ pub trait Driver: Sealed + Clone + Send + Sync + 'static {
     ) -> impl Future<Output = Result<bool, Error>> + Send;
 
     /// `ROLLBACK`, waited for.
-    fn rollback(tx: &Self::Tx) -> impl Future<Output = ()> + Send;
+    fn rollback(tx: &mut Self::Tx) -> impl Future<Output = ()> + Send;
 
-    /// A connection for a transaction whose `BEGIN` is sent by [`Driver::begin`] (so it can be
-    /// pipelined with the first statement of a closure).
+    /// A connection for a transaction whose `BEGIN` is sent by [`Driver::begin`].
     fn open(&self) -> impl Future<Output = Result<Self::Tx, Error>> + Send;
 
-    /// Sends `BEGIN` on `tx` when first polled.
-    fn begin(tx: &Self::Tx) -> impl Future<Output = Result<(), Error>> + Send;
+    /// `BEGIN` on `tx`. A driver that pipelines only queues it, so it leaves with the next
+    /// statement (a closure's first); `BEGIN` on a fresh connection can only fail with the
+    /// connection, and that statement then fails too.
+    fn begin(tx: &mut Self::Tx) -> impl Future<Output = Result<(), Error>> + Send;
 
     /// `idem_reserve` in a transaction of its own.
     fn reserve(

@@ -106,7 +106,7 @@ impl Drop for Open {
 
 /// One request of a failure path: `ROLLBACK`, then in a fresh transaction reserve again and
 /// release or fail (the `answer` column: NULL when the key was not created again), `COMMIT`.
-async fn again(tx: &Tx, sql: &str, key: &Key, fingerprint: &Fingerprint, options: &ReserveOptions, last: Literal<'_>) -> Result<Option<String>, Error> {
+async fn again(tx: &mut Tx, sql: &str, key: &Key, fingerprint: &Fingerprint, options: &ReserveOptions, last: Literal<'_>) -> Result<Option<String>, Error> {
     let mut values = Vec::from(reserve_values(key, fingerprint, &ReserveOptions { wait: false, ..options.clone() }));
     values.push(last);
     let statement = bind(sql, &values);
@@ -159,6 +159,18 @@ fn max_retries_literal(max_retries: Option<i32>) -> Literal<'static> {
 
 impl Driver for Postgres {
     type Tx = Tx;
+    type Conn = Tx;
+    type Shared = Tx;
+
+    fn conn(tx: &mut Tx) -> &mut Tx {
+        tx
+    }
+
+    fn share(tx: &mut Tx) -> Tx {
+        tx.clone()
+    }
+
+    fn unshare(_: &mut Tx, _: Tx) {}
 
     async fn installed(&self) -> Result<(String, String), Error> {
         ops::installed(&self.get().await?).await
@@ -175,10 +187,10 @@ impl Driver for Postgres {
         let client = self.get().await?;
         // Prepared (or found cached) before anything is pipelined: a statement being prepared
         // would let the statements after it overtake it.
+        // The completion is prepared now too, so the last round trip never waits for a Parse.
         let reserve = ops::prepare(&client, &schema.sql().reserve).await?;
-        let complete = ops::prepare(&client, &schema.sql().complete_or_abort).await?;
-        drop(complete);
-        let tx = Tx(Arc::new(Open { client: Some(client), ended: AtomicBool::new(false) }));
+        ops::prepare(&client, &schema.sql().complete_or_abort).await?;
+        let mut tx = Tx(Arc::new(Open { client: Some(client), ended: AtomicBool::new(false) }));
         // BEGIN and the reservation leave together: the connection comes idle from the pool, so
         // its task is parked and both requests are queued before it runs. BEGIN can only fail
         // with the connection, on which nothing after it runs either.
@@ -189,7 +201,7 @@ impl Driver for Postgres {
         match begun.map_err(Error::from).and(reservation) {
             Ok(reservation) => Ok((tx, reservation)),
             Err(e) => {
-                Self::rollback(&tx).await;
+                Self::rollback(&mut tx).await;
                 Err(e)
             }
         }
@@ -207,7 +219,7 @@ impl Driver for Postgres {
     }
 
     async fn complete_and_commit(
-        tx: &Tx,
+        tx: &mut Tx,
         schema: &Schema,
         key: &Key,
         token: Token,
@@ -237,7 +249,7 @@ impl Driver for Postgres {
     }
 
     async fn rollback_and_release(
-        tx: &Tx,
+        tx: &mut Tx,
         schema: &Schema,
         key: &Key,
         fingerprint: &Fingerprint,
@@ -249,7 +261,7 @@ impl Driver for Postgres {
     }
 
     async fn rollback_and_fail(
-        tx: &Tx,
+        tx: &mut Tx,
         schema: &Schema,
         key: &Key,
         fingerprint: &Fingerprint,
@@ -260,7 +272,7 @@ impl Driver for Postgres {
         Ok(answer.as_deref() == Some("true"))
     }
 
-    async fn rollback(tx: &Tx) {
+    async fn rollback(tx: &mut Tx) {
         if tx.0.client().batch_execute("ROLLBACK").await.is_ok() {
             tx.0.end();
         }
@@ -271,8 +283,15 @@ impl Driver for Postgres {
         Ok(Tx(Arc::new(Open { client: Some(client), ended: AtomicBool::new(false) })))
     }
 
-    async fn begin(tx: &Tx) -> Result<(), Error> {
-        Ok(tx.0.client().batch_execute("BEGIN").await?)
+    async fn begin(tx: &mut Tx) -> Result<(), Error> {
+        // Queued, not waited for (tokio-postgres sends a request when its future is first
+        // polled, and ignores the answer of one whose future is gone): BEGIN leaves with the
+        // closure's first statement, in one round trip.
+        use futures_util::FutureExt;
+        match tx.0.client().batch_execute("BEGIN").now_or_never() {
+            Some(Err(e)) => Err(e.into()),
+            None | Some(Ok(())) => Ok(()),
+        }
     }
 
     async fn reserve(&self, schema: &Schema, key: &Key, fingerprint: &Fingerprint, options: &ReserveOptions) -> Result<Reservation, Error> {

@@ -30,7 +30,7 @@ where
     D: Driver,
     T: Replayable + Send,
     E: HandlerError + Send,
-    F: for<'t> FnMut(&'t D::Tx) -> TxFuture<'t, T, E> + Send,
+    F: for<'t> FnMut(&'t mut D::Tx) -> TxFuture<'t, T, E> + Send,
 {
     let mut attempt = 0;
     loop {
@@ -49,10 +49,10 @@ where
     D: Driver,
     T: Replayable + Send,
     E: HandlerError + Send,
-    F: for<'t> FnMut(&'t D::Tx) -> TxFuture<'t, T, E> + Send,
+    F: for<'t> FnMut(&'t mut D::Tx) -> TxFuture<'t, T, E> + Send,
 {
     let options = cx.options(cx.settings.lease);
-    let (tx, reservation) = cx
+    let (mut tx, reservation) = cx
         .driver
         .begin_and_reserve(cx.schema, cx.settings.isolation, key, fingerprint, &options)
         .await
@@ -64,8 +64,8 @@ where
             return cx.answer(other);
         }
     };
-    let result = work(&tx).await;
-    finish(cx, &tx, Attempt { key, fingerprint, options: &options, token }, result).await
+    let result = work(&mut tx).await;
+    finish(cx, &mut tx, Attempt { key, fingerprint, options: &options, token }, result).await
 }
 
 /// The reservation a finishing attempt holds.
@@ -77,21 +77,16 @@ struct Attempt<'a> {
 }
 
 /// Records the work's result (or its failure) and ends the transaction.
-async fn finish<D, T, E>(cx: &Context<'_, D>, tx: &D::Tx, a: Attempt<'_>, result: Result<T, E>) -> Result<Outcome<T>, Error<E>>
+async fn finish<D, T, E>(cx: &Context<'_, D>, tx: &mut D::Tx, a: Attempt<'_>, result: Result<T, E>) -> Result<Outcome<T>, Error<E>>
 where
     D: Driver,
     T: Replayable,
     E: HandlerError,
 {
-    let release = |result| async {
-        let max_retries = cx.settings.max_retries;
-        let answer = D::rollback_and_release(tx, cx.schema, a.key, a.fingerprint, a.options, max_retries).await;
-        Ok::<_, Error<E>>(cx.released(answer.map_err(Error::widen)?, result))
-    };
     match result {
         Ok(value) => {
             let status = match value.verdict() {
-                Verdict::Transient => return release(Ok(value)).await?,
+                Verdict::Transient => return release(cx, tx, &a, Ok(value)).await,
                 Verdict::Success => Status::Success,
                 Verdict::Failure => Status::Failed,
             };
@@ -113,7 +108,7 @@ where
             Err(Error::Handler { error })
         }
         Err(error) => match error.disposition() {
-            Disposition::Transient => release(Err(error)).await?,
+            Disposition::Transient => release(cx, tx, &a, Err(error)).await,
             Disposition::Permanent(response) => {
                 D::rollback_and_fail(tx, cx.schema, a.key, a.fingerprint, a.options, response.as_ref())
                     .await
@@ -122,4 +117,11 @@ where
             }
         },
     }
+}
+
+/// The transient-failure path: roll back, count the failure in a fresh transaction, answer.
+async fn release<D: Driver, T, E>(cx: &Context<'_, D>, tx: &mut D::Tx, a: &Attempt<'_>, result: Result<T, E>) -> Result<Outcome<T>, Error<E>> {
+    let max_retries = cx.settings.max_retries;
+    let answer = D::rollback_and_release(tx, cx.schema, a.key, a.fingerprint, a.options, max_retries).await.map_err(Error::widen)?;
+    cx.released(answer, result)
 }

@@ -38,7 +38,7 @@ where
     T: Replayable + Send + Sync,
     E: HandlerError + Send,
     C: std::future::Future<Output = Result<T, E>> + Send,
-    R: for<'t> FnMut(&'t D::Tx, &'t T) -> TxFuture<'t, (), E> + Send,
+    R: for<'t> FnMut(&'t mut D::Conn, &'t T) -> TxFuture<'t, (), E> + Send,
 {
     let lease = cx.settings.lease.unwrap_or(DEFAULT_EXTERNAL_LEASE);
     let reservation = cx.driver.reserve(cx.schema, key, fingerprint, &cx.options(Some(lease))).await.map_err(Error::widen)?;
@@ -108,21 +108,20 @@ where
     D: Driver,
     T: Replayable + Send + Sync,
     E: HandlerError + Send,
-    R: for<'t> FnMut(&'t D::Tx, &'t T) -> TxFuture<'t, (), E> + Send,
+    R: for<'t> FnMut(&'t mut D::Conn, &'t T) -> TxFuture<'t, (), E> + Send,
 {
-    let tx = cx.driver.open().await.map_err(Error::widen)?;
-    // BEGIN is queued before record's first statement (join polls in order), so both leave in
-    // one round trip; BEGIN can only fail with the connection, which then runs nothing.
-    let (begun, recorded) = futures_util::join!(D::begin(&tx), record(&tx, value));
-    if let Err(e) = begun {
-        D::rollback(&tx).await;
+    let mut tx = cx.driver.open().await.map_err(Error::widen)?;
+    // BEGIN leaves with record's first statement where the driver pipelines (it only queues
+    // it then).
+    if let Err(e) = D::begin(&mut tx).await {
+        D::rollback(&mut tx).await;
         return Err(e.widen());
     }
-    if let Err(error) = recorded {
-        D::rollback(&tx).await;
+    if let Err(error) = record(D::conn(&mut tx), value).await {
+        D::rollback(&mut tx).await;
         return Err(Error::Handler { error });
     }
-    D::complete_and_commit(&tx, cx.schema, key, token, Some(stored), status).await.map_err(Error::widen)
+    D::complete_and_commit(&mut tx, cx.schema, key, token, Some(stored), status).await.map_err(Error::widen)
 }
 
 /// Whether the local transaction is retried for this error: 40001 / 40P01 or a lost

@@ -2,6 +2,7 @@
 
 use super::{IdempotencyLayer, Mode};
 use crate::response::{Replayable, StoredResponse, Verdict};
+use crate::driver::{Driver, Postgres};
 use crate::Idempotency;
 use http::header::{HeaderName, AUTHORIZATION, CONTENT_TYPE, LOCATION, SET_COOKIE};
 use http::request::Parts;
@@ -30,8 +31,8 @@ pub const ANONYMOUS_USER: &str = "anonymous";
 pub struct ConfigError(String);
 
 /// The frozen configuration every request of a layer reads.
-pub(crate) struct Config {
-    pub(crate) idem: Idempotency,
+pub(crate) struct Config<D: Driver = Postgres> {
+    pub(crate) idem: Idempotency<D>,
     pub(crate) mode: Mode,
     pub(crate) header: HeaderName,
     pub(crate) methods: Vec<Method>,
@@ -65,8 +66,8 @@ pub(crate) struct Config {
 /// | [`status_policy`](Builder::status_policy) | 2xx–4xx stored except 408, 409, 425, 429 |
 /// | [`log_keys`](Builder::log_keys) | `false`: spans carry a hash of the key |
 #[must_use]
-pub struct Builder {
-    idem: Idempotency,
+pub struct Builder<D: Driver = Postgres> {
+    idem: Idempotency<D>,
     mode: Mode,
     header: HeaderName,
     methods: Vec<Method>,
@@ -90,8 +91,8 @@ pub fn default_status_policy(status: u16) -> Verdict {
     StoredResponse::json(status, serde_json::Value::Null).verdict()
 }
 
-impl Builder {
-    pub(crate) fn new(idem: Idempotency) -> Self {
+impl<D: Driver> Builder<D> {
+    pub(crate) fn new(idem: Idempotency<D>) -> Self {
         Builder {
             idem,
             mode: Mode::InTransaction,
@@ -227,7 +228,7 @@ impl Builder {
     }
 
     /// The layer, or the first setting that is missing or unsafe.
-    pub fn build(self) -> Result<IdempotencyLayer, ConfigError> {
+    pub fn build(self) -> Result<IdempotencyLayer<D>, ConfigError> {
         let Some(scope) = self.scope else {
             return Err(ConfigError(
                 "no scope: call .user(..) with the authenticated principal, or .anonymous() for a route without one".into(),

@@ -82,6 +82,7 @@ pub use config::{default_status_policy, Builder, ConfigError, UserFn, ANONYMOUS_
 pub use service::IdempotencyService;
 pub use transaction::Transaction;
 
+use crate::driver::{Driver, Postgres};
 use crate::Idempotency;
 use std::sync::Arc;
 
@@ -105,39 +106,44 @@ impl Mode {
 }
 
 /// Makes a tower HTTP service idempotent; see the [module documentation](self).
-#[derive(Clone)]
-pub struct IdempotencyLayer {
-    pub(crate) config: Arc<config::Config>,
+pub struct IdempotencyLayer<D: Driver = Postgres> {
+    pub(crate) config: Arc<config::Config<D>>,
 }
 
-impl std::fmt::Debug for IdempotencyLayer {
+impl<D: Driver> Clone for IdempotencyLayer<D> {
+    fn clone(&self) -> Self {
+        IdempotencyLayer { config: self.config.clone() }
+    }
+}
+
+impl<D: Driver> std::fmt::Debug for IdempotencyLayer<D> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("IdempotencyLayer").field("mode", &self.config.mode).finish_non_exhaustive()
     }
 }
 
-impl IdempotencyLayer {
+impl<D: Driver> IdempotencyLayer<D> {
     /// A builder over the handle `idem` (its pool, schema and settings are the defaults), in
     /// [`Mode::InTransaction`] unless [`Builder::mode`] says otherwise.
-    pub fn builder(idem: Idempotency) -> Builder {
+    pub fn builder(idem: Idempotency<D>) -> Builder<D> {
         Builder::new(idem)
     }
 
     /// A builder for an in-transaction route: its handler writes through the [`Transaction`].
-    pub fn in_transaction(idem: Idempotency) -> Builder {
+    pub fn in_transaction(idem: Idempotency<D>) -> Builder<D> {
         Builder::new(idem).mode(Mode::InTransaction)
     }
 
     /// A builder for a two-phase route: its handler's effects leave the database.
-    pub fn two_phase(idem: Idempotency) -> Builder {
+    pub fn two_phase(idem: Idempotency<D>) -> Builder<D> {
         Builder::new(idem).mode(Mode::TwoPhase)
     }
 }
 
-impl<S> tower_layer::Layer<S> for IdempotencyLayer {
-    type Service = IdempotencyService<S>;
+impl<S, D: Driver> tower_layer::Layer<S> for IdempotencyLayer<D> {
+    type Service = IdempotencyService<S, D>;
 
-    fn layer(&self, inner: S) -> IdempotencyService<S> {
+    fn layer(&self, inner: S) -> IdempotencyService<S, D> {
         IdempotencyService { inner, config: self.config.clone() }
     }
 }

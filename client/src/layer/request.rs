@@ -1,6 +1,7 @@
 //! What the layer reads from a request: its operation, its user and its fingerprint.
 
 use super::config::{Config, Scope, ANONYMOUS_USER};
+use crate::driver::Driver;
 use idempotency_core::fingerprint::{canonical_json, Fingerprint};
 use http::header::CONTENT_TYPE;
 use http::request::Parts;
@@ -8,7 +9,7 @@ use http::request::Parts;
 /// The configured operation name, else the method and the matched route (`POST /charges/{id}`,
 /// when axum put a `MatchedPath` in the request: the layer was added with `route_layer`), else
 /// the method and the path.
-pub(crate) fn operation(config: &Config, parts: &Parts) -> String {
+pub(crate) fn operation<D: Driver>(config: &Config<D>, parts: &Parts) -> String {
     if let Some(name) = &config.operation {
         return name.clone();
     }
@@ -20,7 +21,7 @@ pub(crate) fn operation(config: &Config, parts: &Parts) -> String {
 }
 
 /// The user the request acts for, `None` when the scope extractor found none.
-pub(crate) fn user(config: &Config, parts: &Parts) -> Option<String> {
+pub(crate) fn user<D: Driver>(config: &Config<D>, parts: &Parts) -> Option<String> {
     match &config.scope {
         Scope::User(user) => user(parts),
         Scope::Anonymous => Some(ANONYMOUS_USER.to_owned()),
@@ -38,7 +39,7 @@ fn is_json(parts: &Parts) -> bool {
 /// The fingerprint of the method, the path (with its query) and the body: the canonical JSON of
 /// a JSON body (or of its selected top-level fields), the exact bytes of any other body (or of a
 /// JSON body that does not parse).
-pub(crate) fn fingerprint(config: &Config, parts: &Parts, body: &[u8]) -> Fingerprint {
+pub(crate) fn fingerprint<D: Driver>(config: &Config<D>, parts: &Parts, body: &[u8]) -> Fingerprint {
     let target = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
     let canonical = if is_json(parts) { canonical_body(config.fields.as_deref(), body) } else { None };
     let mut input = format!("{} {}\n", parts.method, target).into_bytes();

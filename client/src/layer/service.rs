@@ -9,7 +9,8 @@ use super::problem::{types, Problem};
 use super::record::HttpRecord;
 use super::transaction::Transaction;
 use super::Mode;
-use crate::{Error, Fingerprint, HandlerError, Key, Outcome, Tx, TxFuture};
+use crate::driver::{Driver, Postgres};
+use crate::{Error, Fingerprint, HandlerError, Key, Outcome, TxFuture};
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
@@ -25,20 +26,26 @@ use tracing::Instrument;
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// An idempotent route: the service [`super::IdempotencyLayer`] makes.
-#[derive(Clone)]
-pub struct IdempotencyService<S> {
+pub struct IdempotencyService<S, D: Driver = Postgres> {
     pub(crate) inner: S,
-    pub(crate) config: Arc<Config>,
+    pub(crate) config: Arc<Config<D>>,
 }
 
-impl<S> std::fmt::Debug for IdempotencyService<S> {
+impl<S: Clone, D: Driver> Clone for IdempotencyService<S, D> {
+    fn clone(&self) -> Self {
+        IdempotencyService { inner: self.inner.clone(), config: self.config.clone() }
+    }
+}
+
+impl<S, D: Driver> std::fmt::Debug for IdempotencyService<S, D> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("IdempotencyService").field("mode", &self.config.mode).finish_non_exhaustive()
     }
 }
 
-impl<S, B, R> Service<Request<B>> for IdempotencyService<S>
+impl<S, B, R, D> Service<Request<B>> for IdempotencyService<S, D>
 where
+    D: Driver,
     S: Service<Request<B>, Response = Response<R>> + Clone + Send + 'static,
     S::Future: Send + 'static,
     S::Error: Send + 'static,
@@ -69,8 +76,9 @@ where
 }
 
 /// A request of a covered method.
-async fn covered<S, B, R>(config: Arc<Config>, mut inner: S, req: Request<B>) -> Result<Response<R>, S::Error>
+async fn covered<S, B, R, D>(config: Arc<Config<D>>, mut inner: S, req: Request<B>) -> Result<Response<R>, S::Error>
 where
+    D: Driver,
     S: Service<Request<B>, Response = Response<R>> + Clone + Send + 'static,
     S::Future: Send + 'static,
     S::Error: Send + 'static,
@@ -152,7 +160,7 @@ where
 }
 
 /// Answers a request refused before it was identified (no key, a malformed one).
-fn reject<R: From<Bytes>, SE>(config: &Config, parts: &http::request::Parts, problem: Problem) -> Result<Response<R>, SE> {
+fn reject<R: From<Bytes>, SE, D: Driver>(config: &Config<D>, parts: &http::request::Parts, problem: Problem) -> Result<Response<R>, SE> {
     let operation = super::request::operation(config, parts);
     Ok(Observed::start(&operation, config.mode.label()).reject(problem))
 }
@@ -185,7 +193,7 @@ impl<SE> std::fmt::Display for Failure<SE> {
 impl<SE> HandlerError for Failure<SE> {}
 
 /// Calls the route and reads its whole response, catching a panic.
-async fn produce<S, B, R>(config: &Config, mut inner: S, req: Request<B>) -> Result<HttpRecord, Failure<S::Error>>
+async fn produce<S, B, R, D: Driver>(config: &Config<D>, mut inner: S, req: Request<B>) -> Result<HttpRecord, Failure<S::Error>>
 where
     S: Service<Request<B>, Response = Response<R>>,
     R: Body,
@@ -215,8 +223,8 @@ where
 /// In-transaction: `run`, with the route as its work: the route gets the transaction in its
 /// request's extensions, and its response is stored with its writes. (A retry of the whole
 /// transaction after 40001 / 40P01 calls the route again with the same request.)
-async fn in_transaction<S, B, R>(
-    config: &Arc<Config>,
+async fn in_transaction<S, B, R, D: Driver>(
+    config: &Arc<Config<D>>,
     inner: S,
     key: Key,
     fingerprint: Fingerprint,
@@ -233,22 +241,27 @@ where
     R::Error: Into<BoxError>,
 {
     let route = config.clone();
-    let work = work_fn(move |tx: &Tx| {
+    let work = work_fn::<D, _, _, _>(move |tx: &mut D::Tx| {
+        let shared = D::share(tx);
         let mut req = Request::from_parts(parts.clone(), B::from(bytes.clone()));
-        req.extensions_mut().insert(Transaction(tx.clone()));
+        req.extensions_mut().insert(Transaction::<D>(shared.clone()));
         let (config, inner) = (route.clone(), inner.clone());
-        Box::pin(async move { produce(&config, inner, req).await }) as TxFuture<'_, HttpRecord, Failure<S::Error>>
+        Box::pin(async move {
+            let produced = produce(&config, inner, req).await;
+            D::unshare(tx, shared);
+            produced
+        }) as TxFuture<'_, HttpRecord, Failure<S::Error>>
     });
-    answer_of(config, config.idem.run(&key, &fingerprint, work).await)
+    answer_of(config, config.idem.run_tx(&key, &fingerprint, work).await)
 }
 
 /// Gives a closure the higher-ranked signature of a flow's work.
-fn work_fn<T, E, F: for<'t> FnMut(&'t Tx) -> TxFuture<'t, T, E>>(f: F) -> F {
+fn work_fn<D: Driver, T, E, F: for<'t> FnMut(&'t mut D::Tx) -> TxFuture<'t, T, E>>(f: F) -> F {
     f
 }
 
 /// Two-phase: reserve with a lease, run the route while the lease is heartbeaten, then complete.
-async fn two_phase<S, B, R>(config: &Config, inner: S, key: Key, fingerprint: Fingerprint, req: Request<B>) -> Answer<R, S::Error>
+async fn two_phase<S, B, R, D: Driver>(config: &Config<D>, inner: S, key: Key, fingerprint: Fingerprint, req: Request<B>) -> Answer<R, S::Error>
 where
     S: Service<Request<B>, Response = Response<R>> + Send,
     S::Future: Send,
@@ -263,12 +276,12 @@ where
 }
 
 /// The two-phase layer records nothing locally but the key.
-fn nothing_local<'t, E: Send + 'static>(_: &'t Tx, _: &'t HttpRecord) -> TxFuture<'t, (), E> {
+fn nothing_local<'t, C: ?Sized, E: Send + 'static>(_: &'t mut C, _: &'t HttpRecord) -> TxFuture<'t, (), E> {
     Box::pin(std::future::ready(Ok(())))
 }
 
 /// Maps a flow's result to the answer.
-fn answer_of<R: From<Bytes>, SE>(config: &Config, result: Result<Outcome<HttpRecord>, Error<Failure<SE>>>) -> Answer<R, SE> {
+fn answer_of<R: From<Bytes>, SE, D: Driver>(config: &Config<D>, result: Result<Outcome<HttpRecord>, Error<Failure<SE>>>) -> Answer<R, SE> {
     match result {
         Ok(outcome) => {
             let decision = outcome.decision();
@@ -278,7 +291,7 @@ fn answer_of<R: From<Bytes>, SE>(config: &Config, result: Result<Outcome<HttpRec
     }
 }
 
-fn error_answer<R: From<Bytes>, SE>(config: &Config, e: Error<Failure<SE>>) -> Answer<R, SE> {
+fn error_answer<R: From<Bytes>, SE, D: Driver>(config: &Config<D>, e: Error<Failure<SE>>) -> Answer<R, SE> {
     let status = super::http::http_status(&e);
     let after = super::http::retry_after(&e, config.idem.settings().retry_after);
     let outcome = e.decision();

@@ -1,6 +1,7 @@
-//! Layers e2e and e2e_portable: `cargo test -p idempotency-tests` (every test binary; the core
-//! run: the checklist binary, which holds the concurrency tests) against the private cluster,
-//! with the extension or with the portable install (IDEM_INSTALL=portable).
+//! Layers e2e, e2e_portable and e2e_sqlx: `cargo test -p idempotency-tests` (every test binary;
+//! the core run: the checklist binary, which holds the concurrency tests) against the private
+//! cluster, with the extension or with the portable install (IDEM_INSTALL=portable), over the
+//! tokio-postgres driver or over the sqlx one (`--features sqlx`: the test kit's handle follows).
 
 use crate::harness::Ctx;
 use crate::report::Checks;
@@ -15,8 +16,15 @@ pub(crate) enum Install {
     Portable,
 }
 
+/// The client driver the suites run over.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Driver {
+    TokioPostgres,
+    Sqlx,
+}
+
 /// Runs the layer.
-pub(crate) fn run(ctx: &Ctx, checks: &mut Checks, install: Install) {
+pub(crate) fn run(ctx: &Ctx, checks: &mut Checks, install: Install, driver: Driver) {
     let kind = match install {
         Install::Extension => "extension",
         Install::Portable => {
@@ -31,6 +39,9 @@ pub(crate) fn run(ctx: &Ctx, checks: &mut Checks, install: Install) {
     let mut args = vec!["test", "--no-fail-fast", "-p", "idempotency-tests"];
     if !ctx.full {
         args.extend(["--test", "checklist"]);
+    }
+    if driver == Driver::Sqlx {
+        args.extend(["--features", "sqlx"]);
     }
     crate::cargo::test(checks, Path::new("."), &args, &[("IDEM_INSTALL", kind)]);
 }

@@ -3,7 +3,7 @@
 
 pub(crate) mod bench; // the benchmark in smoke mode: every case runs and produces numbers
 pub(crate) mod citus; // a Citus coordinator and two workers: distribution, flow, duplicates, tokens, maintenance, a shard move
-pub(crate) mod e2e; // cargo test -p idempotency-tests against the extension or the portable install
+pub(crate) mod e2e; // cargo test -p idempotency-tests against the extension or the portable install, over either driver
 pub(crate) mod failover; // tests/failover.rs: a primary and a synchronous standby, the primary killed, the standby promoted
 pub(crate) mod install; // cargo pgrx install --release and every released and update script
 pub(crate) mod isolation; // pg_isolation_regress specs (tests/isolation) on the private cluster

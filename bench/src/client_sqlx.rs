@@ -1,0 +1,131 @@
+//! The Rust client's `run` over the sqlx driver against a raw sqlx transaction doing the same
+//! insert (the rows beside `client.rs`'s tokio-postgres ones): throughput and client-side
+//! latencies of concurrent loops, and the round trips each makes per call (counted by the test
+//! kit's proxy).
+
+use crate::pgbench::Measure;
+use idempotency_client::{Fingerprint, Idempotency, Key, Settings, Sqlx, StoredResponse};
+use idempotency_testkit::proxy::Proxy;
+use serde_json::json;
+use sqlx::pool::PoolConnection;
+use sqlx::Connection;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::client::Call;
+
+const INSERT: &str = "INSERT INTO bench_charges (user_id, amount) VALUES ($1, 100)";
+const SELECT: &str = "SELECT response FROM idem_records WHERE operation = $1 AND user_id = $2 AND key = $3";
+
+fn connect(url: &str, size: usize) -> Idempotency<Sqlx> {
+    Idempotency::connect_sqlx_with(url, u32::try_from(size).expect("pool size"), Settings::default()).expect("pool")
+}
+
+/// One call: `run` around the INSERT (or nothing, when `empty`), or the raw sqlx transaction
+/// (`begin`, the INSERT, `commit`, as sqlx users write it).
+async fn call(idem: &Idempotency<Sqlx>, raw: Option<&mut PoolConnection<sqlx::Postgres>>, user: &str, empty: bool) {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    if let Some(conn) = raw {
+        let mut tx = conn.begin().await.expect("begin");
+        sqlx::query(INSERT).bind(user).execute(&mut *tx).await.expect("insert");
+        tx.commit().await.expect("commit");
+        return;
+    }
+    let key = Key::new("bench.sqlx", user, format!("k{}-{}", NEXT.fetch_add(1, Ordering::Relaxed), std::process::id()))
+        .expect("valid key");
+    let fp = Fingerprint::of_bytes(b"bench");
+    let user = user.to_owned();
+    idem.run(&key, &fp, move |conn| {
+        let user = user.clone();
+        Box::pin(async move {
+            if !empty {
+                sqlx::query(INSERT).bind(&user).execute(&mut *conn).await?;
+            }
+            Ok::<_, sqlx::Error>(StoredResponse::json(201, json!({})))
+        })
+    })
+    .await
+    .expect("run");
+}
+
+/// One replay (`run` on an executed key) or the raw SELECT of the same record.
+async fn replay(idem: &Idempotency<Sqlx>, raw: Option<&mut PoolConnection<sqlx::Postgres>>, key: &Key) {
+    if let Some(conn) = raw {
+        sqlx::query(SELECT).bind(key.operation()).bind(key.user_id()).bind(key.key()).fetch_optional(&mut **conn).await.expect("select");
+        return;
+    }
+    let fp = Fingerprint::of_bytes(b"bench");
+    let out = idem
+        .run(key, &fp, |_conn| Box::pin(async { Ok::<_, sqlx::Error>(StoredResponse::json(201, json!({}))) }))
+        .await
+        .expect("run");
+    assert!(out.is_replayed(), "the benchmark key must replay");
+}
+
+/// `tasks` concurrent loops of one call kind for `seconds` over sqlx: calls per second and
+/// client-side p50/p99 latency.
+pub(crate) async fn throughput(url: &str, tasks: usize, seconds: u64, kind: Call) -> Measure {
+    let idem = connect(url, tasks);
+    let replayed = Key::new("bench.replay", "sqlx", "k").expect("valid key");
+    if matches!(kind, Call::Replay | Call::RawSelect) {
+        call(&idem, None, "sqlx", false).await;
+        let fp = Fingerprint::of_bytes(b"bench");
+        idem.run(&replayed, &fp, |_conn| Box::pin(async { Ok::<_, sqlx::Error>(StoredResponse::json(201, json!({}))) }))
+            .await
+            .expect("first run of the replayed key");
+    }
+    let stop = Instant::now() + Duration::from_secs(seconds);
+    let started = Instant::now();
+    let mut handles = Vec::new();
+    for t in 0..tasks {
+        let (idem, replayed) = (idem.clone(), replayed.clone());
+        handles.push(tokio::spawn(async move {
+            let user = format!("sqlx-{t}");
+            // The raw loops hold their connection; `run` takes one from the pool per call.
+            let raw_kind = matches!(kind, Call::RawInsert | Call::RawSelect);
+            let mut raw = if raw_kind { Some(idem.pool().acquire().await.expect("connection")) } else { None };
+            let mut latencies = Vec::new();
+            while Instant::now() < stop {
+                let t0 = Instant::now();
+                match kind {
+                    Call::Run | Call::RawInsert => call(&idem, raw.as_mut(), &user, false).await,
+                    Call::Replay | Call::RawSelect => replay(&idem, raw.as_mut(), &replayed).await,
+                }
+                latencies.push(t0.elapsed());
+            }
+            latencies
+        }));
+    }
+    let mut latencies: Vec<Duration> = Vec::new();
+    for h in handles {
+        latencies.extend(h.await.expect("task"));
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    latencies.sort_unstable();
+    let pct = |p: f64| -> f64 {
+        latencies.get(((latencies.len().max(1) - 1) as f64 * p).round() as usize).map_or(0.0, |d| d.as_secs_f64() * 1000.0)
+    };
+    Measure { tps: latencies.len() as f64 / elapsed, p50_ms: pct(0.50), p99_ms: pct(0.99), transactions: latencies.len() as u64, ..Measure::default() }
+}
+
+/// Round trips per call over sqlx, counted by the test kit's proxy, over `calls` sequential
+/// calls on one warmed-up connection. sqlx checks every connection given back to its pool
+/// (a Sync message, one round trip, off the caller's path): `run` gives its connection back
+/// once per call, so the count includes it; the raw loop holds its connection and does not.
+pub(crate) async fn round_trips(upstream: SocketAddr, db: &str, calls: u64, with_idempotency: bool, empty: bool) -> f64 {
+    let proxy = Proxy::start(upstream, None).await;
+    let idem = connect(&proxy.url(db), 1);
+    let mut held = if with_idempotency { None } else { Some(idem.pool().acquire().await.expect("connection")) };
+    let mut count_from = 0;
+    for i in 0..=calls {
+        if i == 1 {
+            // After connecting and preparing; let the pool's check of a returned connection land.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            count_from = proxy.round_trips();
+        }
+        call(&idem, held.as_mut(), if empty { "rt-empty" } else { "rt" }, empty).await;
+    }
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    (proxy.round_trips() - count_from) as f64 / calls as f64
+}

@@ -1,0 +1,80 @@
+//! The twin of `axum_charges.rs` over sqlx: an axum service with an idempotent `POST /charges`,
+//! on [`IdempotencyLayer`] in in-transaction mode over a `sqlx::PgPool`: the charge row and the
+//! stored response commit together.
+//!
+//! ```sh
+//! DATABASE_URL=postgresql://postgres@127.0.0.1:55415/postgres BIND=127.0.0.1:3000 \
+//!     cargo run -p idempotency-client --features axum,sqlx --example axum_charges_sqlx
+//! curl -i -X POST localhost:3000/charges -H 'Idempotency-Key: k-1' -H 'X-User: u-1' -d '{"amount": 100}'
+//! ```
+//!
+//! The answers are those of `axum_charges.rs`: 400 without an `Idempotency-Key` (bare or
+//! quoted) or with a bad one, 401 without `X-User`, the stored response with
+//! `Idempotent-Replayed: true` for a retry, 409 + `Retry-After` while another attempt holds the
+//! key, 422 when the key was used for another request, 413 for a body over 1 MiB, 503 when the
+//! store is down. The handler only charges. Set `IDEM_SCHEMA` to name the extension's schema.
+
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::{Json, Router};
+use idempotency_client::layer::{IdempotencyLayer, Transaction};
+use idempotency_client::{Idempotency, Settings, Sqlx};
+use serde_json::{json, Value};
+
+/// The routes, over a handle whose database has the [`SCHEMA`] table.
+pub(crate) fn router(idem: Idempotency<Sqlx>) -> Router {
+    let idempotent = IdempotencyLayer::in_transaction(idem)
+        .user(|req| req.headers.get("x-user")?.to_str().ok().map(str::to_owned))
+        .build()
+        .expect("a complete layer configuration");
+    Router::new().route("/charges", post(create_charge)).route_layer(idempotent)
+}
+
+/// The SQL the routes need next to the extension.
+pub(crate) const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS charges (id bigserial PRIMARY KEY, user_id text NOT NULL, amount bigint NOT NULL)";
+
+/// Charges `{"amount": N}` for the `X-User`, through the request's transaction. A 4xx is stored
+/// and replayed like a 201; a 500 (a database error) releases the key for the retry.
+async fn create_charge(tx: Transaction<Sqlx>, headers: HeaderMap, body: String) -> Response {
+    let user = headers.get("x-user").and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
+    let amount = serde_json::from_str::<Value>(&body).ok().and_then(|v| v.get("amount").and_then(Value::as_i64));
+    let Some(amount) = amount.filter(|a| *a > 0) else {
+        return (StatusCode::UNPROCESSABLE_ENTITY, Json(json!({"error": "amount must be positive"}))).into_response();
+    };
+    let inserted = match tx.lock().await {
+        Ok(mut conn) => {
+            sqlx::query_scalar::<_, i64>("INSERT INTO charges (user_id, amount) VALUES ($1, $2) RETURNING id")
+                .bind(&user)
+                .bind(amount)
+                .fetch_one(&mut *conn)
+                .await
+        }
+        Err(e) => Err(e),
+    };
+    match inserted {
+        Ok(id) => {
+            (StatusCode::CREATED, [(header::LOCATION, format!("/charges/{id}"))], Json(json!({"id": id, "amount": amount})))
+                .into_response()
+        }
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, Json(json!({"error": e.to_string()}))).into_response(),
+    }
+}
+
+#[allow(dead_code)] // the tests include this file as a module and serve `router` themselves
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let url = std::env::var("DATABASE_URL").map_err(|_| "set DATABASE_URL to the database with the extension")?;
+    let bind = std::env::var("BIND").unwrap_or_else(|_| "127.0.0.1:3000".into());
+    let mut settings = Settings::builder();
+    if let Ok(schema) = std::env::var("IDEM_SCHEMA") {
+        settings = settings.schema(schema);
+    }
+    let idem = Idempotency::connect_sqlx_with(&url, 16, settings)?;
+    idem.check_extension().await?;
+    sqlx::raw_sql(SCHEMA).execute(idem.pool()).await?;
+    let listener = tokio::net::TcpListener::bind(&bind).await?;
+    println!("listening on http://{}", listener.local_addr()?);
+    axum::serve(listener, router(idem)).await?;
+    Ok(())
+}

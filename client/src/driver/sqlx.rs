@@ -1,0 +1,430 @@
+//! The sqlx driver (feature `sqlx`): a `sqlx::PgPool`, statements prepared once per connection
+//! (sqlx's persistent statements). sqlx sends a statement and waits for its answer, so nothing
+//! is pipelined: `BEGIN`, each statement and `COMMIT` cost a round trip each, where the
+//! tokio-postgres driver sends them together. Transactions are begun and ended through sqlx's
+//! own transaction manager, so the depth sqlx tracks is right: a `conn.begin()` inside your
+//! closure is a savepoint of yours, as sqlx always makes it.
+
+use super::{Driver, Sealed};
+use crate::error::{DatabaseError, Error};
+use crate::ops::{secs, ReleaseOutcome, ReserveOptions, Reservation, Status, Token};
+use crate::settings::{Isolation, Settings};
+use crate::sql::{Schema, EXTENSION_SQL, LEASE_LOST_MARK};
+use crate::Idempotency;
+use idempotency_core::{Fingerprint, Key};
+use serde_json::Value;
+use sqlx::pool::PoolConnection;
+use sqlx::postgres::{PgArguments, PgConnectOptions, PgDatabaseError, PgPoolOptions, PgRow, PgTransactionManager};
+use sqlx::query::Query;
+use sqlx::{AssertSqlSafe, PgConnection, PgPool, Row, SqlSafeStr};
+use sqlx_core::transaction::TransactionManager;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// sqlx over a `sqlx::PgPool`.
+#[derive(Clone, Debug)]
+pub struct Sqlx {
+    pool: PgPool,
+}
+
+impl Sqlx {
+    /// A driver over `pool`.
+    pub fn new(pool: PgPool) -> Self {
+        Sqlx { pool }
+    }
+
+    /// The pool.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    async fn get(&self) -> Result<PoolConnection<sqlx::Postgres>, Error> {
+        Ok(self.pool.acquire().await?)
+    }
+}
+
+impl Sealed for Sqlx {}
+
+/// An open transaction of the sqlx driver: a pooled connection inside the transaction that holds
+/// the reservation. Your closure gets its `&mut sqlx::PgConnection`. Unless the transaction is
+/// seen to end (sqlx's transaction depth back at 0 after a `COMMIT` or `ROLLBACK` the server
+/// answered), dropping it closes the connection instead of returning it to the pool.
+pub struct SqlxTx {
+    conn: Option<PoolConnection<sqlx::Postgres>>,
+}
+
+impl SqlxTx {
+    fn conn(&mut self) -> Result<&mut PgConnection, Error> {
+        self.conn.as_deref_mut().ok_or_else(|| {
+            Error::protocol("the request's transaction was not given back: a handler kept its Transaction locked after returning")
+        })
+    }
+}
+
+impl std::fmt::Debug for SqlxTx {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SqlxTx")
+    }
+}
+
+impl Drop for SqlxTx {
+    fn drop(&mut self) {
+        if let Some(conn) = &mut self.conn {
+            if PgTransactionManager::get_transaction_depth(conn) > 0 {
+                // The server rolls the transaction back when the connection closes.
+                conn.close_on_drop();
+            }
+        }
+    }
+}
+
+/// The request's transaction as an in-transaction route's handler gets it over [`Sqlx`] (the
+/// layer's `Transaction` dereferences to it): lock it for the `sqlx::PgConnection` to run your
+/// queries on, and drop the guard before the handler returns.
+///
+/// ```no_run
+/// # async fn demo(tx: idempotency_client::SharedConnection) -> Result<(), sqlx::Error> {
+/// let mut conn = tx.lock().await?;
+/// sqlx::query("INSERT INTO charges (user_id, amount) VALUES ($1, $2)").bind("u").bind(1i64).execute(&mut *conn).await?;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct SharedConnection(Arc<tokio::sync::Mutex<SqlxTx>>);
+
+impl SharedConnection {
+    /// The connection, inside the request's transaction; an error once the request is over.
+    pub async fn lock(&self) -> Result<tokio::sync::MappedMutexGuard<'_, PgConnection>, sqlx::Error> {
+        let guard = self.0.lock().await;
+        tokio::sync::MutexGuard::try_map(guard, |tx| tx.conn.as_deref_mut())
+            .map_err(|_| sqlx::Error::Protocol("the idempotency transaction of this request has ended".into()))
+    }
+}
+
+impl std::fmt::Debug for SharedConnection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SharedConnection")
+    }
+}
+
+/// A statement of `sql.rs`.
+fn statement(sql: &str) -> Query<'_, sqlx::Postgres, PgArguments> {
+    sqlx::query(AssertSqlSafe(sql))
+}
+
+/// `sql` with the key's three columns bound as $1-$3.
+fn keyed<'q>(sql: &'q str, key: &'q Key) -> Query<'q, sqlx::Postgres, PgArguments> {
+    statement(sql).bind(key.operation()).bind(key.user_id()).bind(key.key())
+}
+
+/// The reservation statements ($1-$7).
+fn reserving<'q>(sql: &'q str, key: &'q Key, fingerprint: &'q Fingerprint, options: &ReserveOptions) -> Query<'q, sqlx::Postgres, PgArguments> {
+    keyed(sql, key).bind(fingerprint.as_str()).bind(secs(options.ttl)).bind(secs(options.lease)).bind(options.wait)
+}
+
+/// A column by name; a missing or mistyped column is a protocol error.
+fn col<'r, T: sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres>>(row: &'r PgRow, name: &str) -> Result<T, Error> {
+    row.try_get(name)
+        .map_err(|e| Error::Protocol { reason: format!("cannot read column {name:?}"), source: Some(Box::new(e)) })
+}
+
+fn reservation(row: &PgRow) -> Result<Reservation, Error> {
+    Reservation::from_columns(
+        &col::<String>(row, "outcome")?,
+        col(row, "token")?,
+        col(row, "response")?,
+        col(row, "attempts")?,
+        col(row, "expires_at")?,
+    )
+}
+
+/// One statement of a failure path: roll back, then in a fresh transaction reserve again and
+/// release or fail, and commit; the `answer` column (NULL when the key was not created again).
+async fn again<'q, L>(tx: &mut SqlxTx, query: Query<'q, sqlx::Postgres, PgArguments>, last: L) -> Result<Option<String>, Error>
+where
+    L: sqlx::Encode<'q, sqlx::Postgres> + sqlx::Type<sqlx::Postgres> + Send + 'q,
+{
+    let conn = tx.conn()?;
+    // ROLLBACK and BEGIN leave as one simple query: the depth sqlx tracks stays 1.
+    sqlx::raw_sql("ROLLBACK; BEGIN").execute(&mut *conn).await?;
+    let row = match query.bind(last).fetch_one(&mut *conn).await {
+        Ok(row) => row,
+        Err(e) => {
+            let _ = PgTransactionManager::rollback(conn).await;
+            return Err(ours(e));
+        }
+    };
+    PgTransactionManager::commit(conn).await?;
+    col(&row, "answer")
+}
+
+impl Driver for Sqlx {
+    type Tx = SqlxTx;
+    type Conn = PgConnection;
+    type Shared = SharedConnection;
+
+    fn conn(tx: &mut SqlxTx) -> &mut PgConnection {
+        match tx.conn.as_deref_mut() {
+            Some(conn) => conn,
+            None => unreachable!("a flow lends a transaction only while it holds its connection"),
+        }
+    }
+
+    fn share(tx: &mut SqlxTx) -> SharedConnection {
+        SharedConnection(Arc::new(tokio::sync::Mutex::new(std::mem::replace(tx, SqlxTx { conn: None }))))
+    }
+
+    fn unshare(tx: &mut SqlxTx, shared: SharedConnection) {
+        // A handler still holding the lock keeps the connection: the flow then reports it.
+        if let Ok(mut lent) = shared.0.try_lock() {
+            *tx = std::mem::replace(&mut *lent, SqlxTx { conn: None });
+        }
+    }
+
+    async fn installed(&self) -> Result<(String, String), Error> {
+        let Some(row) = statement(EXTENSION_SQL).fetch_optional(&self.pool).await? else {
+            return Err(Error::IncompatibleExtension {
+                reason: "the idempotency extension is not installed in this database (CREATE EXTENSION idempotency)".into(),
+                source: None,
+            });
+        };
+        let (schema, version): (String, String) = (col(&row, "schema")?, col(&row, "version")?);
+        crate::sql::check_version(&version)?;
+        Ok((schema, version))
+    }
+
+    async fn begin_and_reserve(
+        &self,
+        schema: &Schema,
+        isolation: Option<Isolation>,
+        key: &Key,
+        fingerprint: &Fingerprint,
+        options: &ReserveOptions,
+    ) -> Result<(SqlxTx, Reservation), Error> {
+        let mut tx = SqlxTx { conn: Some(self.get().await?) };
+        let conn = tx.conn()?;
+        let begin = isolation.map(|_| Isolation::begin_sql(isolation).into_sql_str());
+        PgTransactionManager::begin(conn, begin).await?;
+        let answered = reserving(&schema.sql().reserve, key, fingerprint, options).fetch_one(&mut *conn).await;
+        match answered.map_err(ours).and_then(|row| reservation(&row)) {
+            Ok(reservation) => Ok((tx, reservation)),
+            Err(e) => {
+                Self::rollback(&mut tx).await;
+                Err(e)
+            }
+        }
+    }
+
+    fn abandon(mut tx: SqlxTx) {
+        // The ROLLBACK is queued on the connection, which goes back to the pool at once; sqlx
+        // flushes it when the pool takes the connection back.
+        if let Some(conn) = &mut tx.conn {
+            PgTransactionManager::start_rollback(conn);
+        }
+    }
+
+    async fn complete_and_commit(
+        tx: &mut SqlxTx,
+        schema: &Schema,
+        key: &Key,
+        token: Token,
+        response: Option<&Value>,
+        status: Status,
+    ) -> Result<bool, Error> {
+        let conn = tx.conn()?;
+        let completed = keyed(&schema.sql().complete_or_abort, key)
+            .bind(token.0)
+            .bind(response)
+            .bind(status.as_str())
+            .fetch_one(&mut *conn)
+            .await;
+        match completed {
+            Err(e) => {
+                // The completion aborted the transaction (the key was lost) or failed: roll back.
+                let lost = lease_lost(&e);
+                let _ = PgTransactionManager::rollback(conn).await;
+                if lost {
+                    Ok(false)
+                } else {
+                    Err(ours(e))
+                }
+            }
+            Ok(_) => PgTransactionManager::commit(conn).await.map(|()| true).map_err(Error::from),
+        }
+    }
+
+    async fn rollback_and_release(
+        tx: &mut SqlxTx,
+        schema: &Schema,
+        key: &Key,
+        fingerprint: &Fingerprint,
+        options: &ReserveOptions,
+        max_retries: Option<i32>,
+    ) -> Result<Option<ReleaseOutcome>, Error> {
+        let options = ReserveOptions { wait: false, ..options.clone() };
+        let query = reserving(&schema.sql().reserve_and_release, key, fingerprint, &options);
+        let answer = again(tx, query, max_retries).await?;
+        answer.map(|a| ReleaseOutcome::parse(&a).map_err(|e| Error::protocol(e.to_string()))).transpose()
+    }
+
+    async fn rollback_and_fail(
+        tx: &mut SqlxTx,
+        schema: &Schema,
+        key: &Key,
+        fingerprint: &Fingerprint,
+        options: &ReserveOptions,
+        response: Option<&Value>,
+    ) -> Result<bool, Error> {
+        let options = ReserveOptions { wait: false, ..options.clone() };
+        let query = reserving(&schema.sql().reserve_and_fail, key, fingerprint, &options);
+        let answer = again(tx, query, response.cloned()).await?;
+        Ok(answer.as_deref() == Some("true"))
+    }
+
+    async fn rollback(tx: &mut SqlxTx) {
+        if let Some(conn) = &mut tx.conn {
+            let _ = PgTransactionManager::rollback(conn).await;
+        }
+    }
+
+    async fn open(&self) -> Result<SqlxTx, Error> {
+        Ok(SqlxTx { conn: Some(self.get().await?) })
+    }
+
+    async fn begin(tx: &mut SqlxTx) -> Result<(), Error> {
+        Ok(PgTransactionManager::begin(tx.conn()?, None).await?)
+    }
+
+    async fn reserve(&self, schema: &Schema, key: &Key, fingerprint: &Fingerprint, options: &ReserveOptions) -> Result<Reservation, Error> {
+        let row = reserving(&schema.sql().reserve, key, fingerprint, options).fetch_one(&self.pool).await.map_err(ours)?;
+        reservation(&row)
+    }
+
+    async fn release(&self, schema: &Schema, key: &Key, token: Token, max_retries: Option<i32>) -> Result<ReleaseOutcome, Error> {
+        let row = keyed(&schema.sql().release, key).bind(token.0).bind(max_retries).fetch_one(&self.pool).await.map_err(ours)?;
+        let answer: String = col(&row, "released")?;
+        ReleaseOutcome::parse(&answer).map_err(|e| Error::protocol(e.to_string()))
+    }
+
+    async fn complete(&self, schema: &Schema, key: &Key, token: Token, response: Option<&Value>, status: Status) -> Result<bool, Error> {
+        let row = keyed(&schema.sql().complete, key)
+            .bind(token.0)
+            .bind(response)
+            .bind(status.as_str())
+            .fetch_one(&self.pool)
+            .await
+            .map_err(ours)?;
+        col(&row, "completed")
+    }
+
+    async fn heartbeat(&self, schema: &Schema, key: &Key, token: Token, lease: Duration) -> Result<bool, Error> {
+        let row = keyed(&schema.sql().heartbeat, key).bind(token.0).bind(secs(Some(lease))).fetch_one(&self.pool).await.map_err(ours)?;
+        col(&row, "extended")
+    }
+}
+
+/// The bound of every wait of a pool made by [`Idempotency::connect_sqlx`]: for a free
+/// connection (connecting included).
+const POOL_TIMEOUT: Duration = Duration::from_secs(5);
+
+impl Idempotency<Sqlx> {
+    /// A handle over the sqlx pool `pool` with `settings`.
+    pub fn from_sqlx(pool: PgPool, settings: Settings) -> Self {
+        Idempotency::with_driver(Sqlx::new(pool), settings)
+    }
+
+    /// A sqlx pool of `pool_size` connections to `url` with default [`Settings`]; see
+    /// [`Idempotency::connect_sqlx_with`].
+    pub fn connect_sqlx(url: &str, pool_size: u32) -> Result<Self, Error> {
+        Self::connect_sqlx_with(url, pool_size, Settings::default())
+    }
+
+    /// A sqlx pool of `pool_size` connections to `url` whose waits are bounded (5 s to get a
+    /// connection, connecting included), so an unreachable or exhausted store is a
+    /// [`Error::StoreUnavailable`] error, never a hang. The URL is read by sqlx's
+    /// `PgConnectOptions`, so its `sslmode` is sqlx's: `require`, `verify-ca` and
+    /// `verify-full` need one of sqlx's TLS features (e.g. `sqlx/tls-rustls`) in your build,
+    /// else connecting fails. Nothing is connected yet (call [`Idempotency::check_extension`] to
+    /// fail fast); call it inside a tokio runtime. A malformed URL or schema name is a
+    /// [`Error::Configuration`] error.
+    pub fn connect_sqlx_with(url: &str, pool_size: u32, settings: Settings) -> Result<Self, Error> {
+        if let Some(name) = &settings.schema {
+            Schema::named(name.as_str())?;
+        }
+        let options = PgConnectOptions::from_str(url).map_err(|e| Error::Configuration {
+            reason: format!("cannot read the connection URL: {e}"),
+            source: Some(Box::new(e)),
+        })?;
+        // No test on acquire: sqlx already checks every connection when it is given back.
+        let pool = PgPoolOptions::new()
+            .max_connections(pool_size)
+            .acquire_timeout(POOL_TIMEOUT)
+            .test_before_acquire(false)
+            .connect_lazy_with(options);
+        Ok(Self::from_sqlx(pool, settings))
+    }
+
+    /// The pool.
+    pub fn pool(&self) -> &PgPool {
+        self.driver().pool()
+    }
+}
+
+impl<E> From<sqlx::Error> for Error<E> {
+    /// Connection-level failures (I/O, TLS, a pool timeout or a closed pool, class 08, shutdown,
+    /// too many connections) and a server that cannot take writes (25006) become
+    /// `StoreUnavailable`, a configuration error `Configuration`, anything else `Database`. This
+    /// is the mapping for your own statements too.
+    fn from(e: sqlx::Error) -> Self {
+        if is_unavailable(&e) {
+            return Error::StoreUnavailable(Box::new(e));
+        }
+        if let sqlx::Error::Configuration(_) = e {
+            return Error::Configuration { reason: e.to_string(), source: Some(Box::new(e)) };
+        }
+        let code = sqlstate(&e).map(str::to_owned);
+        Error::Database(DatabaseError::new(code.as_deref(), e))
+    }
+}
+
+/// The SQLSTATE of a database error.
+pub(crate) fn sqlstate(e: &sqlx::Error) -> Option<&str> {
+    match e {
+        sqlx::Error::Database(db) => db.try_downcast_ref::<PgDatabaseError>().map(PgDatabaseError::code),
+        _ => None,
+    }
+}
+
+/// Whether the completion aborted because the key was lost (`complete_or_abort`).
+fn lease_lost(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Database(db) => db.try_downcast_ref::<PgDatabaseError>().is_some_and(|d| d.code() == "22P02" && d.message().contains(LEASE_LOST_MARK)),
+        _ => false,
+    }
+}
+
+/// Maps an error of one of this crate's own statements: a missing function, type or schema
+/// means the extension is missing; anything else as [`From`] does.
+fn ours(e: sqlx::Error) -> Error {
+    if matches!(sqlstate(&e), Some("42883" | "42704" | "3F000")) {
+        Error::IncompatibleExtension {
+            reason: "the idempotency extension is not installed in the configured schema".into(),
+            source: Some(Box::new(e)),
+        }
+    } else {
+        Error::from(e)
+    }
+}
+
+/// Whether an error means the store cannot be used now (and a retry, perhaps on another node,
+/// may succeed).
+pub(crate) fn is_unavailable(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_) | sqlx::Error::Tls(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Database(_) => {
+            sqlstate(e).is_some_and(|c| c.starts_with("08") || matches!(c, "57P01" | "57P02" | "57P03" | "53300" | "25006"))
+        }
+        _ => false,
+    }
+}
