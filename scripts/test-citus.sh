@@ -153,11 +153,11 @@ check "idem_records and idem_retries are distributed by user_id, co-located with
                   || ' ' || count(DISTINCT colocationid)
                   FROM pg_dist_partition WHERE logicalrelid IN ('charges'::regclass, 'idem_records'::regclass, 'idem_retries'::regclass)")" \
     "charges:user_id idem_records:user_id idem_retries:user_id 1"
-check "idem_reserve, idem_complete, idem_release, idem_heartbeat and idem_lookup are delegated by user_id with force_delegation" \
+check "idem_reserve, idem_complete, idem_release, idem_heartbeat, idem_lookup and the batch functions are delegated by user_id with force_delegation" \
     eq "$(q $C "SELECT string_agg(p.proname || ':' || o.distribution_argument_index || ':' || o.force_delegation, ' ' ORDER BY p.proname)
                   FROM pg_dist_object AS o JOIN pg_proc AS p ON o.classid = 'pg_proc'::regclass AND o.objid = p.oid
                  WHERE p.proname LIKE 'idem\_%'")" \
-    "idem_complete:1:true idem_heartbeat:1:true idem_lookup:1:true idem_release:1:true idem_reserve:1:true"
+    "idem_complete:1:true idem_complete_many:1:true idem_heartbeat:1:true idem_lookup:1:true idem_release:1:true idem_reserve:1:true idem_reserve_many:1:true"
 check "idem_distribute is idempotent (a second call changes nothing)" q $C "SELECT idem_distribute('charges')"
 check "the workers see idem_records as distributed (Citus metadata synced)" \
     eq "$(q $W1 "SELECT count(*) FROM pg_dist_partition WHERE logicalrelid = 'idem_records'::regclass")" 1
