@@ -249,14 +249,14 @@ SELECT (idem_reserve('early', 'e-1', 'k2', 'h')).outcome;
         ),
     );
     checks.check(
-        "idem_reserve, idem_complete, idem_release, idem_heartbeat and idem_lookup are delegated by user_id with force_delegation",
+        "idem_reserve, idem_complete, idem_release, idem_heartbeat, idem_lookup and the batch functions are delegated by user_id with force_delegation",
         eq(
             c.run(
                 "SELECT string_agg(p.proname || ':' || o.distribution_argument_index || ':' || o.force_delegation, ' ' ORDER BY p.proname)
                    FROM pg_dist_object AS o JOIN pg_proc AS p ON o.classid = 'pg_proc'::regclass AND o.objid = p.oid
                   WHERE p.proname LIKE 'idem\\_%'",
             ),
-            "idem_complete:1:true idem_heartbeat:1:true idem_lookup:1:true idem_release:1:true idem_reserve:1:true",
+            "idem_complete:1:true idem_complete_many:1:true idem_heartbeat:1:true idem_lookup:1:true idem_release:1:true idem_reserve:1:true idem_reserve_many:1:true",
         ),
     );
     checks.check("idem_distribute is idempotent (a second call changes nothing)", c.q("SELECT idem_distribute('charges')").map(drop));
