@@ -353,7 +353,7 @@ impl Idempotency<Sqlx> {
     /// [`crate::tls`]) and handed to sqlx, whose TLS is rustls with ring and the system roots
     /// when the client's `tls` feature is on. Without it `require` and the verify modes are a
     /// [`Error::Configuration`] error naming the mode and the feature, and `prefer` connects in
-    /// plain text. A verify mode's roots are read here: an unreadable `sslrootcert` is a
+    /// plain text (encrypted if your build turns on one of sqlx's own TLS features). A verify mode's roots are read here: an unreadable `sslrootcert` is a
     /// configuration error. Where sqlx differs from the tokio-postgres handle: with an
     /// `sslrootcert` file, `verify-ca` and `verify-full` trust the system roots as well as the
     /// file's (libpq and [`Idempotency::connect_with`] trust only the file); `hostaddr` replaces

@@ -11,13 +11,16 @@
 //! | `verify-full` | always | chains to a trusted root and names the host (`host`, not `hostaddr`) |
 //!
 //! The trusted roots are the PEM certificates of the file `sslrootcert` names, or the system's
-//! roots when it is absent or `system`. tokio-postgres knows only `disable`, `prefer` and
-//! `require` and no `sslrootcert`, so [`connect_params`] takes both out of the URL and hands back
-//! a `tokio_postgres::Config` with the matching tokio-postgres mode and the connector that
-//! enforces the rest. TLS is rustls with the ring provider, behind the `tls` feature; without
-//! it `disable` and `prefer` connect in plain text (as a libpq built without SSL does) and the
-//! other modes are refused with a reason. Client certificates (`sslcert`, `sslkey`) are not
-//! supported, and are refused rather than ignored.
+//! roots when it is absent or `system`. [`SslParams::parse`] is the one reading of both options,
+//! for both drivers, and [`usable`] the one rule of what this build can honour. tokio-postgres
+//! knows only `disable`, `prefer` and `require` and no `sslrootcert`, so [`connect_params`]
+//! hands back a `tokio_postgres::Config` with the matching tokio-postgres mode and the
+//! connector that enforces the rest; the sqlx driver hands the mode and the root file to sqlx,
+//! whose own rustls does the handshake (see `Idempotency::connect_sqlx_with` for where it
+//! differs). TLS is rustls with the ring provider, behind the `tls` feature; without it
+//! `disable` and `prefer` connect in plain text (as a libpq built without SSL does) and the other
+//! modes are refused with a reason. Client certificates (`sslcert`, `sslkey`) are not supported,
+//! and are refused rather than ignored.
 
 use std::path::PathBuf;
 
