@@ -9,7 +9,7 @@
 #   scripts/test.sh --majors "14 17"  only these majors (every layer on the default one, if given)
 #
 # Layers (* = core: run on every major):
-#   unit        cargo test -p idempotency-core -p idempotency-client (fingerprint, key rules, vocabulary, response policy, the layer's header, record and fingerprint rules, statement binding, sslmode parsing with and without the tls feature, doc tests)
+#   unit        cargo test -p idempotency-core -p idempotency-client (fingerprint, key rules, vocabulary, response policy, the layer's header, record and fingerprint rules, statement binding, sslmode parsing with and without the tls feature, the sqlx constructor's sslmode with and without it, doc tests)
 #   lint        cargo clippy over every crate and target, the extension included; a warning fails
 #   pg_test *   cargo pgrx test: the Rust that runs inside PostgreSQL
 #   package *   scripts/package.sh, then each package installed into a fresh copy of the major's
@@ -161,16 +161,22 @@ run_major() {
 
     if [ "$major" = "$default_major" ]; then # the client crate does not depend on the major
         layer unit
-        # The pure rules, the client without TLS (the feature-off refusals), then its TLS code.
+        # The pure rules, the client without TLS (the feature-off refusals), then its TLS code;
+        # the sqlx driver's constructor without TLS and with it.
         { cargo test --no-fail-fast -p idempotency-core -p idempotency-client --features idempotency-client/axum,idempotency-client/metrics 2>&1 &&
-            cargo test --no-fail-fast -p idempotency-client --features tls --lib tls 2>&1; } | tee "$logs/unit.log" | grep -E '^(test |test result|error)' | grep -v '\.\.\. ok$'
+            cargo test --no-fail-fast -p idempotency-client --features tls --lib tls 2>&1 &&
+            cargo test --no-fail-fast -p idempotency-client --features sqlx --lib driver::sqlx 2>&1 &&
+            cargo test --no-fail-fast -p idempotency-client --features sqlx,tls --lib driver::sqlx 2>&1; } | tee "$logs/unit.log" | grep -E '^(test |test result|error)' | grep -v '\.\.\. ok$'
         status=${PIPESTATUS[0]}
         read -r p f < <(cargo_counts "$logs/unit.log")
         record unit "$p" "$f" "$status"
 
         layer lint
         # The lints are configured once, in the root Cargo.toml's [workspace.lints].
-        cargo clippy --workspace --all-targets -- -D warnings >"$logs/lint.log" 2>&1
+        # Then the client, its test kit and tests over sqlx with TLS (the code behind those features).
+        { cargo clippy --workspace --all-targets -- -D warnings &&
+            cargo clippy -p idempotency-client -p idempotency-testkit -p idempotency-tests --all-targets \
+                --features idempotency-client/sqlx,idempotency-client/tls,idempotency-tests/sqlx -- -D warnings; } >"$logs/lint.log" 2>&1
         status=$?
         grep -E '^(warning|error)' -A5 "$logs/lint.log" | head -60
         record lint "$([ $status = 0 ] && echo 1 || echo 0)" 0 "$status"
