@@ -42,8 +42,12 @@ impl Idempotency<Postgres> {
         }
         let params = connect_params(url).map_err(|reason| Error::Configuration {
             reason,
-            // The driver's own parse error, when it is the URL that does not parse.
-            source: url.parse::<tokio_postgres::Config>().err().map(|e| Box::new(e) as _),
+            // The driver's own parse error, when it is the rest of the URL (its TLS options
+            // taken out) that does not parse.
+            source: crate::tls::SslParams::parse(url)
+                .ok()
+                .and_then(|ssl| ssl.rest.parse::<tokio_postgres::Config>().err())
+                .map(|e| Box::new(e) as _),
         })?;
         let mut config = params.options.config;
         config.connect_timeout(POOL_TIMEOUT);

@@ -2,7 +2,8 @@
 //! and a server certificate made by `openssl` for the test (the server's names only `localhost`),
 //! a second CA that signed nothing, `ssl = on` and a `pg_hba.conf` whose TCP lines are all
 //! `hostssl` (a plain TCP connection is refused: no pg_hba.conf entry, `28000`): `trust`, but
-//! SCRAM-SHA-256 for role `idem_scram` ([`SCRAM_PASSWORD`]).
+//! SCRAM-SHA-256 for role `idem_scram` ([`SCRAM_PASSWORD`]). Its `postgres` database has the
+//! extension installed, for the handles of both drivers.
 //!
 //! Port: `IDEM_TLS_PORT`, else 25 above the private cluster's (`IDEM_PG_PORT`, or
 //! its default 554NN). Data and certificates under `target/servers/tls-<port>/`, made
@@ -70,7 +71,7 @@ impl TlsServer {
             .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-U", "postgres", "-d", "postgres", "-h"])
             .arg(&dir)
             .args(["-p", &port.to_string(), "-c"])
-            .arg(format!("CREATE ROLE idem_scram LOGIN PASSWORD '{SCRAM_PASSWORD}'")));
+            .arg(format!("CREATE ROLE idem_scram LOGIN PASSWORD '{SCRAM_PASSWORD}'; CREATE EXTENSION idempotency")));
         TlsServer { port, ca: certs.join("ca.crt"), other_ca: certs.join("other-ca.crt"), _server: server }
     }
 
@@ -80,6 +81,14 @@ impl TlsServer {
     pub fn url(&self, host: &str, params: &str) -> String {
         let sep = if params.is_empty() { "" } else { "&" };
         format!("postgresql://postgres@{host}:{}/postgres?hostaddr=127.0.0.1&connect_timeout=10{sep}{params}", self.port)
+    }
+
+    /// A URL to the server's `postgres` database through `host` alone, for either driver (sqlx
+    /// reads `hostaddr` as the host, so the certificate would be checked against the address):
+    /// `localhost`, the certificate's name, or `127.0.0.1`, an address it does not name.
+    pub fn direct_url(&self, host: &str, params: &str) -> String {
+        let sep = if params.is_empty() { "" } else { "?" };
+        format!("postgresql://postgres@{host}:{}/postgres{sep}{params}", self.port)
     }
 }
 

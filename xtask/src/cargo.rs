@@ -15,10 +15,7 @@ pub(crate) fn test(checks: &mut Checks, dir: &Path, args: &[&str], envs: &[(&str
         cmd.env(k, v);
     }
     let log = checks.log_path().to_owned();
-    let start = std::fs::metadata(&log).map(|m| m.len()).unwrap_or(0);
-    let ok = crate::sh::to_log(&mut cmd, &log);
-    let text = std::fs::read(&log).unwrap_or_default();
-    let text = String::from_utf8_lossy(text.get(usize::try_from(start).unwrap_or(0)..).unwrap_or_default()).into_owned();
+    let (ok, text) = crate::sh::to_log_text(&mut cmd, &log);
     let (mut passed, mut failed) = (0, 0);
     for line in text.lines() {
         if let Some(rest) = line.strip_prefix("test result: ") {

@@ -14,6 +14,14 @@ pub(crate) fn capture(cmd: &mut Command) -> Result<String, String> {
     }
 }
 
+/// [`to_log`], and what the command appended to the log.
+pub(crate) fn to_log_text(cmd: &mut Command, log: &Path) -> (bool, String) {
+    let start = std::fs::metadata(log).map(|m| m.len()).unwrap_or(0);
+    let ok = to_log(cmd, log);
+    let text = std::fs::read(log).unwrap_or_default();
+    (ok, String::from_utf8_lossy(text.get(usize::try_from(start).unwrap_or(0)..).unwrap_or_default()).into_owned())
+}
+
 /// Runs `cmd` with its output appended to `log`; whether it succeeded.
 pub(crate) fn to_log(cmd: &mut Command, log: &Path) -> bool {
     let file = std::fs::OpenOptions::new()

@@ -11,13 +11,16 @@
 //! | `verify-full` | always | chains to a trusted root and names the host (`host`, not `hostaddr`) |
 //!
 //! The trusted roots are the PEM certificates of the file `sslrootcert` names, or the system's
-//! roots when it is absent or `system`. tokio-postgres knows only `disable`, `prefer` and
-//! `require` and no `sslrootcert`, so [`connect_params`] takes both out of the URL and hands back
-//! a `tokio_postgres::Config` with the matching tokio-postgres mode and the connector that
-//! enforces the rest. TLS is rustls with the ring provider, behind the `tls` feature; without
-//! it `disable` and `prefer` connect in plain text (as a libpq built without SSL does) and the
-//! other modes are refused with a reason. Client certificates (`sslcert`, `sslkey`) are not
-//! supported, and are refused rather than ignored.
+//! roots when it is absent or `system`. [`SslParams::parse`] is the one reading of both options,
+//! for both drivers, and [`usable`] the one rule of what this build can honour. tokio-postgres
+//! knows only `disable`, `prefer` and `require` and no `sslrootcert`, so [`connect_params`]
+//! hands back a `tokio_postgres::Config` with the matching tokio-postgres mode and the
+//! connector that enforces the rest; the sqlx driver hands the mode and the root file to sqlx,
+//! whose own rustls does the handshake (see `Idempotency::connect_sqlx_with` for where it
+//! differs). TLS is rustls with the ring provider, behind the `tls` feature; without it
+//! `disable` and `prefer` connect in plain text (as a libpq built without SSL does) and the other
+//! modes are refused with a reason. Client certificates (`sslcert`, `sslkey`) are not supported,
+//! and are refused rather than ignored.
 
 use std::path::PathBuf;
 
@@ -79,6 +82,79 @@ pub enum RootCerts {
     System,
 }
 
+/// The TLS options of a connection string, read the same way for both drivers: `sslmode` and
+/// `sslrootcert` (and sqlx's spellings `ssl-mode`, `ssl-root-cert`, `ssl-ca`) taken out, the
+/// rest of the string kept for the driver to read.
+#[derive(Debug, Clone)]
+pub struct SslParams {
+    /// The mode, after libpq's rule that `require` with an explicit `sslrootcert` verifies the CA.
+    pub mode: SslMode,
+    /// The trusted roots.
+    pub roots: RootCerts,
+    /// The connection string without its TLS options (same form: URL or key=value).
+    pub rest: String,
+}
+
+/// Options tokio-postgres does not know and this client does not support: refused, never ignored.
+const UNSUPPORTED: &[&str] = &[
+    "sslcert", "ssl-cert", "sslkey", "ssl-key", "sslpassword", "sslcrl", "sslcrldir", "sslsni", "sslnegotiation",
+];
+
+impl SslParams {
+    /// Parses a connection string, in URL form (`postgresql://...?sslmode=verify-full`) or
+    /// key=value form (`host=db sslmode=require`). No `sslmode` means `prefer`, whatever the
+    /// environment says (`PGSSLMODE` is not read).
+    pub fn parse(url: &str) -> Result<Self, String> {
+        let (rest, found) = take_options(url, &["sslmode", "ssl-mode", "sslrootcert", "ssl-root-cert", "ssl-ca"])?;
+        let mut mode = None;
+        let mut roots = RootCerts::System;
+        let mut explicit_root = false;
+        for (name, value) in found {
+            match name.as_str() {
+                "sslmode" | "ssl-mode" => mode = Some(SslMode::parse(&value)?),
+                _ if value == "system" => roots = RootCerts::System,
+                _ if value.is_empty() => return Err(format!("{name} must name a file or be \"system\", got \"\"")),
+                _ => {
+                    roots = RootCerts::File(PathBuf::from(value));
+                    explicit_root = true;
+                }
+            }
+        }
+        let mut mode = mode.unwrap_or(SslMode::Prefer);
+        if mode == SslMode::Require && explicit_root {
+            mode = SslMode::VerifyCa;
+        }
+        Ok(SslParams { mode, roots, rest })
+    }
+
+    /// [`usable`] for these options.
+    pub fn check(&self) -> Result<(), String> {
+        usable(self.mode, &self.roots)
+    }
+}
+
+/// Whether this build can honour `mode`, and `roots` can be read for it (read now, so a wrong
+/// path fails at configuration, not at every connection). Without the `tls` feature, `require`
+/// and the verify modes are refused with a reason naming the mode and the feature; `disable`
+/// and `prefer` pass (`prefer` then connects in plain text). The one home of that rule, for
+/// both drivers.
+pub fn usable(mode: SslMode, roots: &RootCerts) -> Result<(), String> {
+    #[cfg(not(feature = "tls"))]
+    if mode.requires_tls() {
+        let _ = roots;
+        return Err(format!(
+            "sslmode={} needs TLS, and idempotency-client was built without its `tls` feature \
+             (enable it, or use sslmode=disable or prefer)",
+            mode.as_str()
+        ));
+    }
+    #[cfg(feature = "tls")]
+    if matches!(mode, SslMode::VerifyCa | SslMode::VerifyFull) {
+        rustls_connector::root_store(roots)?;
+    }
+    Ok(())
+}
+
 /// The TLS options of a connection URL, and the URL's other options as tokio-postgres reads them.
 #[derive(Debug, Clone)]
 pub struct TlsOptions {
@@ -90,32 +166,10 @@ pub struct TlsOptions {
     pub config: tokio_postgres::Config,
 }
 
-/// Options tokio-postgres does not know and this client does not support: refused, never ignored.
-const UNSUPPORTED: &[&str] = &["sslcert", "sslkey", "sslpassword", "sslcrl", "sslcrldir", "sslsni", "sslnegotiation"];
-
 impl TlsOptions {
-    /// Parses a connection string, in URL form (`postgresql://...?sslmode=verify-full`) or
-    /// key=value form (`host=db sslmode=require`).
+    /// [`SslParams::parse`], the rest read by tokio-postgres.
     pub fn parse(url: &str) -> Result<Self, String> {
-        let (rest, found) = take_options(url, &["sslmode", "sslrootcert"])?;
-        let mut mode = None;
-        let mut roots = RootCerts::System;
-        let mut explicit_root = false;
-        for (name, value) in found {
-            match name.as_str() {
-                "sslmode" => mode = Some(SslMode::parse(&value)?),
-                _ if value == "system" => roots = RootCerts::System,
-                _ if value.is_empty() => return Err("sslrootcert must name a file or be \"system\", got \"\"".into()),
-                _ => {
-                    roots = RootCerts::File(PathBuf::from(value));
-                    explicit_root = true;
-                }
-            }
-        }
-        let mut mode = mode.unwrap_or(SslMode::Prefer);
-        if mode == SslMode::Require && explicit_root {
-            mode = SslMode::VerifyCa;
-        }
+        let SslParams { mode, roots, rest } = SslParams::parse(url)?;
         let mut config: tokio_postgres::Config =
             rest.parse().map_err(|e| format!("the connection URL does not parse: {e}"))?;
         config.ssl_mode(match mode {
@@ -168,16 +222,9 @@ pub fn connect_params(url: &str) -> Result<ConnectParams, String> {
 
 #[cfg(not(feature = "tls"))]
 fn connector(options: &TlsOptions) -> Result<Connector, String> {
-    if options.mode.requires_tls() {
-        return Err(format!(
-            "sslmode={} needs TLS, and idempotency-client was built without its `tls` feature \
-             (enable it, or use sslmode=disable or prefer)",
-            options.mode.as_str()
-        ));
-    }
+    usable(options.mode, &options.roots)?;
     Ok(Connector::NoTls(tokio_postgres::NoTls))
 }
-
 
 #[cfg(feature = "tls")]
 mod rustls_connector;
@@ -252,6 +299,15 @@ mod tests {
         assert_eq!(o.mode, SslMode::VerifyCa);
         // `system` is not a file: require stays require.
         assert_eq!(TlsOptions::parse("postgresql://db/x?sslmode=require&sslrootcert=system").unwrap().mode, SslMode::Require);
+    }
+
+    #[test]
+    fn sqlx_spellings_are_read_the_same_and_the_rest_is_kept() {
+        let p = SslParams::parse("postgres://db/x?statement-cache-capacity=10&ssl-mode=require&ssl-ca=/ca.pem").unwrap();
+        assert_eq!((p.mode, p.roots), (SslMode::VerifyCa, RootCerts::File(PathBuf::from("/ca.pem"))));
+        assert_eq!(p.rest, "postgres://db/x?statement-cache-capacity=10");
+        let p = SslParams::parse("postgres://db/x?ssl-root-cert=system&sslmode=verify-full").unwrap();
+        assert_eq!((p.mode, p.roots, p.rest.as_str()), (SslMode::VerifyFull, RootCerts::System, "postgres://db/x"));
     }
 
     #[test]

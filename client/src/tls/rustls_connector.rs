@@ -31,7 +31,7 @@ pub(super) fn connector(options: &TlsOptions) -> Result<Connector, String> {
 }
 
 /// The trusted roots, read now so a wrong path fails at configuration, not at every connection.
-fn root_store(roots: &RootCerts) -> Result<rustls::RootCertStore, String> {
+pub(super) fn root_store(roots: &RootCerts) -> Result<rustls::RootCertStore, String> {
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::CertificateDer;
 
