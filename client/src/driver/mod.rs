@@ -24,6 +24,9 @@ use serde_json::Value;
 use std::future::Future;
 use std::time::Duration;
 
+/// The rows of `idem_reserve_many`: each key with its reservation, in the statement's order.
+pub(crate) type Reservations = Vec<(String, Reservation)>;
+
 mod sealed {
     pub trait Sealed {}
 }
@@ -114,7 +117,7 @@ pub trait Driver: Sealed + Clone + Send + Sync + 'static {
         &self,
         isolation: Option<Isolation>,
         reserve_many: &str,
-    ) -> impl Future<Output = Result<(Self::Tx, Vec<(String, Reservation)>), Error>> + Send;
+    ) -> impl Future<Output = Result<(Self::Tx, Reservations), Error>> + Send;
 
     /// The batch flow's last round trip: `complete_many` (one or more `idem_complete_many`
     /// statements, values bound in the text, each aborting the transaction unless every key of

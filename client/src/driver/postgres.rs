@@ -2,7 +2,7 @@
 //! pipelining by issuing requests together (tokio-postgres sends a request when its future is
 //! first polled, and `join!` polls in order).
 
-use super::{Driver, Sealed};
+use super::{Driver, Reservations, Sealed};
 use crate::error::{DatabaseError, Error};
 use crate::ops::{self, ReleaseOutcome, ReserveOptions, Reservation, Status, Token};
 use crate::settings::Isolation;
@@ -266,7 +266,7 @@ impl Driver for Postgres {
         Ok(answer.as_deref() == Some("true"))
     }
 
-    async fn begin_and_reserve_many(&self, isolation: Option<Isolation>, reserve_many: &str) -> Result<(Tx, Vec<(String, Reservation)>), Error> {
+    async fn begin_and_reserve_many(&self, isolation: Option<Isolation>, reserve_many: &str) -> Result<(Tx, Reservations), Error> {
         let mut tx = self.open().await?;
         // BEGIN and the reservations: one simple query, one round trip.
         let answered = tx.0.client().simple_query(&format!("{}; {reserve_many}", Isolation::begin_sql(isolation))).await;

@@ -5,7 +5,7 @@
 //! own transaction manager, so the depth sqlx tracks is right: a `conn.begin()` inside your
 //! closure is a savepoint of yours, as sqlx always makes it.
 
-use super::{Driver, Sealed};
+use super::{Driver, Reservations, Sealed};
 use crate::error::{DatabaseError, Error};
 use crate::ops::{secs, ReleaseOutcome, ReserveOptions, Reservation, Status, Token};
 use crate::settings::{Isolation, Settings};
@@ -282,7 +282,7 @@ impl Driver for Sqlx {
         Ok(answer.as_deref() == Some("true"))
     }
 
-    async fn begin_and_reserve_many(&self, isolation: Option<Isolation>, reserve_many: &str) -> Result<(SqlxTx, Vec<(String, Reservation)>), Error> {
+    async fn begin_and_reserve_many(&self, isolation: Option<Isolation>, reserve_many: &str) -> Result<(SqlxTx, Reservations), Error> {
         // BEGIN through sqlx's transaction manager (so its depth is right for the closure), then
         // the reservations as a simple query: sqlx waits for each, so two round trips.
         let mut tx = self.open().await?;
