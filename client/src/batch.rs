@@ -56,7 +56,8 @@ impl<D: Driver> Idempotency<D> {
     /// and five over sqlx (feature `sqlx`: `BEGIN`, the reservations, the statement, the
     /// completions, `COMMIT`, as sqlx waits for each), whatever the number of keys. A batch
     /// that created no key costs one (tokio-postgres) or two (sqlx), its `ROLLBACK` queued
-    /// without waiting.
+    /// without waiting. (sqlx also checks a connection given back to its pool: one round trip
+    /// more, which the call does not wait for.)
     pub async fn run_batch<T, E, F>(
         &self,
         operation: &str,
