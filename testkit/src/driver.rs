@@ -2,7 +2,7 @@
 //! kit is built with its `sqlx` feature (`cargo test -p idempotency-tests --features sqlx`).
 //! The suites are written once against these names: [`TestDriver`], the handle [`Idem`], the
 //! connection a closure gets ([`Conn`]), the driver's error ([`DbError`]) and a few statements
-//! run the same way on either ([`exec`], [`query_i64`], [`batch`]).
+//! run the same way on either ([`exec`], [`query_i64`], [`batch`], [`pooled_in_transaction`]).
 
 use idempotency_client::{Driver, Idempotency, Settings};
 
@@ -57,6 +57,13 @@ mod imp {
     /// `sql` (one or more statements, no arguments) as a simple query.
     pub async fn batch(conn: &mut super::Conn, sql: &str) -> Result<(), DbError> {
         conn.batch_execute(sql).await
+    }
+
+    /// Whether the next connection of `idem`'s pool is inside a transaction block (a savepoint
+    /// can only be set in one): a flow must never give one back mid-transaction.
+    pub async fn pooled_in_transaction(idem: &Idempotency<TestDriver>) -> bool {
+        let client = idem.pool().get().await.expect("a pooled connection");
+        client.batch_execute("SAVEPOINT probe").await.is_ok()
     }
 
     /// [`query_i64`] through the request's transaction of an in-transaction layer.
@@ -136,9 +143,16 @@ mod imp {
     pub async fn batch(conn: &mut super::Conn, sql: &str) -> Result<(), DbError> {
         sqlx::raw_sql(AssertSqlSafe(sql.to_owned())).execute(&mut *conn).await.map(|_| ())
     }
+
+    /// Whether the next connection of `idem`'s pool is inside a transaction block (a savepoint
+    /// can only be set in one): a flow must never give one back mid-transaction.
+    pub async fn pooled_in_transaction(idem: &Idempotency<TestDriver>) -> bool {
+        let mut conn = idem.pool().acquire().await.expect("a pooled connection");
+        sqlx::raw_sql("SAVEPOINT probe").execute(&mut *conn).await.is_ok()
+    }
 }
 
-pub use imp::{batch, error_of, exec, exec_in, exhausted, query_i64, query_i64_in, DbError, TestDriver, NAME};
+pub use imp::{batch, error_of, exec, exec_in, exhausted, pooled_in_transaction, query_i64, query_i64_in, DbError, TestDriver, NAME};
 
 /// The handle of the driver under test.
 pub type Idem = Idempotency<TestDriver>;

@@ -1,9 +1,9 @@
-//! No path of `run`, `run_external` or the layer opens a subtransaction: every outcome runs
+//! No path of `run`, `run_batch`, `run_external` or the layer opens a subtransaction: every outcome runs
 //! against a database whose statements pg_stat_statements tracks, and none of them is a
 //! SAVEPOINT, RELEASE or ROLLBACK TO. A control transaction with a savepoint proves the
 //! counting sees one when it happens.
 
-use idempotency_client::{Disposition, Error, Fingerprint, HandlerError, Outcome, Settings, StoredResponse, TxFuture};
+use idempotency_client::{BatchItem, BatchOutcome, Disposition, Error, Fingerprint, HandlerError, Outcome, Settings, StoredResponse, TxFuture};
 use idempotency_testkit::{batch, connect_with, exec, fresh_database, unique_key, Charge, Conn, DbError};
 use serde_json::json;
 use std::sync::atomic::AtomicUsize;
@@ -149,6 +149,34 @@ async fn no_outcome_takes_a_savepoint() {
     .await;
     assert!(panicked.is_err_and(|e| e.is_panic()));
 
+    // Batches: executed (a success and a permanent failure), replayed, a closure error, a lost
+    // lease.
+    let items: Vec<BatchItem> = (0..3).map(|i| BatchItem { key: format!("nosub-b{i}"), fingerprint: fp(i) }).collect();
+    let done = idem.run_batch("nosub.batch", "u", &items, answers).await.unwrap();
+    assert!(done.iter().all(|(_, o)| matches!(o, BatchOutcome::Executed(_))), "{done:?}");
+    let again = idem.run_batch("nosub.batch", "u", &items, answers).await.unwrap();
+    assert!(matches!(again[2].1, BatchOutcome::Failed(_)), "{again:?}");
+    let failed = idem
+        .run_batch("nosub.batch", "u", &[BatchItem { key: "nosub-bx".into(), fingerprint: fp(1) }], |conn: &mut Conn, _: &[String]| {
+            Box::pin(async move {
+                batch(conn, "SELECT 1").await?;
+                Err::<Vec<StoredResponse>, _>(Failure(None))
+            }) as TxFuture<'_, _, Failure>
+        })
+        .await;
+    assert!(matches!(failed, Err(Error::Handler { .. })), "{failed:?}");
+    let lost = idem
+        .run_batch("nosub.batch", "u", &[BatchItem { key: "nosub-bl".into(), fingerprint: fp(1) }], |conn: &mut Conn, keys: &[String]| {
+            let n = keys.len();
+            Box::pin(async move {
+                exec(conn, "SELECT FROM idem_lookup('nosub.batch', 'u', 'nosub-bl')", &[]).await?;
+                exec(conn, "UPDATE idem_records SET token = token + 1000000 WHERE key = 'nosub-bl'", &[]).await?;
+                Ok(vec![StoredResponse::json(201, json!({})); n])
+            }) as TxFuture<'_, _, DbError>
+        })
+        .await;
+    assert!(matches!(lost, Err(Error::LeaseLost { .. })), "{lost:?}");
+
     // Two-phase: success, a transient result, a permanent error.
     let key = unique_key("nosub.external");
     let ok = idem.run_external(&key, &fp(1), async { Ok::<_, Failure>(StoredResponse::json(201, json!({}))) }, nothing).await;
@@ -168,6 +196,17 @@ async fn no_outcome_takes_a_savepoint() {
     let (found, calls) = subtransactions(&admin, name).await;
     assert!(calls > 20, "pg_stat_statements tracked the flows' statements ({calls} calls)");
     assert!(found.is_empty(), "statements that open a subtransaction: {found:?}");
+}
+
+/// A batch's closure: one statement, 201 for every created key but the last, 402 for it.
+fn answers<'t>(conn: &'t mut Conn, keys: &'t [String]) -> TxFuture<'t, Vec<StoredResponse>, DbError> {
+    let n = keys.len();
+    Box::pin(async move {
+        batch(conn, "SELECT 1").await?;
+        let mut out = vec![StoredResponse::json(201, json!({})); n];
+        out[n - 1] = StoredResponse::json(402, json!({}));
+        Ok(out)
+    })
 }
 
 fn nothing<'t>(_: &'t mut Conn, _: &'t StoredResponse) -> TxFuture<'t, (), Failure> {

@@ -24,6 +24,9 @@ use serde_json::Value;
 use std::future::Future;
 use std::time::Duration;
 
+/// The rows of `idem_reserve_many`: each key with its reservation, in the statement's order.
+pub(crate) type Reservations = Vec<(String, Reservation)>;
+
 mod sealed {
     pub trait Sealed {}
 }
@@ -103,6 +106,25 @@ pub trait Driver: Sealed + Clone + Send + Sync + 'static {
         options: &ReserveOptions,
         response: Option<&Value>,
     ) -> impl Future<Output = Result<bool, Error>> + Send;
+
+    /// Round trip 1 of the batch flow: a connection, `BEGIN` and `reserve_many` (one
+    /// `idem_reserve_many` statement with its values bound in the text, from `sql.rs`); its rows
+    /// as (`key`, reservation), in the statement's order. Pipelined where the driver can (one
+    /// simple query over tokio-postgres; sqlx waits for the `BEGIN`, so two round trips there).
+    /// On an error the transaction is rolled back. The caller ends the transaction with
+    /// [`Driver::abandon`] when no key was created.
+    fn begin_and_reserve_many(
+        &self,
+        isolation: Option<Isolation>,
+        reserve_many: &str,
+    ) -> impl Future<Output = Result<(Self::Tx, Reservations), Error>> + Send;
+
+    /// The batch flow's last round trip: `complete_many` (one or more `idem_complete_many`
+    /// statements, values bound in the text, each aborting the transaction unless every key of
+    /// it completed) and `COMMIT`, pipelined where the driver can (one simple query over
+    /// tokio-postgres; two round trips over sqlx). False when a key was lost: the transaction
+    /// was rolled back.
+    fn complete_many_and_commit(tx: &mut Self::Tx, complete_many: &str) -> impl Future<Output = Result<bool, Error>> + Send;
 
     /// `ROLLBACK`, waited for.
     fn rollback(tx: &mut Self::Tx) -> impl Future<Output = ()> + Send;

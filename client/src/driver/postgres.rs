@@ -2,7 +2,7 @@
 //! pipelining by issuing requests together (tokio-postgres sends a request when its future is
 //! first polled, and `join!` polls in order).
 
-use super::{Driver, Sealed};
+use super::{Driver, Reservations, Sealed};
 use crate::error::{DatabaseError, Error};
 use crate::ops::{self, ReleaseOutcome, ReserveOptions, Reservation, Status, Token};
 use crate::settings::Isolation;
@@ -85,12 +85,6 @@ impl Open {
     fn end(&self) {
         self.ended.store(true, Ordering::Release);
     }
-}
-
-/// Marks `tx`'s transaction as ended (its COMMIT or ROLLBACK was answered): the connection goes
-/// back to the pool when the last clone is dropped.
-pub(crate) fn ended(tx: &Tx) {
-    tx.0.end();
 }
 
 impl Drop for Open {
@@ -270,6 +264,55 @@ impl Driver for Postgres {
     ) -> Result<bool, Error> {
         let answer = again(tx, &schema.sql().reserve_and_fail, key, fingerprint, options, Literal::Json(response)).await?;
         Ok(answer.as_deref() == Some("true"))
+    }
+
+    async fn begin_and_reserve_many(&self, isolation: Option<Isolation>, reserve_many: &str) -> Result<(Tx, Reservations), Error> {
+        let mut tx = self.open().await?;
+        // BEGIN and the reservations: one simple query, one round trip.
+        let answered = tx.0.client().simple_query(&format!("{}; {reserve_many}", Isolation::begin_sql(isolation))).await;
+        let rows = answered.map_err(ours).and_then(|messages| {
+            messages
+                .iter()
+                .filter_map(|m| match m {
+                    tokio_postgres::SimpleQueryMessage::Row(row) => Some(row),
+                    _ => None,
+                })
+                .map(|row| match row.try_get("key") {
+                    Ok(Some(key)) => Ok((key.to_owned(), Reservation::from_text(row)?)),
+                    Ok(None) => Err(Error::protocol("idem_reserve_many answered a row without its key")),
+                    Err(e) => Err(Error::Protocol { reason: "cannot read column \"key\"".into(), source: Some(Box::new(e)) }),
+                })
+                .collect::<Result<Vec<_>, Error>>()
+        });
+        match rows {
+            Ok(rows) => Ok((tx, rows)),
+            Err(e) => {
+                Self::rollback(&mut tx).await;
+                Err(e)
+            }
+        }
+    }
+
+    async fn complete_many_and_commit(tx: &mut Tx, complete_many: &str) -> Result<bool, Error> {
+        // The completions and COMMIT: one simple query; a lost key aborts the transaction, so
+        // the COMMIT behind it is skipped.
+        match tx.0.client().simple_query(&format!("{complete_many}; COMMIT")).await {
+            Ok(_) => {
+                tx.0.end();
+                Ok(true)
+            }
+            Err(e) => {
+                let lost = e.as_db_error().is_some_and(|d| {
+                    *d.code() == SqlState::INVALID_TEXT_REPRESENTATION && d.message().contains(LEASE_LOST_MARK)
+                });
+                Self::rollback(tx).await;
+                if lost {
+                    Ok(false)
+                } else {
+                    Err(ours(e))
+                }
+            }
+        }
     }
 
     async fn rollback(tx: &mut Tx) {

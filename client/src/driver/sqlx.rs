@@ -5,7 +5,7 @@
 //! own transaction manager, so the depth sqlx tracks is right: a `conn.begin()` inside your
 //! closure is a savepoint of yours, as sqlx always makes it.
 
-use super::{Driver, Sealed};
+use super::{Driver, Reservations, Sealed};
 use crate::error::{DatabaseError, Error};
 use crate::ops::{secs, ReleaseOutcome, ReserveOptions, Reservation, Status, Token};
 use crate::settings::{Isolation, Settings};
@@ -280,6 +280,43 @@ impl Driver for Sqlx {
         let query = reserving(&schema.sql().reserve_and_fail, key, fingerprint, &options);
         let answer = again(tx, query, response.cloned()).await?;
         Ok(answer.as_deref() == Some("true"))
+    }
+
+    async fn begin_and_reserve_many(&self, isolation: Option<Isolation>, reserve_many: &str) -> Result<(SqlxTx, Reservations), Error> {
+        // BEGIN through sqlx's transaction manager (so its depth is right for the closure), then
+        // the reservations as a simple query: sqlx waits for each, so two round trips.
+        let mut tx = self.open().await?;
+        let conn = tx.conn()?;
+        let begin = isolation.map(|_| Isolation::begin_sql(isolation).into_sql_str());
+        PgTransactionManager::begin(conn, begin).await?;
+        let answered = sqlx::raw_sql(AssertSqlSafe(reserve_many)).fetch_all(&mut *conn).await;
+        let rows = answered
+            .map_err(ours)
+            .and_then(|rows| rows.iter().map(|row| Ok((col::<String>(row, "key")?, reservation(row)?))).collect::<Result<Vec<_>, Error>>());
+        match rows {
+            Ok(rows) => Ok((tx, rows)),
+            Err(e) => {
+                Self::rollback(&mut tx).await;
+                Err(e)
+            }
+        }
+    }
+
+    async fn complete_many_and_commit(tx: &mut SqlxTx, complete_many: &str) -> Result<bool, Error> {
+        let conn = tx.conn()?;
+        match sqlx::raw_sql(AssertSqlSafe(complete_many)).execute(&mut *conn).await {
+            Ok(_) => PgTransactionManager::commit(conn).await.map(|()| true).map_err(Error::from),
+            Err(e) => {
+                // A lost key aborted the transaction (or the statement failed): roll back.
+                let lost = lease_lost(&e);
+                let _ = PgTransactionManager::rollback(conn).await;
+                if lost {
+                    Ok(false)
+                } else {
+                    Err(ours(e))
+                }
+            }
+        }
     }
 
     async fn rollback(tx: &mut SqlxTx) {

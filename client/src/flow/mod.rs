@@ -1,7 +1,8 @@
-//! The two flows, written once over the [`Driver`] interface: [`in_transaction`] (`run`, and the
-//! layer's in-transaction mode) and [`two_phase`] (`run_external`, and the layer's two-phase
-//! mode), with the answers they share.
+//! The flows, written once over the [`Driver`] interface: [`in_transaction`] (`run`, and the
+//! layer's in-transaction mode), its batch form [`batch`] (`run_batch`) and [`two_phase`]
+//! (`run_external`, and the layer's two-phase mode), with the answers they share.
 
+pub(crate) mod batch;
 pub(crate) mod in_transaction;
 pub(crate) mod two_phase;
 
