@@ -19,8 +19,9 @@
 # unprofiled CPU per call (perf's own overhead does not inflate the figures).
 #
 # Needs perf (linux-perf) and `cargo build --release -p idempotency-bench`; starts the private
-# cluster (`scripts/pg.sh start`, IDEM_PG_PORT honoured; the extension installed in its
-# PG_CONFIG tree) and leaves it running. Prints markdown. target/profile-client/ keeps the logs
+# cluster (`scripts/pg.sh start`, IDEM_PG_PORT and PG_CONFIG honoured; the release build of the
+# extension installed in that tree, as bench/profile.sh says: a tree nothing else reinstalls
+# into while this runs) and leaves it running. Prints markdown. target/profile-client/ keeps the logs
 # and the resolved call chains; PROFILE_KEEP=1 keeps the perf.data files too (tens of MB each).
 # PROFILE_FREQ (default 499 Hz) and PROFILE_STACK (bytes of stack per sample, 16384) tune perf.
 set -euo pipefail
@@ -32,7 +33,10 @@ die() { echo "profile-client.sh: $*" >&2; exit 1; }
 
 run_case() { # run_case CASE TASKS SECONDS TAG PROFILE(0|1): one bench process, perf on it if asked
     local case=$1 tasks=$2 secs=$3 tag=$4 profile=$5 log=$out/$1.$4.log pid=
-    "$root/target/release/bench" --rust-case "$case" "$tasks" "$secs" >"$log" 2>&1 &
+    # A profiled process runs 3 s longer than perf samples it: perf ends its `sleep` early (and
+    # exits non-zero) when the processes it samples exit first. Such a shorter profile is kept:
+    # only its shares are used.
+    "$root/target/release/bench" --rust-case "$case" "$tasks" "$((secs + 3 * profile))" >"$log" 2>&1 &
     local bench=$!
     for _ in $(seq 1 600); do
         grep -q '^ready ' "$log" && break
@@ -44,7 +48,7 @@ run_case() { # run_case CASE TASKS SECONDS TAG PROFILE(0|1): one bench process, 
         read -r _ pid backends < <(grep '^ready ' "$log")
         perf record -q -e cpu-clock -F "$freq" --call-graph "dwarf,$stack" -p "$pid,$backends" \
             -o "$out/$case.$tag.data" -- sleep "$secs" 2>"$out/$case.$tag.perf.log" ||
-            { cat "$out/$case.$tag.perf.log" >&2; die "$case: perf record failed"; }
+            [ -s "$out/$case.$tag.data" ] || { cat "$out/$case.$tag.perf.log" >&2; die "$case: perf record failed"; }
     fi
     wait "$bench" || { tail -20 "$log" >&2; die "$case: the bench failed"; }
     grep -q '^result ' "$log" || die "$case: no result line in $log"
