@@ -36,7 +36,11 @@ run_case() { # run_case CASE TASKS SECONDS TAG PROFILE(0|1): one bench process, 
     # A profiled process runs 3 s longer than perf samples it: perf ends its `sleep` early (and
     # exits non-zero) when the processes it samples exit first. Such a shorter profile is kept:
     # only its shares are used.
-    "$root/target/release/bench" --rust-case "$case" "$tasks" "$((secs + 3 * profile))" >"$log" 2>&1 &
+    # The running count of calls (a file rewritten every 50 ms) only where it is read: the
+    # rewriting costs the client about 1 % of its CPU.
+    local counted=()
+    [ "$profile" != 2 ] || counted=(env "IDEM_BENCH_CALLS_FILE=$out/calls")
+    "${counted[@]}" "$root/target/release/bench" --rust-case "$case" "$tasks" "$((secs + (profile > 0) * 3))" >"$log" 2>&1 &
     local bench=$!
     for _ in $(seq 1 600); do
         grep -q '^ready ' "$log" && break
@@ -44,7 +48,15 @@ run_case() { # run_case CASE TASKS SECONDS TAG PROFILE(0|1): one bench process, 
         sleep 0.1
     done
     grep -q '^ready ' "$log" || { wait "$bench" || true; tail -20 "$log" >&2; die "$case: the bench did not start"; }
-    if [ "$profile" = 1 ]; then
+    if [ "$profile" = 2 ]; then
+        read -r _ pid backends < <(grep '^ready ' "$log")
+        local c0 c1
+        c0=$(cat "$out/calls")
+        perf trace -s -p "$pid,$backends" -o "$out/$case.$tag.trace" -- sleep "$secs" 2>/dev/null || [ -s "$out/$case.$tag.trace" ] ||
+            die "$case: perf trace failed"
+        c1=$(cat "$out/calls")
+        echo "$((c1 - c0))" >"$out/$case.$tag.calls"
+    elif [ "$profile" = 1 ]; then
         read -r _ pid backends < <(grep '^ready ' "$log")
         perf record -q -e cpu-clock -F "$freq" --call-graph "dwarf,$stack" -p "$pid,$backends" \
             -o "$out/$case.$tag.data" -- sleep "$secs" 2>"$out/$case.$tag.perf.log" ||
@@ -75,6 +87,8 @@ if [ "${1:-}" != --report ]; then
         run_case "$c" "$tasks" "$secs" p 1
         perf script -i "$out/$c.p.data" --no-inline -F pid,ip,sym,dso 2>/dev/null >"$out/$c.p.txt"
         [ "${PROFILE_KEEP:-0}" = 1 ] || rm -f "$out/$c.p.data"
+        echo "[profile-client] $c (system calls counted)" >&2
+        run_case "$c" "$tasks" "$secs" t 2
     done
 fi
 
@@ -204,6 +218,32 @@ for b in NAMES:
 print("| *of which under malloc/free (inclusive)* | " + " | ".join(cell(c, S[c][2]["allocator"]) for c in cases) + " |")
 print("| *of which under a tracing frame (inclusive)* | " + " | ".join(cell(c, S[c][2]["tracing"]) for c in cases) + " |")
 print("| client samples | " + " | ".join(str(S[c][0]["total"]) for c in cases) + " |")
+
+def syscalls(case):
+    """System calls per call in the traced window (perf trace -s): client threads, backends."""
+    n = int(open(os.path.join(out, f"{case}.t.calls")).read())
+    sums = {"client": collections.Counter(), "server": collections.Counter()}
+    side = None
+    for line in open(os.path.join(out, f"{case}.t.trace"), errors="replace"):
+        m = re.match(r"^ (\S.*) \((\d+)\), \d+ events", line)
+        if m:
+            side = "server" if m.group(1).startswith("postgres") else "client"
+            continue
+        f = line.split()
+        if side and len(f) >= 3 and f[1].isdigit() and re.match(r"^[a-z_0-9]+$", f[0]):
+            sums[side][f[0]] += int(f[1])
+    return {k: {c: v / max(n, 1) for c, v in s.items()} for k, s in sums.items()}
+
+if all(os.path.exists(os.path.join(out, f"{c}.t.trace")) for c in cases):
+    Y = {c: syscalls(c) for c in cases}
+    print("\n**System calls per call** (perf trace -s over a window of its own; client threads and the pool's backends)\n")
+    print("| | " + " | ".join(cases) + " |")
+    print("|---|" + "---|" * len(cases))
+    for side in ("client", "server"):
+        names = sorted({k for c in cases for k in Y[c][side]}, key=lambda k: -max(Y[c][side].get(k, 0) for c in cases))
+        for k in names:
+            if max(Y[c][side].get(k, 0) for c in cases) >= 0.05:
+                print(f"| {side}: {k} | " + " | ".join(f"{Y[c][side].get(k, 0):.2f}" for c in cases) + " |")
 
 print("\n**Bounds** (when the cases keep the cores busy, calls per second ≈ cores ÷ CPU per call)\n")
 for ours, base, label in (("run", "raw-insert", "run / raw transaction"), ("replay", "raw-select", "replay / raw SELECT")):

@@ -200,6 +200,20 @@ pub(crate) async fn single_case(url: &str, db: &tokio_postgres::Client, kind: Ca
             }
         }));
     }
+    // IDEM_BENCH_CALLS_FILE: the running count of calls, rewritten every 50 ms, for a tool that
+    // counts something else over a window of its own (profile-client.sh's system calls).
+    if let Ok(path) = std::env::var("IDEM_BENCH_CALLS_FILE") {
+        let (calls, stop) = (calls.clone(), stop.clone());
+        tokio::spawn(async move {
+            let tmp = format!("{path}.tmp");
+            while !stop.load(Ordering::Relaxed) {
+                if std::fs::write(&tmp, calls.load(Ordering::Relaxed).to_string()).is_ok() {
+                    let _ = std::fs::rename(&tmp, &path);
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        });
+    }
     tokio::time::sleep(Duration::from_secs(1)).await;
     let pids = |sql: &'static str| async move {
         db.query(sql, &[]).await.expect("pg_stat_activity").iter().map(|r| r.get::<_, i32>(0)).collect::<Vec<i32>>()
