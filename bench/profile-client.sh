@@ -50,12 +50,11 @@ run_case() { # run_case CASE TASKS SECONDS TAG PROFILE(0|1): one bench process, 
     grep -q '^ready ' "$log" || { wait "$bench" || true; tail -20 "$log" >&2; die "$case: the bench did not start"; }
     if [ "$profile" = 2 ]; then
         read -r _ pid backends < <(grep '^ready ' "$log")
-        local c0 c1
-        c0=$(cat "$out/calls")
-        perf trace -s -p "$pid,$backends" -o "$out/$case.$tag.trace" -- sleep "$secs" 2>/dev/null || [ -s "$out/$case.$tag.trace" ] ||
-            die "$case: perf trace failed"
-        c1=$(cat "$out/calls")
-        echo "$((c1 - c0))" >"$out/$case.$tag.calls"
+        # The calls are read by perf's workload, which starts once the tracing does and ends
+        # before it stops, so the count covers no more than the traced window.
+        perf trace -s -p "$pid,$backends" -o "$out/$case.$tag.trace" -- \
+            sh -c 'c0=$(cat "$1"); sleep "$2"; echo $(($(cat "$1") - c0)) >"$3"' _ "$out/calls" "$secs" "$out/$case.$tag.calls" \
+            2>/dev/null || [ -s "$out/$case.$tag.calls" ] || die "$case: perf trace failed"
     elif [ "$profile" = 1 ]; then
         read -r _ pid backends < <(grep '^ready ' "$log")
         perf record -q -e cpu-clock -F "$freq" --call-graph "dwarf,$stack" -p "$pid,$backends" \
