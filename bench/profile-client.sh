@@ -16,7 +16,8 @@
 # futures, core, alloc, std and libc frames pass the sample on to their caller, so a semaphore
 # wait inside the pool is the pool's); a kernel leaf goes to the kernel bucket of the system
 # call that entered it. A bucket's µs per call is its share of the profiled samples times the
-# unprofiled CPU per call (perf's own overhead does not inflate the figures).
+# unprofiled CPU per call (perf's own overhead does not inflate the figures). A last run per case
+# under `perf trace -s` gives the system calls per call of the client and of its backends.
 #
 # Needs perf (linux-perf) and `cargo build --release -p idempotency-bench`; starts the private
 # cluster (`scripts/pg.sh start`, IDEM_PG_PORT and PG_CONFIG honoured; the release build of the
