@@ -164,3 +164,89 @@ pub(crate) async fn round_trips(upstream: SocketAddr, db: &str, calls: u64, with
     }
     (proxy.round_trips() - count_from) as f64 / calls as f64
 }
+
+/// `bench --rust-case CASE TASKS SECONDS` (bench/profile-client.sh): one call kind of the Rust
+/// rows, `tasks` loops as in [`throughput`] after one second of warm-up, measured for
+/// `seconds`. When the window opens it prints `ready PID BACKENDS` (this process and the pids of
+/// its pool's server backends, for perf), when it closes one `result` line: calls, seconds, and
+/// the CPU (from /proc/PID/schedstat, ns on CPU of every thread) of this process, of the case's
+/// backends and of every server process in pg_stat_activity.
+pub(crate) async fn single_case(url: &str, db: &tokio_postgres::Client, kind: Call, tasks: usize, seconds: u64) {
+    use std::sync::atomic::AtomicBool;
+    use std::sync::Arc;
+    let idem = Idempotency::connect(url, tasks).expect("pool");
+    let replayed = Key::new("bench.replay", "rust", "k").expect("valid key");
+    if matches!(kind, Call::Replay | Call::RawSelect) {
+        call(&idem, None, "rust", false).await;
+        let fp = Fingerprint::of_bytes(b"bench");
+        idem.run(&replayed, &fp, |_tx| Box::pin(async { Ok::<_, tokio_postgres::Error>(StoredResponse::json(201, json!({}))) }))
+            .await
+            .expect("first run of the replayed key");
+    }
+    let (calls, stop) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicBool::new(false)));
+    let mut handles = Vec::new();
+    for t in 0..tasks {
+        let (idem, replayed, calls, stop) = (idem.clone(), replayed.clone(), calls.clone(), stop.clone());
+        handles.push(tokio::spawn(async move {
+            let user = format!("rust-{t}");
+            let raw_kind = matches!(kind, Call::RawInsert | Call::RawSelect);
+            let mut raw = if raw_kind { Some(idem.pool().get().await.expect("connection")) } else { None };
+            while !stop.load(Ordering::Relaxed) {
+                match kind {
+                    Call::Run | Call::RawInsert => call(&idem, raw.as_mut(), &user, false).await,
+                    Call::Replay | Call::RawSelect => replay(&idem, raw.as_mut(), &replayed).await,
+                }
+                calls.fetch_add(1, Ordering::Relaxed);
+            }
+        }));
+    }
+    // IDEM_BENCH_CALLS_FILE: the running count of calls, rewritten every 50 ms, for a tool that
+    // counts something else over a window of its own (profile-client.sh's system calls).
+    if let Ok(path) = std::env::var("IDEM_BENCH_CALLS_FILE") {
+        let (calls, stop) = (calls.clone(), stop.clone());
+        tokio::spawn(async move {
+            let tmp = format!("{path}.tmp");
+            while !stop.load(Ordering::Relaxed) {
+                if std::fs::write(&tmp, calls.load(Ordering::Relaxed).to_string()).is_ok() {
+                    let _ = std::fs::rename(&tmp, &path);
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        });
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let pids = |sql: &'static str| async move {
+        db.query(sql, &[]).await.expect("pg_stat_activity").iter().map(|r| r.get::<_, i32>(0)).collect::<Vec<i32>>()
+    };
+    let backends = pids("SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()").await;
+    let server = pids("SELECT pid FROM pg_stat_activity WHERE pid <> pg_backend_pid()").await;
+    let me = std::process::id() as i32;
+    let cpu = |pids: &[i32]| pids.iter().map(|&p| cpu_ns(p)).sum::<u64>();
+    let (n0, c0, b0, s0, t0) = (calls.load(Ordering::Relaxed), cpu(&[me]), cpu(&backends), cpu(&server), Instant::now());
+    let list = backends.iter().map(i32::to_string).collect::<Vec<_>>().join(",");
+    println!("ready {me} {list}");
+    tokio::time::sleep(Duration::from_secs(seconds)).await;
+    let (n1, c1, b1, s1, secs) = (calls.load(Ordering::Relaxed), cpu(&[me]), cpu(&backends), cpu(&server), t0.elapsed().as_secs_f64());
+    println!(
+        "result calls={} seconds={secs:.3} client_cpu_ns={} backends_cpu_ns={} server_cpu_ns={} backends={}",
+        n1 - n0,
+        c1 - c0,
+        b1 - b0,
+        s1 - s0,
+        backends.len()
+    );
+    stop.store(true, Ordering::Relaxed);
+    for h in handles {
+        h.await.expect("task");
+    }
+}
+
+/// Nanoseconds on CPU of every thread of process `pid` (its /proc/PID/task/*/schedstat); 0 for
+/// a process that is gone.
+fn cpu_ns(pid: i32) -> u64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return 0 };
+    tasks
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .sum()
+}

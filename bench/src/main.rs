@@ -6,7 +6,8 @@
 //! Writes `target/bench/results.csv` and `target/bench/benchmark.png`, and the soak's
 //! `target/bench/soak.csv` and `target/bench/soak.png`. `--http` runs only the HTTP rows (see
 //! [`http`]) and writes `target/bench/http.csv`; `--soak` only the soak; `--rust` only the Rust
-//! client's rows; `--chart CSV PNG [TITLE]` draws the chart of a results CSV.
+//! client's rows; `--rust-case CASE TASKS SECONDS` one case of them for a profiler
+//! (bench/profile-client.sh); `--chart CSV PNG [TITLE]` draws the chart of a results CSV.
 
 mod chart;
 mod client;
@@ -211,6 +212,27 @@ async fn main() {
     if args.iter().any(|a| a == "--soak") {
         let soaked = run_soak(&s, &out).await;
         println!("{}", soak_line(&s, &soaked));
+        return;
+    }
+
+    // --rust-case CASE TASKS SECONDS: one call kind of the Rust rows on its own, for perf to
+    // attach to (bench/profile-client.sh); CASE is raw-insert, run, raw-select or replay.
+    if let Some(at) = args.iter().position(|a| a == "--rust-case") {
+        let usage = "usage: bench --rust-case raw-insert|run|raw-select|replay TASKS SECONDS";
+        let [case, tasks, seconds] = [1, 2, 3].map(|i| args.get(at + i).cloned().unwrap_or_else(|| panic!("{usage}")));
+        let kind = match case.as_str() {
+            "raw-insert" => client::Call::RawInsert,
+            "run" => client::Call::Run,
+            "raw-select" => client::Call::RawSelect,
+            "replay" => client::Call::Replay,
+            _ => panic!("{usage}"),
+        };
+        let (tasks, seconds) = (tasks.parse().unwrap_or_else(|_| panic!("{usage}")), seconds.parse().unwrap_or_else(|_| panic!("{usage}")));
+        let url = fresh_database("idem_bench_case").await;
+        let db = connect(&url).await;
+        db.batch_execute(&std::fs::read_to_string(script("setup")).expect("setup.sql")).await.expect("bench setup");
+        db.batch_execute("VACUUM ANALYZE").await.expect("vacuum");
+        client::single_case(&url, &db, kind, tasks, seconds).await;
         return;
     }
 
