@@ -20,7 +20,7 @@
 # under `perf trace -s` gives the system calls per call of the client and of its backends.
 #
 # Needs perf (linux-perf) and `cargo build --release -p idempotency-bench`; starts the private
-# cluster (`scripts/pg.sh start`, IDEM_PG_PORT and PG_CONFIG honoured; the release build of the
+# cluster (`cargo run -p xtask -- pg start`, IDEM_PG_PORT and PG_CONFIG honoured; the release build of the
 # extension installed in that tree, as bench/profile.sh says: a tree nothing else reinstalls
 # into while this runs) and leaves it running. Prints markdown. target/profile-client/ keeps the logs
 # and the resolved call chains; PROFILE_KEEP=1 keeps the perf.data files too (tens of MB each).
@@ -70,7 +70,7 @@ if [ "${1:-}" != --report ]; then
     secs=${1:-8} tasks=${2:-8} reps=${3:-2}
     command -v perf >/dev/null || die "perf is not installed (Debian: apt-get install linux-perf)"
     [ -x "$root/target/release/bench" ] || die "build first: cargo build --release -p idempotency-bench"
-    "$root/scripts/pg.sh" start >/dev/null
+    (cd "$root" && cargo run -q -p xtask -- pg start) >/dev/null
     rm -rf "$out"
     mkdir -p "$out"
     echo "$tasks" >"$out/tasks"

@@ -10,7 +10,7 @@
 #   bench/profile-http.sh [SECONDS=4]
 #   bench/profile-http.sh --report      # the tables again, from the files of the last run
 #
-# Needs perf (linux-perf), the private cluster running (`scripts/pg.sh start`, IDEM_PG_PORT), the
+# Needs perf (linux-perf), the private cluster running (`cargo run -p xtask -- pg start`, IDEM_PG_PORT), the
 # extension installed in its PG_CONFIG tree and `cargo build --release -p idempotency-bench`.
 # IDEM_BENCH_HTTP_PORT as for the benchmark. Prints markdown: per route and connection count, the
 # requests per second while profiled, the service's CPU per request and its split per bucket in

@@ -18,6 +18,6 @@ major=$(scripts/pg-env.sh major "$PG_CONFIG")
 (cd extension && cargo pgrx install --release --pg-config "$PG_CONFIG" --no-default-features --features "pg$major") >target/bench/build.log 2>&1 \
     || { tail -30 target/bench/build.log; exit 1; }
 cargo build --release -q -p idempotency-bench --bin bench >>target/bench/build.log 2>&1 || { tail -30 target/bench/build.log; exit 1; }
-scripts/pg.sh start >/dev/null
-trap 'scripts/pg.sh stop' EXIT
+cargo run -q -p xtask -- pg start >/dev/null
+trap 'cargo run -q -p xtask -- pg stop' EXIT
 "$root/target/release/bench" "$@"

@@ -13,7 +13,7 @@ echo "building and installing the extension (log: target/demo-logs/build.log) ..
 (cd extension && cargo pgrx install --release --pg-config "$PG_CONFIG" --no-default-features --features "pg$major") >"$logs/build.log" 2>&1 \
     || { tail -30 "$logs/build.log"; exit 1; }
 cargo build --release -q -p idempotency-demo --bin demo >>"$logs/build.log" 2>&1 || { tail -30 "$logs/build.log"; exit 1; }
-scripts/pg.sh start >/dev/null
-trap 'scripts/pg.sh stop' EXIT
+cargo run -q -p xtask -- pg start >/dev/null
+trap 'cargo run -q -p xtask -- pg stop' EXIT
 echo
 "$root/target/release/demo"

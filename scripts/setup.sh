@@ -51,7 +51,7 @@ if [ "$have" != "$(printf '%s' "$want" | sort)" ]; then
     cargo pgrx init "${init[@]}" >/dev/null
 fi
 
-# psycopg 3: the Python example's driver (scripts/test-python.sh).
+# psycopg 3: the Python example's driver (the python layer).
 if ! python3 -c "import psycopg" 2>/dev/null; then
     say "pip: installing psycopg[binary]"
     python3 -m pip install --quiet --disable-pip-version-check 'psycopg[binary]' 2>&1 | grep -v 'Running pip as the' || true

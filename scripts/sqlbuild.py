@@ -21,7 +21,7 @@ Sources (nothing here is kept twice):
 
 An update script is its hand-written part followed by a replay of every function definition of the
 target version (CREATE OR REPLACE FUNCTION), its function comments and its privilege statements.
-The schema comparison in scripts/test-upgrade.sh proves the result equals a fresh install.
+The schema comparison in the upgrade layer (xtask/src/layers/upgrade.rs) proves the result equals a fresh install.
 
 The portable build is a generic transformation of a version's statements: LANGUAGE c functions
 are swapped for their sql/portable replacements (matched by signature, all or nothing),

@@ -4,12 +4,12 @@
 //! idem_records + idem_retries with their indexes; the figure is the size after the last cycle
 //! against the size after cycle 5.
 //!
-//! The server: a fresh cluster under target/bench/soak-cluster on port `IDEM_SOAK_PORT` (default
+//! The server: a fresh cluster under target/servers/bench-soak on port `IDEM_SOAK_PORT` (default
 //! 55915). `IDEM_SOAK_SQL`, when set, runs after CREATE EXTENSION (to measure an alternative,
 //! e.g. other storage options), and `bench --soak` runs the soak alone.
 
-use idempotency_testkit::{pg_bin, root};
-use std::path::{Path, PathBuf};
+use idempotency_testkit::server::Server;
+use idempotency_testkit::{pg_bin, pg_config, root};
 use std::process::Command;
 use std::time::{Duration, Instant};
 use tokio_postgres::NoTls;
@@ -71,95 +71,19 @@ impl Soak {
     }
 }
 
-fn is_root() -> bool {
-    Command::new("id").arg("-u").output().map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0").unwrap_or(false)
-}
-
-/// A PostgreSQL program run as the server's OS user (`postgres` when we are root).
-fn as_server(program: &Path) -> Command {
-    if is_root() {
-        let mut c = Command::new("sudo");
-        c.args(["-u", "postgres", "--"]).arg(program);
-        c
-    } else {
-        Command::new(program)
-    }
-}
-
-fn run(mut c: Command, what: &str) {
-    let out = c.output().unwrap_or_else(|e| panic!("{what}: {e}"));
-    assert!(out.status.success(), "{what}: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-}
-
-/// The soak's own server; stopped when dropped.
-struct Server {
-    data: PathBuf,
-    port: u16,
-}
-
-impl Server {
-    fn start() -> Server {
-        let port: u16 = std::env::var("IDEM_SOAK_PORT").ok().and_then(|p| p.parse().ok()).unwrap_or(55915);
-        let dir = root().join("target/bench/soak-cluster");
-        let data = dir.join("data");
-        let stop = Server { data: data.clone(), port };
-        stop.stop("immediate");
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("soak cluster directory");
-        if is_root() {
-            run(
-                {
-                    let mut c = Command::new("chown");
-                    c.arg("postgres:postgres").arg(&dir);
-                    c
-                },
-                "chown the soak cluster directory",
-            );
-        }
-        let mut initdb = as_server(&pg_bin("initdb"));
-        initdb.arg("-D").arg(&data).args(["-U", "postgres", "--auth=trust", "--encoding=UTF8", "--locale=C.UTF-8"]);
-        run(initdb, "initdb of the soak cluster");
-        // Only what the soak needs; autovacuum and everything else keep their defaults.
-        let conf = format!(
-            "\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = '{}'\nshared_preload_libraries = 'idempotency'\n\
-             idempotency.maintenance_databases = 'idem_soak'\nidempotency.maintenance_interval = 1\nlog_min_messages = warning\n",
-            dir.display()
-        );
-        let mut file = std::fs::OpenOptions::new().append(true).open(data.join("postgresql.conf")).expect("postgresql.conf");
-        std::io::Write::write_all(&mut file, conf.as_bytes()).expect("write postgresql.conf");
-        // The port lies in Linux's ephemeral range, so a client connection elsewhere may hold it
-        // for a moment: a start that fails is tried again, three times in all (as scripts/pg.sh).
-        for attempt in 1..=3 {
-            let mut start = as_server(&pg_bin("pg_ctl"));
-            start.arg("-D").arg(&data).arg("-l").arg(dir.join("server.log")).args(["-w", "-t", "60", "-o"]).arg(format!("-p {port}")).arg("start");
-            if attempt == 3 {
-                run(start, "start the soak cluster (see target/bench/soak-cluster/server.log)");
-            } else if start.output().map(|o| o.status.success()).unwrap_or(false) {
-                break;
-            } else {
-                std::thread::sleep(Duration::from_secs(2));
-            }
-        }
-        stop
-    }
-
-    fn url(&self, db: &str) -> String {
-        format!("postgresql://postgres@127.0.0.1:{}/{db}", self.port)
-    }
-
-    fn stop(&self, mode: &str) {
-        if self.data.join("PG_VERSION").exists() {
-            let mut c = as_server(&pg_bin("pg_ctl"));
-            c.arg("-D").arg(&self.data).args(["-m", mode, "-w", "-t", "60", "stop"]);
-            let _ = c.output();
-        }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        self.stop("fast");
-    }
+/// The soak's own server (the test kit's [`Server`]: initdb, its settings, start with a bind
+/// deadline), with only what the soak needs: idempotency preloaded and its worker on idem_soak
+/// every second; autovacuum and everything else keep their defaults. Stopped when dropped.
+fn start_server() -> Server {
+    let port: u16 = std::env::var("IDEM_SOAK_PORT").ok().and_then(|p| p.parse().ok()).unwrap_or(55915);
+    let server = Server::new("bench-soak", &pg_config(), port);
+    server.initdb(&[]);
+    server.configure(
+        "shared_preload_libraries = 'idempotency'\nidempotency.maintenance_databases = 'idem_soak'\n\
+         idempotency.maintenance_interval = 1\nlog_min_messages = warning\n",
+    );
+    server.start();
+    server
 }
 
 async fn connect(url: &str) -> tokio_postgres::Client {
@@ -184,7 +108,7 @@ async fn await_counter(db: &tokio_postgres::Client, name: &str, at_least: i64, c
         }
         assert!(
             Instant::now() < deadline,
-            "soak cycle {cycle}: idem_metrics() {name} = {now} after 60 s, {at_least} awaited (is the maintenance worker running? see target/bench/soak-cluster/server.log)"
+            "soak cycle {cycle}: idem_metrics() {name} = {now} after 60 s, {at_least} awaited (is the maintenance worker running? see target/servers/bench-soak/server.log)"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -215,7 +139,7 @@ async fn sizes(db: &tokio_postgres::Client) -> Sizes {
 /// `cycles` cycles of `clients` x `per_client` transactions of bench/pgbench/soak.sql, each
 /// followed by the worker's sweep of everything it created, awaited through its counters.
 pub(crate) async fn soak(cycles: usize, clients: u32, per_client: u32) -> Soak {
-    let server = Server::start();
+    let server = start_server();
     let admin = connect(&server.url("postgres")).await;
     admin.batch_execute("CREATE DATABASE idem_soak").await.expect("create idem_soak");
     let url = server.url("idem_soak");

@@ -4,7 +4,7 @@
 --
 -- Without the library PostgreSQL keeps `idempotency.*` as plain placeholder strings, so the
 -- defaults (registered by extension/src/guc.rs) are spelled here;
--- scripts/test-portable.sh checks them against the extension's.
+-- xtask/src/layers/portable.rs checks them against the extension's.
 
 CREATE FUNCTION @extschema@._idem_setting(name text) RETURNS text
     LANGUAGE sql STABLE STRICT PARALLEL SAFE

@@ -1,4 +1,4 @@
-//! The private cluster of `scripts/pg.sh` and fresh databases on it.
+//! The shared private cluster ([`Server::private`]) and fresh databases on it.
 
 use idempotency_client::{Idempotency, Key, Settings};
 use std::net::SocketAddr;
@@ -8,20 +8,24 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 use tokio_postgres::NoTls;
 
-use crate::{pg_bin, root};
+use crate::server::Server;
+use crate::{pg_bin, pg_config, root};
+
+/// The shared private cluster of the major under test (`PG_CONFIG`), created and started on
+/// first use; left running when the process exits.
+pub fn private_server() -> &'static Server {
+    static SERVER: OnceLock<Server> = OnceLock::new();
+    SERVER.get_or_init(|| {
+        let server = Server::private(&pg_config());
+        server.ensure_started();
+        server
+    })
+}
 
 /// Starts the private cluster if needed; returns the URL of its `postgres` database.
 pub fn cluster_url() -> &'static str {
     static URL: OnceLock<String> = OnceLock::new();
-    URL.get_or_init(|| {
-        let out = Command::new("bash")
-            .arg(root().join("scripts/pg.sh"))
-            .arg("start")
-            .output()
-            .unwrap_or_else(|e| panic!("cannot run scripts/pg.sh: {e}"));
-        assert!(out.status.success(), "scripts/pg.sh start failed: {}", String::from_utf8_lossy(&out.stderr));
-        String::from_utf8_lossy(&out.stdout).trim().to_owned()
-    })
+    URL.get_or_init(|| private_server().url("postgres"))
 }
 
 /// The cluster's TCP address (for proxies in front of it).

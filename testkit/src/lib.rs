@@ -1,18 +1,18 @@
 //! The shared test kit of the end-to-end tests, the benchmark and the demo (not published).
 //!
-//! - [`cluster`]: the private cluster of `scripts/pg.sh` (started on first use), fresh databases
-//!   with the extension installed, handles on them.
+//! - [`cluster`]: the shared private cluster ([`server::Server::private`], started on first use),
+//!   fresh databases with the extension installed, handles on them.
 //! - [`pg_bin`]: the PostgreSQL programs of the major under test, from `PG_CONFIG`.
 //! - [`proxy`]: a TCP proxy to the cluster that counts round trips or cuts a connection at COMMIT.
 //! - [`driver`]: the client driver under test (tokio-postgres, or sqlx with the `sqlx` feature).
 //! - [`handler`]: the business handler the tests and the demo run ("charge a card").
-//! - [`server`]: private servers of any major driven from Rust (initdb, configure, start, stop,
-//!   a streaming standby, promotion, pg_upgrade and the other programs of a major), for tests
-//!   that need more than the shared cluster.
+//! - [`server`]: private servers of any major driven from Rust (the `idempotency-pgserver` crate,
+//!   shared with the harness: initdb, configure, start, stop, a streaming standby, promotion,
+//!   pg_upgrade and the other programs of a major).
 //! - [`tls_server`]: a TLS-only server with certificates made for the test (the `sslmode` tests).
 //!
 //! The extension must be installed into the server's directories first (`cargo pgrx install
-//! --release`, which `scripts/test.sh` and `scripts/demo.sh` do).
+//! --release`, which the harness's install layer and `scripts/demo.sh` do).
 
 pub mod cluster;
 pub mod driver;
@@ -21,7 +21,7 @@ pub mod proxy;
 pub mod server;
 pub mod tls_server;
 
-pub use cluster::{admin, admin_at, charges_for, cluster_addr, cluster_url, database_url, fresh_database, handle, handle_in, test_database, unique_key};
+pub use cluster::{admin, admin_at, charges_for, cluster_addr, cluster_url, database_url, fresh_database, handle, handle_in, private_server, test_database, unique_key};
 pub use driver::{batch, connect_with, exec, query_i64, Conn, DbError, Idem, TestDriver};
 pub use handler::Charge;
 
@@ -29,18 +29,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::sync::OnceLock;
 
-/// The workspace root.
-pub fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-/// The `pg_config` of the PostgreSQL under test: `$PG_CONFIG`, by default Debian's 15. The one
-/// place the Rust side learns where PostgreSQL lives (`scripts/` read the same variable).
-pub fn pg_config() -> PathBuf {
-    std::env::var_os("PG_CONFIG")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/usr/lib/postgresql/15/bin/pg_config"))
-}
+pub use idempotency_pgserver::{pg_config, root};
 
 /// The path of PostgreSQL program `name` (`pg_dump`, `pgbench`, ...) of the major under test.
 pub fn pg_bin(name: &str) -> PathBuf {

@@ -6,11 +6,12 @@
 //! extension installed, for the handles of both drivers.
 //!
 //! Port: `IDEM_TLS_PORT`, else 25 above the private cluster's (`IDEM_PG_PORT`, or
-//! `scripts/pg.sh`'s default). Data and certificates under `target/tls-server/<port>/`, made
+//! its default 554NN). Data and certificates under `target/servers/tls-<port>/`, made
 //! anew by the first test of a process that asks for it; the server stops when that process
 //! exits (a watcher process stops it, also after a crash or a kill of the tests).
 
-use crate::{pg_bin, root};
+use crate::server::{chown_to_server, running_as_root, Server};
+use crate::{pg_bin, pg_config};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
@@ -28,6 +29,8 @@ pub struct TlsServer {
     pub ca: PathBuf,
     /// A CA that signed nothing the server presents (PEM).
     pub other_ca: PathBuf,
+    /// The server (never dropped: the watcher stops it when this process exits).
+    _server: Server,
 }
 
 impl TlsServer {
@@ -37,35 +40,20 @@ impl TlsServer {
         SERVER.get_or_init(TlsServer::start)
     }
 
-    /// Makes the certificates and the cluster, and starts it.
+    /// Makes the cluster and the certificates, and starts it.
     fn start() -> TlsServer {
         let port = port();
-        let dir = root().join("target/tls-server").join(port.to_string());
-        let data = dir.join("data");
-        // A server left by an earlier run that was killed: stop it before starting over.
-        if data.join("postmaster.pid").exists() {
-            let _ = as_server(pg_bin("pg_ctl")).arg("-D").arg(&data).args(["-m", "immediate", "-w", "stop"]).output();
-        }
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
+        // A server of this name left by an earlier run that was killed is stopped first.
+        let server = Server::new(&format!("tls-{port}"), &pg_config(), port);
+        server.initdb(&["--no-sync"]);
+        let (dir, data) = (server.dir().to_owned(), server.data());
         let certs = dir.join("certs");
         std::fs::create_dir_all(&certs).expect("create the certificate directory");
         make_certificates(&certs);
-        chown_to_server(&dir);
-
-        run(as_server(pg_bin("initdb"))
-            .arg("-D")
-            .arg(&data)
-            .args(["-U", "postgres", "--auth=trust", "--encoding=UTF8", "--locale=C.UTF-8", "--no-sync"]));
         for name in ["server.crt", "server.key"] {
             std::fs::copy(certs.join(name), data.join(name)).unwrap_or_else(|e| panic!("copy {name}: {e}"));
         }
-        let conf = format!(
-            "listen_addresses = '127.0.0.1'\nport = {port}\nunix_socket_directories = '{dir}'\nssl = on\n\
-             ssl_cert_file = 'server.crt'\nssl_key_file = 'server.key'\nmax_connections = 50\nlog_min_messages = warning\n",
-            dir = dir.display()
-        );
-        append(&data.join("postgresql.conf"), &conf);
+        server.configure("ssl = on\nssl_cert_file = 'server.crt'\nssl_key_file = 'server.key'\nmax_connections = 50\nlog_min_messages = warning\n");
         // Local socket for the server's own tools; every TCP connection must be TLS.
         std::fs::write(
             data.join("pg_hba.conf"),
@@ -77,30 +65,14 @@ impl TlsServer {
         if let Err(e) = set_key_mode(&data.join("server.key")) {
             panic!("chmod 600 server.key: {e}");
         }
-        // The port lies in Linux's ephemeral range, so an outgoing connection may hold it for a
-        // moment: a start that fails is tried again, three times in all.
-        for attempt in 1..=3 {
-            let out = as_server(pg_bin("pg_ctl"))
-                .arg("-D")
-                .arg(&data)
-                .arg("-l")
-                .arg(dir.join("server.log"))
-                .args(["-w", "-t", "60", "start"])
-                .output()
-                .unwrap_or_else(|e| panic!("cannot run pg_ctl: {e}"));
-            if out.status.success() {
-                break;
-            }
-            assert!(attempt < 3, "pg_ctl start failed three times: {}", String::from_utf8_lossy(&out.stdout));
-            std::thread::sleep(std::time::Duration::from_secs(2));
-        }
+        server.start();
         stop_when_this_process_exits(&data);
         run(Command::new(pg_bin("psql"))
             .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-U", "postgres", "-d", "postgres", "-h"])
             .arg(&dir)
             .args(["-p", &port.to_string(), "-c"])
             .arg(format!("CREATE ROLE idem_scram LOGIN PASSWORD '{SCRAM_PASSWORD}'; CREATE EXTENSION idempotency")));
-        TlsServer { port, ca: certs.join("ca.crt"), other_ca: certs.join("other-ca.crt") }
+        TlsServer { port, ca: certs.join("ca.crt"), other_ca: certs.join("other-ca.crt"), _server: server }
     }
 
     /// A URL to the server's `postgres` database through `host` (`hostaddr` is always
@@ -124,7 +96,7 @@ impl TlsServer {
 /// dropped, and a killed test binary runs no destructor.
 fn stop_when_this_process_exits(data: &Path) {
     let pg_ctl = pg_bin("pg_ctl");
-    let sudo = if is_root() { "sudo -u postgres -- " } else { "" };
+    let sudo = if running_as_root() { "sudo -u postgres -- " } else { "" };
     let script = format!(
         "(while kill -0 {pid} 2>/dev/null; do sleep 0.5; done; {sudo}'{pg_ctl}' -D '{data}' -m fast -w stop) &",
         pid = std::process::id(),
@@ -145,14 +117,7 @@ fn port() -> u16 {
     if let Some(port) = std::env::var("IDEM_TLS_PORT").ok().and_then(|p| p.parse().ok()) {
         return port;
     }
-    let out = Command::new("bash").arg(root().join("scripts/pg.sh")).arg("url").output().expect("run scripts/pg.sh url");
-    let url = String::from_utf8_lossy(&out.stdout);
-    let base: u16 = url
-        .trim()
-        .rsplit_once(':')
-        .and_then(|(_, rest)| rest.split('/').next())
-        .and_then(|p| p.parse().ok())
-        .unwrap_or_else(|| panic!("no port in scripts/pg.sh url's answer {url:?}"));
+    let base = Server::private(&pg_config()).port();
     base + 25
 }
 
@@ -184,35 +149,9 @@ fn make_certificates(dir: &Path) {
     ]));
 }
 
-fn as_server(program: PathBuf) -> Command {
-    if is_root() {
-        let mut c = Command::new("sudo");
-        c.args(["-u", "postgres", "--"]).arg(program);
-        c
-    } else {
-        Command::new(program)
-    }
-}
-
-fn is_root() -> bool {
-    Command::new("id").arg("-u").output().is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
-}
-
-fn chown_to_server(dir: &Path) {
-    if is_root() {
-        run(Command::new("chown").arg("-R").arg("postgres:postgres").arg(dir));
-    }
-}
-
 fn set_key_mode(key: &Path) -> std::io::Result<()> {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(key, std::fs::Permissions::from_mode(0o600))
-}
-
-fn append(path: &Path, text: &str) {
-    use std::io::Write;
-    let mut f = std::fs::OpenOptions::new().append(true).open(path).unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
-    f.write_all(text.as_bytes()).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
 }
 
 fn run(command: &mut Command) {

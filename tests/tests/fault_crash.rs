@@ -4,10 +4,10 @@
 //! Its own test binary: it restarts the shared private cluster.
 
 use idempotency_client::{Settings, Fingerprint, Key, Outcome, StoredResponse};
-use idempotency_testkit::{admin_at, connect_with, exec, fresh_database, root, DbError};
+use idempotency_testkit::server::Stop;
+use idempotency_testkit::{admin_at, connect_with, exec, fresh_database, private_server, DbError};
 use serde_json::json;
 use std::collections::HashSet;
-use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -15,11 +15,6 @@ use std::time::{Duration, Instant};
 const ROUNDS: usize = 3;
 const KEYS: usize = 1500;
 const WORKERS: usize = 8;
-
-fn pg(args: &[&str]) {
-    let out = Command::new("bash").arg(root().join("scripts/pg.sh")).args(args).output().expect("scripts/pg.sh");
-    assert!(out.status.success(), "pg.sh {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn server_crash_under_load_loses_no_acknowledged_key_and_runs_none_twice() {
@@ -75,9 +70,9 @@ async fn server_crash_under_load_loses_no_acknowledged_key_and_runs_none_twice()
         }
         let acked_before_crash: HashSet<usize> = acked.lock().unwrap().clone();
         tokio::task::spawn_blocking(|| {
-            pg(&["stop", "immediate"]);
+            private_server().stop(Stop::Immediate);
             std::thread::sleep(Duration::from_millis(300));
-            pg(&["start"]);
+            private_server().start();
         })
         .await
         .unwrap();

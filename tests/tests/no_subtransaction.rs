@@ -62,7 +62,7 @@ async fn no_outcome_takes_a_savepoint() {
     let url = fresh_database(name).await;
     let (admin, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.expect("connect");
     tokio::spawn(conn);
-    admin.batch_execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements").await.expect("pg_stat_statements (preloaded by scripts/pg.sh)");
+    admin.batch_execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements").await.expect("pg_stat_statements (preloaded by the private cluster: idempotency_pgserver::PRIVATE_SETTINGS)");
     admin
         .batch_execute(&format!("ALTER DATABASE {name} SET pg_stat_statements.track = 'all'; ALTER DATABASE {name} SET pg_stat_statements.track_utility = on"))
         .await

@@ -1,4 +1,4 @@
--- idem_distribute and _idem_distributed on a server without Citus (scripts/test-citus.sh tests
+-- idem_distribute and _idem_distributed on a server without Citus (xtask/src/layers/citus.rs tests
 -- them on a Citus cluster): not distributed, so recovery and sweep keep their set-based path;
 -- idem_distribute refuses clearly and changes nothing.
 \set VERBOSITY sqlstate

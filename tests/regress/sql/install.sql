@@ -1,5 +1,5 @@
 -- Installation (the extension, installed by the harness: pg_regress --load-extension, or
--- CREATE EXTENSION ... VERSION '0.1.0' and ALTER EXTENSION ... UPDATE in scripts/test-upgrade.sh):
+-- CREATE EXTENSION ... VERSION '0.1.0' and ALTER EXTENSION ... UPDATE in xtask/src/layers/upgrade.rs):
 -- objects, comments, pinned search_path, GUC defaults, dump registration.
 
 SELECT extrelocatable, extversion, extconfig::regclass[] AS dumped

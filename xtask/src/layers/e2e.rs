@@ -1,0 +1,47 @@
+//! Layers e2e, e2e_portable and e2e_sqlx: `cargo test -p idempotency-tests` (every test binary;
+//! the core run: the checklist binary, which holds the concurrency tests) against the private
+//! cluster, with the extension or with the portable install (IDEM_INSTALL=portable), over the
+//! tokio-postgres driver or over the sqlx one (`--features sqlx`: the test kit's handle follows).
+
+use crate::harness::Ctx;
+use crate::report::Checks;
+use std::path::Path;
+
+/// What the test kit installs into each test database.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Install {
+    /// CREATE EXTENSION idempotency.
+    Extension,
+    /// target/idempotency-portable.sql, built by scripts/portable.sh.
+    Portable,
+}
+
+/// The client driver the suites run over.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Driver {
+    TokioPostgres,
+    Sqlx,
+}
+
+/// Runs the layer.
+pub(crate) fn run(ctx: &Ctx, checks: &mut Checks, install: Install, driver: Driver) {
+    let kind = match install {
+        Install::Extension => "extension",
+        Install::Portable => {
+            let built = crate::sh::capture(&mut crate::sh::bash("bash scripts/portable.sh > target/idempotency-portable.sql"));
+            if let Err(e) = built {
+                checks.fail("bash scripts/portable.sh > target/idempotency-portable.sql", &e);
+                return;
+            }
+            "portable"
+        }
+    };
+    let mut args = vec!["test", "--no-fail-fast", "-p", "idempotency-tests"];
+    if !ctx.full {
+        args.extend(["--test", "checklist"]);
+    }
+    if driver == Driver::Sqlx {
+        args.extend(["--features", "sqlx"]);
+    }
+    crate::cargo::test(checks, Path::new("."), &args, &[("IDEM_INSTALL", kind)]);
+}

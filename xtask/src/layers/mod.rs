@@ -1,0 +1,86 @@
+//! The layers, one module each, and what several of them share (a throwaway server, the
+//! regress and isolation suites on a prepared database, the schema description).
+
+pub(crate) mod bench; // the benchmark in smoke mode: every case runs and produces numbers
+pub(crate) mod citus; // a Citus coordinator and two workers: distribution, flow, duplicates, tokens, maintenance, a shard move
+pub(crate) mod e2e; // cargo test -p idempotency-tests against the extension or the portable install, over either driver
+pub(crate) mod failover; // tests/failover.rs: a primary and a synchronous standby, the primary killed, the standby promoted
+pub(crate) mod install; // cargo pgrx install --release and every released and update script
+pub(crate) mod isolation; // pg_isolation_regress specs (tests/isolation) on the private cluster
+pub(crate) mod lint; // cargo clippy over every crate and target; a warning fails
+pub(crate) mod ops; // the maintenance worker, the counters, idem_stats and the pg_cron recipe on preloaded servers
+pub(crate) mod package; // scripts/package.sh, each package installed into a fresh tree and smoke-tested
+pub(crate) mod pg_test; // cargo pgrx test: the Rust that runs inside PostgreSQL
+pub(crate) mod pg_upgrade; // tests/pg_upgrade.rs once across majors: pg_upgrade 14 -> 18 and 15 -> 17
+pub(crate) mod pgspot; // pgspot over the generated install script
+pub(crate) mod portable; // the portable install: no superuser, refusals, fingerprint parity, suites, portable upgrades
+pub(crate) mod python; // examples/python/check.py against the extension and the portable install
+pub(crate) mod regress; // pg_regress golden files (tests/regress) on the private cluster
+pub(crate) mod unit; // cargo test of the core and client crates (with and without TLS)
+pub(crate) mod upgrade; // ALTER EXTENSION UPDATE from every released version: answers, schema, suites, load
+
+use crate::harness::Ctx;
+use crate::psql::Psql;
+use crate::report::Checks;
+use crate::suite::{self, Driver};
+use idempotency_pgserver::Server;
+use std::path::{Path, PathBuf};
+
+/// A fresh server `NAME-MAJOR` of the major on `port` with the settings every throwaway test
+/// server has plus `settings`, started.
+pub(crate) fn throwaway(ctx: &Ctx, name: &str, port: u16, settings: &str) -> Server {
+    let server = Server::new(&format!("{name}-{}", ctx.major), &ctx.config, port);
+    server.initdb(&[]);
+    server.configure(&format!("max_connections = 100\nmax_prepared_transactions = 10\nlog_min_messages = warning\n{settings}"));
+    server.start();
+    server
+}
+
+/// The regress and isolation suites on databases `prepare` has set up (`idem_regress`,
+/// `idem_isolation`), each of their tests one check; `schedule` picks the regress files,
+/// `skip_specs` leaves isolation specs out.
+pub(crate) fn suites(checks: &mut Checks, ctx: &Ctx, psql: &Psql, name: &str, schedule: &Path, skip_specs: &[&str], prepare: &dyn Fn(&str) -> Result<(), String>) {
+    for (input, driver) in [("regress", Driver::Regress), ("isolation", Driver::Isolation)] {
+        let db = format!("idem_{input}");
+        if let Err(e) = psql.recreate(&db).and_then(|()| prepare(&db)) {
+            checks.fail(&format!("{name} {input}: prepare {db}"), &e);
+            continue;
+        }
+        let args = match driver {
+            Driver::Regress => vec![format!("--schedule={}", schedule.display())],
+            Driver::Isolation => suite::isolation_specs().into_iter().filter(|s| !skip_specs.contains(&s.as_str())).collect(),
+        };
+        let mut all = vec!["--use-existing".to_owned()];
+        all.extend(args);
+        let run = suite::Run {
+            pg_config: &ctx.config,
+            driver,
+            port: psql.port(),
+            dbname: &db,
+            input,
+            output: PathBuf::from(format!("target/{name}-{input}")),
+            args: all,
+        };
+        let (p, f) = suite::run(checks, &run, &ctx.logs.join(format!("{name}-{input}.log")));
+        if f == 0 {
+            checks.note(&format!("ok     {name} {input} suite: {p} passed"));
+        } else {
+            checks.note(&format!("FAILED {name} {input} suite: {p} passed, {f} failed"));
+        }
+    }
+}
+
+/// The canonical description of everything idempotency owns in `schema` of `db`
+/// (tests/upgrade/schema.sql).
+pub(crate) fn schema_of(psql: &Psql, db: &str, schema: &str) -> Result<String, String> {
+    psql.db(db).file(Path::new("tests/upgrade/schema.sql"), &[("schema", schema)])
+}
+
+/// `diff -u` of two texts (written under `dir` as `name.a` and `name.b`): `Ok` when equal,
+/// else the diff.
+pub(crate) fn diff(dir: &Path, name: &str, a: &str, b: &str) -> Result<(), String> {
+    let (pa, pb) = (dir.join(format!("{name}.a")), dir.join(format!("{name}.b")));
+    std::fs::write(&pa, format!("{a}\n")).expect("write a diff side");
+    std::fs::write(&pb, format!("{b}\n")).expect("write a diff side");
+    crate::sh::capture(std::process::Command::new("diff").arg("-u").arg(&pa).arg(&pb)).map(drop)
+}

@@ -1,0 +1,22 @@
+//! Layer regress: the pg_regress golden files of tests/regress (tests/regress/schedule) on the
+//! private cluster, each file one test.
+
+use crate::harness::Ctx;
+use crate::report::Checks;
+use crate::suite::{self, Driver};
+use std::path::PathBuf;
+
+/// Runs the layer.
+pub(crate) fn run(ctx: &Ctx, checks: &mut Checks) {
+    let run = suite::Run {
+        pg_config: &ctx.config,
+        driver: Driver::Regress,
+        port: ctx.port,
+        dbname: "idem_regress",
+        input: "regress",
+        output: PathBuf::from(format!("target/regress/pg{}", ctx.major)),
+        args: vec!["--load-extension=idempotency".into(), "--schedule=tests/regress/schedule".into()],
+    };
+    let log = checks.log_path().to_owned();
+    suite::run(checks, &run, &log);
+}

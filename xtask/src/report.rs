@@ -1,0 +1,135 @@
+//! One way to report a check, and one result type per layer.
+
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// What a layer found: its checks passed and failed, or why it did not run.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Outcome {
+    pub(crate) passed: u32,
+    pub(crate) failed: u32,
+    pub(crate) skipped: Option<String>,
+}
+
+/// The checks of one layer: each is one line `ok     LABEL` or `FAILED LABEL` (with its detail
+/// indented below) in the layer's log; failures and notes are printed as well.
+pub(crate) struct Checks {
+    passed: u32,
+    failed: u32,
+    skipped: Option<String>,
+    log: File,
+    path: PathBuf,
+}
+
+impl Checks {
+    /// The checks of a layer logging to `log` (created anew).
+    pub(crate) fn new(log: &Path) -> Checks {
+        if let Some(dir) = log.parent() {
+            std::fs::create_dir_all(dir).unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
+        }
+        let file = File::create(log).unwrap_or_else(|e| panic!("cannot create {}: {e}", log.display()));
+        Checks { passed: 0, failed: 0, skipped: None, log: file, path: log.to_owned() }
+    }
+
+    /// The layer's log file (for the child processes a layer runs).
+    pub(crate) fn log_path(&self) -> &Path {
+        &self.path
+    }
+
+    fn line(&mut self, text: &str, print: bool) {
+        let _ = writeln!(self.log, "{text}");
+        if print {
+            println!("{text}");
+        }
+    }
+
+    /// A check that passed.
+    pub(crate) fn pass(&mut self, label: &str) {
+        self.passed += 1;
+        self.line(&format!("ok     {label}"), false);
+    }
+
+    /// A check that failed, with what was seen.
+    pub(crate) fn fail(&mut self, label: &str, detail: &str) {
+        self.failed += 1;
+        self.line(&format!("FAILED {label}"), true);
+        for l in detail.lines().take(60) {
+            self.line(&format!("       {l}"), true);
+        }
+    }
+
+    /// One check: passes on `Ok`, fails with the `Err`'s text.
+    pub(crate) fn check(&mut self, label: &str, result: Result<(), String>) -> bool {
+        match result {
+            Ok(()) => {
+                self.pass(label);
+                true
+            }
+            Err(detail) => {
+                self.fail(label, &detail);
+                false
+            }
+        }
+    }
+
+    /// A line of information, not a check (printed and logged).
+    pub(crate) fn note(&mut self, text: &str) {
+        self.line(&format!("   {text}"), true);
+    }
+
+    /// A line for the log only.
+    pub(crate) fn log(&mut self, text: &str) {
+        self.line(text, false);
+    }
+
+    /// Tests counted by a test program (a cargo test binary, pg_regress, check.py): each one a
+    /// check of this layer.
+    pub(crate) fn add(&mut self, passed: u32, failed: u32) {
+        self.passed += passed;
+        self.failed += failed;
+    }
+
+    /// The layer did not run, and why.
+    pub(crate) fn skip(&mut self, why: &str) {
+        self.line(&format!("skipped: {why}"), false);
+        self.skipped = Some(why.to_owned());
+    }
+
+    /// The result. A layer that ran and counted nothing has failed.
+    pub(crate) fn outcome(mut self) -> Outcome {
+        if self.skipped.is_none() && self.passed == 0 && self.failed == 0 {
+            self.fail("the layer counted no test", "");
+        }
+        self.line(&format!("{} passed, {} failed", self.passed, self.failed), false);
+        Outcome { passed: self.passed, failed: self.failed, skipped: self.skipped }
+    }
+}
+
+/// `Ok` when `got` equals `want`, else what was expected and seen.
+pub(crate) fn eq(got: impl AsRef<str>, want: impl AsRef<str>) -> Result<(), String> {
+    let (got, want) = (got.as_ref(), want.as_ref());
+    if got == want {
+        Ok(())
+    } else {
+        Err(format!("expected [{want}], got [{got}]"))
+    }
+}
+
+/// `Ok` when `got` (a number) is at least `min`.
+pub(crate) fn ge(got: i64, min: i64) -> Result<(), String> {
+    if got >= min {
+        Ok(())
+    } else {
+        Err(format!("expected >= {min}, got {got}"))
+    }
+}
+
+/// `Ok` when `cond` holds, else `why`.
+pub(crate) fn ensure(cond: bool, why: impl Into<String>) -> Result<(), String> {
+    if cond {
+        Ok(())
+    } else {
+        Err(why.into())
+    }
+}
