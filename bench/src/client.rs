@@ -1,16 +1,14 @@
 //! The Rust client's `run` against a raw tokio-postgres transaction doing the same insert:
-//! throughput and client-side latencies of concurrent loops, WAL per call, and the round trips
-//! each makes per call (counted by the test kit's proxy).
+//! throughput and client-side latencies of concurrent loops, and WAL per call (the round trips
+//! per call come from the test kit's `trips`).
 
 use crate::pgbench::Measure;
 use idempotency_client::{Fingerprint, Idempotency, Key, StoredResponse};
-use idempotency_testkit::proxy::Proxy;
 use serde_json::json;
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-const INSERT: &str = "INSERT INTO bench_charges (user_id, amount) VALUES ($1, 100)";
+pub(crate) const INSERT: &str = "INSERT INTO bench_charges (user_id, amount) VALUES ($1, 100)";
 
 /// One call: `run` around the INSERT (or nothing, when `empty`), or the raw transaction.
 async fn call(idem: &Idempotency, raw: Option<&mut deadpool_postgres::Client>, user: &str, empty: bool) {
@@ -143,26 +141,6 @@ pub(crate) async fn wal_since(db: &tokio_postgres::Client, before: &str) -> f64 
         .await
         .expect("wal diff")
         .get("d")
-}
-
-/// Round trips per call, counted by the test kit's proxy, over `calls`
-/// sequential calls on one warmed-up connection.
-pub(crate) async fn round_trips(upstream: SocketAddr, db: &str, calls: u64, with_idempotency: bool, empty: bool) -> f64 {
-    let proxy = Proxy::start(upstream, None).await;
-    let idem = Idempotency::connect(&proxy.url(db), 1).expect("pool");
-    let mut count_from = 0;
-    for i in 0..=calls {
-        if i == 1 {
-            count_from = proxy.round_trips(); // after connecting and preparing
-        }
-        if with_idempotency {
-            call(&idem, None, if empty { "rt-empty" } else { "rt" }, empty).await;
-        } else {
-            let mut client = idem.pool().get().await.expect("connection");
-            call(&idem, Some(&mut client), "rt", false).await;
-        }
-    }
-    (proxy.round_trips() - count_from) as f64 / calls as f64
 }
 
 /// `bench --rust-case CASE TASKS SECONDS` (bench/profile-client.sh): one call kind of the Rust

@@ -481,9 +481,7 @@ fn csv(rows: &[Row], sweep: Option<(f64, &soak::Soak)>) -> String {
 async fn rust_rows(s: &Settings, url: &str, db: &tokio_postgres::Client, rows: &mut Vec<Row>) {
     let upstream = cluster_addr();
     let calls = if s.smoke { 20 } else { 200 };
-    let rt_raw = client::round_trips(upstream, "idem_bench", calls, false, false).await;
-    let rt_run = client::round_trips(upstream, "idem_bench", calls, true, false).await;
-    let rt_empty = client::round_trips(upstream, "idem_bench", calls, true, true).await;
+    let t = idempotency_testkit::trips::count(upstream, "idem_bench", client::INSERT, calls, 8).await;
     let tasks: &[usize] = if s.smoke { &[8] } else { &[8, 32] };
     for &n in tasks {
         let (mut raw, mut run) = (Vec::new(), Vec::new());
@@ -493,7 +491,10 @@ async fn rust_rows(s: &Settings, url: &str, db: &tokio_postgres::Client, rows: &
                 if first { raw.push(m) } else { run.push(m) }
             }
         }
-        rows.push(Row { figure: "Rust run vs raw tokio-postgres transaction".into(), clients: format!("{n} tasks"), baseline: "BEGIN; INSERT; COMMIT (tokio-postgres)".into(), base: Measure::mean(&raw), ours: Measure::mean(&run), goal: Some(0.8), work: Some(format!("round trips {rt_run:.1} ({rt_empty:.1} empty closure) / {rt_raw:.1}")) });
+        rows.push(Row { figure: "Rust run vs raw tokio-postgres transaction".into(), clients: format!("{n} tasks"), baseline: "BEGIN; INSERT; COMMIT (tokio-postgres)".into(), base: Measure::mean(&raw), ours: Measure::mean(&run), goal: Some(0.8), work: Some(format!(
+            "round trips {:.2} ({:.2} from 8 loops, {:.2} empty closure) / {:.2}; run_external {:.2} to the outside call + {:.2}",
+            t.run, t.concurrent, t.empty, t.raw, t.reserve, t.record
+        )) });
         let (mut select, mut replayed) = (Vec::new(), Vec::new());
         for rep in 0..s.reps {
             for first in [rep % 2 == 0, rep % 2 != 0] {
@@ -501,7 +502,9 @@ async fn rust_rows(s: &Settings, url: &str, db: &tokio_postgres::Client, rows: &
                 if first { select.push(m) } else { replayed.push(m) }
             }
         }
-        rows.push(Row { figure: "Rust replay vs raw tokio-postgres primary-key SELECT".into(), clients: format!("{n} tasks"), baseline: "prepared SELECT of the record (tokio-postgres)".into(), base: Measure::mean(&select), ours: Measure::mean(&replayed), goal: Some(0.9), work: None });
+        rows.push(Row { figure: "Rust replay vs raw tokio-postgres primary-key SELECT".into(), clients: format!("{n} tasks"), baseline: "prepared SELECT of the record (tokio-postgres)".into(), base: Measure::mean(&select), ours: Measure::mean(&replayed), goal: Some(0.9), work: Some(format!(
+            "round trips {:.2} to the answer ({:.2} with its ROLLBACK) / 1", t.replay_answer, t.replay_all
+        )) });
     }
     sqlx_rows(s, url, calls, rows).await;
 }

@@ -10,6 +10,7 @@
 //!   shared with the harness: initdb, configure, start, stop, a streaming standby, promotion,
 //!   pg_upgrade and the other programs of a major).
 //! - [`tls_server`]: a TLS-only server with certificates made for the test (the `sslmode` tests).
+//! - [`trips`]: round trips per call of each flow, counted as a service makes its calls.
 //!
 //! The extension must be installed into the server's directories first (`cargo pgrx install
 //! --release`, which the harness's install layer and `scripts/demo.sh` do).
@@ -20,6 +21,7 @@ pub mod handler;
 pub mod proxy;
 pub mod server;
 pub mod tls_server;
+pub mod trips;
 
 pub use cluster::{admin, admin_at, charges_for, cluster_addr, cluster_url, database_url, fresh_database, handle, handle_in, private_server, test_database, unique_key};
 pub use driver::{batch, connect_with, exec, query_i64, Conn, DbError, Idem, TestDriver};

@@ -74,6 +74,11 @@ impl Proxy {
 
     async fn relay(&self, client: TcpStream, upstream: SocketAddr, cut: Option<Cut>, armed: &AtomicBool) {
         let Ok(server) = TcpStream::connect(upstream).await else { return };
+        // Without these, Nagle's algorithm holds a small write behind an unacknowledged one until
+        // the peer's delayed ACK (40 ms on Linux loopback).
+        for socket in [&client, &server] {
+            let _ = socket.set_nodelay(true);
+        }
         let (mut cr, mut cw) = client.into_split();
         let (mut sr, mut sw) = server.into_split();
         let failures = self.serialization_failures.clone();

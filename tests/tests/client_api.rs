@@ -6,6 +6,7 @@ use deadpool_postgres::{PoolConfig, Runtime, Timeouts};
 use idempotency_client::ops::{self, ReserveOutcome};
 use idempotency_client::{Error, Fingerprint, Idempotency, Key, Outcome, Settings, StoredResponse, Tx, TxFuture};
 use idempotency_testkit::proxy::Proxy;
+use idempotency_testkit::trips;
 use idempotency_testkit::{charges_for, cluster_addr, cluster_url, database_url, fresh_database, unique_key};
 use serde_json::json;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -125,6 +126,19 @@ async fn run_takes_three_round_trips_and_a_replay_one() {
     assert_eq!(external, 3);
     let client = idem.pool().get().await.unwrap();
     assert_eq!(charges_for(&client, &Key::new("rt.external", user, "k1").unwrap()).await, 1);
+}
+
+// The benchmark's own count (idempotency_testkit::trips), made as a service makes its calls:
+// from tasks spawned on a multi-threaded runtime, one after another and from 8 loops at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_multi_threaded_runtime_pipelined_requests_leave_together() {
+    let name = "idem_client_trips";
+    fresh_database(name).await;
+    let t = trips::count(cluster_addr(), name, INSERT, 50, 8).await;
+    assert_eq!((t.raw, t.run, t.empty), (3.0, 3.0, 2.0), "raw, run, run with an empty closure: {t:?}");
+    assert!(t.concurrent <= 3.0, "run from 8 loops at once: {t:?}");
+    assert_eq!(t.replay_answer, 1.0, "the answer path of a replay: {t:?}");
+    assert_eq!((t.reserve, t.record), (1.0, 2.0), "run_external's reservation and record: {t:?}");
 }
 
 #[tokio::test]
