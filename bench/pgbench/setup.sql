@@ -7,3 +7,7 @@ SELECT 'bench.replay', 'u', 'r' || i, 'h', 'SUCCESS', nextval('idem_token_seq'),
        now(), now() + interval '10 days', now(), now()
   FROM generate_series(1, 100000) AS i
     ON CONFLICT DO NOTHING;
+-- The minimal hand-written protocol's table (minimal.sql): one key column, one expiry index.
+CREATE TABLE IF NOT EXISTS idem_minimal (key text PRIMARY KEY, status text NOT NULL, response jsonb,
+                                         expires_at timestamptz NOT NULL);
+CREATE INDEX IF NOT EXISTS idem_minimal_expires_at ON idem_minimal (expires_at);
