@@ -159,6 +159,23 @@ where
     col(&row, "answer")
 }
 
+/// The end of a completion: `COMMIT` when it succeeded; otherwise roll back, and answer false
+/// when it aborted the transaction because the key was lost.
+async fn commit_if_completed(conn: &mut PgConnection, completed: Result<(), sqlx::Error>) -> Result<bool, Error> {
+    match completed {
+        Ok(()) => PgTransactionManager::commit(conn).await.map(|()| true).map_err(Error::from),
+        Err(e) => {
+            let lost = lease_lost(&e);
+            let _ = PgTransactionManager::rollback(conn).await;
+            if lost {
+                Ok(false)
+            } else {
+                Err(ours(e))
+            }
+        }
+    }
+}
+
 impl Driver for Sqlx {
     type Tx = SqlxTx;
     type Conn = PgConnection;
@@ -239,19 +256,7 @@ impl Driver for Sqlx {
             .bind(status.as_str())
             .fetch_one(&mut *conn)
             .await;
-        match completed {
-            Err(e) => {
-                // The completion aborted the transaction (the key was lost) or failed: roll back.
-                let lost = lease_lost(&e);
-                let _ = PgTransactionManager::rollback(conn).await;
-                if lost {
-                    Ok(false)
-                } else {
-                    Err(ours(e))
-                }
-            }
-            Ok(_) => PgTransactionManager::commit(conn).await.map(|()| true).map_err(Error::from),
-        }
+        commit_if_completed(conn, completed.map(drop)).await
     }
 
     async fn rollback_and_release(
@@ -304,19 +309,8 @@ impl Driver for Sqlx {
 
     async fn complete_many_and_commit(tx: &mut SqlxTx, complete_many: &str) -> Result<bool, Error> {
         let conn = tx.conn()?;
-        match sqlx::raw_sql(AssertSqlSafe(complete_many)).execute(&mut *conn).await {
-            Ok(_) => PgTransactionManager::commit(conn).await.map(|()| true).map_err(Error::from),
-            Err(e) => {
-                // A lost key aborted the transaction (or the statement failed): roll back.
-                let lost = lease_lost(&e);
-                let _ = PgTransactionManager::rollback(conn).await;
-                if lost {
-                    Ok(false)
-                } else {
-                    Err(ours(e))
-                }
-            }
-        }
+        let completed = sqlx::raw_sql(AssertSqlSafe(complete_many)).execute(&mut *conn).await;
+        commit_if_completed(conn, completed.map(drop)).await
     }
 
     async fn rollback(tx: &mut SqlxTx) {
