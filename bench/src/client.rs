@@ -10,32 +10,10 @@ use std::time::{Duration, Instant};
 
 pub(crate) const INSERT: &str = "INSERT INTO bench_charges (user_id, amount) VALUES ($1, 100)";
 
-/// One call: `run` around the INSERT (or nothing, when `empty`), or the raw transaction.
+/// One call: `run` around the INSERT on a new key (or around nothing, when `empty`), or the
+/// same INSERT in a raw transaction on `raw`; the one the round-trip count makes too.
 async fn call(idem: &Idempotency, raw: Option<&mut deadpool_postgres::Client>, user: &str, empty: bool) {
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    if let Some(client) = raw {
-        let tx = client.transaction().await.expect("begin");
-        let stmt = tx.prepare_cached(INSERT).await.expect("prepare");
-        tx.execute(&stmt, &[&user]).await.expect("insert");
-        tx.commit().await.expect("commit");
-        return;
-    }
-    let key = Key::new("bench.rust", user, format!("k{}-{}", NEXT.fetch_add(1, Ordering::Relaxed), std::process::id()))
-        .expect("valid key");
-    let fp = Fingerprint::of_bytes(b"bench");
-    let user = user.to_owned();
-    idem.run(&key, &fp, move |tx| {
-        let user = user.clone();
-        Box::pin(async move {
-            if !empty {
-                let stmt = tx.prepare_cached(INSERT).await?;
-                tx.execute(&stmt, &[&user]).await?;
-            }
-            Ok::<_, tokio_postgres::Error>(StoredResponse::json(201, json!({})))
-        })
-    })
-    .await
-    .expect("run");
+    idempotency_testkit::trips::call(idem, raw, INSERT, user, empty).await;
 }
 
 /// What a loop of [`throughput`] calls.

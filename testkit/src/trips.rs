@@ -48,9 +48,9 @@ pub async fn count(upstream: SocketAddr, db: &str, insert: &'static str, calls: 
 
 static NEXT: AtomicU64 = AtomicU64::new(0);
 
-/// `run` around `insert` on a new key (or around nothing), or the same insert in a raw
-/// transaction on `raw`.
-async fn call(idem: &Idempotency, raw: Option<&mut deadpool_postgres::Client>, insert: &'static str, user: &str, empty: bool) {
+/// `run` around `insert` on a new key (or around nothing, when `empty`), or the same insert in a
+/// raw transaction on `raw`: the calls of the benchmark's Rust rows.
+pub async fn call(idem: &Idempotency, raw: Option<&mut deadpool_postgres::Client>, insert: &'static str, user: &str, empty: bool) {
     if let Some(client) = raw {
         let tx = client.transaction().await.expect("begin");
         let stmt = tx.prepare_cached(insert).await.expect("prepare");
