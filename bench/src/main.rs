@@ -260,9 +260,9 @@ async fn main() {
         let (base, fresh) = pair(&s, &url, &db, "minimal", "fresh", c).await;
         rows.push(Row { figure: "fresh execution vs minimal hand-written protocol".into(), clients: c.to_string(), baseline: minimal.into(), base, ours: fresh, goal: Some(1.1), work: work(&url, &db, "fresh", "minimal").await });
         let (base, one) = pair(&s, &url, &db, "minimal", "fresh_one", c).await;
-        rows.push(Row { figure: "fresh execution in one statement vs minimal hand-written protocol".into(), clients: c.to_string(), baseline: minimal.into(), base, ours: one, goal: Some(1.1), work: work(&url, &db, "fresh_one", "minimal").await });
+        rows.push(Row { figure: "fresh in one statement vs minimal hand-written protocol".into(), clients: c.to_string(), baseline: minimal.into(), base, ours: one, goal: Some(1.1), work: work(&url, &db, "fresh_one", "minimal").await });
         let (base, one) = pair(&s, &url, &db, "minimal_one", "fresh_one", c).await;
-        rows.push(Row { figure: "fresh execution in one statement vs minimal hand-written in one statement".into(), clients: c.to_string(), baseline: "insert, then the finished record (23505 on a duplicate)".into(), base, ours: one, goal: None, work: work(&url, &db, "fresh_one", "minimal_one").await });
+        rows.push(Row { figure: "fresh in one statement vs minimal hand-written in one statement".into(), clients: c.to_string(), baseline: "insert, then the finished record (23505 on a duplicate)".into(), base, ours: one, goal: None, work: work(&url, &db, "fresh_one", "minimal_one").await });
     }
     // 3: replay.
     for &c in &s.clients {
