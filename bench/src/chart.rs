@@ -74,7 +74,7 @@ pub(crate) fn draw(path: &Path, title: &str, bars: &[Bar]) -> Result<(), Box<dyn
     chart
         .configure_mesh()
         .disable_y_mesh()
-        .x_desc("ratio to the baseline measured in the same run (bar); goal (black tick: a floor, for the soak a ceiling)")
+        .x_desc("ratio to the baseline of the same run (bar); goal (black tick; the soak's is a ceiling)")
         .y_labels(n)
         .y_label_formatter(&label)
         .label_style(("sans-serif", 15))
