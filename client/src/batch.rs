@@ -3,7 +3,7 @@
 
 use crate::error::Error;
 use crate::flow::{self, TxFuture};
-use crate::handler::HandlerError;
+use crate::handler_error::HandlerError;
 use crate::response::Replayable;
 use crate::{Driver, Idempotency};
 use idempotency_core::{Fingerprint, Key};

@@ -150,19 +150,6 @@ impl<E> Error<E> {
         }
     }
 
-    /// Whether the whole transaction is worth retrying: 40001 / 40P01 from our statements or
-    /// from the closure.
-    pub(crate) fn is_retryable_conflict(&self) -> bool
-    where
-        E: crate::HandlerError,
-    {
-        match self {
-            Error::Database(db) => crate::handler::is_retryable_sqlstate(db.sqlstate()),
-            Error::Handler { error } | Error::Poisoned { error } => crate::handler::is_retryable_sqlstate(error.sqlstate()),
-            _ => false,
-        }
-    }
-
     pub(crate) fn protocol(reason: impl Into<String>) -> Self {
         Error::Protocol { reason: reason.into(), source: None }
     }

@@ -1,10 +1,12 @@
 //! The handle: a driver (its pool), the settings, the extension's schema (resolved once), and
 //! the two flows.
 
-use crate::driver::{Driver, Postgres};
+use crate::driver::Driver;
+#[cfg(feature = "postgres")]
+use crate::driver::Postgres;
 use crate::error::Error;
 use crate::flow::{self, Context, TxFuture};
-use crate::handler::HandlerError;
+use crate::handler_error::HandlerError;
 use crate::response::Replayable;
 use crate::settings::Settings;
 use crate::sql::Schema;
@@ -67,7 +69,7 @@ impl<D: Driver> Idempotency<D> {
                 match &self.settings.schema {
                     Some(name) => Schema::named(name.as_str()),
                     None => {
-                        let (schema, version) = self.driver.installed().await?;
+                        let (schema, version) = flow::calls::installed(&self.driver).await?;
                         crate::sql::check_version(&version)?;
                         Schema::named(schema)
                     }
@@ -81,7 +83,7 @@ impl<D: Driver> Idempotency<D> {
     /// client speaks (0.1.x to 0.4.x); returns the version. [`Error::IncompatibleExtension`]
     /// otherwise.
     pub async fn check_extension(&self) -> Result<String, Error> {
-        let (installed_in, version) = self.driver.installed().await?;
+        let (installed_in, version) = flow::calls::installed(&self.driver).await?;
         crate::sql::check_version(&version)?;
         let schema = self.schema().await?;
         if installed_in != schema.name() {

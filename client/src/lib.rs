@@ -123,31 +123,35 @@
 #![deny(missing_docs)]
 
 mod batch;
-mod connect;
+mod classify;
 pub mod driver;
 mod error;
 mod flow;
 mod handle;
-mod handler;
-mod heartbeat;
+mod handler_error;
+#[cfg(feature = "postgres")]
 pub mod ops;
 mod outcome;
 mod response;
+mod row;
 mod settings;
 mod sql;
 pub mod tls;
 mod trace;
+mod types;
 #[cfg(feature = "tower")]
 pub mod layer;
 
 pub use batch::{BatchItem, BatchOutcome};
-pub use driver::{Driver, Postgres, Tx};
+pub use driver::Driver;
+#[cfg(feature = "postgres")]
+pub use driver::{Postgres, Tx};
 #[cfg(feature = "sqlx")]
 pub use driver::{SharedConnection, Sqlx, SqlxTx};
 pub use error::{DatabaseError, Error};
 pub use flow::TxFuture;
 pub use handle::Idempotency;
-pub use handler::{Disposition, HandlerError};
+pub use handler_error::{Disposition, HandlerError};
 pub use idempotency_core::fingerprint::canonical_json;
 pub use idempotency_core::{Decision, Fingerprint, FingerprintError, Key, KeyError};
 pub use outcome::{decision, Outcome};

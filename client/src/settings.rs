@@ -129,3 +129,20 @@ impl Settings {
 
 /// The lease `run_external` sends when [`Settings::lease`] is not set.
 pub(crate) const DEFAULT_EXTERNAL_LEASE: Duration = Duration::from_secs(60);
+
+/// The bound of every wait of a pool made by the convenience constructors
+/// ([`crate::Idempotency::connect`], `connect_sqlx`): for a free connection, to connect, to
+/// recycle.
+#[cfg_attr(not(any(feature = "postgres", feature = "sqlx")), allow(dead_code))]
+pub(crate) const POOL_TIMEOUT: Duration = Duration::from_secs(5);
+
+impl Settings {
+    /// What a constructor checks before it builds a pool: a configured schema name is valid.
+    #[cfg_attr(not(any(feature = "postgres", feature = "sqlx")), allow(dead_code))]
+    pub(crate) fn check(&self) -> Result<(), crate::error::Error> {
+        match &self.schema {
+            Some(name) => crate::sql::Schema::named(name.as_str()).map(drop),
+            None => Ok(()),
+        }
+    }
+}

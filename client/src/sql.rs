@@ -3,6 +3,8 @@
 //! never by changing the `search_path`.
 
 use crate::error::Error;
+use crate::types::{secs, ReserveOptions, Status, Token};
+use idempotency_core::{Fingerprint, Key};
 use std::fmt;
 use std::sync::Arc;
 
@@ -122,8 +124,10 @@ impl Schema {
             ),
             sweep: format!("SELECT {s}.idem_sweep(batch_size => $1) AS deleted"),
             lookup: format!(
-                "SELECT operation, user_id, key, request_hash, status, token, response, lease_expires_at, expires_at, \
-                 created_at, updated_at FROM {s}.idem_lookup({key})"
+                "SELECT operation, user_id, key, request_hash, status, token, response, \
+                 extract(epoch FROM lease_expires_at)::float8 AS lease_expires_at, extract(epoch FROM expires_at)::float8 AS expires_at, \
+                 extract(epoch FROM created_at)::float8 AS created_at, extract(epoch FROM updated_at)::float8 AS updated_at \
+                 FROM {s}.idem_lookup({key})"
             ),
             stats: format!(
                 "SELECT processing, success, failed, stuck, expired, \
@@ -165,11 +169,14 @@ impl PartialEq for Schema {
     }
 }
 
-/// A value bound into a statement's text, for requests that must leave in one write (a simple
-/// query holding two statements).
-pub(crate) enum Literal<'a> {
+/// A value of a statement's `$n`: sent as a parameter by a driver that prepares its statements,
+/// or bound into the text (as a literal, by [`bind`]) by one that sends several statements as one
+/// simple query.
+#[derive(Debug, Clone)]
+pub enum Param<'a> {
     Text(&'a str),
     Int4(i32),
+    Int8(i64),
     Float(Option<f64>),
     Bool(bool),
     Json(Option<&'a serde_json::Value>),
@@ -182,30 +189,79 @@ pub(crate) enum Literal<'a> {
     JsonArray(Vec<Option<serde_json::Value>>),
 }
 
-impl Literal<'_> {
+#[cfg_attr(not(feature = "sqlx"), allow(dead_code))]
+impl Param<'_> {
     fn render(&self) -> String {
         match self {
-            Literal::Text(t) => quote_literal(t),
-            Literal::Int4(i) => format!("{i}::pg_catalog.int4"),
-            Literal::Float(Some(f)) if f.is_finite() => format!("{f:?}::pg_catalog.float8"),
-            Literal::Float(_) => "NULL::pg_catalog.float8".to_owned(),
-            Literal::Bool(b) => format!("{b}"),
-            Literal::Json(Some(v)) => format!("{}::pg_catalog.jsonb", quote_literal(&v.to_string())),
-            Literal::Json(None) => "NULL::pg_catalog.jsonb".to_owned(),
-            Literal::Null4 => "NULL::pg_catalog.int4".to_owned(),
-            Literal::TextArray(items) => array(items.iter().map(|t| quote_literal(t)), "text"),
-            Literal::IntArray(items) => array(items.iter().map(|i| i.to_string()), "int8"),
-            Literal::JsonArray(items) => {
+            Param::Text(t) => quote_literal(t),
+            Param::Int4(i) => format!("{i}::pg_catalog.int4"),
+            Param::Int8(i) => format!("{i}::pg_catalog.int8"),
+            Param::Float(Some(f)) if f.is_finite() => format!("{f:?}::pg_catalog.float8"),
+            Param::Float(_) => "NULL::pg_catalog.float8".to_owned(),
+            Param::Bool(b) => format!("{b}"),
+            Param::Json(Some(v)) => format!("{}::pg_catalog.jsonb", quote_literal(&v.to_string())),
+            Param::Json(None) => "NULL::pg_catalog.jsonb".to_owned(),
+            Param::Null4 => "NULL::pg_catalog.int4".to_owned(),
+            Param::TextArray(items) => array(items.iter().map(|t| quote_literal(t)), "text"),
+            Param::IntArray(items) => array(items.iter().map(|i| i.to_string()), "int8"),
+            Param::JsonArray(items) => {
                 array(items.iter().map(|v| v.as_ref().map_or("NULL".to_owned(), |v| quote_literal(&v.to_string()))), "jsonb")
             }
         }
     }
 }
 
+impl<'a> Param<'a> {
+    /// An `int`, or `NULL` (the server's default).
+    pub(crate) fn int4_or_null(n: Option<i32>) -> Param<'a> {
+        n.map_or(Param::Null4, Param::Int4)
+    }
+}
+
+/// `$1`-`$3` of every keyed statement: the key.
+pub(crate) fn key_params(key: &Key) -> Vec<Param<'_>> {
+    vec![Param::Text(key.operation()), Param::Text(key.user_id()), Param::Text(key.key())]
+}
+
+/// `$1`-`$7` of `reserve` (and of `reserve_and_release` / `reserve_and_fail`, whose `$8`
+/// follows): the key, the request's fingerprint, ttl and lease in seconds, wait.
+pub(crate) fn reserve_params<'a>(key: &'a Key, fingerprint: &'a Fingerprint, options: &ReserveOptions) -> Vec<Param<'a>> {
+    let mut params = key_params(key);
+    params.extend([
+        Param::Text(fingerprint.as_str()),
+        Param::Float(secs(options.ttl)),
+        Param::Float(secs(options.lease)),
+        Param::Bool(options.wait),
+    ]);
+    params
+}
+
+/// `$1`-`$5` of `release`.
+pub(crate) fn release_params(key: &Key, token: Token, max_retries: Option<i32>) -> Vec<Param<'_>> {
+    let mut params = key_params(key);
+    params.extend([Param::Int8(token.0), Param::int4_or_null(max_retries)]);
+    params
+}
+
+/// `$1`-`$5` of `heartbeat`.
+pub(crate) fn heartbeat_params(key: &Key, token: Token, lease: Option<std::time::Duration>) -> Vec<Param<'_>> {
+    let mut params = key_params(key);
+    params.extend([Param::Int8(token.0), Param::Float(secs(lease))]);
+    params
+}
+
+/// `$1`-`$6` of `complete` and `complete_or_abort`.
+pub(crate) fn complete_params<'a>(key: &'a Key, token: Token, response: Option<&'a serde_json::Value>, status: Status) -> Vec<Param<'a>> {
+    let mut params = key_params(key);
+    params.extend([Param::Int8(token.0), Param::Json(response), Param::Text(status.as_str())]);
+    params
+}
+
 /// A statement's text with `$1`..`$n` replaced by `values`, in one pass over the template (the
 /// same text the prepared form sends, so no statement is written twice; a bound value is never
 /// scanned again, whatever it holds).
-pub(crate) fn bind(sql: &str, values: &[Literal<'_>]) -> String {
+#[cfg_attr(not(feature = "sqlx"), allow(dead_code))]
+pub(crate) fn bind(sql: &str, values: &[Param<'_>]) -> String {
     let mut out = String::with_capacity(sql.len() + 64);
     let mut rest = sql;
     while let Some(at) = rest.find('$') {
@@ -223,6 +279,7 @@ pub(crate) fn bind(sql: &str, values: &[Literal<'_>]) -> String {
 }
 
 /// `ARRAY[..]::pg_catalog.TYPE[]`.
+#[cfg_attr(not(feature = "sqlx"), allow(dead_code))]
 fn array(items: impl Iterator<Item = String>, ty: &str) -> String {
     format!("ARRAY[{}]::pg_catalog.{ty}[]", items.collect::<Vec<_>>().join(", "))
 }
@@ -230,6 +287,7 @@ fn array(items: impl Iterator<Item = String>, ty: &str) -> String {
 /// An escape-string literal (`E'...'`): backslashes and quotes doubled, so its meaning does not
 /// depend on `standard_conforming_strings`. The texts bound here never hold NUL (keys refuse
 /// control characters; JSON text escapes them).
+#[cfg_attr(not(feature = "sqlx"), allow(dead_code))]
 fn quote_literal(text: &str) -> String {
     format!("E'{}'", text.replace('\\', "\\\\").replace('\'', "''"))
 }
@@ -258,15 +316,15 @@ mod tests {
         let sql = bind(
             "SELECT f($1, $2, $3, $4, $5, $6, $7, $8, $9)",
             &[
-                Literal::Text("o'k\\"),
-                Literal::Float(Some(1.5)),
-                Literal::Float(None),
-                Literal::Bool(true),
-                Literal::Json(Some(&serde_json::json!({"a": "it's"}))),
-                Literal::Json(None),
-                Literal::Text("$1"),
-                Literal::Text("x"),
-                Literal::Text("ten"),
+                Param::Text("o'k\\"),
+                Param::Float(Some(1.5)),
+                Param::Float(None),
+                Param::Bool(true),
+                Param::Json(Some(&serde_json::json!({"a": "it's"}))),
+                Param::Json(None),
+                Param::Text("$1"),
+                Param::Text("x"),
+                Param::Text("ten"),
             ],
         );
         assert_eq!(

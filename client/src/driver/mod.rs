@@ -1,41 +1,87 @@
-//! The driver interface: the statements a flow sends and how they are pipelined. The flows
-//! (`flow::in_transaction`, `flow::two_phase`) are written once against it; a Postgres stack is
-//! one implementation ([`Postgres`]: tokio-postgres with a deadpool pool), and with the `sqlx`
-//! feature [`Sqlx`] (a `sqlx::PgPool`) another. The statement texts come from one place
-//! (`sql.rs`), whatever the driver.
+//! The driver interface: what a Postgres stack does for the flows, and nothing about their
+//! sequences. A driver hands out pooled connections ([`Driver::connection`]) and sends a
+//! request: some [`Step`]s, in order, pipelined into one round trip where the driver can
+//! ([`Driver::send`]), answering the rows of its queries through the one column-access trait
+//! ([`crate::row::Row`]). Its errors are read by the one classification table
+//! (`classify.rs`). The flows (`flow/`) own every sequence, retry and decoding.
 //!
-//! No method takes a savepoint: the failure paths of the in-transaction flow roll the whole
-//! transaction back and record the failure in a fresh one.
+//! Two drivers: [`Postgres`] (tokio-postgres over a deadpool pool, feature `postgres`, the
+//! default: prepared statements, pipelined) and, with the `sqlx` feature, [`Sqlx`] (a
+//! `sqlx::PgPool`: sqlx pipelines nothing, so a request of several steps travels as one simple
+//! query with its values bound into the text by `sql::bind`).
 
+#[cfg(feature = "postgres")]
 pub(crate) mod postgres;
 #[cfg(feature = "sqlx")]
 pub(crate) mod sqlx;
 
+#[cfg(feature = "postgres")]
 pub use postgres::{Postgres, Tx};
 #[cfg(feature = "sqlx")]
 pub use self::sqlx::{SharedConnection, Sqlx, SqlxTx};
 
 use crate::error::Error;
-use crate::ops::{ReleaseOutcome, ReserveOptions, Reservation, Status, Token};
-use crate::sql::Schema;
+use crate::row::Row;
 use crate::settings::Isolation;
-use idempotency_core::{Fingerprint, Key};
-use serde_json::Value;
+use crate::sql::Param;
 use std::future::Future;
-use std::time::Duration;
-
-/// The rows of `idem_reserve_many`: each key with its reservation, in the statement's order.
-pub(crate) type Reservations = Vec<(String, Reservation)>;
 
 mod sealed {
     pub trait Sealed {}
 }
 pub(crate) use sealed::Sealed;
 
-/// A Postgres stack the flows run on. Implemented by this crate only.
+/// One step of a request.
+#[derive(Debug, Clone)]
+pub enum Step<'a> {
+    /// `BEGIN`, at an isolation level or the server's default.
+    Begin(Option<Isolation>),
+    /// A statement of `sql.rs` and the values of its `$1`..`$n`.
+    Query(&'a str, Vec<Param<'a>>),
+    /// `COMMIT`.
+    Commit,
+    /// `ROLLBACK`.
+    Rollback,
+}
+
+impl Step<'_> {
+    /// The text of a `BEGIN`, `COMMIT` or `ROLLBACK` (None for a query).
+    pub(crate) fn control(&self) -> Option<&'static str> {
+        match self {
+            Step::Begin(isolation) => Some(Isolation::begin_sql(*isolation)),
+            Step::Commit => Some("COMMIT"),
+            Step::Rollback => Some("ROLLBACK"),
+            Step::Query(..) => None,
+        }
+    }
+
+    /// The step's text with its values bound, for a driver that sends simple queries.
+    #[cfg_attr(not(feature = "sqlx"), allow(dead_code))]
+    pub(crate) fn text(&self) -> std::borrow::Cow<'_, str> {
+        match (self, self.control()) {
+            (Step::Query(sql, params), _) => crate::sql::bind(sql, params).into(),
+            (_, Some(control)) => control.into(),
+            (_, None) => unreachable!("every step but a query is a control statement"),
+        }
+    }
+
+    /// Whether the transaction is open after this step ran (None: a query, which changes
+    /// nothing).
+    pub(crate) fn opens(&self) -> Option<bool> {
+        match self {
+            Step::Begin(_) => Some(true),
+            Step::Commit | Step::Rollback => Some(false),
+            Step::Query(..) => None,
+        }
+    }
+}
+
+/// A Postgres stack the flows run on. Implemented by this crate only; how a third one would
+/// be added: CONTRIBUTING.md, "A new driver".
 pub trait Driver: Sealed + Clone + Send + Sync + 'static {
-    /// An open transaction as a flow holds it. Dropping it before the transaction was seen to
-    /// end closes the connection (the server rolls back) instead of returning it to the pool.
+    /// A pooled connection as a flow holds it, and whether a transaction is open on it.
+    /// Dropped with a transaction open (a dropped future, a panic), it closes the connection
+    /// (the server rolls back) instead of returning it to the pool.
     type Tx: Send + 'static;
 
     /// What your closures receive, as `&mut Self::Conn`: for [`Postgres`] its [`Tx`] (which
@@ -46,6 +92,9 @@ pub trait Driver: Sealed + Clone + Send + Sync + 'static {
     /// cloneable and `'static`, so it can travel in the request.
     type Shared: Clone + Send + Sync + 'static;
 
+    /// A row of an answer.
+    type Row: Row;
+
     /// The connection inside `tx`, for a closure.
     fn conn(tx: &mut Self::Tx) -> &mut Self::Conn;
 
@@ -55,122 +104,20 @@ pub trait Driver: Sealed + Clone + Send + Sync + 'static {
     /// Takes back what [`Driver::share`] lent; a copy kept by the handler after that is empty.
     fn unshare(tx: &mut Self::Tx, shared: Self::Shared);
 
-    /// The installed extension's schema and version (not yet checked).
-    fn installed(&self) -> impl Future<Output = Result<(String, String), Error>> + Send;
+    /// Whether a transaction is open on `tx` (begun and not seen to end).
+    fn in_transaction(tx: &Self::Tx) -> bool;
 
-    /// Round trip 1 of the in-transaction flow: a connection, `BEGIN` and `idem_reserve`,
-    /// pipelined. On any answer but `created` the caller ends it with [`Driver::abandon`].
-    fn begin_and_reserve(
-        &self,
-        schema: &Schema,
-        isolation: Option<Isolation>,
-        key: &Key,
-        fingerprint: &Fingerprint,
-        options: &ReserveOptions,
-    ) -> impl Future<Output = Result<(Self::Tx, Reservation), Error>> + Send;
+    /// A connection from the pool, outside any transaction.
+    fn connection(&self) -> impl Future<Output = Result<Self::Tx, Error>> + Send;
 
-    /// Ends a transaction that wrote nothing, without waiting for the server's answer.
-    fn abandon(tx: Self::Tx);
+    /// Sends `steps` in order, in one round trip where the driver can, and answers the rows of
+    /// its queries, in order. The first error is returned, classified as an error of this
+    /// crate's own statements (`classify::Origin::Ours`; a completion that aborted because the
+    /// key was lost is [`Error::LeaseLost`]); the server skipped or aborted what followed it.
+    fn send<'a>(tx: &'a mut Self::Tx, steps: &'a [Step<'a>]) -> impl Future<Output = Result<Vec<Self::Row>, Error>> + Send + 'a;
 
-    /// The last round trip: `idem_complete` and `COMMIT`, pipelined. False when the key was
-    /// lost: the completion then aborts the transaction, so the `COMMIT` behind it rolls back.
-    fn complete_and_commit(
-        tx: &mut Self::Tx,
-        schema: &Schema,
-        key: &Key,
-        token: Token,
-        response: Option<&Value>,
-        status: Status,
-    ) -> impl Future<Output = Result<bool, Error>> + Send;
-
-    /// The transient-failure path: `ROLLBACK` (the attempt's writes and its reservation), then
-    /// in a fresh transaction reserve the key again and release it (counting the failure), and
-    /// `COMMIT`; one round trip. `None` when the key could not be taken again (another attempt
-    /// holds it or finished it meanwhile): nothing was counted.
-    fn rollback_and_release(
-        tx: &mut Self::Tx,
-        schema: &Schema,
-        key: &Key,
-        fingerprint: &Fingerprint,
-        options: &ReserveOptions,
-        max_retries: Option<i32>,
-    ) -> impl Future<Output = Result<Option<ReleaseOutcome>, Error>> + Send;
-
-    /// The permanent-failure path: as [`Driver::rollback_and_release`], but the key is completed
-    /// `FAILED` with `response`. False when the key could not be taken again.
-    fn rollback_and_fail(
-        tx: &mut Self::Tx,
-        schema: &Schema,
-        key: &Key,
-        fingerprint: &Fingerprint,
-        options: &ReserveOptions,
-        response: Option<&Value>,
-    ) -> impl Future<Output = Result<bool, Error>> + Send;
-
-    /// Round trip 1 of the batch flow: a connection, `BEGIN` and `reserve_many` (one
-    /// `idem_reserve_many` statement with its values bound in the text, from `sql.rs`); its rows
-    /// as (`key`, reservation), in the statement's order. Pipelined where the driver can (one
-    /// simple query over tokio-postgres; sqlx waits for the `BEGIN`, so two round trips there).
-    /// On an error the transaction is rolled back. The caller ends the transaction with
-    /// [`Driver::abandon`] when no key was created.
-    fn begin_and_reserve_many(
-        &self,
-        isolation: Option<Isolation>,
-        reserve_many: &str,
-    ) -> impl Future<Output = Result<(Self::Tx, Reservations), Error>> + Send;
-
-    /// The batch flow's last round trip: `complete_many` (one or more `idem_complete_many`
-    /// statements, values bound in the text, each aborting the transaction unless every key of
-    /// it completed) and `COMMIT`, pipelined where the driver can (one simple query over
-    /// tokio-postgres; two round trips over sqlx). False when a key was lost: the transaction
-    /// was rolled back.
-    fn complete_many_and_commit(tx: &mut Self::Tx, complete_many: &str) -> impl Future<Output = Result<bool, Error>> + Send;
-
-    /// `ROLLBACK`, waited for.
-    fn rollback(tx: &mut Self::Tx) -> impl Future<Output = ()> + Send;
-
-    /// A connection for a transaction whose `BEGIN` is sent by [`Driver::begin`].
-    fn open(&self) -> impl Future<Output = Result<Self::Tx, Error>> + Send;
-
-    /// `BEGIN` on `tx`. A driver that pipelines only queues it, so it leaves with the next
-    /// statement (a closure's first); `BEGIN` on a fresh connection can only fail with the
-    /// connection, and that statement then fails too.
-    fn begin(tx: &mut Self::Tx) -> impl Future<Output = Result<(), Error>> + Send;
-
-    /// `idem_reserve` in a transaction of its own.
-    fn reserve(
-        &self,
-        schema: &Schema,
-        key: &Key,
-        fingerprint: &Fingerprint,
-        options: &ReserveOptions,
-    ) -> impl Future<Output = Result<Reservation, Error>> + Send;
-
-    /// `idem_release` in a transaction of its own.
-    fn release(
-        &self,
-        schema: &Schema,
-        key: &Key,
-        token: Token,
-        max_retries: Option<i32>,
-    ) -> impl Future<Output = Result<ReleaseOutcome, Error>> + Send;
-
-    /// `idem_complete` in a transaction of its own.
-    fn complete(
-        &self,
-        schema: &Schema,
-        key: &Key,
-        token: Token,
-        response: Option<&Value>,
-        status: Status,
-    ) -> impl Future<Output = Result<bool, Error>> + Send;
-
-    /// `idem_heartbeat` in a transaction of its own.
-    fn heartbeat(
-        &self,
-        schema: &Schema,
-        key: &Key,
-        token: Token,
-        lease: Duration,
-    ) -> impl Future<Output = Result<bool, Error>> + Send;
+    /// Queues a `BEGIN` or `ROLLBACK` without waiting for its answer: it leaves with the next
+    /// request on the connection (or, for a connection given back to the pool, before the pool
+    /// hands it out again).
+    fn queue(tx: &mut Self::Tx, step: &Step<'_>);
 }

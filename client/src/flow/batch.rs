@@ -3,24 +3,24 @@
 //! every key in one statement, the closure handles the keys that were created,
 //! `idem_complete_many` records their results, and everything commits together.
 //!
-//! Round trips, for a closure of one statement: over tokio-postgres three for the whole batch
-//! ((1) `BEGIN` and the reservations, one simple query; (2) the closure's statement; (3) the
-//! completions and `COMMIT`, one simple query, a lost key aborting it); over sqlx five (`BEGIN`,
-//! the reservations, the statement, the completions, `COMMIT`: sqlx waits for each). A batch
+//! Round trips, for a closure of one statement: three for the whole batch, on either driver
+//! ((1) `BEGIN` and the reservations; (2) the closure's statement; (3) the completions and
+//! `COMMIT`, a lost key aborting them). A batch
 //! that created no key ends after the reservations, its `ROLLBACK` queued without waiting.
 //!
 //! There is no savepoint here either, so a batch commits or rolls back as a whole: a closure
 //! error (or a key whose lease was lost) rolls the whole batch back and reserves nothing (the
 //! queue redelivers it; no failure is counted), and 40001 / 40P01 retry the whole batch.
 
-use super::{backoff, Context, TxFuture};
+use super::{rollback, Context, TxFuture};
 use crate::batch::{BatchItem, BatchOutcome};
-use crate::driver::Driver;
+use crate::driver::{Driver, Step};
 use crate::error::Error;
-use crate::handler::HandlerError;
-use crate::ops::{self, ReserveOutcome};
+use crate::handler_error::HandlerError;
 use crate::response::{Replayable, Verdict};
-use crate::sql::{bind, Literal};
+use crate::row::{required, Row};
+use crate::sql::Param;
+use crate::types::{secs, ReserveOutcome, Reservation};
 use idempotency_core::Status;
 use serde_json::Value;
 
@@ -40,13 +40,12 @@ where
 {
     let mut attempt = 0;
     loop {
-        match once(cx, operation, user_id, items, &mut work).await {
-            Err(e) if e.is_retryable_conflict() && attempt < cx.settings.serialization_retries => {
-                tokio::time::sleep(backoff(attempt)).await;
-                attempt += 1;
-            }
-            other => return other,
+        let result = once(cx, operation, user_id, items, &mut work).await;
+        match cx.retry(&result, attempt) {
+            Some(wait) => tokio::time::sleep(wait).await,
+            None => return result,
         }
+        attempt += 1;
     }
 }
 
@@ -64,22 +63,26 @@ where
     F: for<'t> FnMut(&'t mut D::Conn, &'t [String]) -> TxFuture<'t, Vec<T>, E> + Send,
 {
     let options = cx.options(cx.settings.lease);
-    let reserve = bind(
-        &cx.schema.sql().reserve_many,
-        &[
-            Literal::Text(operation),
-            Literal::Text(user_id),
-            Literal::TextArray(items.iter().map(|i| i.key.as_str()).collect()),
-            Literal::TextArray(items.iter().map(|i| i.fingerprint.as_str()).collect()),
-            Literal::Float(ops::secs(options.ttl)),
-            Literal::Float(ops::secs(options.lease)),
-            Literal::Bool(options.wait),
-        ],
-    );
-    let (mut tx, answers) = cx.driver.begin_and_reserve_many(cx.settings.isolation, &reserve).await.map_err(Error::widen)?;
-    let answers: Vec<(String, ReserveOutcome)> = answers.into_iter().map(|(key, r)| (key, r.outcome)).collect();
+    let params = vec![
+        Param::Text(operation),
+        Param::Text(user_id),
+        Param::TextArray(items.iter().map(|i| i.key.as_str()).collect()),
+        Param::TextArray(items.iter().map(|i| i.fingerprint.as_str()).collect()),
+        Param::Float(secs(options.ttl)),
+        Param::Float(secs(options.lease)),
+        Param::Bool(options.wait),
+    ];
+    let mut tx = cx.driver.connection().await.map_err(Error::widen)?;
+    let steps = [Step::Begin(cx.settings.isolation), Step::Query(&cx.schema.sql().reserve_many, params)];
+    let answers = match D::send(&mut tx, &steps).await.and_then(|rows| rows.iter().map(reserved).collect::<Result<Vec<_>, Error>>()) {
+        Ok(answers) => answers,
+        Err(e) => {
+            rollback::<D>(&mut tx).await;
+            return Err(cx.ours(e));
+        }
+    };
     if answers.len() != items.len() {
-        D::rollback(&mut tx).await;
+        rollback::<D>(&mut tx).await;
         return Err(Error::protocol(format!("idem_reserve_many answered {} rows for {} keys", answers.len(), items.len())));
     }
     let created: Vec<(String, i64)> = answers
@@ -90,20 +93,20 @@ where
         })
         .collect();
     if created.is_empty() {
-        D::abandon(tx);
+        D::queue(&mut tx, &Step::Rollback);
         return answers.into_iter().map(|(key, outcome)| Ok((key, answered(outcome)?))).collect();
     }
     let created_keys: Vec<String> = created.iter().map(|(k, _)| k.clone()).collect();
     let results = match work(D::conn(&mut tx), &created_keys).await {
         Ok(results) => results,
         Err(error) => {
-            D::rollback(&mut tx).await;
+            rollback::<D>(&mut tx).await;
             return Err(Error::Handler { error });
         }
     };
     let transient = results.iter().any(|r| r.verdict() == Verdict::Transient);
     if results.len() != created.len() || transient {
-        D::rollback(&mut tx).await;
+        rollback::<D>(&mut tx).await;
         return Err(Error::Configuration {
             reason: format!(
                 "run_batch: the closure must return one success or permanent-failure result per created key \
@@ -118,11 +121,11 @@ where
     let stored: Vec<Value> = match results.iter().map(serde_json::to_value).collect() {
         Ok(stored) => stored,
         Err(e) => {
-            D::rollback(&mut tx).await;
+            rollback::<D>(&mut tx).await;
             return Err(Error::Decode(e));
         }
     };
-    let mut statements = Vec::new();
+    let mut steps = Vec::new();
     for status in [Status::Success, Status::Failed] {
         let picked: Vec<usize> = (0..results.len())
             .filter(|&i| (results[i].verdict() == Verdict::Success) == (status == Status::Success))
@@ -130,20 +133,23 @@ where
         if picked.is_empty() {
             continue;
         }
-        statements.push(bind(
+        steps.push(Step::Query(
             &cx.schema.sql().complete_many_or_abort,
-            &[
-                Literal::Text(operation),
-                Literal::Text(user_id),
-                Literal::TextArray(picked.iter().map(|&i| created[i].0.as_str()).collect()),
-                Literal::IntArray(picked.iter().map(|&i| created[i].1).collect()),
-                Literal::JsonArray(picked.iter().map(|&i| Some(stored[i].clone())).collect()),
-                Literal::Text(status.as_str()),
+            vec![
+                Param::Text(operation),
+                Param::Text(user_id),
+                Param::TextArray(picked.iter().map(|&i| created[i].0.as_str()).collect()),
+                Param::IntArray(picked.iter().map(|&i| created[i].1).collect()),
+                Param::JsonArray(picked.iter().map(|&i| Some(stored[i].clone())).collect()),
+                Param::Text(status.as_str()),
             ],
         ));
     }
-    if !D::complete_many_and_commit(&mut tx, &statements.join("; ")).await.map_err(Error::widen)? {
-        return Err(cx.lease_lost());
+    steps.push(Step::Commit);
+    if let Err(e) = D::send(&mut tx, &steps).await {
+        // A lost key aborted the completions, so the COMMIT behind them rolled back.
+        rollback::<D>(&mut tx).await;
+        return Err(cx.ours(e));
     }
     let mut results = results.into_iter();
     answers
@@ -156,6 +162,11 @@ where
             other => Ok((key, answered(other)?)),
         })
         .collect()
+}
+
+/// A row of `reserve_many`: the key and what its reservation answered.
+fn reserved(row: &impl Row) -> Result<(String, ReserveOutcome), Error> {
+    Ok((required("key", row.text("key"))?, Reservation::read(row)?.outcome))
 }
 
 /// A key the batch did not create, as its outcome.

@@ -1,25 +1,29 @@
 //! The in-transaction flow (`Idempotency::run` and the layer's in-transaction mode): reserve the
 //! key, run the work in the same transaction, record its result and commit.
 //!
-//! Round trips, for work of one prepared statement: (1) `BEGIN` and `idem_reserve`; a replay or
-//! any other final answer returns here, its `ROLLBACK` queued without waiting; (2) the work's
-//! statement; (3) `idem_complete` and `COMMIT`, the completion aborting the transaction when the
-//! key was lost, so the `COMMIT` behind it commits only a completed key.
+//! Round trips, for work of one statement: (1) `BEGIN` and `idem_reserve`; a replay or any other
+//! final answer returns here, its `ROLLBACK` queued without waiting; (2) the work's statement;
+//! (3) `idem_complete` and `COMMIT`, the completion aborting the transaction when the key was
+//! lost, so the `COMMIT` behind it commits only a completed key. Each numbered request is one
+//! [`Driver::send`]: one round trip on either driver.
 //!
 //! No subtransaction on any path. A failure (a transient result or error, a permanent error)
 //! rolls the whole transaction back, which undoes the work's writes and the reservation with
 //! them, then records the failure in a fresh transaction that reserves the key again and at once
 //! releases it (counting the failure towards `max_retries`) or completes it `FAILED` with the
-//! error's response: one more round trip, on the failure paths only. Between the two
-//! transactions another attempt may take the key; the failure is then not counted, and that
-//! attempt's result stands.
+//! error's response, all in the same request: one more round trip, on the failure paths only.
+//! Between the two transactions another attempt may take the key; the failure is then not
+//! counted, and that attempt's result stands.
 
-use super::{backoff, Context, TxFuture};
-use crate::driver::Driver;
+use super::{rollback, Context, TxFuture};
+use crate::classify::retryable_sqlstate;
+use crate::driver::{Driver, Step};
 use crate::error::Error;
-use crate::handler::{is_retryable_sqlstate, Disposition, HandlerError};
-use crate::ops::{ReserveOptions, ReserveOutcome, Status, Token};
+use crate::handler_error::{Disposition, HandlerError};
 use crate::response::{Replayable, Verdict};
+use crate::row::only;
+use crate::sql::{complete_params, reserve_params, Param};
+use crate::types::{release_answer, ReserveOptions, ReserveOutcome, Reservation, Status, Token};
 use crate::Outcome;
 use idempotency_core::{Fingerprint, Key};
 
@@ -34,13 +38,12 @@ where
 {
     let mut attempt = 0;
     loop {
-        match once(cx, key, fingerprint, &mut work).await {
-            Err(e) if e.is_retryable_conflict() && attempt < cx.settings.serialization_retries => {
-                tokio::time::sleep(backoff(attempt)).await;
-                attempt += 1;
-            }
-            other => return other,
+        let result = once(cx, key, fingerprint, &mut work).await;
+        match cx.retry(&result, attempt) {
+            Some(wait) => tokio::time::sleep(wait).await,
+            None => return result,
         }
+        attempt += 1;
     }
 }
 
@@ -52,15 +55,20 @@ where
     F: for<'t> FnMut(&'t mut D::Tx) -> TxFuture<'t, T, E> + Send,
 {
     let options = cx.options(cx.settings.lease);
-    let (mut tx, reservation) = cx
-        .driver
-        .begin_and_reserve(cx.schema, cx.settings.isolation, key, fingerprint, &options)
-        .await
-        .map_err(Error::widen)?;
+    let mut tx = cx.driver.connection().await.map_err(Error::widen)?;
+    let steps = [Step::Begin(cx.settings.isolation), Step::Query(&cx.schema.sql().reserve, reserve_params(key, fingerprint, &options))];
+    let reservation = match D::send(&mut tx, &steps).await.and_then(|rows| Reservation::read(&only(rows)?)) {
+        Ok(reservation) => reservation,
+        Err(e) => {
+            rollback::<D>(&mut tx).await;
+            return Err(cx.ours(e));
+        }
+    };
     let token = match reservation.outcome {
         ReserveOutcome::Created(token) => token,
         other => {
-            D::abandon(tx);
+            // The transaction wrote nothing: its ROLLBACK leaves with the connection's next use.
+            D::queue(&mut tx, &Step::Rollback);
             return cx.answer(other);
         }
     };
@@ -93,26 +101,31 @@ where
             let stored = match serde_json::to_value(&value) {
                 Ok(stored) => stored,
                 Err(e) => {
-                    D::rollback(tx).await;
+                    rollback::<D>(tx).await;
                     return Err(Error::Decode(e));
                 }
             };
-            match D::complete_and_commit(tx, cx.schema, a.key, a.token, Some(&stored), status).await.map_err(Error::widen)? {
-                true => Ok(Outcome::Executed(value)),
-                false => Err(cx.lease_lost()),
+            let sql = &cx.schema.sql().complete_or_abort;
+            let steps = [Step::Query(sql, complete_params(a.key, a.token, Some(&stored), status)), Step::Commit];
+            match D::send(tx, &steps).await {
+                Ok(_) => Ok(Outcome::Executed(value)),
+                Err(e) => {
+                    // A lost key aborted the transaction, so the COMMIT behind it rolled back
+                    // (or was skipped: then it is rolled back here).
+                    rollback::<D>(tx).await;
+                    Err(cx.ours(e))
+                }
             }
         }
-        Err(error) if is_retryable_sqlstate(error.sqlstate()) => {
+        Err(error) if retryable_sqlstate(error.sqlstate()) => {
             // Not a failure of the key: the whole transaction is retried by `run`.
-            D::rollback(tx).await;
+            rollback::<D>(tx).await;
             Err(Error::Handler { error })
         }
         Err(error) => match error.disposition() {
             Disposition::Transient => release(cx, tx, &a, Err(error)).await,
             Disposition::Permanent(response) => {
-                D::rollback_and_fail(tx, cx.schema, a.key, a.fingerprint, a.options, response.as_ref())
-                    .await
-                    .map_err(Error::widen)?;
+                again(cx, tx, &a, &cx.schema.sql().reserve_and_fail, Param::Json(response.as_ref())).await?;
                 Err(Error::Handler { error })
             }
         },
@@ -121,7 +134,26 @@ where
 
 /// The transient-failure path: roll back, count the failure in a fresh transaction, answer.
 async fn release<D: Driver, T, E>(cx: &Context<'_, D>, tx: &mut D::Tx, a: &Attempt<'_>, result: Result<T, E>) -> Result<Outcome<T>, Error<E>> {
-    let max_retries = cx.settings.max_retries;
-    let answer = D::rollback_and_release(tx, cx.schema, a.key, a.fingerprint, a.options, max_retries).await.map_err(Error::widen)?;
+    let max_retries = Param::int4_or_null(cx.settings.max_retries);
+    let answer = again(cx, tx, a, &cx.schema.sql().reserve_and_release, max_retries).await?;
+    let answer = answer.as_ref().map(|row| release_answer(row, "answer")).transpose().map_err(Error::widen)?.flatten();
     cx.released(answer, result)
+}
+
+/// One request of a failure path: `ROLLBACK` (the attempt's writes and its reservation), then
+/// in a fresh transaction reserve the key again (never waiting) and release it or complete it
+/// `FAILED` (`sql`, whose `$8` is `last`), and `COMMIT`. The row, whose `answer` column is NULL
+/// when the key was not created again (nothing was counted); None when the statement answered
+/// no row.
+async fn again<D: Driver, E>(cx: &Context<'_, D>, tx: &mut D::Tx, a: &Attempt<'_>, sql: &str, last: Param<'_>) -> Result<Option<D::Row>, Error<E>> {
+    let mut params = reserve_params(a.key, a.fingerprint, &ReserveOptions { wait: false, ..a.options.clone() });
+    params.push(last);
+    let steps = [Step::Rollback, Step::Begin(None), Step::Query(sql, params), Step::Commit];
+    match D::send(tx, &steps).await {
+        Ok(rows) => Ok(rows.into_iter().next()),
+        Err(e) => {
+            rollback::<D>(tx).await;
+            Err(cx.ours(e))
+        }
+    }
 }

@@ -1,17 +1,23 @@
 //! The flows, written once over the [`Driver`] interface: [`in_transaction`] (`run`, and the
 //! layer's in-transaction mode), its batch form [`batch`] (`run_batch`) and [`two_phase`]
-//! (`run_external`, and the layer's two-phase mode), with the answers they share.
+//! (`run_external`, and the layer's two-phase mode), the calls they make in a transaction of
+//! their own ([`calls`]), with the answers and rules they share: each sequence, each retry and
+//! each decoding is written here once, whatever the driver.
 
 pub(crate) mod batch;
+pub(crate) mod calls;
+mod heartbeat;
 pub(crate) mod in_transaction;
 pub(crate) mod two_phase;
 
-use crate::driver::Driver;
+use crate::classify::retryable_sqlstate;
+use crate::driver::{Driver, Step};
 use crate::error::Error;
-use crate::ops::{ReleaseOutcome, ReserveOptions, ReserveOutcome};
+use crate::handler_error::HandlerError;
 use crate::response::Replayable;
 use crate::settings::Settings;
 use crate::sql::Schema;
+use crate::types::{ReleaseOutcome, ReserveOptions, ReserveOutcome};
 use crate::Outcome;
 use futures_util::future::BoxFuture;
 use serde_json::Value;
@@ -34,6 +40,15 @@ impl<D: Driver> Context<'_, D> {
 
     fn lease_lost<E>(&self) -> Error<E> {
         Error::LeaseLost { retry_after: self.settings.retry_after }
+    }
+
+    /// An error of one of the flow's requests, with the settings' `Retry-After` on a lost
+    /// lease.
+    fn ours<E>(&self, e: Error) -> Error<E> {
+        match e {
+            Error::LeaseLost { .. } => self.lease_lost(),
+            other => other.widen(),
+        }
     }
 
     /// A reservation that did not create the key, as the caller's answer.
@@ -60,6 +75,34 @@ impl<D: Driver> Context<'_, D> {
             (Some(ReleaseOutcome::Released) | None, Ok(value)) => Ok(Outcome::Released(value)),
             (Some(ReleaseOutcome::Released) | None, Err(error)) => Err(Error::Handler { error }),
         }
+    }
+
+    /// The one rule of retrying a whole transaction: after 40001 / 40P01 from our statements
+    /// or from the closure, up to `serialization_retries` times, with backoff. The wait before
+    /// try `attempt + 1`, or None when `result` is final.
+    fn retry<T, E: HandlerError>(&self, result: &Result<T, Error<E>>, attempt: u32) -> Option<Duration> {
+        match result {
+            Err(e) if conflict(e) && attempt < self.settings.serialization_retries => Some(backoff(attempt)),
+            _ => None,
+        }
+    }
+}
+
+/// Whether the whole transaction is worth retrying: 40001 / 40P01 from our statements or from
+/// the closure.
+pub(crate) fn conflict<E: HandlerError>(e: &Error<E>) -> bool {
+    match e {
+        Error::Database(db) => retryable_sqlstate(db.sqlstate()),
+        Error::Handler { error } | Error::Poisoned { error } => retryable_sqlstate(error.sqlstate()),
+        _ => false,
+    }
+}
+
+/// Ends an attempt's transaction after an error, waiting for the `ROLLBACK` (a connection that
+/// cannot even do that is closed when its guard drops).
+async fn rollback<D: Driver>(tx: &mut D::Tx) {
+    if D::in_transaction(tx) {
+        let _ = D::send(tx, &[Step::Rollback]).await;
     }
 }
 

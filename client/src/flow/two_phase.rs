@@ -6,21 +6,24 @@
 //! 2. run the outside call while a background task heartbeats the lease; no pooled connection
 //!    is held meanwhile;
 //! 3. in one transaction, let `record` write the local result, complete the key and commit
-//!    (`BEGIN` is pipelined with `record`'s first statement, `idem_complete` with `COMMIT`).
+//!    (`BEGIN` is queued to leave with `record`'s first statement, `idem_complete` with
+//!    `COMMIT`).
 //!
 //! Once the call has succeeded the outside effect has happened, so the key is never released
 //! again: the local transaction is retried on 40001, 40P01 and lost connections; if it still
 //! fails, the key is completed with the call's result on its own and `RecordFailed` hands the
 //! result back.
 
-use super::{backoff, Context, TxFuture};
-use crate::driver::Driver;
+use super::heartbeat::Heartbeat;
+use super::{backoff, calls, conflict, rollback, Context, TxFuture};
+use crate::classify::retryable_sqlstate;
+use crate::driver::{Driver, Step};
 use crate::error::Error;
-use crate::handler::{is_retryable_sqlstate, Disposition, HandlerError};
-use crate::heartbeat::Heartbeat;
-use crate::ops::{ReserveOutcome, Status, Token};
+use crate::handler_error::{Disposition, HandlerError};
 use crate::response::{Replayable, Verdict};
 use crate::settings::DEFAULT_EXTERNAL_LEASE;
+use crate::sql::complete_params;
+use crate::types::{ReserveOutcome, Status, Token};
 use crate::Outcome;
 use idempotency_core::{Fingerprint, Key};
 use serde_json::Value;
@@ -41,7 +44,7 @@ where
     R: for<'t> FnMut(&'t mut D::Conn, &'t T) -> TxFuture<'t, (), E> + Send,
 {
     let lease = cx.settings.lease.unwrap_or(DEFAULT_EXTERNAL_LEASE);
-    let reservation = cx.driver.reserve(cx.schema, key, fingerprint, &cx.options(Some(lease))).await.map_err(Error::widen)?;
+    let reservation = calls::reserve(cx.driver, cx.schema, key, fingerprint, &cx.options(Some(lease))).await.map_err(Error::widen)?;
     let token = match reservation.outcome {
         ReserveOutcome::Created(token) => token,
         other => return cx.answer(other),
@@ -53,11 +56,11 @@ where
         Err(error) => {
             return match error.disposition() {
                 Disposition::Transient => {
-                    let answer = cx.driver.release(cx.schema, key, token, cx.settings.max_retries).await.map_err(Error::widen)?;
+                    let answer = calls::release(cx.driver, cx.schema, key, token, cx.settings.max_retries).await.map_err(Error::widen)?;
                     cx.released(Some(answer), Err(error))
                 }
                 Disposition::Permanent(response) => {
-                    match cx.driver.complete(cx.schema, key, token, response.as_ref(), Status::Failed).await.map_err(Error::widen)? {
+                    match calls::complete(cx.driver, cx.schema, key, token, response.as_ref(), Status::Failed).await.map_err(Error::widen)? {
                         true => Err(Error::Handler { error }),
                         false => Err(cx.lease_lost()),
                     }
@@ -67,7 +70,7 @@ where
     };
     let status = match value.verdict() {
         Verdict::Transient => {
-            let answer = cx.driver.release(cx.schema, key, token, cx.settings.max_retries).await.map_err(Error::widen)?;
+            let answer = calls::release(cx.driver, cx.schema, key, token, cx.settings.max_retries).await.map_err(Error::widen)?;
             return cx.released(Some(answer), Ok(value));
         }
         Verdict::Success => Status::Success,
@@ -78,8 +81,8 @@ where
     let mut attempt = 0;
     let last = loop {
         match record_once(cx, key, token, &value, &stored, status, &mut record).await {
-            Ok(true) => return Ok(Outcome::Executed(value)),
-            Ok(false) => return Err(cx.lease_lost()),
+            Ok(()) => return Ok(Outcome::Executed(value)),
+            Err(e @ Error::LeaseLost { .. }) => return Err(e),
             Err(e) if transient_for_record(&e) && attempt < cx.settings.serialization_retries => {
                 tokio::time::sleep(backoff(attempt)).await;
                 attempt += 1;
@@ -89,12 +92,12 @@ where
     };
     // The outside effect happened and cannot be recorded with the local write: keep its result
     // in the key (never release it), and hand it back.
-    let key_completed = matches!(cx.driver.complete(cx.schema, key, token, Some(&stored), status).await, Ok(true));
+    let key_completed = matches!(calls::complete(cx.driver, cx.schema, key, token, Some(&stored), status).await, Ok(true));
     Err(Error::RecordFailed { response: stored, key_completed, error: Box::new(last) })
 }
 
 /// One try of the local transaction: `BEGIN` with `record`, then complete and `COMMIT`
-/// together. False when the key was lost (the transaction rolled back).
+/// together. [`Error::LeaseLost`] when the key was lost (the transaction rolled back).
 async fn record_once<D, T, E, R>(
     cx: &Context<'_, D>,
     key: &Key,
@@ -103,25 +106,25 @@ async fn record_once<D, T, E, R>(
     stored: &Value,
     status: Status,
     record: &mut R,
-) -> Result<bool, Error<E>>
+) -> Result<(), Error<E>>
 where
     D: Driver,
     T: Replayable + Send + Sync,
     E: HandlerError + Send,
     R: for<'t> FnMut(&'t mut D::Conn, &'t T) -> TxFuture<'t, (), E> + Send,
 {
-    let mut tx = cx.driver.open().await.map_err(Error::widen)?;
-    // BEGIN leaves with record's first statement where the driver pipelines (it only queues
-    // it then).
-    if let Err(e) = D::begin(&mut tx).await {
-        D::rollback(&mut tx).await;
-        return Err(e.widen());
-    }
+    let mut tx = cx.driver.connection().await.map_err(Error::widen)?;
+    D::queue(&mut tx, &Step::Begin(None));
     if let Err(error) = record(D::conn(&mut tx), value).await {
-        D::rollback(&mut tx).await;
+        rollback::<D>(&mut tx).await;
         return Err(Error::Handler { error });
     }
-    D::complete_and_commit(&mut tx, cx.schema, key, token, Some(stored), status).await.map_err(Error::widen)
+    let steps = [Step::Query(&cx.schema.sql().complete_or_abort, complete_params(key, token, Some(stored), status)), Step::Commit];
+    if let Err(e) = D::send(&mut tx, &steps).await {
+        rollback::<D>(&mut tx).await;
+        return Err(cx.ours(e));
+    }
+    Ok(())
 }
 
 /// Whether the local transaction is retried for this error: 40001 / 40P01 or a lost
@@ -129,7 +132,7 @@ where
 fn transient_for_record<E: HandlerError>(e: &Error<E>) -> bool {
     match e {
         Error::StoreUnavailable(_) => true,
-        Error::Handler { error } => is_retryable_sqlstate(error.sqlstate()) || error.store_unavailable(),
-        other => other.is_retryable_conflict(),
+        Error::Handler { error } => retryable_sqlstate(error.sqlstate()) || error.store_unavailable(),
+        other => conflict(other),
     }
 }

@@ -1,7 +1,8 @@
 //! The background heartbeat of the two-phase flow; stops when dropped.
 
+use super::calls;
 use crate::driver::Driver;
-use crate::ops::Token;
+use crate::types::Token;
 use crate::sql::Schema;
 use idempotency_core::Key;
 use std::time::Duration;
@@ -17,7 +18,7 @@ impl Heartbeat {
                 tokio::time::sleep(every).await;
                 // The key is lost: stop; the final complete is fenced and will say so. A failed
                 // beat (an error) is retried a third of a lease later, before the lease ends.
-                if let Ok(false) = driver.heartbeat(&schema, &key, token, lease).await {
+                if let Ok(false) = calls::heartbeat(&driver, &schema, &key, token, lease).await {
                     return;
                 }
             }

@@ -1,16 +1,10 @@
 //! The convenience constructors of the tokio-postgres handle.
 
-use crate::driver::Postgres;
+use super::Postgres;
 use crate::error::Error;
-use crate::settings::Settings;
-use crate::sql::Schema;
+use crate::settings::{Settings, POOL_TIMEOUT};
 use crate::Idempotency;
 use deadpool_postgres::Pool;
-use std::time::Duration;
-
-/// The bound of every wait of a pool made by [`Idempotency::connect`]: for a free connection,
-/// to connect, to recycle.
-const POOL_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl Idempotency<Postgres> {
     /// A handle over `pool` with `settings`.
@@ -37,9 +31,7 @@ impl Idempotency<Postgres> {
     pub fn connect_with(url: &str, pool_size: usize, settings: Settings) -> Result<Self, Error> {
         use crate::tls::{connect_params, Connector};
         use deadpool_postgres::{Manager, ManagerConfig, Runtime};
-        if let Some(name) = &settings.schema {
-            Schema::named(name.as_str())?;
-        }
+        settings.check()?;
         let params = connect_params(url).map_err(|reason| Error::Configuration {
             reason,
             // The driver's own parse error, when it is the rest of the URL (its TLS options

@@ -1,4 +1,5 @@
-//! How the client treats the errors of your closures.
+//! How the client treats the errors of your closures: [`HandlerError`] and its
+//! [`Disposition`] (the impls for each driver's error type are in the driver's `errors.rs`).
 
 use serde_json::Value;
 
@@ -40,27 +41,6 @@ pub trait HandlerError {
     }
 }
 
-impl HandlerError for tokio_postgres::Error {
-    fn sqlstate(&self) -> Option<&str> {
-        self.code().map(|c| c.code())
-    }
-
-    fn store_unavailable(&self) -> bool {
-        crate::driver::postgres::is_unavailable(self)
-    }
-}
-
-#[cfg(feature = "sqlx")]
-impl HandlerError for sqlx::Error {
-    fn sqlstate(&self) -> Option<&str> {
-        crate::driver::sqlx::sqlstate(self)
-    }
-
-    fn store_unavailable(&self) -> bool {
-        crate::driver::sqlx::is_unavailable(self)
-    }
-}
-
 impl HandlerError for Box<dyn std::error::Error + Send + Sync> {
     /// The SQLSTATE of the first database error (of either driver) in the source chain.
     fn sqlstate(&self) -> Option<&str> {
@@ -76,6 +56,7 @@ impl HandlerError for Box<dyn std::error::Error + Send + Sync> {
 fn first_database_error<'a>(e: &'a (dyn std::error::Error + Send + Sync + 'static)) -> Option<&'a dyn HandlerError> {
     let mut next: Option<&(dyn std::error::Error + 'static)> = Some(e);
     while let Some(e) = next {
+        #[cfg(feature = "postgres")]
         if let Some(db) = e.downcast_ref::<tokio_postgres::Error>() {
             return Some(db);
         }
@@ -91,8 +72,3 @@ fn first_database_error<'a>(e: &'a (dyn std::error::Error + Send + Sync + 'stati
 impl HandlerError for std::io::Error {}
 impl HandlerError for String {}
 impl HandlerError for &'static str {}
-
-/// 40001 (serialization failure) or 40P01 (deadlock): the whole transaction is worth retrying.
-pub(crate) fn is_retryable_sqlstate(code: Option<&str>) -> bool {
-    matches!(code, Some("40001" | "40P01"))
-}

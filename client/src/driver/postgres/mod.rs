@@ -1,0 +1,139 @@
+//! The tokio-postgres driver (feature `postgres`, the default): a `deadpool_postgres::Pool`,
+//! prepared (cached) statements, and pipelining by issuing requests together (tokio-postgres
+//! sends a request when its future is first polled, and `join_all` polls in order).
+
+mod connect;
+mod errors;
+mod tx;
+mod values;
+
+pub use tx::Tx;
+
+use super::{Driver, Sealed, Step};
+use crate::classify::{classify, Origin};
+use crate::error::Error;
+use deadpool_postgres::Pool;
+use futures_util::future::{join_all, BoxFuture, FutureExt};
+use std::sync::Arc;
+use tokio_postgres::types::ToSql;
+use tx::Open;
+
+/// tokio-postgres over a `deadpool_postgres::Pool`.
+#[derive(Clone)]
+pub struct Postgres {
+    pub(crate) pool: Pool,
+}
+
+impl Postgres {
+    /// A driver over `pool`.
+    pub fn new(pool: Pool) -> Self {
+        Postgres { pool }
+    }
+
+    /// The pool.
+    pub fn pool(&self) -> &Pool {
+        &self.pool
+    }
+}
+
+impl Sealed for Postgres {}
+
+/// An error of one of this crate's statements.
+fn ours(e: tokio_postgres::Error) -> Error {
+    classify(e, Origin::Ours)
+}
+
+impl Driver for Postgres {
+    type Tx = Tx;
+    type Conn = Tx;
+    type Shared = Tx;
+    type Row = tokio_postgres::Row;
+
+    fn conn(tx: &mut Tx) -> &mut Tx {
+        tx
+    }
+
+    fn share(tx: &mut Tx) -> Tx {
+        tx.clone()
+    }
+
+    fn unshare(_: &mut Tx, _: Tx) {}
+
+    fn in_transaction(tx: &Tx) -> bool {
+        tx.0.is_open()
+    }
+
+    async fn connection(&self) -> Result<Tx, Error> {
+        Ok(Tx(Arc::new(Open::new(self.pool.get().await?))))
+    }
+
+    async fn send<'a>(tx: &'a mut Tx, steps: &'a [Step<'a>]) -> Result<Vec<tokio_postgres::Row>, Error> {
+        let open = &tx.0;
+        let client = open.client();
+        // Prepared (or found cached) before anything is sent: a statement being prepared would
+        // let the requests after it overtake it.
+        let mut statements = Vec::new();
+        for step in steps {
+            if let Step::Query(sql, _) = step {
+                statements.push(client.prepare_cached(sql).await.map_err(ours)?);
+            }
+        }
+        let params: Vec<Vec<&(dyn ToSql + Sync)>> = steps
+            .iter()
+            .filter_map(|step| match step {
+                Step::Query(_, params) => Some(params.iter().map(|p| p as &(dyn ToSql + Sync)).collect()),
+                _ => None,
+            })
+            .collect();
+        let mut queries = statements.iter().zip(&params);
+        let requests: Vec<BoxFuture<'_, Result<Vec<tokio_postgres::Row>, tokio_postgres::Error>>> = steps
+            .iter()
+            .map(|step| match step.control() {
+                Some(control) => client.batch_execute(control).map(|r| r.map(|()| Vec::new())).boxed(),
+                None => match queries.next() {
+                    Some((statement, params)) => client.query(statement, params.as_slice()).boxed(),
+                    None => unreachable!("one prepared statement per query step"),
+                },
+            })
+            .collect();
+        let answers = join_all(requests).await;
+        let mut rows = Vec::new();
+        let mut first_error = None;
+        for (step, answer) in steps.iter().zip(answers) {
+            match answer {
+                Ok(answered) => {
+                    if let Some(opens) = step.opens() {
+                        open.set_open(opens);
+                    }
+                    rows.extend(answered);
+                }
+                Err(e) => {
+                    // A COMMIT or ROLLBACK the server answered with an error ended the
+                    // transaction too; a BEGIN that failed opened none.
+                    if e.as_db_error().is_some() && step.opens().is_some() {
+                        open.set_open(false);
+                    }
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        match first_error {
+            Some(e) => Err(ours(e)),
+            None => Ok(rows),
+        }
+    }
+
+    fn queue(tx: &mut Tx, step: &Step<'_>) {
+        // Sent when first polled; tokio-postgres ignores the answer of a request whose future
+        // is gone, and whoever uses the connection next is queued behind it.
+        let Some(control) = step.control() else { return };
+        match tx.0.client().batch_execute(control).now_or_never() {
+            None | Some(Ok(())) => {
+                if let Some(opens) = step.opens() {
+                    tx.0.set_open(opens);
+                }
+            }
+            Some(Err(_)) => {} // the connection is broken: dropping the guard closes it
+        }
+    }
+}

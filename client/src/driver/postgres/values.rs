@@ -1,0 +1,65 @@
+//! The tokio-postgres forms of the driver-neutral values: a [`Param`] as a parameter, a
+//! `tokio_postgres::Row` as a [`Row`].
+
+use crate::error::Error;
+use crate::row::{unreadable, Row};
+use crate::sql::Param;
+use bytes::BytesMut;
+use serde_json::Value;
+use tokio_postgres::types::{FromSql, IsNull, ToSql, Type};
+
+impl ToSql for Param<'_> {
+    fn to_sql(&self, ty: &Type, out: &mut BytesMut) -> Result<IsNull, Box<dyn std::error::Error + Sync + Send>> {
+        match self {
+            Param::Text(t) => t.to_sql(ty, out),
+            Param::Int4(i) => i.to_sql(ty, out),
+            Param::Int8(i) => i.to_sql(ty, out),
+            Param::Float(f) => f.to_sql(ty, out),
+            Param::Bool(b) => b.to_sql(ty, out),
+            Param::Json(v) => v.to_sql(ty, out),
+            Param::Null4 => None::<i32>.to_sql(ty, out),
+            Param::TextArray(items) => items.to_sql(ty, out),
+            Param::IntArray(items) => items.to_sql(ty, out),
+            Param::JsonArray(items) => items.to_sql(ty, out),
+        }
+    }
+
+    /// Every statement of `sql.rs` casts or declares its parameters' types; each value encodes
+    /// as the type the server asks for, or fails to.
+    fn accepts(_: &Type) -> bool {
+        true
+    }
+
+    tokio_postgres::types::to_sql_checked!();
+}
+
+/// A column by name.
+fn get<'a, T: FromSql<'a>>(row: &'a tokio_postgres::Row, name: &str) -> Result<Option<T>, Error> {
+    row.try_get(name).map_err(|e| unreadable(name, e))
+}
+
+impl Row for tokio_postgres::Row {
+    fn text(&self, name: &str) -> Result<Option<String>, Error> {
+        get(self, name)
+    }
+
+    fn int8(&self, name: &str) -> Result<Option<i64>, Error> {
+        get(self, name)
+    }
+
+    fn int4(&self, name: &str) -> Result<Option<i32>, Error> {
+        get(self, name)
+    }
+
+    fn float8(&self, name: &str) -> Result<Option<f64>, Error> {
+        get(self, name)
+    }
+
+    fn boolean(&self, name: &str) -> Result<Option<bool>, Error> {
+        get(self, name)
+    }
+
+    fn json(&self, name: &str) -> Result<Option<Value>, Error> {
+        get(self, name)
+    }
+}

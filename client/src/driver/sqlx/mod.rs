@@ -1,0 +1,128 @@
+//! The sqlx driver (feature `sqlx`): a `sqlx::PgPool`. sqlx sends a request and waits for its
+//! answer, pipelining nothing, so a request of several steps travels as ONE simple query, its
+//! values bound into the text (`sql::bind`, escape-string literals); a request of one query
+//! runs prepared (sqlx's persistent statements). So a flow costs the round trips it costs over
+//! tokio-postgres: `run` three, a replay one.
+
+mod connect;
+mod errors;
+mod tx;
+mod values;
+
+pub use tx::{SharedConnection, SqlxTx};
+
+use super::{Driver, Sealed, Step};
+use crate::classify::{classify, Origin};
+use crate::error::Error;
+use futures_util::FutureExt;
+use sqlx::postgres::PgRow;
+use sqlx::{AssertSqlSafe, PgConnection, PgPool};
+use std::sync::Arc;
+
+/// sqlx over a `sqlx::PgPool`.
+#[derive(Clone, Debug)]
+pub struct Sqlx {
+    pool: PgPool,
+}
+
+impl Sqlx {
+    /// A driver over `pool`.
+    pub fn new(pool: PgPool) -> Self {
+        Sqlx { pool }
+    }
+
+    /// The pool.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+}
+
+impl Sealed for Sqlx {}
+
+fn ours(e: sqlx::Error) -> Error {
+    classify(e, Origin::Ours)
+}
+
+/// The connection of a guard that holds one.
+fn held(tx: &mut SqlxTx) -> Result<&mut PgConnection, Error> {
+    tx.conn.as_deref_mut().ok_or_else(|| {
+        Error::protocol("the request's transaction was not given back: a handler kept its Transaction locked after returning")
+    })
+}
+
+impl Driver for Sqlx {
+    type Tx = SqlxTx;
+    type Conn = PgConnection;
+    type Shared = SharedConnection;
+    type Row = PgRow;
+
+    fn conn(tx: &mut SqlxTx) -> &mut PgConnection {
+        match tx.conn.as_deref_mut() {
+            Some(conn) => conn,
+            None => unreachable!("a flow lends a transaction only while it holds its connection"),
+        }
+    }
+
+    fn share(tx: &mut SqlxTx) -> SharedConnection {
+        SharedConnection(Arc::new(tokio::sync::Mutex::new(std::mem::replace(tx, SqlxTx::empty()))))
+    }
+
+    fn unshare(tx: &mut SqlxTx, shared: SharedConnection) {
+        // A handler still holding the lock keeps the connection: the flow then reports it.
+        if let Ok(mut lent) = shared.0.try_lock() {
+            *tx = std::mem::replace(&mut *lent, SqlxTx::empty());
+        }
+    }
+
+    fn in_transaction(tx: &SqlxTx) -> bool {
+        tx.open
+    }
+
+    async fn connection(&self) -> Result<SqlxTx, Error> {
+        Ok(SqlxTx::new(self.pool.acquire().await?))
+    }
+
+    async fn send<'a>(tx: &'a mut SqlxTx, steps: &'a [Step<'a>]) -> Result<Vec<PgRow>, Error> {
+        let begins = steps.iter().any(|s| matches!(s, Step::Begin(_)));
+        let ends = steps.iter().rev().find_map(Step::opens);
+        let conn = held(tx)?;
+        let answered = match steps {
+            // One query: prepared, its values sent as parameters.
+            [Step::Query(sql, params)] => {
+                let query = params.iter().fold(sqlx::query(AssertSqlSafe(*sql)), values::bind);
+                query.fetch_all(&mut *conn).await
+            }
+            // Several steps: one simple query.
+            _ => {
+                let text: Vec<_> = steps.iter().map(Step::text).collect();
+                sqlx::raw_sql(AssertSqlSafe(text.join("; "))).fetch_all(&mut *conn).await
+            }
+        };
+        match answered {
+            Ok(rows) => {
+                if let Some(open) = ends {
+                    tx.open = open;
+                }
+                Ok(rows)
+            }
+            Err(e) => {
+                // The server skipped the rest of the request; a transaction begun in it (or
+                // before) is open, aborted, until a ROLLBACK. A lost connection is closed on drop.
+                tx.open |= begins;
+                Err(ours(e))
+            }
+        }
+    }
+
+    fn queue(tx: &mut SqlxTx, step: &Step<'_>) {
+        let (Some(control), Some(opens)) = (step.control(), step.opens()) else { return };
+        let Some(conn) = tx.conn.as_deref_mut() else { return };
+        // Polled once, the request is written and flushed; its future is dropped, and sqlx
+        // reads the answer before the connection's next request (or when the pool takes it
+        // back, which the caller does not wait for).
+        match sqlx::raw_sql(AssertSqlSafe(control)).execute(conn).now_or_never() {
+            None | Some(Ok(_)) => tx.open = opens,
+            Some(Err(_)) => {} // broken: closed on drop
+        }
+    }
+}

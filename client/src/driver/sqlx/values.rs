@@ -1,0 +1,57 @@
+//! The sqlx forms of the driver-neutral values: a [`Param`] bound to a prepared query, a
+//! `sqlx::postgres::PgRow` as a [`Row`] (prepared rows are binary, simple-query rows text; sqlx
+//! decodes both).
+
+use crate::error::Error;
+use crate::row::{unreadable, Row};
+use crate::sql::Param;
+use serde_json::Value;
+use sqlx::postgres::{PgArguments, PgRow};
+use sqlx::query::Query;
+use sqlx::Row as _;
+
+/// `query` with `param` bound as its next `$n`.
+pub(super) fn bind<'q>(query: Query<'q, sqlx::Postgres, PgArguments>, param: &Param<'q>) -> Query<'q, sqlx::Postgres, PgArguments> {
+    match param {
+        Param::Text(t) => query.bind(*t),
+        Param::Int4(i) => query.bind(*i),
+        Param::Int8(i) => query.bind(*i),
+        Param::Float(f) => query.bind(*f),
+        Param::Bool(b) => query.bind(*b),
+        Param::Json(v) => query.bind(v.cloned()),
+        Param::Null4 => query.bind(None::<i32>),
+        Param::TextArray(items) => query.bind(items.clone()),
+        Param::IntArray(items) => query.bind(items.clone()),
+        Param::JsonArray(items) => query.bind(items.clone()),
+    }
+}
+
+fn get<'r, T: sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres>>(row: &'r PgRow, name: &str) -> Result<Option<T>, Error> {
+    row.try_get(name).map_err(|e| unreadable(name, e))
+}
+
+impl Row for PgRow {
+    fn text(&self, name: &str) -> Result<Option<String>, Error> {
+        get(self, name)
+    }
+
+    fn int8(&self, name: &str) -> Result<Option<i64>, Error> {
+        get(self, name)
+    }
+
+    fn int4(&self, name: &str) -> Result<Option<i32>, Error> {
+        get(self, name)
+    }
+
+    fn float8(&self, name: &str) -> Result<Option<f64>, Error> {
+        get(self, name)
+    }
+
+    fn boolean(&self, name: &str) -> Result<Option<bool>, Error> {
+        get(self, name)
+    }
+
+    fn json(&self, name: &str) -> Result<Option<Value>, Error> {
+        get(self, name)
+    }
+}

@@ -1,0 +1,54 @@
+//! The calls a flow makes in a transaction of their own (autocommit, one statement, one round
+//! trip): the two-phase flow's reservation, release, completion and heartbeat, and the lookup
+//! of the installed extension.
+
+use crate::driver::{Driver, Step};
+use crate::error::Error;
+use crate::row::{only, required, Row};
+use crate::sql::{complete_params, heartbeat_params, release_params, reserve_params, Param, Schema, EXTENSION_SQL};
+use crate::types::{release_answer, ReleaseOutcome, ReserveOptions, Reservation, Status, Token};
+use idempotency_core::{Fingerprint, Key};
+use serde_json::Value;
+use std::time::Duration;
+
+/// The one row of `sql` with `params`, on a pooled connection, outside a transaction.
+async fn one<D: Driver>(driver: &D, sql: &str, params: Vec<Param<'_>>) -> Result<D::Row, Error> {
+    let mut tx = driver.connection().await?;
+    only(D::send(&mut tx, &[Step::Query(sql, params)]).await?)
+}
+
+/// The installed extension's schema and version (the caller checks the version).
+pub(crate) async fn installed<D: Driver>(driver: &D) -> Result<(String, String), Error> {
+    let mut tx = driver.connection().await?;
+    let rows = D::send(&mut tx, &[Step::Query(EXTENSION_SQL, vec![])]).await?;
+    let Some(row) = rows.first() else {
+        return Err(Error::IncompatibleExtension {
+            reason: "the idempotency extension is not installed in this database (CREATE EXTENSION idempotency)".into(),
+            source: None,
+        });
+    };
+    Ok((required("schema", row.text("schema"))?, required("version", row.text("version"))?))
+}
+
+/// `idem_reserve`.
+pub(crate) async fn reserve<D: Driver>(driver: &D, schema: &Schema, key: &Key, fingerprint: &Fingerprint, options: &ReserveOptions) -> Result<Reservation, Error> {
+    Reservation::read(&one(driver, &schema.sql().reserve, reserve_params(key, fingerprint, options)).await?)
+}
+
+/// `idem_release`.
+pub(crate) async fn release<D: Driver>(driver: &D, schema: &Schema, key: &Key, token: Token, max_retries: Option<i32>) -> Result<ReleaseOutcome, Error> {
+    let row = one(driver, &schema.sql().release, release_params(key, token, max_retries)).await?;
+    release_answer(&row, "released")?.ok_or_else(|| Error::protocol("idem_release answered NULL"))
+}
+
+/// `idem_complete`.
+pub(crate) async fn complete<D: Driver>(driver: &D, schema: &Schema, key: &Key, token: Token, response: Option<&Value>, status: Status) -> Result<bool, Error> {
+    let row = one(driver, &schema.sql().complete, complete_params(key, token, response, status)).await?;
+    required("completed", row.boolean("completed"))
+}
+
+/// `idem_heartbeat`.
+pub(crate) async fn heartbeat<D: Driver>(driver: &D, schema: &Schema, key: &Key, token: Token, lease: Duration) -> Result<bool, Error> {
+    let row = one(driver, &schema.sql().heartbeat, heartbeat_params(key, token, Some(lease))).await?;
+    required("extended", row.boolean("extended"))
+}
