@@ -46,17 +46,25 @@ mod imp {
 
     /// Runs `sql` with text arguments; the rows it affected.
     pub async fn exec(conn: &mut super::Conn, sql: &str, args: &[&str]) -> Result<u64, DbError> {
-        conn.execute(sql, &params(args)).await
+        let statement = conn.prepare_cached(sql).await?;
+        conn.execute(&statement, &params(args)).await
     }
 
     /// The first column (a bigint) of the one row `sql` answers.
     pub async fn query_i64(conn: &mut super::Conn, sql: &str, args: &[&str]) -> Result<i64, DbError> {
-        conn.query_one(sql, &params(args)).await?.try_get(0)
+        let statement = conn.prepare_cached(sql).await?;
+        conn.query_one(&statement, &params(args)).await?.try_get(0)
     }
 
     /// `sql` (one or more statements, no arguments) as a simple query.
     pub async fn batch(conn: &mut super::Conn, sql: &str) -> Result<(), DbError> {
         conn.batch_execute(sql).await
+    }
+
+    /// Every connection of `idem`'s pool is idle in it (none being given back).
+    pub fn pool_idle(idem: &Idempotency<TestDriver>) -> bool {
+        let status = idem.pool().status();
+        status.available == status.size
     }
 
     /// Whether the next connection of `idem`'s pool is inside a transaction block (a savepoint
@@ -144,6 +152,12 @@ mod imp {
         sqlx::raw_sql(AssertSqlSafe(sql.to_owned())).execute(&mut *conn).await.map(|_| ())
     }
 
+    /// Every connection of `idem`'s pool is idle in it (none being given back: sqlx checks a
+    /// connection when it is given back, a round trip nobody waits for).
+    pub fn pool_idle(idem: &Idempotency<TestDriver>) -> bool {
+        idem.pool().num_idle() == idem.pool().size() as usize
+    }
+
     /// Whether the next connection of `idem`'s pool is inside a transaction block (a savepoint
     /// can only be set in one): a flow must never give one back mid-transaction.
     pub async fn pooled_in_transaction(idem: &Idempotency<TestDriver>) -> bool {
@@ -152,7 +166,7 @@ mod imp {
     }
 }
 
-pub use imp::{batch, error_of, exec, exec_in, exhausted, pooled_in_transaction, query_i64, query_i64_in, DbError, TestDriver, NAME};
+pub use imp::{batch, error_of, exec, exec_in, exhausted, pool_idle, pooled_in_transaction, query_i64, query_i64_in, DbError, TestDriver, NAME};
 
 /// The handle of the driver under test.
 pub type Idem = Idempotency<TestDriver>;
