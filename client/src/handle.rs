@@ -1,9 +1,7 @@
 //! The handle: a driver (its pool), the settings, the extension's schema (resolved once), and
 //! the two flows.
 
-use crate::driver::Driver;
-#[cfg(feature = "postgres")]
-use crate::driver::Postgres;
+use crate::driver::{DefaultDriver, Driver};
 use crate::error::Error;
 use crate::flow::{self, Context, TxFuture};
 use crate::handler_error::HandlerError;
@@ -27,7 +25,7 @@ use tokio::sync::OnceCell;
 /// fails with [`Error::StoreUnavailable`], whose source is the pool's timeout error; nothing was
 /// reserved, so the client's retry is safe.
 #[derive(Clone)]
-pub struct Idempotency<D: Driver = Postgres> {
+pub struct Idempotency<D: Driver = DefaultDriver> {
     driver: D,
     settings: Arc<Settings>,
     schema: Arc<OnceCell<Schema>>,

@@ -138,7 +138,7 @@ mod settings;
 mod sql;
 pub mod tls;
 mod trace;
-mod types;
+pub mod types;
 #[cfg(feature = "tower")]
 pub mod layer;
 

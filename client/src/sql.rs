@@ -45,7 +45,9 @@ pub(crate) fn check_version<E>(version: &str) -> Result<(), Error<E>> {
 #[derive(Clone)]
 pub struct Schema(Arc<Statements>);
 
-/// Every statement of the crate, for one schema. Built once per [`Schema`].
+/// Every statement of the crate, for one schema. Built once per [`Schema`]. (The operator
+/// statements are `ops`'s, feature `postgres`.)
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
 pub(crate) struct Statements {
     pub(crate) name: String,
     /// `idem_reserve`: $1-$3 the key, $4 request_hash, $5 ttl and $6 lease in seconds, $7 wait.

@@ -1,4 +1,4 @@
-//! The driver-neutral types of the client's calls: what `idem_reserve` answers, its options, a
+//! The driver-neutral types of the client's calls (also re-exported by `ops`): what `idem_reserve` answers, its options, a
 //! record and the counters, and how each is read from a row (through [`crate::row::Row`], the
 //! one column-access trait every driver implements).
 
@@ -64,6 +64,7 @@ fn instant(secs: Option<f64>) -> Option<SystemTime> {
 }
 
 /// An instant that must be there.
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
 fn required_instant(row: &impl Row, name: &str) -> Result<SystemTime, Error> {
     instant(Some(required(name, row.float8(name))?)).ok_or_else(|| Error::protocol(format!("column {name:?} is out of range")))
 }
@@ -121,6 +122,7 @@ pub struct Record {
     pub updated_at: SystemTime,
 }
 
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
 impl Record {
     /// The record from a row of `lookup`.
     pub(crate) fn read(row: &impl Row) -> Result<Self, Error> {
@@ -159,6 +161,7 @@ pub struct Stats {
 
 
 /// Seconds, as the statements take durations (`make_interval(secs => ..)`).
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
 impl Stats {
     /// The counters from the row of `stats`.
     pub(crate) fn read(row: &impl Row) -> Result<Self, Error> {

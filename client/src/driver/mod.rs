@@ -20,6 +20,18 @@ pub use postgres::{Postgres, Tx};
 #[cfg(feature = "sqlx")]
 pub use self::sqlx::{SharedConnection, Sqlx, SqlxTx};
 
+#[cfg(not(any(feature = "postgres", feature = "sqlx")))]
+compile_error!("idempotency-client needs a driver: its feature `postgres` (the default, tokio-postgres) or `sqlx`");
+
+/// The driver a handle, a layer and a `Transaction` name when none is given: [`Postgres`] with
+/// the `postgres` feature (the default), else [`Sqlx`].
+#[cfg(feature = "postgres")]
+pub type DefaultDriver = Postgres;
+/// The driver a handle, a layer and a `Transaction` name when none is given: [`Postgres`] with
+/// the `postgres` feature (the default), else [`Sqlx`].
+#[cfg(all(feature = "sqlx", not(feature = "postgres")))]
+pub type DefaultDriver = Sqlx;
+
 use crate::error::Error;
 use crate::row::Row;
 use crate::settings::Isolation;

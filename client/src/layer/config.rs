@@ -2,7 +2,7 @@
 
 use super::{IdempotencyLayer, Mode};
 use crate::response::{Replayable, StoredResponse, Verdict};
-use crate::driver::{Driver, Postgres};
+use crate::driver::{DefaultDriver, Driver};
 use crate::Idempotency;
 use http::header::{HeaderName, AUTHORIZATION, CONTENT_TYPE, LOCATION, SET_COOKIE};
 use http::request::Parts;
@@ -31,7 +31,7 @@ pub const ANONYMOUS_USER: &str = "anonymous";
 pub struct ConfigError(String);
 
 /// The frozen configuration every request of a layer reads.
-pub(crate) struct Config<D: Driver = Postgres> {
+pub(crate) struct Config<D: Driver = DefaultDriver> {
     pub(crate) idem: Idempotency<D>,
     pub(crate) mode: Mode,
     pub(crate) header: HeaderName,
@@ -66,7 +66,7 @@ pub(crate) struct Config<D: Driver = Postgres> {
 /// | [`status_policy`](Builder::status_policy) | 2xx–4xx stored except 408, 409, 425, 429 |
 /// | [`log_keys`](Builder::log_keys) | `false`: spans carry a hash of the key |
 #[must_use]
-pub struct Builder<D: Driver = Postgres> {
+pub struct Builder<D: Driver = DefaultDriver> {
     idem: Idempotency<D>,
     mode: Mode,
     header: HeaderName,

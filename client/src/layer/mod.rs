@@ -82,7 +82,7 @@ pub use config::{default_status_policy, Builder, ConfigError, UserFn, ANONYMOUS_
 pub use service::IdempotencyService;
 pub use transaction::Transaction;
 
-use crate::driver::{Driver, Postgres};
+use crate::driver::{DefaultDriver, Driver};
 use crate::Idempotency;
 use std::sync::Arc;
 
@@ -106,7 +106,7 @@ impl Mode {
 }
 
 /// Makes a tower HTTP service idempotent; see the [module documentation](self).
-pub struct IdempotencyLayer<D: Driver = Postgres> {
+pub struct IdempotencyLayer<D: Driver = DefaultDriver> {
     pub(crate) config: Arc<config::Config<D>>,
 }
 

@@ -79,7 +79,7 @@ fn canonical_body(fields: Option<&[String]>, body: &[u8]) -> Option<String> {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "postgres"))]
 mod tests {
     use super::*;
     use crate::layer::IdempotencyLayer;

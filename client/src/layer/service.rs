@@ -9,7 +9,7 @@ use super::problem::{types, Problem};
 use super::record::HttpRecord;
 use super::transaction::Transaction;
 use super::Mode;
-use crate::driver::{Driver, Postgres};
+use crate::driver::{DefaultDriver, Driver};
 use crate::{Error, Fingerprint, HandlerError, Key, Outcome, TxFuture};
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
@@ -26,7 +26,7 @@ use tracing::Instrument;
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// An idempotent route: the service [`super::IdempotencyLayer`] makes.
-pub struct IdempotencyService<S, D: Driver = Postgres> {
+pub struct IdempotencyService<S, D: Driver = DefaultDriver> {
     pub(crate) inner: S,
     pub(crate) config: Arc<Config<D>>,
 }

@@ -1,6 +1,6 @@
 //! The transaction an in-transaction route's handler writes through.
 
-use crate::driver::{Driver, Postgres};
+use crate::driver::{DefaultDriver, Driver};
 use std::ops::Deref;
 
 /// The transaction that holds the request's reservation, for an in-transaction route's handler.
@@ -13,7 +13,7 @@ use std::ops::Deref;
 ///
 /// With the `axum` feature it is an extractor; any other tower service finds it in the request's
 /// extensions.
-pub struct Transaction<D: Driver = Postgres>(pub(crate) D::Shared);
+pub struct Transaction<D: Driver = DefaultDriver>(pub(crate) D::Shared);
 
 impl<D: Driver> Clone for Transaction<D> {
     fn clone(&self) -> Self {

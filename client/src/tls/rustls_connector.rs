@@ -1,7 +1,10 @@
 //! The rustls connector of an sslmode (feature `tls`): the verifier of each mode and the trusted roots.
 
-use super::{Connector, RootCerts, SslMode, TlsOptions};
+use super::RootCerts;
+#[cfg(feature = "postgres")]
+use super::{Connector, SslMode, TlsOptions};
 
+#[cfg(feature = "postgres")]
 pub(super) fn connector(options: &TlsOptions) -> Result<Connector, String> {
     use rustls::ClientConfig;
     use std::sync::Arc;
@@ -65,6 +68,7 @@ pub(super) fn root_store(roots: &RootCerts) -> Result<rustls::RootCertStore, Str
     Ok(store)
 }
 
+#[cfg(feature = "postgres")]
 mod verify {
     //! The verifier of `require` (no certificate check) and `verify-ca` (the chain, no name).
     //! Both check the handshake signature, so the server holds the certificate's key.
