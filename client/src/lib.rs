@@ -121,6 +121,7 @@
 //! `tracing` feature alone puts a span around every call of [`Idempotency`].
 
 #![deny(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod batch;
 mod classify;
@@ -130,6 +131,7 @@ mod flow;
 mod handle;
 mod handler_error;
 #[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub mod ops;
 mod outcome;
 mod response;
@@ -140,13 +142,16 @@ pub mod tls;
 mod trace;
 pub mod types;
 #[cfg(feature = "tower")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
 pub mod layer;
 
 pub use batch::{BatchItem, BatchOutcome};
 pub use driver::Driver;
 #[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use driver::{Postgres, Tx};
 #[cfg(feature = "sqlx")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlx")))]
 pub use driver::{SharedConnection, Sqlx, SqlxTx};
 pub use error::{DatabaseError, Error};
 pub use flow::TxFuture;

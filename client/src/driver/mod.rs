@@ -16,8 +16,10 @@ pub(crate) mod postgres;
 pub(crate) mod sqlx;
 
 #[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use postgres::{Postgres, Tx};
 #[cfg(feature = "sqlx")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlx")))]
 pub use self::sqlx::{SharedConnection, Sqlx, SqlxTx};
 
 #[cfg(not(any(feature = "postgres", feature = "sqlx")))]

@@ -158,6 +158,7 @@ pub fn usable(mode: SslMode, roots: &RootCerts) -> Result<(), String> {
 #[cfg(feature = "postgres")]
 mod postgres;
 #[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use postgres::{connect_params, ConnectParams, Connector, TlsOptions};
 #[cfg(feature = "tls")]
 mod rustls_connector;
