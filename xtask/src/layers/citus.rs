@@ -15,7 +15,7 @@
 //!               batches; the maintenance worker preloaded on the coordinator does both
 //!   move        a shard move under load loses no record and no business row
 
-use crate::harness::Ctx;
+use crate::ctx::Ctx;
 use crate::psql::Psql;
 use crate::report::{ensure, eq, Checks};
 use idempotency_pgserver::{Server, Stop};

@@ -2,7 +2,7 @@
 //! standby of the major, the primary killed under load, the standby promoted; on ports 400 and
 //! 401 above the private cluster's (`IDEM_SERVERS_PORT` overrides the first).
 
-use crate::harness::Ctx;
+use crate::ctx::Ctx;
 use crate::report::Checks;
 use std::path::Path;
 

@@ -1,5 +1,6 @@
-//! The layers, one module each, and what several of them share (a throwaway server, the
-//! regress and isolation suites on a prepared database, the schema description).
+//! The layers, one module each, the one table of them ([`LAYERS`]), and what several of them
+//! share (a throwaway server, the regress and isolation suites on a prepared database, the
+//! schema description).
 
 pub(crate) mod bench; // the benchmark in smoke mode: every case runs and produces numbers
 pub(crate) mod citus; // a Citus coordinator and two workers: distribution, flow, duplicates, tokens, maintenance, a shard move
@@ -19,17 +20,109 @@ pub(crate) mod regress; // pg_regress golden files (tests/regress) on the privat
 pub(crate) mod unit; // cargo test of the core and client crates (with and without TLS)
 pub(crate) mod upgrade; // ALTER EXTENSION UPDATE from every released version: answers, schema, suites, load
 
-use crate::harness::Ctx;
+use crate::ctx::Ctx;
 use crate::psql::Psql;
-use crate::report::Checks;
+use crate::report::{Checks, Outcome};
 use crate::suite::{self, Driver};
 use idempotency_pgserver::Server;
 use std::path::{Path, PathBuf};
 
+/// Which majors a layer runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Scope {
+    /// The default major only, also with `--all-majors` (what does not depend on the major).
+    Default,
+    /// Every major: the core layers.
+    Core,
+    /// The default major, and every major with `--all-majors`.
+    Full,
+    /// Once after the majors, with the default major's context, when the run covers these
+    /// majors (else reported as skipped).
+    Across(&'static [u32]),
+}
+
+/// A layer that records layers of its own: `record(NAME, checks)` runs and records one.
+pub(crate) type Record<'a> = dyn FnMut(&str, &mut dyn FnMut(&Ctx, &mut Checks)) -> Outcome + 'a;
+
+/// How a layer runs.
+pub(crate) enum Run {
+    /// Its checks, as one result.
+    Checks(fn(&Ctx, &mut Checks)),
+    /// Layers of its own, each recorded through [`Record`] (package: package, package_tarball,
+    /// package_deb).
+    Family(fn(&Ctx, &mut Record<'_>)),
+}
+
+/// One row of the table of layers.
+pub(crate) struct Layer {
+    /// Its name in `--layers`, the summary and its log (target/test-logs/pgNN/NAME.log).
+    pub(crate) name: &'static str,
+    /// Which majors it runs on.
+    pub(crate) scope: Scope,
+    /// It runs on the major's private cluster: the harness starts the cluster before the first
+    /// such layer (when one of them is to run) and stops it after the last (always: the next
+    /// layers use its port).
+    pub(crate) private: bool,
+    /// What it runs.
+    pub(crate) run: Run,
+}
+
+impl Layer {
+    /// Whether it runs on the major of `ctx` (the layers across majors run after them).
+    pub(crate) fn runs_on(&self, ctx: &Ctx) -> bool {
+        match self.scope {
+            Scope::Default => ctx.is_default,
+            Scope::Core => true,
+            Scope::Full => ctx.full,
+            Scope::Across(_) => false,
+        }
+    }
+}
+
+const fn layer(name: &'static str, scope: Scope, private: bool, run: fn(&Ctx, &mut Checks)) -> Layer {
+    Layer { name, scope, private, run: Run::Checks(run) }
+}
+
+/// Every layer, in the order a major runs them (the install before the suites, the suites on
+/// the private cluster before the layers that use its port for servers of their own): the one
+/// list that the harness runs, `--layers` is checked against and CONTRIBUTING.md's test-layer
+/// lists are tested against.
+pub(crate) const LAYERS: &[Layer] = {
+    use e2e::{Driver::*, Install::*};
+    use Scope::*;
+    &[
+        layer("unit", Default, false, unit::run),
+        layer("lint", Default, false, lint::run),
+        layer("pg_test", Core, false, pg_test::run),
+        Layer { name: "package", scope: Core, private: false, run: Run::Family(package::run) },
+        layer("install", Core, false, install::run),
+        layer("regress", Core, true, regress::run),
+        layer("isolation", Core, true, isolation::run),
+        layer("e2e", Core, true, |c, k| e2e::run(c, k, Extension, TokioPostgres)),
+        layer("e2e_portable", Core, true, |c, k| e2e::run(c, k, Portable, TokioPostgres)),
+        layer("e2e_sqlx", Core, true, |c, k| e2e::run(c, k, Extension, Sqlx)),
+        layer("bench", Full, true, bench::run),
+        layer("failover", Core, false, failover::run),
+        layer("upgrade", Core, false, upgrade::run),
+        layer("portable", Core, false, portable::run),
+        layer("python", Core, false, python::run),
+        layer("ops", Full, false, ops::run),
+        layer("citus", Full, false, citus::run),
+        layer("pgspot", Full, false, pgspot::run),
+        layer("pg_upgrade", Across(&[14, 15, 17, 18]), false, pg_upgrade::run),
+    ]
+};
+
 /// A fresh server `NAME-MAJOR` of the major on `port` with the settings every throwaway test
 /// server has plus `settings`, started.
 pub(crate) fn throwaway(ctx: &Ctx, name: &str, port: u16, settings: &str) -> Server {
-    let server = Server::new(&format!("{name}-{}", ctx.major), &ctx.config, port);
+    throwaway_of(&ctx.config, &format!("{name}-{}", ctx.major), port, settings)
+}
+
+/// [`throwaway`] of the PostgreSQL of `pg_config` (not necessarily the major under test),
+/// named `name`.
+pub(crate) fn throwaway_of(pg_config: &Path, name: &str, port: u16, settings: &str) -> Server {
+    let server = Server::new(name, pg_config, port);
     server.initdb(&[]);
     server.configure(&format!("max_connections = 100\nmax_prepared_transactions = 10\nlog_min_messages = warning\n{settings}"));
     server.start();
