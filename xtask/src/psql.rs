@@ -231,6 +231,35 @@ impl Named {
     }
 }
 
+/// The statement names a layer's source runs through [`Named`]: each `"name"` that is the
+/// first argument of a call to `get`, `background` or `q`, or the second of `run` or `q` (its
+/// first being a node), in the code before its tests.
+#[cfg(test)]
+pub(crate) fn named_in(source: &str) -> Vec<String> {
+    let code = source.split("#[cfg(test)]").next().unwrap_or_default();
+    let mut names = Vec::new();
+    for line in code.lines() {
+        for (i, _) in line.match_indices('"') {
+            let rest = &line[i + 1..];
+            let Some(end) = rest.find('"') else { continue };
+            let name = &rest[..end];
+            if name.is_empty() || !name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_') || !name.starts_with(|c: char| c.is_ascii_lowercase()) {
+                continue;
+            }
+            let before = &line[..i];
+            let Some(open) = before.rfind('(') else { continue };
+            let callee = before[..open].rsplit(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).next().unwrap_or_default();
+            let first = before[open + 1..].trim();
+            let direct = first.is_empty() && ["get", "background", "q"].contains(&callee);
+            let after_node = first.ends_with(',') && !first[..first.len() - 1].contains([',', '(', ')', '"']) && ["run", "q"].contains(&callee);
+            if (direct || after_node) && !names.iter().any(|n| n == name) {
+                names.push(name.to_owned());
+            }
+        }
+    }
+    names
+}
+
 /// The `-- [name]` sections of a file: (name, its text trimmed).
 fn sections(text: &str) -> Vec<(String, String)> {
     let mut out: Vec<(String, String)> = Vec::new();
@@ -264,5 +293,23 @@ pub(crate) fn sql_checks(checks: &mut crate::report::Checks, what: &str, result:
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{named_in, sections};
+
+    #[test]
+    fn reads_named_sections() {
+        let text = "-- a file comment\n\n-- [one] what it does\nSELECT 1;\n\n-- [two]\nBEGIN;\nSELECT :'x';\nCOMMIT;\n";
+        let got = sections(text);
+        assert_eq!(got, vec![("one".to_owned(), "SELECT 1;".to_owned()), ("two".to_owned(), "BEGIN;\nSELECT :'x';\nCOMMIT;".to_owned())]);
+    }
+
+    #[test]
+    fn finds_the_names_a_layer_runs() {
+        let src = "let a = k.run(c, \"first\", &[(\"user\", u)]);\nlet b = q(\"second\");\nk.q(&k.w1, \"third\", &[]);\nchecks.check(\"label\", eq(x, \"t\"));\nk.sql.get(\"fourth\");\n#[cfg(test)]\nq(\"not_code\");";
+        assert_eq!(named_in(src), vec!["first", "second", "third", "fourth"]);
     }
 }
