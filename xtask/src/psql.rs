@@ -159,13 +159,8 @@ impl Psql {
             .map(drop)
     }
 
-    /// Polls `sql` every 200 ms until it answers `want`, for at most `secs` seconds; else what
-    /// it answered last.
-    pub(crate) fn until_equal(&self, secs: u64, sql: &str, want: &str) -> Result<(), String> {
-        self.until(secs, sql, want, || self.q(sql))
-    }
-
-    /// [`Psql::until_equal`] for the script `sql` with psql variables `vars`.
+    /// Polls the script `sql` with psql variables `vars` every 200 ms until it answers `want`,
+    /// for at most `secs` seconds; else what it answered last.
     pub(crate) fn until_script_equal(&self, secs: u64, sql: &str, vars: &[(&str, &str)], want: &str) -> Result<(), String> {
         self.until(secs, sql, want, || self.script(sql, vars))
     }
@@ -183,6 +178,14 @@ impl Psql {
             std::thread::sleep(Duration::from_millis(200));
         }
     }
+}
+
+/// The SQLSTATE of the first `ERROR:  CODE` line of psql's errors (`VERBOSITY=sqlstate`), else
+/// the whole text.
+pub(crate) fn error_code(err: &str) -> String {
+    err.lines()
+        .find_map(|l| l.split_once("ERROR:  ").map(|(_, code)| code.trim().to_owned()))
+        .unwrap_or_else(|| err.to_owned())
 }
 
 /// `-v name=value` for each of `vars`.
@@ -222,6 +225,16 @@ impl Named {
     /// The statement `name`; panics naming the directory when there is none.
     pub(crate) fn get(&self, name: &str) -> &str {
         self.texts.get(name).unwrap_or_else(|| panic!("no statement [{name}] in {}/*.sql", self.dir.display()))
+    }
+
+    /// Statement `name` on `on`, with psql variables `vars` ([`Psql::script`]).
+    pub(crate) fn q(&self, on: &Psql, name: &str, vars: &[(&str, &str)]) -> Result<String, String> {
+        on.script(self.get(name), vars)
+    }
+
+    /// [`Named::q`], panicking with the error (for set-up statements the checks rely on).
+    pub(crate) fn run(&self, on: &Psql, name: &str, vars: &[(&str, &str)]) -> String {
+        self.q(on, name, vars).unwrap_or_else(|e| panic!("{} [{name}] {vars:?} on port {}: {e}", self.dir.display(), on.port))
     }
 
     /// Every name.

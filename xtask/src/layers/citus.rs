@@ -58,12 +58,12 @@ struct Citus {
 impl Citus {
     /// Statement `name` of tests/citus on node `on`, with psql variables `vars`.
     fn q(&self, on: &Psql, name: &str, vars: &[(&str, &str)]) -> Result<String, String> {
-        on.script(self.sql.get(name), vars)
+        self.sql.q(on, name, vars)
     }
 
     /// [`Citus::q`], panicking with the error (for set-up statements the checks rely on).
     fn run(&self, on: &Psql, name: &str, vars: &[(&str, &str)]) -> String {
-        self.q(on, name, vars).unwrap_or_else(|e| panic!("tests/citus [{name}] {vars:?}: {e}"))
+        self.sql.run(on, name, vars)
     }
 
     /// Statement `name` in a session of its own on the coordinator, in the background, its

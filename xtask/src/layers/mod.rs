@@ -8,7 +8,7 @@ pub(crate) mod e2e; // cargo test -p idempotency-tests against the extension or 
 pub(crate) mod failover; // tests/failover.rs: a primary and a synchronous standby, the primary killed, the standby promoted
 pub(crate) mod install; // cargo pgrx install --release and every released and update script
 pub(crate) mod isolation; // pg_isolation_regress specs (tests/isolation) on the private cluster
-pub(crate) mod lint; // cargo clippy over every crate and target; a warning fails
+pub(crate) mod lint; // cargo clippy over every crate and target (a warning fails); the crates.io dry run
 pub(crate) mod ops; // the maintenance worker, the counters, idem_stats and the pg_cron recipe on preloaded servers
 pub(crate) mod package; // scripts/package.sh, each package installed into a fresh tree and smoke-tested
 pub(crate) mod pg_test; // cargo pgrx test: the Rust that runs inside PostgreSQL
@@ -176,4 +176,35 @@ pub(crate) fn diff(dir: &Path, name: &str, a: &str, b: &str) -> Result<(), Strin
     std::fs::write(&pa, format!("{a}\n")).expect("write a diff side");
     std::fs::write(&pb, format!("{b}\n")).expect("write a diff side");
     crate::sh::capture(std::process::Command::new("diff").arg("-u").arg(&pa).arg(&pb)).map(drop)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Scope, LAYERS};
+
+    /// The names of the comma-separated list in `text` between `start` and `end` (each item's
+    /// first word), whitespace folded.
+    fn list(text: &str, start: &str, end: &str) -> Vec<String> {
+        let text = text.split_whitespace().collect::<Vec<_>>().join(" ");
+        let from = text.split_once(start).unwrap_or_else(|| panic!("CONTRIBUTING.md has no `{start}`")).1;
+        let items = from.split_once(end).unwrap_or_else(|| panic!("CONTRIBUTING.md has no `{end}` after `{start}`")).0;
+        items.split(", ").map(|i| i.split(' ').next().unwrap_or_default().to_owned()).collect()
+    }
+
+    fn names(keep: impl Fn(Scope) -> bool) -> Vec<String> {
+        LAYERS.iter().filter(|l| keep(l.scope)).map(|l| l.name.to_owned()).collect()
+    }
+
+    /// CONTRIBUTING.md's test-layer lists are this table's: the core layers, the default
+    /// major's layers in order and the layer across majors, and a row for every layer.
+    #[test]
+    fn contributing_lists_the_table_of_layers() {
+        let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../CONTRIBUTING.md")).expect("read CONTRIBUTING.md");
+        assert_eq!(list(&doc, "and the core layers (", ") on each other major"), names(|s| s == Scope::Core), "the core layers");
+        assert_eq!(list(&doc, "| 15 (default) | every layer: ", "; then "), names(|s| !matches!(s, Scope::Across(_))), "the default major's layers");
+        let across = list(&doc, "each other major, then ", " once across majors");
+        assert_eq!(across, names(|s| matches!(s, Scope::Across(_))), "the layers across majors");
+        let missing: Vec<&str> = LAYERS.iter().map(|l| l.name).filter(|n| !doc.contains(&format!("\n| {n} | "))).collect();
+        assert!(missing.is_empty(), "no row in CONTRIBUTING.md's table of layers for {missing:?}");
+    }
 }
