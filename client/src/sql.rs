@@ -6,9 +6,9 @@ use crate::error::Error;
 use std::fmt;
 use std::sync::Arc;
 
-/// The extension versions this client speaks (major.minor): 0.2 to 0.4 changed no signature or
+/// The extension versions this client speaks (major.minor): 0.2 to 0.5 changed no signature or
 /// outcome of the functions it calls.
-pub(crate) const SUPPORTED_EXTENSIONS: &[&str] = &["0.1", "0.2", "0.3", "0.4"];
+pub(crate) const SUPPORTED_EXTENSIONS: &[&str] = &["0.1", "0.2", "0.3", "0.4", "0.5"];
 
 /// Where the extension lives and its version: the extension's schema, else the schema of a
 /// portable install (which records its version in `_idem_portable_version()`), so the client
