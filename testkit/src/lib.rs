@@ -4,6 +4,7 @@
 //!   fresh databases with the extension installed, handles on them.
 //! - [`pg_bin`]: the PostgreSQL programs of the major under test, from `PG_CONFIG`.
 //! - [`proxy`]: a TCP proxy to the cluster that counts round trips or cuts a connection at COMMIT.
+//! - [`forwarder`]: a TCP endpoint that moves to another server (a failover's writer endpoint).
 //! - [`driver`]: the client driver under test (tokio-postgres, or sqlx with the `sqlx` feature).
 //! - [`handler`]: the business handler the tests and the demo run ("charge a card").
 //! - [`server`]: private servers of any major driven from Rust (the `idempotency-pgserver` crate,
@@ -17,6 +18,7 @@
 
 pub mod cluster;
 pub mod driver;
+pub mod forwarder;
 pub mod handler;
 pub mod proxy;
 pub mod server;

@@ -10,6 +10,8 @@
 pub(crate) mod postgres;
 #[cfg(feature = "sqlx")]
 pub(crate) mod sqlx;
+#[cfg(feature = "sqlx")]
+pub(crate) mod sqlx_hosts;
 
 pub use postgres::{Postgres, Tx};
 #[cfg(feature = "sqlx")]

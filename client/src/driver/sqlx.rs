@@ -376,7 +376,8 @@ impl Idempotency<Sqlx> {
     /// [`Error::StoreUnavailable`] error, never a hang. Nothing is connected yet (call
     /// [`Idempotency::check_extension`] to fail fast); call it inside a tokio runtime. A
     /// malformed URL or schema name is a [`Error::Configuration`] error. The URL is sqlx's URL
-    /// form (`postgres://...`; sqlx reads no key=value string).
+    /// form (`postgres://...`; sqlx reads no key=value string), with one host: a host list
+    /// (`postgresql://a,b/db`, for failover) is a [`Error::Configuration`] error naming the alternatives.
     ///
     /// The URL's `sslmode` and `sslrootcert` are read as [`Idempotency::connect_with`] reads them
     /// (`disable`, `prefer` — the default, `PGSSLMODE` is not read —, `require`, `verify-ca`,
@@ -397,6 +398,8 @@ impl Idempotency<Sqlx> {
         if let Some(name) = &settings.schema {
             Schema::named(name.as_str())?;
         }
+        // A host list (failover) is refused with its reason, not sqlx's "invalid port number".
+        super::sqlx_hosts::one_host(url).map_err(|reason| Error::Configuration { reason, source: None })?;
         let ssl = SslParams::parse(url)
             .and_then(|ssl| ssl.check().map(|()| ssl))
             .map_err(|reason| Error::Configuration { reason, source: None })?;
@@ -480,6 +483,9 @@ fn ours(e: sqlx::Error) -> Error {
 pub(crate) fn is_unavailable(e: &sqlx::Error) -> bool {
     match e {
         sqlx::Error::Io(_) | sqlx::Error::Tls(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::WorkerCrashed => true,
+        // A connection closed before the answer to sqlx's SSLRequest (a proxy whose server is
+        // down) is read by sqlx as the byte 0x00: a failure to connect, not of the protocol.
+        sqlx::Error::Protocol(m) => m.starts_with("unexpected response from SSLRequest: 0x00"),
         sqlx::Error::Database(_) => {
             sqlstate(e).is_some_and(|c| c.starts_with("08") || matches!(c, "57P01" | "57P02" | "57P03" | "53300" | "25006"))
         }
