@@ -25,7 +25,7 @@ pub mod server;
 pub mod tls_server;
 pub mod trips;
 
-pub use cluster::{admin, admin_at, charges_for, cluster_addr, cluster_url, database_url, fresh_database, handle, handle_in, private_server, test_database, unique_key};
+pub use cluster::{admin, admin_at, charges_for, cluster_addr, cluster_url, database_url, fresh_database, fresh_database_at, handle, handle_in, private_server, test_database, unique_key, until_passed, Passed};
 pub use driver::{batch, connect_with, exec, query_i64, Conn, DbError, Idem, TestDriver};
 pub use handler::Charge;
 
