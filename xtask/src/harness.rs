@@ -1,4 +1,5 @@
-//! The run: the layers of each major in order, one result per layer, the summary.
+//! The run: the layers of the table (`layers::LAYERS`) on each major in order, the private
+//! cluster around those that run on it, one result per layer, the summary and the closing line.
 
 use crate::ctx::Ctx;
 use crate::layers::{Layer, Run, Scope, LAYERS};
