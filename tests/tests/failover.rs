@@ -36,7 +36,9 @@ mod pg_app;
 #[allow(dead_code)]
 mod sqlx_app;
 
-use idempotency_client::{Idempotency, Settings};
+#[cfg(feature = "sqlx")]
+use idempotency_client::Sqlx;
+use idempotency_client::{Fingerprint, Idempotency, Key, Outcome, Postgres, Settings, StoredResponse};
 use idempotency_testkit::forwarder::Forwarder;
 use idempotency_testkit::pg_config;
 use idempotency_testkit::server::{eventually, extension_installed, Server, Stop};
@@ -353,7 +355,8 @@ async fn failover_to_a_promoted_standby_keeps_every_key_once() {
 // Failover through the client: the example services of both drivers under HTTP load while the
 // primary is killed and the standby promoted.
 
-/// Concurrent HTTP clients of the service, each charging its own keys one after another.
+/// Concurrent clients of the service (half over HTTP, half calling its handle), each charging
+/// its own keys one after another.
 const CLIENTS: usize = 8;
 /// Keys acknowledged before the primary is killed.
 const ACKED_BEFORE_KILL: usize = 200;
@@ -384,34 +387,139 @@ enum Drv {
     Sqlx,
 }
 
-/// The example service of `drv` on `url`, served on loopback: its `/charges` URL.
-async fn serve(drv: Drv, url: &str) -> String {
-    let router = match drv {
-        Drv::TokioPostgres => pg_app::router(Idempotency::connect_with(url, pg_app::POOL_SIZE, Settings::default()).expect("the handle")),
+/// The handle of a service, called directly, as a service calling `run` itself does: the same
+/// charge as the example's handler, under operation `failover.direct`.
+#[derive(Clone)]
+enum Direct {
+    TokioPostgres(Idempotency<Postgres>),
+    #[cfg(feature = "sqlx")]
+    Sqlx(Idempotency<Sqlx>),
+}
+
+/// How a load client charges a key: the example service over HTTP, or the handle directly.
+#[derive(Clone)]
+enum Caller {
+    Http(reqwest::Client, String),
+    Direct(Direct),
+}
+
+/// What one attempt answered.
+enum Answer {
+    /// The first answer's body, and whether it was a replay.
+    Acked(Value, bool),
+    /// 503, or `Error::StoreUnavailable` from the handle.
+    Unavailable,
+    /// Anything else.
+    Wrong(String),
+}
+
+/// The answer of a direct call.
+fn answer<E: std::fmt::Debug>(result: Result<Outcome<StoredResponse>, idempotency_client::Error<E>>) -> Answer {
+    match result {
+        Ok(Outcome::Executed(r)) if r.status == 201 => Answer::Acked(r.body.json().unwrap_or(Value::Null), false),
+        Ok(Outcome::Replayed(r)) if r.status == 201 => Answer::Acked(r.body.json().unwrap_or(Value::Null), true),
+        Ok(other) => Answer::Wrong(format!("{other:?}")),
+        Err(idempotency_client::Error::StoreUnavailable(_)) => Answer::Unavailable,
+        Err(e) => Answer::Wrong(format!("{e:?}")),
+    }
+}
+
+const INSERT: &str = "INSERT INTO charges (user_id, amount) VALUES ($1, $2) RETURNING id";
+
+impl Caller {
+    /// One attempt at key `k{n}` of `user` (amount n + 1).
+    async fn charge(&self, user: &str, n: u64) -> Answer {
+        let amount = n as i64 + 1;
+        match self {
+            Caller::Http(http, url) => {
+                let sent = http
+                    .post(url)
+                    .header("idempotency-key", format!("k{n}"))
+                    .header("x-user", user)
+                    .body(json!({"amount": amount}).to_string())
+                    .send()
+                    .await;
+                match sent {
+                    Ok(resp) => {
+                        let (status, replayed) = (resp.status(), resp.headers().get("idempotent-replayed").is_some_and(|v| v == "true"));
+                        let body = resp.text().await.unwrap_or_default();
+                        match status {
+                            reqwest::StatusCode::CREATED => Answer::Acked(serde_json::from_str(&body).unwrap_or(Value::Null), replayed),
+                            reqwest::StatusCode::SERVICE_UNAVAILABLE => Answer::Unavailable,
+                            _ => Answer::Wrong(format!("{status} {body}")),
+                        }
+                    }
+                    Err(e) => Answer::Wrong(e.to_string()),
+                }
+            }
+            Caller::Direct(direct) => {
+                let key = Key::new("failover.direct", user, format!("k{n}")).unwrap();
+                let fp = Fingerprint::of_json(&json!({"amount": amount})).unwrap();
+                let user = user.to_owned();
+                let respond = move |id: i64| StoredResponse::json(201, json!({"id": id, "amount": amount}));
+                match direct {
+                    Direct::TokioPostgres(idem) => answer(
+                        idem.run(&key, &fp, |tx| {
+                            let user = user.clone();
+                            Box::pin(async move {
+                                let id: i64 = tx.query_one(INSERT, &[&user, &amount]).await?.try_get(0)?;
+                                Ok::<_, tokio_postgres::Error>(respond(id))
+                            })
+                        })
+                        .await,
+                    ),
+                    #[cfg(feature = "sqlx")]
+                    Direct::Sqlx(idem) => answer(
+                        idem.run(&key, &fp, |conn| {
+                            let user = user.clone();
+                            Box::pin(async move {
+                                let id: i64 = sqlx::query_scalar(INSERT).bind(&user).bind(amount).fetch_one(&mut *conn).await?;
+                                Ok::<_, sqlx::Error>(respond(id))
+                            })
+                        })
+                        .await,
+                    ),
+                }
+            }
+        }
+    }
+}
+
+/// The example service of `drv` on `url`, served on loopback: its `/charges` URL, and its handle
+/// (a clone) for direct calls.
+async fn serve(drv: Drv, url: &str) -> (String, Direct) {
+    let (router, direct) = match drv {
+        Drv::TokioPostgres => {
+            let idem = Idempotency::connect_with(url, pg_app::POOL_SIZE, Settings::default()).expect("the handle");
+            (pg_app::router(idem.clone()), Direct::TokioPostgres(idem))
+        }
         #[cfg(feature = "sqlx")]
-        Drv::Sqlx => sqlx_app::router(Idempotency::connect_sqlx_with(url, 16, Settings::default()).expect("the handle")),
+        Drv::Sqlx => {
+            let idem = Idempotency::connect_sqlx_with(url, 16, Settings::default()).expect("the handle");
+            (sqlx_app::router(idem.clone()), Direct::Sqlx(idem))
+        }
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, router).await });
-    format!("http://{addr}/charges")
+    (format!("http://{addr}/charges"), direct)
 }
 
 /// What the clients saw, shared.
 #[derive(Default)]
 struct Seen {
-    /// The first acknowledged answer (a 201's body) of each key, by (client, key number).
-    acked: BTreeMap<(usize, u64), Value>,
+    /// The first acknowledged answer (a 201's body) of each key, by (user, key number).
+    acked: BTreeMap<(String, u64), Value>,
     /// Keys executed (a 201 that is not a replay) by requests sent after the kill.
     executed_after_kill: usize,
     /// When the primary was down (`pg_ctl stop -m immediate` returned).
     dead: Option<Instant>,
     /// The first execution of a request sent after `dead`: when it was answered.
     first_after_kill: Option<Instant>,
-    /// Answers with status 503 (the store unavailable), the only error expected.
+    /// Answers 503 / StoreUnavailable, the only error expected.
     unavailable: usize,
-    /// Anything else: a status other than 201 and 503, a 201 whose body differs from the key's
-    /// first acknowledged one, a replay not marked as one, a transport error.
+    /// Anything else: another status or error, a retry whose answer differs from the key's first
+    /// acknowledged one or is not marked as a replay, a transport error.
     wrong: Vec<String>,
     /// The most attempts one key took.
     max_attempts: u32,
@@ -419,42 +527,28 @@ struct Seen {
 
 type Shared = Arc<Mutex<Seen>>;
 
-/// Charges key `k{n}` of client `c` (amount n + 1) until it is acknowledged (201), retrying
-/// after each error as a client does; the body and whether it was a replay.
-async fn charge_until_acked(http: &reqwest::Client, url: &str, c: usize, n: u64, seen: &Shared) -> (Value, bool) {
+/// Charges key `k{n}` of `user` until it is acknowledged, retrying after each error as a client
+/// does; the first answer's body and whether it was a replay.
+async fn charge_until_acked(caller: &Caller, user: &str, n: u64, seen: &Shared) -> (Value, bool) {
     let started = Instant::now();
     for attempt in 1.. {
-        assert!(started.elapsed() < KEY_DEADLINE, "c{c}/k{n}: not acknowledged within {} s", KEY_DEADLINE.as_secs());
+        assert!(started.elapsed() < KEY_DEADLINE, "{user}/k{n}: not acknowledged within {} s", KEY_DEADLINE.as_secs());
         let sent = Instant::now();
-        let answer = http
-            .post(url)
-            .header("idempotency-key", format!("k{n}"))
-            .header("x-user", format!("c{c}"))
-            .body(json!({"amount": n + 1}).to_string())
-            .send()
-            .await;
+        let answer = caller.charge(user, n).await;
         let answered = Instant::now();
-        let answer = match answer {
-            Ok(resp) => {
-                let (status, replayed) = (resp.status(), resp.headers().get("idempotent-replayed").is_some_and(|v| v == "true"));
-                Ok((status, replayed, resp.text().await.unwrap_or_default()))
-            }
-            Err(e) => Err(e),
-        };
         {
             let mut seen = seen.lock().unwrap();
             seen.max_attempts = seen.max_attempts.max(attempt);
             match answer {
-                Ok((status, replayed, body)) if status == reqwest::StatusCode::CREATED => {
+                Answer::Acked(body, replayed) => {
                     if !replayed && seen.dead.is_some_and(|dead| sent >= dead) {
                         seen.executed_after_kill += 1;
                         seen.first_after_kill.get_or_insert(answered);
                     }
-                    return (serde_json::from_str(&body).unwrap_or(Value::Null), replayed);
+                    return (body, replayed);
                 }
-                Ok((status, ..)) if status == reqwest::StatusCode::SERVICE_UNAVAILABLE => seen.unavailable += 1,
-                Ok((status, _, body)) => seen.wrong.push(format!("c{c}/k{n}: {status} {body}")),
-                Err(e) => seen.wrong.push(format!("c{c}/k{n}: {e}")),
+                Answer::Unavailable => seen.unavailable += 1,
+                Answer::Wrong(what) => seen.wrong.push(format!("{user}/k{n}: {what}")),
             }
         }
         tokio::time::sleep(RETRY_PAUSE).await;
@@ -462,24 +556,22 @@ async fn charge_until_acked(http: &reqwest::Client, url: &str, c: usize, n: u64,
     unreachable!()
 }
 
-/// One client: keys k0, k1, ... each until acknowledged, and every fifth key a replay of the
-/// key five before it; stops at `stop`, answering how many keys it charged.
-async fn client(url: String, c: usize, seen: Shared, stop: Arc<AtomicBool>) -> u64 {
-    let http = reqwest::Client::builder().timeout(Duration::from_secs(30)).build().unwrap();
+/// One client: keys k0, k1, ... each until acknowledged (a first answer may be a replay: the
+/// attempt before it committed and its answer was lost), and every fifth key a retry of the key
+/// five before it; stops at `stop`, answering how many keys it charged.
+async fn client(caller: Caller, user: String, seen: Shared, stop: Arc<AtomicBool>) -> u64 {
     for n in 0.. {
         if stop.load(Ordering::Relaxed) {
             return n;
         }
-        let (body, replayed) = charge_until_acked(&http, &url, c, n, &seen).await;
-        // A first answer may be a replay: the attempt before it committed, its answer lost.
-        seen.lock().unwrap().acked.insert((c, n), body);
-        let _ = replayed;
+        let (body, _) = charge_until_acked(&caller, &user, n, &seen).await;
+        seen.lock().unwrap().acked.insert((user.clone(), n), body);
         if n >= 5 && n % 5 == 0 {
-            let (again, replayed) = charge_until_acked(&http, &url, c, n - 5, &seen).await;
+            let (again, replayed) = charge_until_acked(&caller, &user, n - 5, &seen).await;
             let mut seen = seen.lock().unwrap();
-            let first = &seen.acked[&(c, n - 5)];
+            let first = &seen.acked[&(user.clone(), n - 5)];
             if again != *first || !replayed {
-                let wrong = format!("c{c}/k{}: the retry answered {again} (replayed: {replayed}), first {first}", n - 5);
+                let wrong = format!("{user}/k{}: the retry answered {again} (replayed: {replayed}), first {first}", n - 5);
                 seen.wrong.push(wrong);
             }
         }
@@ -487,7 +579,7 @@ async fn client(url: String, c: usize, seen: Shared, stop: Arc<AtomicBool>) -> u
     unreachable!()
 }
 
-/// The pair under HTTP load through the example service of `drv`, reached `way`; the primary
+/// The pair under load through the example service of `drv` (over HTTP and its handle's `run`), reached `way`; the primary
 /// killed and the standby promoted mid-load. Checks everything on the promoted standby.
 async fn service_rides_over_failover(drv: Drv, way: Way) {
     let _ports = PORTS.lock().await;
@@ -509,13 +601,24 @@ async fn service_rides_over_failover(drv: Drv, way: Way) {
         Some(f) => format!("postgresql://postgres@{}/{DB}", f.addr()),
     };
     println!("    {drv:?} service on {db_url}");
-    let url = serve(drv, &db_url).await;
+    let (url, direct) = serve(drv, &db_url).await;
 
-    let seen: Shared = Arc::default();
+    // Half the clients call the service over HTTP (users h0, h1, ...), half call its handle's
+    // `run` directly (users d0, d1, ...).
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(30)).build().unwrap();
+    let callers = [("HTTP", "h", Caller::Http(http, url.clone())), ("run", "d", Caller::Direct(direct))];
+    let seen: Vec<Shared> = callers.iter().map(|_| Shared::default()).collect();
     let stop = Arc::new(AtomicBool::new(false));
-    let clients: Vec<_> = (0..CLIENTS).map(|c| tokio::spawn(client(url.clone(), c, seen.clone(), stop.clone()))).collect();
+    let mut clients = Vec::new();
+    for ((_, prefix, caller), seen) in callers.iter().zip(&seen) {
+        for c in 0..CLIENTS / 2 {
+            let user = format!("{prefix}{c}");
+            clients.push((user.clone(), tokio::spawn(client(caller.clone(), user, seen.clone(), stop.clone()))));
+        }
+    }
+    let acked = || seen.iter().map(|s| s.lock().unwrap().acked.len()).sum::<usize>();
     eventually("the load acknowledges enough keys", Duration::from_secs(180), || async {
-        let n = seen.lock().unwrap().acked.len();
+        let n = acked();
         if n >= ACKED_BEFORE_KILL { Ok(()) } else { Err(format!("{n} acknowledged")) }
     })
     .await;
@@ -523,11 +626,10 @@ async fn service_rides_over_failover(drv: Drv, way: Way) {
     let killing = Instant::now();
     tokio::task::block_in_place(|| primary.stop(Stop::Immediate));
     let dead = Instant::now();
-    let acked_at_kill = {
-        let mut seen = seen.lock().unwrap();
-        seen.dead = Some(dead);
-        seen.acked.len()
-    };
+    for s in &seen {
+        s.lock().unwrap().dead = Some(dead);
+    }
+    let acked_at_kill = acked();
     // The endpoint moves as soon as the primary is down, as a health check would move it: until
     // the promotion ends, the standby answers 25006, which the client reports as unavailable.
     if let Some(f) = &forwarder {
@@ -535,24 +637,30 @@ async fn service_rides_over_failover(drv: Drv, way: Way) {
     }
     tokio::task::block_in_place(|| standby.promote());
     let promoted = Instant::now();
-    eventually("the service executes keys on the promoted standby", BACK_WITHIN, || async {
-        let n = seen.lock().unwrap().executed_after_kill;
-        if n >= EXECUTED_AFTER_KILL { Ok(()) } else { Err(format!("{n} executed since the kill")) }
+    eventually("both kinds of clients execute keys on the promoted standby", BACK_WITHIN, || async {
+        let n: Vec<usize> = seen.iter().map(|s| s.lock().unwrap().executed_after_kill).collect();
+        if n.iter().all(|n| *n >= EXECUTED_AFTER_KILL / 2) { Ok(()) } else { Err(format!("{n:?} executed since the kill")) }
     })
     .await;
     stop.store(true, Ordering::Relaxed);
     let mut charged = BTreeSet::new();
-    for (c, client) in clients.into_iter().enumerate() {
+    for (user, client) in clients {
         let n = client.await.expect("a client");
-        charged.extend((0..n).map(|n| (c, n)));
+        charged.extend((0..n).map(|n| (user.clone(), n)));
     }
-    let seen = Arc::try_unwrap(seen).ok().expect("the clients are done").into_inner().unwrap();
-    assert!(seen.wrong.is_empty(), "{} wrong answers, the first: {:?}", seen.wrong.len(), &seen.wrong[..seen.wrong.len().min(5)]);
-    ok(&format!("{drv:?}, {way:?}: every error during the failover was a 503 ({} of them), no other answer", seen.unavailable));
-    assert_eq!(seen.acked.keys().copied().collect::<BTreeSet<_>>(), charged, "the keys the clients charged");
+    let seen: Vec<Seen> = seen.into_iter().map(|s| Arc::try_unwrap(s).ok().expect("the clients are done").into_inner().unwrap()).collect();
+    let all: BTreeMap<(String, u64), Value> = seen.iter().flat_map(|s| s.acked.clone()).collect();
+    for ((via, ..), seen) in callers.iter().zip(&seen) {
+        assert!(seen.wrong.is_empty(), "{via}: {} wrong answers, the first: {:?}", seen.wrong.len(), &seen.wrong[..seen.wrong.len().min(5)]);
+    }
+    ok(&format!(
+        "{drv:?}, {way:?}: every error during the failover was a 503 over HTTP ({}) or StoreUnavailable from run ({}), no other answer",
+        seen[0].unavailable, seen[1].unavailable
+    ));
+    assert_eq!(all.keys().cloned().collect::<BTreeSet<_>>(), charged, "the keys the clients charged");
 
     // On the promoted standby: every acknowledged key has its business row (the id of its first
-    // answer, its client and amount) and its record, and ran once.
+    // answer, its user and amount) and its record, and ran once.
     let db = connect(&standby.url(DB)).await.unwrap();
     assert!(!db.query_one("SELECT pg_is_in_recovery()", &[]).await.unwrap().get::<_, bool>(0));
     let rows = db.query("SELECT user_id, amount, count(*), min(id) FROM charges GROUP BY 1, 2", &[]).await.unwrap();
@@ -560,43 +668,49 @@ async fn service_rides_over_failover(drv: Drv, way: Way) {
     let records = db.query("SELECT user_id, key FROM idem_records WHERE status = 'SUCCESS'", &[]).await.unwrap();
     let records: BTreeSet<(String, String)> = records.iter().map(|r| (r.get(0), r.get(1))).collect();
     let mut lost = Vec::new();
-    for ((c, n), body) in &seen.acked {
-        let business = charges.get(&(format!("c{c}"), *n as i64 + 1));
+    for ((user, n), body) in &all {
+        let business = charges.get(&(user.clone(), *n as i64 + 1));
         let ran_once = business.is_some_and(|(count, id)| *count == 1 && body["id"] == json!(id));
-        if !ran_once || !records.contains(&(format!("c{c}"), format!("k{n}"))) {
-            lost.push(format!("c{c}/k{n}: answered {body}, rows {business:?}"));
+        if !ran_once || !records.contains(&(user.clone(), format!("k{n}"))) {
+            lost.push(format!("{user}/k{n}: answered {body}, rows {business:?}"));
         }
     }
     assert!(lost.is_empty(), "acknowledged keys without their one business row or their record: {lost:?}");
-    assert_eq!((charges.len(), records.len()), (seen.acked.len(), seen.acked.len()), "business rows and records beyond the acknowledged keys");
+    assert_eq!((charges.len(), records.len()), (all.len(), all.len()), "business rows and records beyond the acknowledged keys");
+    let max_attempts = seen.iter().map(|s| s.max_attempts).max().unwrap_or(0);
     ok(&format!(
-        "{drv:?}, {way:?}: all {} acknowledged keys ({acked_at_kill} before the kill) have their business row and record on the promoted standby, each executed once (at most {} attempts for a key)",
-        seen.acked.len(),
-        seen.max_attempts
+        "{drv:?}, {way:?}: all {} acknowledged keys ({acked_at_kill} before the kill) have their business row and record on the promoted standby, each executed once (at most {max_attempts} attempts for a key)",
+        all.len(),
     ));
 
     // A retry of every key on the promoted standby replays its first answer.
-    let http = reqwest::Client::new();
-    let replays = Arc::new(Mutex::new(Seen::default()));
-    for ((c, n), first) in &seen.acked {
-        let (again, replayed) = charge_until_acked(&http, &url, *c, *n, &replays).await;
-        assert!(replayed && again == *first, "c{c}/k{n}: the retry answered {again} (replayed {replayed}), first {first}");
+    let replays = Shared::default();
+    for ((via, prefix, caller), seen) in callers.iter().zip(&seen) {
+        for ((user, n), first) in &seen.acked {
+            assert!(user.starts_with(prefix));
+            let (again, replayed) = charge_until_acked(caller, user, *n, &replays).await;
+            assert!(replayed && again == *first, "{via} {user}/k{n}: the retry answered {again} (replayed {replayed}), first {first}");
+        }
     }
     assert!(replays.lock().unwrap().wrong.is_empty());
-    ok(&format!("{drv:?}, {way:?}: a retry of every key replays its first acknowledged answer"));
+    ok(&format!("{drv:?}, {way:?}: a retry of every key replays its first acknowledged answer, over HTTP and from run"));
 
-    let first = seen.first_after_kill.expect("an execution after the kill");
     let ms = |d: Duration| d.as_millis();
-    println!(
-        "    failover figures, {drv:?} through {way:?}: acknowledged {} ({acked_at_kill} before the kill), lost 0, executions per key 1, \
-         503s {}; the kill took {} ms, the promotion {} ms; first execution {} ms after the primary was down, {} ms after the promotion",
-        seen.acked.len(),
-        seen.unavailable,
-        ms(dead - killing),
-        ms(promoted - dead),
-        ms(first - dead),
-        ms(first.saturating_duration_since(promoted))
-    );
+    for ((via, ..), seen) in callers.iter().zip(&seen) {
+        let first = seen.first_after_kill.expect("an execution after the kill");
+        println!(
+            "    failover figures, {drv:?} through {way:?}, {via}: acknowledged {} (of {} in all, {acked_at_kill} before the kill), lost 0, \
+             executions per key 1, errors {} (all 503 / StoreUnavailable), at most {} attempts for a key; the kill took {} ms; \
+             from the primary down: the promotion returned at {} ms, the first execution at {} ms",
+            seen.acked.len(),
+            all.len(),
+            seen.unavailable,
+            seen.max_attempts,
+            ms(dead - killing),
+            ms(promoted - dead),
+            ms(first - dead),
+        );
+    }
     standby.stop(Stop::Fast);
 }
 
