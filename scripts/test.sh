@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The README's test command: every test layer on every supported major, run by the Rust harness
 # (xtask/, `cargo run -p xtask -- test`; the layers are listed in CONTRIBUTING.md). The last line
-# is `N passed, N failed`; exits non-zero if any layer fails. Options pass through:
+# is `N passed, N failed, N skipped`; exits non-zero if any layer fails. Options pass through:
 #   --all-majors  --majors "14 17"  --layers "regress upgrade"
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

@@ -12,7 +12,7 @@ pub(crate) const INSERT: &str = "INSERT INTO bench_charges (user_id, amount) VAL
 
 /// One call: `run` around the INSERT on a new key (or around nothing, when `empty`), or the
 /// same INSERT in a raw transaction on `raw`; the one the round-trip count makes too.
-async fn call(idem: &Idempotency, raw: Option<&mut deadpool_postgres::Client>, user: &str, empty: bool) {
+pub(crate) async fn call(idem: &Idempotency, raw: Option<&mut deadpool_postgres::Client>, user: &str, empty: bool) {
     idempotency_testkit::trips::call(idem, raw, INSERT, user, empty).await;
 }
 
@@ -32,7 +32,7 @@ pub(crate) enum Call {
 const SELECT: &str = "SELECT response FROM idem_records WHERE operation = $1 AND user_id = $2 AND key = $3";
 
 /// One replay (`run` on an executed key) or the raw SELECT of the same record.
-async fn replay(idem: &Idempotency, raw: Option<&mut deadpool_postgres::Client>, key: &Key) {
+pub(crate) async fn replay(idem: &Idempotency, raw: Option<&mut deadpool_postgres::Client>, key: &Key) {
     if let Some(client) = raw {
         let stmt = client.prepare_cached(SELECT).await.expect("prepare");
         client.query_opt(&stmt, &[&key.operation(), &key.user_id(), &key.key()]).await.expect("select");
@@ -46,19 +46,29 @@ async fn replay(idem: &Idempotency, raw: Option<&mut deadpool_postgres::Client>,
     assert!(out.is_replayed(), "the benchmark key must replay");
 }
 
+/// The key the replay rows read.
+fn replay_key() -> Key {
+    Key::new("bench.replay", "rust", "k").expect("valid key")
+}
+
+/// The replay rows' key, executed once (if it was not already) after one `run` that warms the
+/// pool's statements.
+pub(crate) async fn replayed_key(idem: &Idempotency) -> Key {
+    let key = replay_key();
+    call(idem, None, "rust", false).await;
+    let fp = Fingerprint::of_bytes(b"bench");
+    idem.run(&key, &fp, |_tx| Box::pin(async { Ok::<_, tokio_postgres::Error>(StoredResponse::json(201, json!({}))) }))
+        .await
+        .expect("first run of the replayed key");
+    key
+}
+
 /// `tasks` concurrent loops of one call kind for `seconds`: calls per second, client-side
 /// p50/p99 latency, and the WAL written (read on `db` before and after).
 pub(crate) async fn throughput(url: &str, db: &tokio_postgres::Client, tasks: usize, seconds: u64, kind: Call) -> Measure {
     let idem = Idempotency::connect(url, tasks).expect("pool");
     // The replay rows read one key that executed once, before the clock starts.
-    let replayed = Key::new("bench.replay", "rust", "k").expect("valid key");
-    if matches!(kind, Call::Replay | Call::RawSelect) {
-        call(&idem, None, "rust", false).await; // warm the pool's statements
-        let fp = Fingerprint::of_bytes(b"bench");
-        idem.run(&replayed, &fp, |_tx| Box::pin(async { Ok::<_, tokio_postgres::Error>(StoredResponse::json(201, json!({}))) }))
-            .await
-            .expect("first run of the replayed key");
-    }
+    let replayed = if matches!(kind, Call::Replay | Call::RawSelect) { replayed_key(&idem).await } else { replay_key() };
     let before = wal_lsn(db).await;
     let stop = Instant::now() + Duration::from_secs(seconds);
     let started = Instant::now();
@@ -131,14 +141,7 @@ pub(crate) async fn single_case(url: &str, db: &tokio_postgres::Client, kind: Ca
     use std::sync::atomic::AtomicBool;
     use std::sync::Arc;
     let idem = Idempotency::connect(url, tasks).expect("pool");
-    let replayed = Key::new("bench.replay", "rust", "k").expect("valid key");
-    if matches!(kind, Call::Replay | Call::RawSelect) {
-        call(&idem, None, "rust", false).await;
-        let fp = Fingerprint::of_bytes(b"bench");
-        idem.run(&replayed, &fp, |_tx| Box::pin(async { Ok::<_, tokio_postgres::Error>(StoredResponse::json(201, json!({}))) }))
-            .await
-            .expect("first run of the replayed key");
-    }
+    let replayed = if matches!(kind, Call::Replay | Call::RawSelect) { replayed_key(&idem).await } else { replay_key() };
     let (calls, stop) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicBool::new(false)));
     let mut handles = Vec::new();
     for t in 0..tasks {

@@ -15,16 +15,16 @@ use std::time::{Duration, Instant};
 
 use crate::client::Call;
 
-const INSERT: &str = "INSERT INTO bench_charges (user_id, amount) VALUES ($1, 100)";
+use crate::client::INSERT;
 const SELECT: &str = "SELECT response FROM idem_records WHERE operation = $1 AND user_id = $2 AND key = $3";
 
-fn connect(url: &str, size: usize) -> Idempotency<Sqlx> {
+pub(crate) fn connect(url: &str, size: usize) -> Idempotency<Sqlx> {
     Idempotency::connect_sqlx_with(url, u32::try_from(size).expect("pool size"), Settings::default()).expect("pool")
 }
 
 /// One call: `run` around the INSERT (or nothing, when `empty`), or the raw sqlx transaction
 /// (`begin`, the INSERT, `commit`, as sqlx users write it).
-async fn call(idem: &Idempotency<Sqlx>, raw: Option<&mut PoolConnection<sqlx::Postgres>>, user: &str, empty: bool) {
+pub(crate) async fn call(idem: &Idempotency<Sqlx>, raw: Option<&mut PoolConnection<sqlx::Postgres>>, user: &str, empty: bool) {
     static NEXT: AtomicU64 = AtomicU64::new(0);
     if let Some(conn) = raw {
         let mut tx = conn.begin().await.expect("begin");
@@ -50,7 +50,7 @@ async fn call(idem: &Idempotency<Sqlx>, raw: Option<&mut PoolConnection<sqlx::Po
 }
 
 /// One replay (`run` on an executed key) or the raw SELECT of the same record.
-async fn replay(idem: &Idempotency<Sqlx>, raw: Option<&mut PoolConnection<sqlx::Postgres>>, key: &Key) {
+pub(crate) async fn replay(idem: &Idempotency<Sqlx>, raw: Option<&mut PoolConnection<sqlx::Postgres>>, key: &Key) {
     if let Some(conn) = raw {
         sqlx::query(SELECT).bind(key.operation()).bind(key.user_id()).bind(key.key()).fetch_optional(&mut **conn).await.expect("select");
         return;
@@ -63,18 +63,28 @@ async fn replay(idem: &Idempotency<Sqlx>, raw: Option<&mut PoolConnection<sqlx::
     assert!(out.is_replayed(), "the benchmark key must replay");
 }
 
+/// The key the replay rows read.
+fn replay_key() -> Key {
+    Key::new("bench.replay", "sqlx", "k").expect("valid key")
+}
+
+/// The replay rows' key, executed once (if it was not already) after one `run` that warms the
+/// connection's statements.
+pub(crate) async fn replayed_key(idem: &Idempotency<Sqlx>) -> Key {
+    let key = replay_key();
+    call(idem, None, "sqlx", false).await;
+    let fp = Fingerprint::of_bytes(b"bench");
+    idem.run(&key, &fp, |_conn| Box::pin(async { Ok::<_, sqlx::Error>(StoredResponse::json(201, json!({}))) }))
+        .await
+        .expect("first run of the replayed key");
+    key
+}
+
 /// `tasks` concurrent loops of one call kind for `seconds` over sqlx: calls per second and
 /// client-side p50/p99 latency.
 pub(crate) async fn throughput(url: &str, tasks: usize, seconds: u64, kind: Call) -> Measure {
     let idem = connect(url, tasks);
-    let replayed = Key::new("bench.replay", "sqlx", "k").expect("valid key");
-    if matches!(kind, Call::Replay | Call::RawSelect) {
-        call(&idem, None, "sqlx", false).await;
-        let fp = Fingerprint::of_bytes(b"bench");
-        idem.run(&replayed, &fp, |_conn| Box::pin(async { Ok::<_, sqlx::Error>(StoredResponse::json(201, json!({}))) }))
-            .await
-            .expect("first run of the replayed key");
-    }
+    let replayed = if matches!(kind, Call::Replay | Call::RawSelect) { replayed_key(&idem).await } else { replay_key() };
     let stop = Instant::now() + Duration::from_secs(seconds);
     let started = Instant::now();
     let mut handles = Vec::new();

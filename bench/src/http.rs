@@ -6,12 +6,13 @@
 //! themselves (`client/examples/axum_charges.rs` and `two_phase_stub.rs`, compiled in as modules):
 //! `POST /charges` behind the in-transaction layer and `/plain/charges`, the same insert in a
 //! plain transaction on the same pool; `POST /payouts` behind the two-phase layer and
-//! `/plain/payouts`, the same handler without it. The load generator is hyper's HTTP/1.1 client,
+//! `/plain/payouts`, the same handler without it, and `/seed/payouts`, the same handler behind the
+//! seed libraries' store flow (`seed_twin.rs`, the fair twin). The load generator is hyper's HTTP/1.1 client,
 //! one keep-alive connection per concurrent worker, each sending its next request when the
 //! previous answer has been read.
 
 use crate::pgbench::Measure;
-use crate::{charges_example as charges, client, payouts_example as payouts};
+use crate::{charges_example as charges, client, payouts_example as payouts, seed_twin};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1;
@@ -34,6 +35,9 @@ pub(crate) enum Side {
     Fresh,
     /// The route behind the layer, a key that already executed: the stored response replays.
     Replay,
+    /// The two-phase route's fair twin: the same call behind the seed libraries' store flow
+    /// (`seed_twin.rs`), a new key on every request.
+    Seed,
 }
 
 /// One of the two example routes.
@@ -51,6 +55,7 @@ impl Route {
             (Route::Charges, Side::Plain) => "/plain/charges",
             (Route::Charges, _) => "/charges",
             (Route::Payouts, Side::Plain) => "/plain/payouts",
+            (_, Side::Seed) => "/seed/payouts",
             (Route::Payouts, _) => "/payouts",
         }
     }
@@ -71,12 +76,16 @@ pub(crate) async fn serve(database_url: &str, bind: &str, provider_bind: &str) {
     assert_eq!(charges::POOL_SIZE, payouts::POOL_SIZE, "the examples' pool sizes differ");
     let idem = Idempotency::connect(database_url, charges::POOL_SIZE).expect("pool");
     idem.check_extension().await.expect("the extension in the service's database");
-    idem.pool().get().await.expect("connection").batch_execute(charges::SCHEMA).await.expect("the example's table");
+    let db = idem.pool().get().await.expect("connection");
+    db.batch_execute(charges::SCHEMA).await.expect("the example's table");
+    db.batch_execute(seed_twin::SCHEMA).await.expect("the seed store's table");
+    drop(db);
     let provider = payouts::provider(provider_bind).await.expect("the provider stub");
     let app = axum::Router::new()
         .merge(charges::router(idem.clone()))
         .merge(payouts::router(idem.clone(), provider.clone()))
-        .nest("/plain", charges::plain_router(idem.pool().clone()).merge(payouts::plain_router(provider)));
+        .nest("/plain", charges::plain_router(idem.pool().clone()).merge(payouts::plain_router(provider.clone())))
+        .nest("/seed", seed_twin::router(idem.pool().clone(), provider));
     let listener = tokio::net::TcpListener::bind(bind).await.unwrap_or_else(|e| panic!("bind {bind}: {e}"));
     println!("listening on {}", listener.local_addr().expect("local address"));
     axum::serve(listener, app).await.expect("serve");
@@ -144,19 +153,19 @@ impl Service {
 }
 
 /// A key no earlier request of this process used.
-fn fresh_key(worker: usize) -> String {
+pub(crate) fn fresh_key(worker: usize) -> String {
     static NEXT: AtomicU64 = AtomicU64::new(0);
     format!("f{}-{worker}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed))
 }
 
 /// One keep-alive connection of the load generator.
-struct Connection {
+pub(crate) struct Connection {
     sender: http1::SendRequest<Full<Bytes>>,
     host: String,
 }
 
 impl Connection {
-    async fn open(addr: SocketAddr) -> Connection {
+    pub(crate) async fn open(addr: SocketAddr) -> Connection {
         let stream = tokio::net::TcpStream::connect(addr).await.expect("connect to the HTTP service");
         stream.set_nodelay(true).expect("TCP_NODELAY");
         let (sender, conn) = http1::handshake(TokioIo::new(stream)).await.expect("HTTP/1.1 handshake");
@@ -165,7 +174,7 @@ impl Connection {
     }
 
     /// Sends one request and reads its whole answer: the status and whether it was a replay.
-    async fn post(&mut self, route: Route, side: Side, user: &str, key: &str) -> (StatusCode, bool) {
+    pub(crate) async fn post(&mut self, route: Route, side: Side, user: &str, key: &str) -> (StatusCode, bool) {
         self.sender.ready().await.expect("the connection stays open (keep-alive)");
         let req = Request::post(route.path(side))
             .header("host", &self.host)

@@ -13,7 +13,9 @@ mod chart;
 mod client;
 mod client_sqlx;
 mod http;
+mod latency;
 mod pgbench;
+mod seed_twin;
 mod soak;
 
 // The example services, compiled in so the HTTP rows serve the routers they build.
@@ -241,6 +243,15 @@ async fn main() {
     db.batch_execute(&std::fs::read_to_string(script("setup")).expect("setup.sql")).await.expect("bench setup");
     db.batch_execute("VACUUM ANALYZE").await.expect("vacuum");
     let mut rows: Vec<Row> = Vec::new();
+    // --latency: only the latency rows (latency.rs), into target/bench/latency.csv.
+    if args.iter().any(|a| a == "--latency") {
+        let lat = latency::rows(cluster_addr(), "idem_bench", &url, s.smoke).await;
+        print!("{}", latency::render(&lat));
+        std::fs::write(out.join("latency.csv"), latency::csv(&lat)).expect("csv");
+        check_latency(&lat);
+        println!("{} latency cases measured; wrote target/bench/latency.csv", lat.len());
+        return;
+    }
     if only_rust {
         rust_rows(&s, &url, &db, &mut rows).await;
         print!("{}", render(&rows, None, &s, started.elapsed().as_secs()));
@@ -292,6 +303,8 @@ async fn main() {
         .zip(ratio_of("Rust run vs raw tokio-postgres transaction", "8 tasks"))
         .map(|(sql, rust)| format!("bounds: SQL fresh/bare {}; Rust run/raw {rust} (8 tasks)", sql.join(", ")));
     http_rows(&s, &mut rows, bound).await;
+    // 6b: latency at a real round trip (latency.rs).
+    let lat = latency::rows(cluster_addr(), "idem_bench", &url, s.smoke).await;
 
     // 7: growth: fresh execution with 10k vs 1M existing records (two databases, interleaved).
     let small = growth_db("idem_bench_small", 10_000).await;
@@ -318,15 +331,16 @@ async fn main() {
     let soaked = run_soak(&s, &out).await;
 
     let swept = Some((rows_per_sec, &soaked));
-    let report = render(&rows, swept, &s, started.elapsed().as_secs());
+    let report = render(&rows, swept, &s, started.elapsed().as_secs()) + &latency::render(&lat);
     print!("{report}");
-    let table = csv(&rows, swept);
+    let table = csv(&rows, swept) + &latency::csv(&lat);
     std::fs::write(out.join("results.csv"), &table).expect("csv");
     draw(&table, &out.join("benchmark.png"), &title_of_run());
     check_numbers(&rows, swept);
+    check_latency(&lat);
     println!(
         "{} cases measured; wrote target/bench/results.csv, target/bench/benchmark.png, target/bench/soak.csv and target/bench/soak.png",
-        rows.len() + 2
+        rows.len() + 2 + lat.len()
     );
 }
 
@@ -348,6 +362,15 @@ fn check_numbers(rows: &[Row], sweep: Option<(f64, &soak::Soak)>) {
     let empty: Vec<&str> = rows.iter().filter(|r| !(r.base.tps > 0.0 && r.ours.tps > 0.0)).map(|r| r.figure.as_str()).collect();
     if !empty.is_empty() || sweep.is_some_and(|(rps, soaked)| rps <= 0.0 || soaked.cycles.iter().any(|c| c.total() <= 0)) {
         eprintln!("cases without numbers: {empty:?}{}", if sweep.is_some_and(|(rps, _)| rps <= 0.0) { " and the sweep" } else { "" });
+        std::process::exit(1);
+    }
+}
+
+/// [`check_numbers`] of the latency rows.
+fn check_latency(rows: &[latency::LatencyRow]) {
+    let empty: Vec<&str> = rows.iter().filter(|r| !r.measured()).map(latency::LatencyRow::figure).collect();
+    if !empty.is_empty() {
+        eprintln!("latency cases without numbers: {empty:?}");
         std::process::exit(1);
     }
 }

@@ -82,8 +82,12 @@ async fn charge(tx: &impl GenericClient, headers: &HeaderMap, body: &str) -> Res
     let Some(amount) = amount.filter(|a| *a > 0) else {
         return (StatusCode::UNPROCESSABLE_ENTITY, Json(json!({"error": "amount must be positive"}))).into_response();
     };
-    let insert = "INSERT INTO charges (user_id, amount) VALUES ($1, $2) RETURNING id";
-    match tx.query_one(insert, &[&user, &amount]).await.and_then(|row| row.try_get::<_, i64>("id")) {
+    // Prepared once per connection (a string given to `query_one` is parsed on every request).
+    let inserted = async {
+        let insert = tx.prepare_cached("INSERT INTO charges (user_id, amount) VALUES ($1, $2) RETURNING id").await?;
+        tx.query_one(&insert, &[&user, &amount]).await?.try_get::<_, i64>("id")
+    };
+    match inserted.await {
         Ok(id) => {
             (StatusCode::CREATED, [(header::LOCATION, format!("/charges/{id}"))], Json(json!({"id": id, "amount": amount})))
                 .into_response()

@@ -43,8 +43,10 @@ async fn create_charge(tx: Transaction<Sqlx>, headers: HeaderMap, body: String) 
         return (StatusCode::UNPROCESSABLE_ENTITY, Json(json!({"error": "amount must be positive"}))).into_response();
     };
     let inserted = match tx.lock().await {
+        // A persistent query (sqlx's default): prepared once per connection and kept.
         Ok(mut conn) => {
             sqlx::query_scalar::<_, i64>("INSERT INTO charges (user_id, amount) VALUES ($1, $2) RETURNING id")
+                .persistent(true)
                 .bind(&user)
                 .bind(amount)
                 .fetch_one(&mut *conn)

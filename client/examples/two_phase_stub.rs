@@ -56,23 +56,36 @@ pub(crate) fn router(idem: Idempotency, provider_url: String) -> Router {
         .user(|req| req.headers.get("x-user")?.to_str().ok().map(str::to_owned))
         .build()
         .expect("a complete layer configuration");
-    routes().route_layer(idempotent).with_state(provider_url)
+    routes().route_layer(idempotent).with_state(Provider::new(provider_url))
 }
 
 /// The same route without the layer: the benchmark's baseline (`bash scripts/bench.sh`).
 pub(crate) fn plain_router(provider_url: String) -> Router {
-    routes().with_state(provider_url)
+    routes().with_state(Provider::new(provider_url))
 }
 
-fn routes() -> Router<String> {
+fn routes() -> Router<Provider> {
     Router::new().route("/payouts", post(payout))
+}
+
+/// The provider's URL and one HTTP client for every call (it keeps its connections alive).
+#[derive(Clone)]
+pub(crate) struct Provider {
+    http: reqwest::Client,
+    url: String,
+}
+
+impl Provider {
+    pub(crate) fn new(url: String) -> Provider {
+        Provider { http: reqwest::Client::new(), url }
+    }
 }
 
 /// Calls the provider with the request's key; a provider failure is a 502, which releases the
 /// key so the client's retry calls out again.
-async fn payout(State(provider_url): State<String>, headers: HeaderMap, body: String) -> Response {
+pub(crate) async fn payout(State(provider): State<Provider>, headers: HeaderMap, body: String) -> Response {
     let key = headers.get("idempotency-key").cloned();
-    let mut call = reqwest::Client::new().post(&provider_url).body(body);
+    let mut call = provider.http.post(&provider.url).body(body);
     if let Some(key) = key {
         call = call.header("idempotency-key", key);
     }

@@ -74,6 +74,16 @@ impl<D: Driver> Idempotency<D> {
             Key::new(operation, user_id, item.key.as_str())?;
         }
         let schema = self.schema().await.map_err(Error::widen)?;
-        flow::batch::run(&self.context(&schema), operation, user_id, items, work).await
+        let out = flow::batch::run(&self.context(&schema), operation, user_id, items, work).await;
+        // The batch functions came with 0.4.0: against an older extension (which the other
+        // flows speak) say so, naming the installed version, not "not installed".
+        if let Err(Error::IncompatibleExtension { source, .. }) = out {
+            let reason = match self.check_extension().await {
+                Ok(version) => format!("run_batch needs idempotency 0.4.0 or later (idem_reserve_many); the extension is at version {version}"),
+                Err(e) => e.to_string(),
+            };
+            return Err(Error::IncompatibleExtension { reason, source });
+        }
+        out
     }
 }

@@ -8,7 +8,7 @@ use idempotency_core::{Fingerprint, Key};
 use std::fmt;
 use std::sync::Arc;
 
-/// The extension versions this client speaks (major.minor): 0.2 to 0.4 changed no signature or
+/// The extension versions this client speaks (major.minor): 0.2 to 0.5 changed no signature or
 /// outcome of the functions it calls.
 pub(crate) const SUPPORTED_EXTENSIONS: &[&str] = &["0.1", "0.2", "0.3", "0.4", "0.5"];
 

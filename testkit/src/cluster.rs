@@ -1,11 +1,13 @@
 //! The shared private cluster ([`Server::private`]) and fresh databases on it.
 
-use idempotency_client::{Idempotency, Key, Settings};
+use idempotency_client::ops;
+use idempotency_client::{Idempotency, Key, Schema, Settings};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
+use std::time::{Duration, SystemTime};
 use tokio_postgres::NoTls;
 
 use crate::server::Server;
@@ -50,6 +52,17 @@ pub fn database_url(name: &str) -> String {
 /// Drops and recreates database `name` with idempotency installed (see [`install`]) and a
 /// `charges` business table.
 pub async fn fresh_database(name: &str) -> String {
+    fresh(name, None).await
+}
+
+/// [`fresh_database`] with the extension at `version` (`CREATE EXTENSION idempotency VERSION`,
+/// whatever `IDEM_INSTALL` says; the install layer puts every released script in place): the
+/// client-extension version matrix.
+pub async fn fresh_database_at(name: &str, version: &str) -> String {
+    fresh(name, Some(version)).await
+}
+
+async fn fresh(name: &str, version: Option<&str>) -> String {
     let (admin, conn) = tokio_postgres::connect(cluster_url(), NoTls).await.expect("connect to the private cluster");
     tokio::spawn(conn);
     for sql in [format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"), format!("CREATE DATABASE {name}")] {
@@ -58,11 +71,25 @@ pub async fn fresh_database(name: &str) -> String {
     let url = database_url(name);
     let (db, conn) = tokio_postgres::connect(&url, NoTls).await.expect("connect to the test database");
     tokio::spawn(conn);
-    install(&url, &db).await;
+    match version {
+        Some(v) => db
+            .batch_execute(&format!("CREATE EXTENSION idempotency VERSION '{v}';"))
+            .await
+            .unwrap_or_else(|e| panic!("CREATE EXTENSION idempotency VERSION '{v}' (python3 scripts/sqlbuild.py install-files installs it): {e:?}")),
+        None => install(&url, &db).await,
+    }
     db.batch_execute("CREATE TABLE charges (id bigserial PRIMARY KEY, user_id text NOT NULL, amount bigint NOT NULL, k text);")
         .await
         .expect("create the charges table");
     url
+}
+
+/// Installs idempotency into the existing database at `url` on any server (the extension, or the
+/// portable script with `IDEM_INSTALL=portable`, exactly as [`fresh_database`] does).
+pub async fn install_into(url: &str) {
+    let (db, conn) = tokio_postgres::connect(url, NoTls).await.expect("connect to the database");
+    tokio::spawn(conn);
+    install(url, &db).await;
 }
 
 /// Installs idempotency into the schema `public` of the database at `url`: the extension, or with
@@ -149,4 +176,36 @@ pub async fn charges_for(client: &deadpool_postgres::Client, key: &Key) -> i64 {
         .await
         .expect("count charges");
     row.get("n")
+}
+
+/// Which time of a record [`until_passed`] waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Passed {
+    /// `lease_expires_at`: the attempt's lease (as its last heartbeat left it).
+    Lease,
+    /// `expires_at`: the record's TTL.
+    Expiry,
+    /// This long after `created_at` (a reservation that must outlive its first leases).
+    Created(Duration),
+}
+
+/// Waits until the lease, the expiry or a time after the creation of `key`'s record has passed
+/// on the database's clock (the clock every lease and expiry decision uses), for at most 30 s:
+/// what a test awaits before it recovers, sweeps or takes a key over, instead of sleeping past a
+/// short lease or TTL. Panics when the deadline passes or there is no record.
+pub async fn until_passed(client: &deadpool_postgres::Client, schema: &Schema, key: &Key, which: Passed) {
+    crate::server::eventually(&format!("{which:?} of {key} passes on the database's clock"), Duration::from_secs(30), || async {
+        let record = ops::lookup(client, schema, key).await.map_err(|e| e.to_string())?.ok_or("no record")?;
+        let at = match which {
+            Passed::Lease => record.lease_expires_at,
+            Passed::Expiry => record.expires_at,
+            Passed::Created(after) => record.created_at + after,
+        };
+        let now: SystemTime = client.query_one("SELECT clock_timestamp()", &[]).await.map_err(|e| e.to_string())?.get(0);
+        match now.duration_since(at) {
+            Ok(_) => Ok(()),
+            Err(e) => Err(format!("{} ms to go", e.duration().as_millis())),
+        }
+    })
+    .await
 }

@@ -4,6 +4,7 @@
 //!   fresh databases with the extension installed, handles on them.
 //! - [`pg_bin`]: the PostgreSQL programs of the major under test, from `PG_CONFIG`.
 //! - [`proxy`]: a TCP proxy to the cluster that counts round trips or cuts a connection at COMMIT.
+//! - [`forwarder`]: a TCP endpoint that moves to another server (a failover's writer endpoint).
 //! - [`driver`]: the client driver under test (tokio-postgres, or sqlx with the `sqlx` feature).
 //! - [`handler`]: the business handler the tests and the demo run ("charge a card").
 //! - [`server`]: private servers of any major driven from Rust (the `idempotency-pgserver` crate,
@@ -17,13 +18,14 @@
 
 pub mod cluster;
 pub mod driver;
+pub mod forwarder;
 pub mod handler;
 pub mod proxy;
 pub mod server;
 pub mod tls_server;
 pub mod trips;
 
-pub use cluster::{admin, admin_at, charges_for, cluster_addr, cluster_url, database_url, fresh_database, handle, handle_in, private_server, test_database, unique_key};
+pub use cluster::{admin, admin_at, charges_for, cluster_addr, cluster_url, database_url, fresh_database, fresh_database_at, handle, handle_in, private_server, test_database, unique_key, until_passed, Passed};
 pub use driver::{batch, connect_with, exec, query_i64, Conn, DbError, Idem, TestDriver};
 pub use handler::Charge;
 

@@ -3,11 +3,22 @@
 //! them) and the serialization failures (SQLSTATE 40001)
 //! the server reports, and can cut the first connection that sends `COMMIT`, to make a commit's
 //! outcome unknown to the client.
+//!
+//! [`Proxy::delayed`] also holds back every chunk, in each direction, for half a set round trip,
+//! so that one round trip through it costs that much more than over loopback: a database in the
+//! same zone (0.2 ms) or another one (1 ms), for the benchmark's latency rows. tokio's timer has
+//! millisecond granularity, so a delayed connection is relayed by plain threads instead: per
+//! direction one reads and stamps each chunk with its due instant, one releases it then (a
+//! thread sleep to 30 µs before the instant, then a spin), both at a real-time priority so that
+//! the load they delay cannot delay them. Relaying costs some time of its own, so a caller that
+//! measures the delay achieved (the benchmark: a `SELECT 1` through the proxy against the same
+//! directly, p50) can shorten the hold by that much ([`Proxy::set_hold`]).
 
+use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -16,6 +27,9 @@ use tokio::net::{TcpListener, TcpStream};
 const COMMIT: &[u8] = b"COMMIT\0";
 /// The SQLSTATE field of an ErrorResponse reporting a serialization failure.
 const SERIALIZATION_FAILURE: &[u8] = b"C40001\0";
+/// How long before a chunk's due instant its release thread stops sleeping and spins: more than
+/// a woken thread's usual lateness, little enough not to burn a core.
+const SPIN: Duration = Duration::from_micros(30);
 
 /// Where the proxy cuts the first connection that sends `COMMIT`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,20 +47,40 @@ pub struct Proxy {
     round_trips: Arc<AtomicU64>,
     cuts: Arc<AtomicU64>,
     serialization_failures: Arc<AtomicU64>,
+    /// The added cost of one round trip asked for; zero relays at once.
+    delay: Duration,
+    /// How long each chunk is held, in ns (half the delay, less what [`Proxy::set_hold`] takes
+    /// off for the proxy's own cost).
+    hold: Arc<AtomicU64>,
 }
 
 impl Proxy {
     /// Starts a proxy to `upstream` that cuts a connection at COMMIT once if `cut` is given.
     pub async fn start(upstream: SocketAddr, cut: Option<Cut>) -> Proxy {
+        Proxy::listen(upstream, cut, Duration::ZERO).await
+    }
+
+    /// Starts a proxy to `upstream` that adds `round_trip` to every round trip (half of it to
+    /// each direction's every chunk), counting as [`Proxy::start`]'s does; it cuts nothing.
+    pub async fn delayed(upstream: SocketAddr, round_trip: Duration) -> Proxy {
+        Proxy::listen(upstream, None, round_trip).await
+    }
+
+    async fn listen(upstream: SocketAddr, cut: Option<Cut>, delay: Duration) -> Proxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind the proxy");
         let addr = listener.local_addr().expect("proxy address");
-        let proxy = Proxy { addr, round_trips: Arc::default(), cuts: Arc::default(), serialization_failures: Arc::default() };
+        let hold = Arc::new(AtomicU64::new(u64::try_from(delay.as_nanos() / 2).unwrap_or(u64::MAX)));
+        let proxy = Proxy { addr, round_trips: Arc::default(), cuts: Arc::default(), serialization_failures: Arc::default(), delay, hold };
         let armed = Arc::new(AtomicBool::new(cut.is_some()));
         let shared = proxy.clone();
         tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 let (proxy, armed) = (shared.clone(), armed.clone());
-                tokio::spawn(async move { proxy.relay(client, upstream, cut, &armed).await });
+                if delay.is_zero() {
+                    tokio::spawn(async move { proxy.relay(client, upstream, cut, &armed).await });
+                } else if let Ok(client) = client.into_std() {
+                    let _ = std::thread::Builder::new().name("proxy-connect".into()).spawn(move || proxy.relay_delayed(client, upstream));
+                }
             }
         });
         proxy
@@ -55,6 +89,24 @@ impl Proxy {
     /// The URL of database `db` through the proxy.
     pub fn url(&self, db: &str) -> String {
         format!("postgresql://postgres@{}/{db}?connect_timeout=5", self.addr)
+    }
+
+    /// The time this proxy was asked to add to a round trip (zero for [`Proxy::start`]'s).
+    pub fn delay(&self) -> Duration {
+        self.delay
+    }
+
+    /// How long a round trip is held in the proxy (both directions together): the delay at
+    /// first. Relaying costs time of its own (a thread woken per chunk and direction), so a
+    /// caller that measures the delay achieved can shorten the hold by that much
+    /// ([`Proxy::set_hold`]).
+    pub fn hold(&self) -> Duration {
+        Duration::from_nanos(self.hold.load(Ordering::Relaxed) * 2)
+    }
+
+    /// Sets [`Proxy::hold`] for every chunk read from now on, on every connection.
+    pub fn set_hold(&self, round_trip: Duration) {
+        self.hold.store(u64::try_from(round_trip.as_nanos() / 2).unwrap_or(u64::MAX), Ordering::Relaxed);
     }
 
     /// Round trips so far, over all connections: client writes that followed a server answer.
@@ -81,28 +133,15 @@ impl Proxy {
         }
         let (mut cr, mut cw) = client.into_split();
         let (mut sr, mut sw) = server.into_split();
-        let failures = self.serialization_failures.clone();
-        // Set by every server answer, taken by the next client write: one round trip.
-        let answered = Arc::new(AtomicBool::new(true));
-        let heard = answered.clone();
+        let tally = Tally::new(self);
+        let heard = tally.clone();
         let back = tokio::spawn(async move {
-            // Server to client, counting 40001 error fields; the tail of each read is kept so a
-            // field split across two reads still counts once.
+            let mut heard = heard;
             let mut buf = vec![0u8; 64 * 1024];
-            let mut tail: Vec<u8> = Vec::new();
-            while let Ok(n) = sr.read(&mut buf).await {
-                heard.store(true, Ordering::SeqCst);
-                if n == 0 || cw.write_all(&buf[..n]).await.is_err() {
+            while let Ok(n @ 1..) = sr.read(&mut buf).await {
+                heard.answer(&buf[..n]);
+                if cw.write_all(&buf[..n]).await.is_err() {
                     break;
-                }
-                tail.extend_from_slice(&buf[..n]);
-                let found = tail.windows(SERIALIZATION_FAILURE.len()).filter(|w| *w == SERIALIZATION_FAILURE).count();
-                failures.fetch_add(found as u64, Ordering::SeqCst);
-                let keep = tail.len().saturating_sub(SERIALIZATION_FAILURE.len() - 1);
-                if found > 0 {
-                    tail.clear();
-                } else {
-                    tail.drain(..keep);
                 }
             }
         });
@@ -113,9 +152,7 @@ impl Proxy {
                 Ok(n) => n,
             };
             let chunk = &buf[..n];
-            if answered.swap(false, Ordering::SeqCst) {
-                self.round_trips.fetch_add(1, Ordering::SeqCst);
-            }
+            tally.request();
             if let Some(cut) = cut {
                 if chunk.windows(COMMIT.len()).any(|w| w == COMMIT) && armed.swap(false, Ordering::SeqCst) {
                     self.cuts.fetch_add(1, Ordering::SeqCst);
@@ -134,5 +171,135 @@ impl Proxy {
             }
         }
         back.abort();
+    }
+
+    /// [`Proxy::relay`] with every chunk held for half the delay, on blocking sockets: a reading
+    /// and a releasing thread per direction. The connection closes when either side closes.
+    fn relay_delayed(self, client: std::net::TcpStream, upstream: SocketAddr) {
+        let Ok(server) = std::net::TcpStream::connect(upstream) else { return };
+        for socket in [&client, &server] {
+            let _ = socket.set_nonblocking(false);
+            let _ = socket.set_nodelay(true);
+        }
+        let requests = Tally::new(&self);
+        let mut answers = requests.clone();
+        let threads = [
+            relay_direction("proxy-up", &client, &server, self.hold.clone(), move |_| requests.request(), |_| {}),
+            relay_direction("proxy-down", &server, &client, self.hold.clone(), |_| {}, move |chunk| answers.answer(chunk)),
+        ];
+        for thread in threads.into_iter().flatten().flatten() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// One direction of a delayed connection: a thread reads `from` and stamps each chunk with its
+/// due instant (`hold` ns later), another writes it to `to` then. `on_read` sees each chunk as it is
+/// read, `on_release` just before it is written. When either end fails or closes, both sockets
+/// are shut, so the other direction ends too.
+fn relay_direction(
+    name: &str,
+    from: &std::net::TcpStream,
+    to: &std::net::TcpStream,
+    hold: Arc<AtomicU64>,
+    mut on_read: impl FnMut(&[u8]) + Send + 'static,
+    mut on_release: impl FnMut(&[u8]) + Send + 'static,
+) -> Option<[std::thread::JoinHandle<()>; 2]> {
+    let (mut from, mut to, closing) = (from.try_clone().ok()?, to.try_clone().ok()?, [from.try_clone().ok()?, to.try_clone().ok()?]);
+    let (send, due) = mpsc::channel::<(Instant, Vec<u8>)>();
+    let reader = std::thread::Builder::new()
+        .name(name.to_owned())
+        .spawn(move || {
+            prioritize();
+            let mut buf = vec![0u8; 64 * 1024];
+            // Ends on EOF or an error; the releaser drains what was read, then ends.
+            while let Ok(n @ 1..) = from.read(&mut buf) {
+                on_read(&buf[..n]);
+                let due = Instant::now() + Duration::from_nanos(hold.load(Ordering::Relaxed));
+                if send.send((due, buf[..n].to_vec())).is_err() {
+                    break;
+                }
+            }
+        })
+        .ok()?;
+    let releaser = std::thread::Builder::new()
+        .name(name.to_owned())
+        .spawn(move || {
+            prioritize();
+            while let Ok((at, chunk)) = due.recv() {
+                wait_until(at);
+                on_release(&chunk);
+                if to.write_all(&chunk).is_err() {
+                    break;
+                }
+            }
+            for socket in closing {
+                let _ = socket.shutdown(std::net::Shutdown::Both);
+            }
+        })
+        .ok()?;
+    Some([reader, releaser])
+}
+
+/// Makes the calling thread a network, not a process competing for the CPU: a real-time
+/// priority (SCHED_FIFO; its wake-ups preempt the client and the server, so a loaded machine
+/// does not stretch the delay), or where that is refused (not root) a timer slack of 1 µs for
+/// its sleeps (the default is 50 µs). Best effort either way.
+fn prioritize() {
+    let param = libc::sched_param { sched_priority: 10 };
+    // SAFETY: sched_setscheduler on the calling thread (pid 0) with a valid parameter; it only
+    // reads `param`.
+    if unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) } != 0 {
+        let _ = std::fs::write("/proc/thread-self/timerslack_ns", "1000");
+    }
+}
+
+/// Blocks the thread until `at`: a sleep to [`SPIN`] before it, then a yielding spin.
+fn wait_until(at: Instant) {
+    let now = Instant::now();
+    if at > now + SPIN {
+        std::thread::sleep(at - now - SPIN);
+    }
+    while Instant::now() < at {
+        std::thread::yield_now();
+    }
+}
+
+/// What one connection counts: a round trip for each client write that follows a server answer,
+/// the serialization failures in the answers (the tail of each chunk is kept, so a field split
+/// across two chunks still counts once).
+#[derive(Clone)]
+struct Tally {
+    round_trips: Arc<AtomicU64>,
+    failures: Arc<AtomicU64>,
+    /// Set by every server answer, taken by the next client write: one round trip.
+    answered: Arc<AtomicBool>,
+    tail: Vec<u8>,
+}
+
+impl Tally {
+    fn new(proxy: &Proxy) -> Tally {
+        Tally { round_trips: proxy.round_trips.clone(), failures: proxy.serialization_failures.clone(), answered: Arc::new(AtomicBool::new(true)), tail: Vec::new() }
+    }
+
+    /// A chunk from the client.
+    fn request(&self) {
+        if self.answered.swap(false, Ordering::SeqCst) {
+            self.round_trips.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// A chunk from the server, as it goes to the client.
+    fn answer(&mut self, chunk: &[u8]) {
+        self.answered.store(true, Ordering::SeqCst);
+        self.tail.extend_from_slice(chunk);
+        let found = self.tail.windows(SERIALIZATION_FAILURE.len()).filter(|w| *w == SERIALIZATION_FAILURE).count();
+        self.failures.fetch_add(found as u64, Ordering::SeqCst);
+        let keep = self.tail.len().saturating_sub(SERIALIZATION_FAILURE.len() - 1);
+        if found > 0 {
+            self.tail.clear();
+        } else {
+            self.tail.drain(..keep);
+        }
     }
 }

@@ -6,6 +6,7 @@
 use idempotency_client::{BatchItem, BatchOutcome, Error, Fingerprint, Outcome, Settings, StoredResponse, TxFuture};
 use idempotency_testkit::driver::{pooled_in_transaction, NAME};
 use idempotency_testkit::proxy::Proxy;
+use idempotency_testkit::server::eventually;
 use idempotency_testkit::{admin, batch, cluster_addr, connect_with, exec, fresh_database, handle, Conn, DbError, Idem};
 use serde_json::json;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -251,16 +252,21 @@ fn one<'t>(conn: &'t mut Conn, keys: &'t [String]) -> TxFuture<'t, Vec<StoredRes
 }
 
 /// Round trips of `call` through `proxy`: those the caller waited for (counted when it returns),
-/// and all of them once the connection's background work (a queued `ROLLBACK`, sqlx's check of
-/// a connection given back to its pool) has gone out too.
-async fn trips<F: std::future::Future<Output = ()>>(proxy: &Proxy, call: F) -> (u64, u64) {
-    let settle = || tokio::time::sleep(Duration::from_millis(200));
-    settle().await;
+/// and all of them once the `background` ones the driver sends after returning (a queued
+/// `ROLLBACK`, sqlx's check of a connection given back to its pool) have gone out too, awaited:
+/// the count must reach `waited + background` within 10 s, and a count past it fails at once.
+/// Each call starts after the previous one's background work, so none leaks into the next count.
+async fn trips<F: std::future::Future<Output = ()>>(proxy: &Proxy, background: u64, call: F) -> (u64, u64) {
     let before = proxy.round_trips();
     call.await;
     let waited = proxy.round_trips() - before;
-    settle().await;
-    (waited, proxy.round_trips() - before)
+    let all = eventually(&format!("{NAME}: {background} round trip(s) after the call returned"), Duration::from_secs(10), || async {
+        let all = proxy.round_trips() - before;
+        assert!(all <= waited + background, "{NAME}: {all} round trips, {waited} waited for and more than {background} after");
+        if all == waited + background { Ok(all) } else { Err(format!("{all} round trips")) }
+    })
+    .await;
+    (waited, all)
 }
 
 // A current-thread runtime: nothing queued in the background leaves before the count is read at
@@ -272,19 +278,6 @@ async fn a_batch_takes_three_round_trips_on_either_driver() {
     let proxy = Proxy::start(cluster_addr(), None).await;
     let idem = connect_with(&proxy.url(name), 1, Settings::default());
     let user = "batch-rt";
-    // Warm up: the connection, the schema.
-    idem.run_batch("batch.rt", user, &items("warm", 2), one).await.unwrap();
-    let executed = trips(&proxy, async {
-        let out = idem.run_batch("batch.rt", user, &items("k", 50), one).await.unwrap();
-        assert!(out.iter().all(|(_, o)| matches!(o, BatchOutcome::Executed(_))), "{out:?}");
-    })
-    .await;
-    let replayed = trips(&proxy, async {
-        let out = idem.run_batch("batch.rt", user, &items("k", 50), one).await.unwrap();
-        assert!(out.iter().all(|(_, o)| matches!(o, BatchOutcome::Replayed(_))), "{out:?}");
-    })
-    .await;
-    assert!(!pooled_in_transaction(&idem).await, "the connection went back to the pool outside any transaction");
     // Either driver: BEGIN+reserve_many, the INSERT, complete_many+COMMIT (one simple query
     // each over sqlx); a batch that created nothing answers after BEGIN+reserve_many, its
     // ROLLBACK queued. sqlx also checks the connection when it is given back to the pool (one
@@ -293,5 +286,22 @@ async fn a_batch_takes_three_round_trips_on_either_driver() {
         "sqlx" => ((3, 4), (1, 3)),
         _ => ((3, 3), (1, 2)),
     };
+    let background = |(waited, all): (u64, u64)| all - waited;
+    // Warm up: the connection, the schema (a new key executes, as below).
+    trips(&proxy, background(expected.0), async {
+        idem.run_batch("batch.rt", user, &items("warm", 2), one).await.unwrap();
+    })
+    .await;
+    let executed = trips(&proxy, background(expected.0), async {
+        let out = idem.run_batch("batch.rt", user, &items("k", 50), one).await.unwrap();
+        assert!(out.iter().all(|(_, o)| matches!(o, BatchOutcome::Executed(_))), "{out:?}");
+    })
+    .await;
+    let replayed = trips(&proxy, background(expected.1), async {
+        let out = idem.run_batch("batch.rt", user, &items("k", 50), one).await.unwrap();
+        assert!(out.iter().all(|(_, o)| matches!(o, BatchOutcome::Replayed(_))), "{out:?}");
+    })
+    .await;
+    assert!(!pooled_in_transaction(&idem).await, "the connection went back to the pool outside any transaction");
     assert_eq!((executed, replayed), expected, "{NAME}: (waited, all) round trips of an executed and a replayed batch of 50 keys");
 }

@@ -5,7 +5,8 @@ use idempotency_client::ops::{self, RecoverAction, ReserveOptions, ReserveOutcom
 use idempotency_client::{
     Disposition, Error, Fingerprint, HandlerError, Key, Outcome, Settings, StoredResponse,
 };
-use idempotency_testkit::{admin, admin_at, charges_for, connect_with, fresh_database, handle, unique_key, Charge, DbError};
+use idempotency_testkit::server::eventually;
+use idempotency_testkit::{admin, admin_at, charges_for, connect_with, fresh_database, handle, unique_key, until_passed, Charge, DbError, Passed};
 use serde_json::json;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -66,9 +67,28 @@ async fn same_key_with_a_different_payload_is_a_mismatch() {
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
 
-async fn concurrent_duplicates(wait: bool) -> (Vec<Result<Outcome<StoredResponse>, Error<Failure>>>, usize, i64) {
-    let idem = handle(Settings::builder().wait(wait)).await;
-    let key = unique_key(if wait { "checklist.concurrent.wait" } else { "checklist.concurrent.nowait" });
+/// Waits (at most 60 s) until `n` sessions are blocked, directly or behind one another, by the
+/// backend `pid`: duplicates waiting for its uncommitted reservation, seen by the server
+/// (pg_blocking_pids), not guessed from elapsed time.
+async fn blocked_behind(pid: i64, n: i64) {
+    let admin = admin().await;
+    let sql = "WITH RECURSIVE blocked (pid) AS (
+                   SELECT a.pid FROM pg_catalog.pg_stat_activity a WHERE $1::int8::int4 = ANY (pg_catalog.pg_blocking_pids(a.pid))
+                   UNION
+                   SELECT a.pid FROM pg_catalog.pg_stat_activity a, blocked b WHERE b.pid = ANY (pg_catalog.pg_blocking_pids(a.pid)))
+               SELECT count(*) FROM blocked";
+    eventually(&format!("{n} duplicates blocked behind backend {pid}"), Duration::from_secs(60), || async {
+        let seen: i64 = admin.query_one(sql, &[&pid]).await.map_err(|e| e.to_string())?.get(0);
+        if seen >= n { Ok(()) } else { Err(format!("{seen} blocked")) }
+    })
+    .await
+}
+
+/// 64 concurrent runs of one key with `wait`: the one that gets the key holds it until the 63
+/// others are blocked behind it.
+async fn waiting_duplicates() -> (Vec<Result<Outcome<StoredResponse>, Error<Failure>>>, usize, i64) {
+    let idem = handle(Settings::builder().wait(true)).await;
+    let key = unique_key("checklist.concurrent.wait");
     let runs = Arc::new(AtomicUsize::new(0));
     let start = Arc::new(tokio::sync::Barrier::new(64));
     let mut tasks = Vec::new();
@@ -76,9 +96,21 @@ async fn concurrent_duplicates(wait: bool) -> (Vec<Result<Outcome<StoredResponse
         let (idem, key, runs, start) = (idem.clone(), key.clone(), runs.clone(), start.clone());
         tasks.push(tokio::spawn(async move {
             start.wait().await;
-            // Hold the reservation open so the duplicates really overlap.
-            let slow = Charge::of(&key).delay(Duration::from_millis(200)).handler::<Failure>(&runs);
-            idem.run(&key, &fp(json!({"amount": 100})), slow).await
+            let tag = key.to_string();
+            idem.run(&key, &fp(json!({"amount": 100})), move |tx| {
+                let (runs, tag) = (runs.clone(), tag.clone());
+                Box::pin(async move {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    let insert = "INSERT INTO charges (user_id, amount, k) VALUES ('u', 100, $1)";
+                    idempotency_testkit::exec(tx, insert, &[&tag]).await?;
+                    let pid = idempotency_testkit::query_i64(tx, "SELECT pg_backend_pid()::int8", &[]).await?;
+                    // Hold the reservation open until every duplicate is blocked behind it, so
+                    // they really overlap.
+                    blocked_behind(pid, 63).await;
+                    Ok::<_, Failure>(StoredResponse::json(201, json!({"id": pid})))
+                })
+            })
+            .await
         }));
     }
     let mut results = Vec::new();
@@ -135,7 +167,7 @@ async fn concurrent_duplicates_run_once_and_the_others_are_in_progress() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_duplicates_run_once_and_waiting_duplicates_replay() {
-    let (results, runs, charges) = concurrent_duplicates(true).await;
+    let (results, runs, charges) = waiting_duplicates().await;
     assert_eq!((runs, charges), (1, 1));
     let executed: Vec<_> = results.iter().filter_map(|r| match r {
         Ok(Outcome::Executed(v)) => Some(v.clone()),
@@ -274,7 +306,9 @@ async fn recover_stuck_unblocks_a_crashed_workers_key() {
     }
     let err = idem.run(&first, &fp(json!({})), Charge::of(&first).handler::<Failure>(&runs)).await.unwrap_err();
     assert!(matches!(err, Error::InProgress { .. }), "the key is wedged until recovery: {err:?}");
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    for key in [&first, &second] {
+        until_passed(&client, &schema, key, Passed::Lease).await;
+    }
 
     // Oldest lease first: `fail` takes the first worker's key, `release` the second's.
     assert_eq!(ops::recover_stuck(&client, &schema, 1, RecoverAction::Fail, None).await.unwrap(), 1);
@@ -298,8 +332,8 @@ async fn sweep_frees_an_expired_key() {
     let key = unique_key("checklist.sweep");
     idem.run(&key, &fp(json!({})), Charge::of(&key).handler::<Failure>(&runs)).await.unwrap();
     assert!(idem.run(&key, &fp(json!({})), Charge::of(&key).handler::<Failure>(&runs)).await.unwrap().is_replayed());
-    tokio::time::sleep(Duration::from_millis(300)).await;
     let client = admin_at(&url).await;
+    until_passed(&client, &schema, &key, Passed::Expiry).await;
     assert_eq!(ops::sweep(&client, &schema, 100).await.unwrap(), 1);
     assert!(ops::lookup(&client, &schema, &key).await.unwrap().is_none());
     let out = idem.run(&key, &fp(json!({"new": true})), Charge::of(&key).handler::<Failure>(&runs)).await.unwrap();
@@ -318,7 +352,7 @@ async fn stale_token_can_never_complete() {
     let ReserveOutcome::Created(old) = ops::reserve(&client, &schema, &key, &Fingerprint::of_bytes(b"h"), &short).await.unwrap().outcome else {
         panic!("created")
     };
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    until_passed(&client, &schema, &key, Passed::Lease).await;
     assert_eq!(ops::recover_stuck(&client, &schema, 10, RecoverAction::Release, None).await.unwrap(), 1);
     let ReserveOutcome::Created(new) = ops::reserve(&client, &schema, &key, &Fingerprint::of_bytes(b"h"), &ReserveOptions::default()).await.unwrap().outcome
     else {

@@ -203,22 +203,33 @@ async fn an_exhausted_pool_answers_store_unavailable_and_runs_nothing() {
     let idem = small_pool(&url, 2);
     let runs = Arc::new(AtomicUsize::new(0));
     let start = Arc::new(tokio::sync::Barrier::new(6));
+    // How many callers have given up; the two that got a connection hold it until four have.
+    let (gave_up, given_up) = tokio::sync::watch::channel(0usize);
+    let gave_up = Arc::new(gave_up);
     let mut tasks = Vec::new();
     for i in 0..6 {
-        let (idem, runs, start) = (idem.clone(), runs.clone(), start.clone());
+        let (idem, runs, start, gave_up, given_up) = (idem.clone(), runs.clone(), start.clone(), gave_up.clone(), given_up.clone());
         tasks.push(tokio::spawn(async move {
             let key = unique_key(&format!("pool.load.{i}"));
             start.wait().await;
             let result = idem
                 .run(&key, &fp(), move |tx| {
                     let runs = runs.clone();
+                    let mut given_up = given_up.clone();
                     Box::pin(async move {
                         runs.fetch_add(1, Ordering::SeqCst);
-                        tx.query_one("SELECT pg_sleep(1.5)", &[]).await?; // holds the connection well past the wait
+                        tx.query_one("SELECT 1", &[]).await?;
+                        // Hold the connection (in the transaction) until the four callers without
+                        // one have given up: an unbounded wait would never let this end.
+                        let four = tokio::time::timeout(Duration::from_secs(30), given_up.wait_for(|n| *n >= 4)).await;
+                        assert!(matches!(four, Ok(Ok(_))), "the four callers without a connection never gave up");
                         Ok(StoredResponse::json(201, json!({})))
                     }) as TxFuture<'_, _, tokio_postgres::Error>
                 })
                 .await;
+            if matches!(result, Err(Error::StoreUnavailable(_))) {
+                gave_up.send_modify(|n| *n += 1);
+            }
             (key, result)
         }));
     }

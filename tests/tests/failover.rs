@@ -11,15 +11,42 @@
 //!   execution per key; every new token exceeds every earlier one; the maintenance worker starts
 //!   and recovers and sweeps rows written on the old primary.
 //!
-//! Ports: `IDEM_SERVERS_PORT` (default 55900) and the next one. Ignored in the plain e2e run (it
-//! starts servers of its own and does not depend on the install under test): run it with
-//! `cargo test -p idempotency-tests --test failover -- --ignored`.
+//! Then the same failover through the client, as users reach a pair: the example service of each
+//! driver (`client/examples/axum_charges.rs`, `axum_charges_sqlx.rs`) under HTTP load from
+//! several clients, each retrying a key after an error until it is acknowledged, through one
+//! URL naming both servers (`target_session_attrs=read-write`; tokio-postgres tries them in
+//! order, sqlx refuses the URL, naming the alternatives) and through one endpoint that moves to
+//! the standby (the test kit's forwarder, re-pointed when the primary is down). Proves, on the
+//! promoted standby: every acknowledged key has its business row (the id of its first answer)
+//! and its record, and ran once; a retry of every key replays its first answer; every error in
+//! the window was a 503 (StoreUnavailable), nothing else; the service executes keys again within
+//! [`BACK_WITHIN`] of the promotion. Prints the figures: keys acknowledged, 503s, the time from
+//! the kill to the first execution.
+//!
+//! Ports: `IDEM_SERVERS_PORT` (default 55900) and the next one, one test at a time. Ignored in
+//! the plain e2e run (it starts servers of its own and does not depend on the install under
+//! test): run it with `cargo test -p idempotency-tests --features sqlx --test failover --
+//! --ignored` (without `--features sqlx`, the sqlx cases are left out).
 
+#[path = "../../client/examples/axum_charges.rs"]
+#[allow(dead_code)]
+mod pg_app;
+#[cfg(feature = "sqlx")]
+#[path = "../../client/examples/axum_charges_sqlx.rs"]
+#[allow(dead_code)]
+mod sqlx_app;
+
+#[cfg(feature = "sqlx")]
+use idempotency_client::Sqlx;
+use idempotency_client::{Fingerprint, Idempotency, Key, Outcome, Postgres, Settings, StoredResponse};
+use idempotency_testkit::forwarder::Forwarder;
 use idempotency_testkit::pg_config;
 use idempotency_testkit::server::{eventually, extension_installed, Server, Stop};
+use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio_postgres::{Client, NoTls};
 
 const DB: &str = "idem_failover";
@@ -84,27 +111,66 @@ const REFUSED: [(&str, &str); 6] = [
     ("SELECT idem_sweep()", "sweep expired records"),
 ];
 
+/// The tests of this file share the two ports: one runs at a time.
+static PORTS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// A primary with the extension in database [`DB`] (and `setup` run there), and a streaming
+/// standby made with `pg_basebackup -R` (with `standby_settings`), replicating synchronously
+/// and caught up.
+struct Pair {
+    primary: Server,
+    standby: Server,
+}
+
+impl Pair {
+    async fn start(name: &str, setup: &str, standby_settings: &str) -> Pair {
+        let pgc = pg_config();
+        assert!(
+            extension_installed(&pgc),
+            "the idempotency extension is not installed in {} (cargo pgrx install --release --pg-config ...)",
+            pgc.display()
+        );
+        let base = port_base();
+        let primary = Server::new(&format!("{name}-primary"), &pgc, base);
+        println!("{name} on PostgreSQL {} (ports {base}, {})", primary.major(), base + 1);
+        primary.initdb(&[]);
+        primary.configure("shared_preload_libraries = 'idempotency'\nmax_connections = 50\nwal_keep_size = '512MB'\n");
+        primary.start();
+        let admin = connect(&primary.url("postgres")).await.unwrap();
+        admin.batch_execute(&format!("CREATE DATABASE {DB}")).await.unwrap();
+        let db = connect(&primary.url(DB)).await.unwrap();
+        db.batch_execute(&format!("CREATE EXTENSION idempotency;\n{setup}")).await.unwrap();
+        let standby_name = format!("{name}-standby");
+        let standby = Server::standby_of(&primary, &standby_name, base + 1);
+        standby.configure(standby_settings);
+        standby.start();
+        for sql in [format!(r#"ALTER SYSTEM SET synchronous_standby_names = '"{standby_name}"'"#), "SELECT pg_reload_conf()".into()] {
+            admin.batch_execute(&sql).await.unwrap_or_else(|e| panic!("{sql}: {e:?}"));
+        }
+        eventually("the standby replicates synchronously and has replayed everything", Duration::from_secs(60), || async {
+            let row = admin
+                .query_opt(
+                    "SELECT sync_state, coalesce(replay_lsn >= pg_current_wal_lsn(), false) FROM pg_stat_replication WHERE application_name = $1",
+                    &[&standby_name],
+                )
+                .await
+                .map_err(|e| e.to_string())?;
+            match row {
+                Some(r) if r.get::<_, String>(0) == "sync" && r.get::<_, bool>(1) => Ok(()),
+                Some(r) => Err(format!("sync_state {}, caught up {}", r.get::<_, String>(0), r.get::<_, bool>(1))),
+                None => Err(format!("no walsender for {standby_name}")),
+            }
+        })
+        .await;
+        Pair { primary, standby }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "its own layer (two servers of their own): cargo test -p idempotency-tests --test failover -- --ignored"]
 async fn failover_to_a_promoted_standby_keeps_every_key_once() {
-    let pgc = pg_config();
-    assert!(
-        extension_installed(&pgc),
-        "the idempotency extension is not installed in {} (cargo pgrx install --release --pg-config ...)",
-        pgc.display()
-    );
-    let base = port_base();
-    let primary = Server::new("failover-primary", &pgc, base);
-    println!("failover on PostgreSQL {} (ports {base}, {})", primary.major(), base + 1);
-    primary.initdb(&[]);
-    primary.configure("shared_preload_libraries = 'idempotency'\nmax_connections = 50\nwal_keep_size = '512MB'\n");
-    primary.start();
-    let admin = connect(&primary.url("postgres")).await.unwrap();
-    admin.batch_execute(&format!("CREATE DATABASE {DB}")).await.unwrap();
-    let db = connect(&primary.url(DB)).await.unwrap();
-    db.batch_execute(
-        "CREATE EXTENSION idempotency;
-         CREATE TABLE charges (id bigserial PRIMARY KEY, k text NOT NULL, amount bigint NOT NULL);
+    let _ports = PORTS.lock().await;
+    let setup = "CREATE TABLE charges (id bigserial PRIMARY KEY, k text NOT NULL, amount bigint NOT NULL);
          -- For the standby: a finished key of each kind.
          SELECT idem_complete('failover.charge', 'seen', 'done', (SELECT token FROM idem_reserve('failover.charge', 'seen', 'done', 'h')), '{\"id\": 1}');
          SELECT idem_complete('failover.charge', 'seen', 'failed', (SELECT token FROM idem_reserve('failover.charge', 'seen', 'failed', 'h')), '{\"error\": 1}', 'FAILED');
@@ -113,34 +179,11 @@ async fn failover_to_a_promoted_standby_keeps_every_key_once() {
          -- two-phase reservation whose lease runs out in a second and is never completed.
          SELECT idem_complete('failover.charge', 'maint', 'expired-' || i, (SELECT token FROM idem_reserve('failover.charge', 'maint', 'expired-' || i, 'h', ttl => '1 second')), '{}')
            FROM generate_series(1, 20) AS i;
-         SELECT token FROM idem_reserve('failover.charge', 'maint', 'stuck', 'h', ttl => '1 hour', lease => '1 second');",
-    )
-    .await
-    .unwrap();
-
+         SELECT token FROM idem_reserve('failover.charge', 'maint', 'stuck', 'h', ttl => '1 hour', lease => '1 second');";
     // The standby: configured to run the maintenance worker on the database (the primary is not),
     // so its silence in recovery and its start at promotion are what is watched.
-    let standby = Server::standby_of(&primary, "failover-standby", base + 1);
-    standby.configure(&format!("idempotency.maintenance_databases = '{DB}'\nidempotency.maintenance_interval = 1\n"));
-    standby.start();
-    for sql in [r#"ALTER SYSTEM SET synchronous_standby_names = '"failover-standby"'"#, "SELECT pg_reload_conf()"] {
-        admin.batch_execute(sql).await.unwrap_or_else(|e| panic!("{sql}: {e:?}"));
-    }
-    eventually("the standby replicates synchronously and has replayed everything", Duration::from_secs(60), || async {
-        let row = admin
-            .query_opt(
-                "SELECT sync_state, coalesce(replay_lsn >= pg_current_wal_lsn(), false) FROM pg_stat_replication WHERE application_name = 'failover-standby'",
-                &[],
-            )
-            .await
-            .map_err(|e| e.to_string())?;
-        match row {
-            Some(r) if r.get::<_, String>(0) == "sync" && r.get::<_, bool>(1) => Ok(()),
-            Some(r) => Err(format!("sync_state {}, caught up {}", r.get::<_, String>(0), r.get::<_, bool>(1))),
-            None => Err("no walsender for failover-standby".into()),
-        }
-    })
-    .await;
+    let standby_settings = format!("idempotency.maintenance_databases = '{DB}'\nidempotency.maintenance_interval = 1\n");
+    let Pair { primary, standby } = Pair::start("failover", setup, &standby_settings).await;
     ok("a streaming standby made with pg_basebackup -R replicates synchronously");
 
     // On the standby.
@@ -151,7 +194,7 @@ async fn failover_to_a_promoted_standby_keeps_every_key_once() {
         let outcome: String = row.get(0);
         assert_eq!(outcome, want, "idem_reserve of the {key} key with hash {hash} on the standby");
     }
-    let replay: serde_json::Value =
+    let replay: Value =
         sb.query_one("SELECT response FROM idem_reserve($1, 'seen', 'done', 'h')", &[&OP]).await.unwrap().get(0);
     assert_eq!(replay, serde_json::json!({"id": 1}), "the replayed response on the standby");
     let status: String = sb.query_one("SELECT status FROM idem_lookup($1, 'seen', 'done')", &[&OP]).await.unwrap().get(0);
@@ -307,4 +350,430 @@ async fn failover_to_a_promoted_standby_keeps_every_key_once() {
     println!("    {}", line.split_once(": ").map_or(line, |(_, rest)| rest));
     ok("after promotion the maintenance worker starts, fails the stuck reservation and sweeps the 20 expired records of the old primary");
     standby.stop(Stop::Fast);
+}
+
+// Failover through the client: the example services of both drivers under HTTP load while the
+// primary is killed and the standby promoted.
+
+/// Concurrent clients of the service (half over HTTP, half calling its handle), each charging
+/// its own keys one after another.
+const CLIENTS: usize = 8;
+/// Keys acknowledged before the primary is killed.
+const ACKED_BEFORE_KILL: usize = 200;
+/// Keys executed on the promoted standby before the load stops.
+const EXECUTED_AFTER_KILL: usize = 100;
+/// A client's pause before it retries a key after an error (short, so that the first success
+/// after the promotion measures the service, not the client's patience).
+const RETRY_PAUSE: Duration = Duration::from_millis(50);
+/// How long one key may take to be acknowledged, retries included, before the test fails.
+const KEY_DEADLINE: Duration = Duration::from_secs(60);
+/// The bound of "service is back within seconds of the promotion".
+const BACK_WITHIN: Duration = Duration::from_secs(30);
+
+/// How the service reaches the pair.
+#[derive(Clone, Copy, Debug)]
+enum Way {
+    /// One URL naming both servers, `target_session_attrs=read-write`.
+    HostList,
+    /// One endpoint (a [`Forwarder`]) that moves to the standby when the primary is down.
+    Endpoint,
+}
+
+/// The driver, and so the example service, under test.
+#[derive(Clone, Copy, Debug)]
+enum Drv {
+    TokioPostgres,
+    #[cfg(feature = "sqlx")]
+    Sqlx,
+}
+
+/// The handle of a service, called directly, as a service calling `run` itself does: the same
+/// charge as the example's handler, under operation `failover.direct`.
+#[derive(Clone)]
+enum Direct {
+    TokioPostgres(Idempotency<Postgres>),
+    #[cfg(feature = "sqlx")]
+    Sqlx(Idempotency<Sqlx>),
+}
+
+/// How a load client charges a key: the example service over HTTP, or the handle directly.
+#[derive(Clone)]
+enum Caller {
+    Http(reqwest::Client, String),
+    Direct(Direct),
+}
+
+/// What one attempt answered.
+enum Answer {
+    /// The first answer's body, and whether it was a replay.
+    Acked(Value, bool),
+    /// 503, or `Error::StoreUnavailable` from the handle.
+    Unavailable,
+    /// Anything else.
+    Wrong(String),
+}
+
+/// The answer of a direct call.
+fn answer<E: std::fmt::Debug>(result: Result<Outcome<StoredResponse>, idempotency_client::Error<E>>) -> Answer {
+    match result {
+        Ok(Outcome::Executed(r)) if r.status == 201 => Answer::Acked(r.body.json().unwrap_or(Value::Null), false),
+        Ok(Outcome::Replayed(r)) if r.status == 201 => Answer::Acked(r.body.json().unwrap_or(Value::Null), true),
+        Ok(other) => Answer::Wrong(format!("{other:?}")),
+        Err(idempotency_client::Error::StoreUnavailable(_)) => Answer::Unavailable,
+        Err(e) => Answer::Wrong(format!("{e:?}")),
+    }
+}
+
+const INSERT: &str = "INSERT INTO charges (user_id, amount) VALUES ($1, $2) RETURNING id";
+
+impl Caller {
+    /// One attempt at key `k{n}` of `user` (amount n + 1).
+    async fn charge(&self, user: &str, n: u64) -> Answer {
+        let amount = n as i64 + 1;
+        match self {
+            Caller::Http(http, url) => {
+                let sent = http
+                    .post(url)
+                    .header("idempotency-key", format!("k{n}"))
+                    .header("x-user", user)
+                    .body(json!({"amount": amount}).to_string())
+                    .send()
+                    .await;
+                match sent {
+                    Ok(resp) => {
+                        let (status, replayed) = (resp.status(), resp.headers().get("idempotent-replayed").is_some_and(|v| v == "true"));
+                        let body = resp.text().await.unwrap_or_default();
+                        match status {
+                            reqwest::StatusCode::CREATED => Answer::Acked(serde_json::from_str(&body).unwrap_or(Value::Null), replayed),
+                            reqwest::StatusCode::SERVICE_UNAVAILABLE => Answer::Unavailable,
+                            _ => Answer::Wrong(format!("{status} {body}")),
+                        }
+                    }
+                    Err(e) => Answer::Wrong(e.to_string()),
+                }
+            }
+            Caller::Direct(direct) => {
+                let key = Key::new("failover.direct", user, format!("k{n}")).unwrap();
+                let fp = Fingerprint::of_json(&json!({"amount": amount})).unwrap();
+                let user = user.to_owned();
+                let respond = move |id: i64| StoredResponse::json(201, json!({"id": id, "amount": amount}));
+                match direct {
+                    Direct::TokioPostgres(idem) => answer(
+                        idem.run(&key, &fp, |tx| {
+                            let user = user.clone();
+                            Box::pin(async move {
+                                let id: i64 = tx.query_one(INSERT, &[&user, &amount]).await?.try_get(0)?;
+                                Ok::<_, tokio_postgres::Error>(respond(id))
+                            })
+                        })
+                        .await,
+                    ),
+                    #[cfg(feature = "sqlx")]
+                    Direct::Sqlx(idem) => answer(
+                        idem.run(&key, &fp, |conn| {
+                            let user = user.clone();
+                            Box::pin(async move {
+                                let id: i64 = sqlx::query_scalar(INSERT).bind(&user).bind(amount).fetch_one(&mut *conn).await?;
+                                Ok::<_, sqlx::Error>(respond(id))
+                            })
+                        })
+                        .await,
+                    ),
+                }
+            }
+        }
+    }
+}
+
+/// The example service of `drv` on `url`, served on loopback: its `/charges` URL, and its handle
+/// (a clone) for direct calls.
+async fn serve(drv: Drv, url: &str) -> (String, Direct) {
+    let (router, direct) = match drv {
+        Drv::TokioPostgres => {
+            let idem = Idempotency::connect_with(url, pg_app::POOL_SIZE, Settings::default()).expect("the handle");
+            (pg_app::router(idem.clone()), Direct::TokioPostgres(idem))
+        }
+        #[cfg(feature = "sqlx")]
+        Drv::Sqlx => {
+            let idem = Idempotency::connect_sqlx_with(url, 16, Settings::default()).expect("the handle");
+            (sqlx_app::router(idem.clone()), Direct::Sqlx(idem))
+        }
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, router).await });
+    (format!("http://{addr}/charges"), direct)
+}
+
+/// What the clients saw, shared.
+#[derive(Default)]
+struct Seen {
+    /// The first acknowledged answer (a 201's body) of each key, by (user, key number).
+    acked: BTreeMap<(String, u64), Value>,
+    /// Keys executed (a 201 that is not a replay) by requests sent after the kill.
+    executed_after_kill: usize,
+    /// When the primary was down (`pg_ctl stop -m immediate` returned).
+    dead: Option<Instant>,
+    /// The first execution of a request sent after `dead`: when it was answered.
+    first_after_kill: Option<Instant>,
+    /// Answers 503 / StoreUnavailable, the only error expected.
+    unavailable: usize,
+    /// Anything else: another status or error, a retry whose answer differs from the key's first
+    /// acknowledged one or is not marked as a replay, a transport error.
+    wrong: Vec<String>,
+    /// The most attempts one key took.
+    max_attempts: u32,
+}
+
+type Shared = Arc<Mutex<Seen>>;
+
+/// Charges key `k{n}` of `user` until it is acknowledged, retrying after each error as a client
+/// does; the first answer's body and whether it was a replay.
+async fn charge_until_acked(caller: &Caller, user: &str, n: u64, seen: &Shared) -> (Value, bool) {
+    let started = Instant::now();
+    for attempt in 1.. {
+        assert!(started.elapsed() < KEY_DEADLINE, "{user}/k{n}: not acknowledged within {} s", KEY_DEADLINE.as_secs());
+        let sent = Instant::now();
+        let answer = caller.charge(user, n).await;
+        let answered = Instant::now();
+        {
+            let mut seen = seen.lock().unwrap();
+            seen.max_attempts = seen.max_attempts.max(attempt);
+            match answer {
+                Answer::Acked(body, replayed) => {
+                    if !replayed && seen.dead.is_some_and(|dead| sent >= dead) {
+                        seen.executed_after_kill += 1;
+                        seen.first_after_kill.get_or_insert(answered);
+                    }
+                    return (body, replayed);
+                }
+                Answer::Unavailable => seen.unavailable += 1,
+                Answer::Wrong(what) => seen.wrong.push(format!("{user}/k{n}: {what}")),
+            }
+        }
+        tokio::time::sleep(RETRY_PAUSE).await;
+    }
+    unreachable!()
+}
+
+/// One client: keys k0, k1, ... each until acknowledged (a first answer may be a replay: the
+/// attempt before it committed and its answer was lost), and every fifth key a retry of the key
+/// five before it; stops at `stop`, answering how many keys it charged.
+async fn client(caller: Caller, user: String, seen: Shared, stop: Arc<AtomicBool>) -> u64 {
+    for n in 0.. {
+        if stop.load(Ordering::Relaxed) {
+            return n;
+        }
+        let (body, _) = charge_until_acked(&caller, &user, n, &seen).await;
+        seen.lock().unwrap().acked.insert((user.clone(), n), body);
+        if n >= 5 && n % 5 == 0 {
+            let (again, replayed) = charge_until_acked(&caller, &user, n - 5, &seen).await;
+            let mut seen = seen.lock().unwrap();
+            let first = &seen.acked[&(user.clone(), n - 5)];
+            if again != *first || !replayed {
+                let wrong = format!("{user}/k{}: the retry answered {again} (replayed: {replayed}), first {first}", n - 5);
+                seen.wrong.push(wrong);
+            }
+        }
+    }
+    unreachable!()
+}
+
+/// The pair under load through the example service of `drv` (over HTTP and its handle's `run`), reached `way`; the primary
+/// killed and the standby promoted mid-load. Checks everything on the promoted standby.
+async fn service_rides_over_failover(drv: Drv, way: Way) {
+    let _ports = PORTS.lock().await;
+    let name = format!("failover-{drv:?}-{way:?}").to_lowercase();
+    let schema = match drv {
+        Drv::TokioPostgres => pg_app::SCHEMA,
+        #[cfg(feature = "sqlx")]
+        Drv::Sqlx => sqlx_app::SCHEMA,
+    };
+    let Pair { primary, standby } = Pair::start(&name, schema, "").await;
+    let (p1, p2) = (primary.port(), standby.port());
+    let standby_addr: std::net::SocketAddr = ([127, 0, 0, 1], p2).into();
+    let forwarder = match way {
+        Way::HostList => None,
+        Way::Endpoint => Some(Forwarder::start(([127, 0, 0, 1], p1).into()).await),
+    };
+    let db_url = match &forwarder {
+        None => format!("postgresql://postgres@127.0.0.1:{p1},127.0.0.1:{p2}/{DB}?target_session_attrs=read-write"),
+        Some(f) => format!("postgresql://postgres@{}/{DB}", f.addr()),
+    };
+    println!("    {drv:?} service on {db_url}");
+    let (url, direct) = serve(drv, &db_url).await;
+
+    // Half the clients call the service over HTTP (users h0, h1, ...), half call its handle's
+    // `run` directly (users d0, d1, ...).
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(30)).build().unwrap();
+    let callers = [("HTTP", "h", Caller::Http(http, url.clone())), ("run", "d", Caller::Direct(direct))];
+    let seen: Vec<Shared> = callers.iter().map(|_| Shared::default()).collect();
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut clients = Vec::new();
+    for ((_, prefix, caller), seen) in callers.iter().zip(&seen) {
+        for c in 0..CLIENTS / 2 {
+            let user = format!("{prefix}{c}");
+            clients.push((user.clone(), tokio::spawn(client(caller.clone(), user, seen.clone(), stop.clone()))));
+        }
+    }
+    let acked = || seen.iter().map(|s| s.lock().unwrap().acked.len()).sum::<usize>();
+    eventually("the load acknowledges enough keys", Duration::from_secs(180), || async {
+        let n = acked();
+        if n >= ACKED_BEFORE_KILL { Ok(()) } else { Err(format!("{n} acknowledged")) }
+    })
+    .await;
+
+    let killing = Instant::now();
+    tokio::task::block_in_place(|| primary.stop(Stop::Immediate));
+    let dead = Instant::now();
+    for s in &seen {
+        s.lock().unwrap().dead = Some(dead);
+    }
+    let acked_at_kill = acked();
+    // The endpoint moves as soon as the primary is down, as a health check would move it: until
+    // the promotion ends, the standby answers 25006, which the client reports as unavailable.
+    if let Some(f) = &forwarder {
+        f.point_to(standby_addr);
+    }
+    tokio::task::block_in_place(|| standby.promote());
+    let promoted = Instant::now();
+    eventually("both kinds of clients execute keys on the promoted standby", BACK_WITHIN, || async {
+        let n: Vec<usize> = seen.iter().map(|s| s.lock().unwrap().executed_after_kill).collect();
+        if n.iter().all(|n| *n >= EXECUTED_AFTER_KILL / 2) { Ok(()) } else { Err(format!("{n:?} executed since the kill")) }
+    })
+    .await;
+    stop.store(true, Ordering::Relaxed);
+    let mut charged = BTreeSet::new();
+    for (user, client) in clients {
+        let n = client.await.expect("a client");
+        charged.extend((0..n).map(|n| (user.clone(), n)));
+    }
+    let seen: Vec<Seen> = seen.into_iter().map(|s| Arc::try_unwrap(s).ok().expect("the clients are done").into_inner().unwrap()).collect();
+    let all: BTreeMap<(String, u64), Value> = seen.iter().flat_map(|s| s.acked.clone()).collect();
+    for ((via, ..), seen) in callers.iter().zip(&seen) {
+        assert!(seen.wrong.is_empty(), "{via}: {} wrong answers, the first: {:?}", seen.wrong.len(), &seen.wrong[..seen.wrong.len().min(5)]);
+    }
+    ok(&format!(
+        "{drv:?}, {way:?}: every error during the failover was a 503 over HTTP ({}) or StoreUnavailable from run ({}), no other answer",
+        seen[0].unavailable, seen[1].unavailable
+    ));
+    assert_eq!(all.keys().cloned().collect::<BTreeSet<_>>(), charged, "the keys the clients charged");
+
+    // On the promoted standby: every acknowledged key has its business row (the id of its first
+    // answer, its user and amount) and its record, and ran once.
+    let db = connect(&standby.url(DB)).await.unwrap();
+    assert!(!db.query_one("SELECT pg_is_in_recovery()", &[]).await.unwrap().get::<_, bool>(0));
+    let rows = db.query("SELECT user_id, amount, count(*), min(id) FROM charges GROUP BY 1, 2", &[]).await.unwrap();
+    let charges: BTreeMap<(String, i64), (i64, i64)> = rows.iter().map(|r| ((r.get(0), r.get(1)), (r.get(2), r.get(3)))).collect();
+    let records = db.query("SELECT user_id, key FROM idem_records WHERE status = 'SUCCESS'", &[]).await.unwrap();
+    let records: BTreeSet<(String, String)> = records.iter().map(|r| (r.get(0), r.get(1))).collect();
+    let mut lost = Vec::new();
+    for ((user, n), body) in &all {
+        let business = charges.get(&(user.clone(), *n as i64 + 1));
+        let ran_once = business.is_some_and(|(count, id)| *count == 1 && body["id"] == json!(id));
+        if !ran_once || !records.contains(&(user.clone(), format!("k{n}"))) {
+            lost.push(format!("{user}/k{n}: answered {body}, rows {business:?}"));
+        }
+    }
+    assert!(lost.is_empty(), "acknowledged keys without their one business row or their record: {lost:?}");
+    assert_eq!((charges.len(), records.len()), (all.len(), all.len()), "business rows and records beyond the acknowledged keys");
+    let max_attempts = seen.iter().map(|s| s.max_attempts).max().unwrap_or(0);
+    ok(&format!(
+        "{drv:?}, {way:?}: all {} acknowledged keys ({acked_at_kill} before the kill) have their business row and record on the promoted standby, each executed once (at most {max_attempts} attempts for a key)",
+        all.len(),
+    ));
+
+    // A retry of every key on the promoted standby replays its first answer.
+    let replays = Shared::default();
+    for ((via, prefix, caller), seen) in callers.iter().zip(&seen) {
+        for ((user, n), first) in &seen.acked {
+            assert!(user.starts_with(prefix));
+            let (again, replayed) = charge_until_acked(caller, user, *n, &replays).await;
+            assert!(replayed && again == *first, "{via} {user}/k{n}: the retry answered {again} (replayed {replayed}), first {first}");
+        }
+    }
+    assert!(replays.lock().unwrap().wrong.is_empty());
+    ok(&format!("{drv:?}, {way:?}: a retry of every key replays its first acknowledged answer, over HTTP and from run"));
+
+    let ms = |d: Duration| d.as_millis();
+    for ((via, ..), seen) in callers.iter().zip(&seen) {
+        let first = seen.first_after_kill.expect("an execution after the kill");
+        println!(
+            "    failover figures, {drv:?} through {way:?}, {via}: acknowledged {} (of {} in all, {acked_at_kill} before the kill), lost 0, \
+             executions per key 1, errors {} (all 503 / StoreUnavailable), at most {} attempts for a key; the kill took {} ms; \
+             from the primary down: the promotion returned at {} ms, the first execution at {} ms",
+            seen.acked.len(),
+            all.len(),
+            seen.unavailable,
+            seen.max_attempts,
+            ms(dead - killing),
+            ms(promoted - dead),
+            ms(first - dead),
+        );
+    }
+    standby.stop(Stop::Fast);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "its own layer (two servers of their own): cargo test -p idempotency-tests --test failover -- --ignored"]
+async fn tokio_postgres_service_rides_over_failover_through_a_host_list() {
+    service_rides_over_failover(Drv::TokioPostgres, Way::HostList).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "its own layer (two servers of their own): cargo test -p idempotency-tests --test failover -- --ignored"]
+async fn tokio_postgres_service_rides_over_failover_through_a_moving_endpoint() {
+    service_rides_over_failover(Drv::TokioPostgres, Way::Endpoint).await;
+}
+
+#[cfg(feature = "sqlx")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "its own layer (two servers of their own): cargo test -p idempotency-tests --features sqlx --test failover -- --ignored"]
+async fn sqlx_service_rides_over_failover_through_a_moving_endpoint() {
+    service_rides_over_failover(Drv::Sqlx, Way::Endpoint).await;
+}
+
+/// sqlx reads one host: the URL of the host-list way is refused, saying so and naming the
+/// alternatives (the moving endpoint above, or the tokio-postgres driver).
+#[cfg(feature = "sqlx")]
+#[tokio::test]
+#[ignore = "its own layer: cargo test -p idempotency-tests --features sqlx --test failover -- --ignored"]
+async fn sqlx_refuses_a_host_list_naming_the_alternatives() {
+    let url = format!("postgresql://postgres@127.0.0.1:{},127.0.0.1:{}/{DB}?target_session_attrs=read-write", port_base(), port_base() + 1);
+    match Idempotency::connect_sqlx(&url, 1) {
+        Err(idempotency_client::Error::Configuration { reason, .. }) => {
+            assert!(reason.contains("the sqlx driver connects to one") && reason.contains("one endpoint that follows the primary"), "{reason}");
+            assert!(reason.contains("tokio-postgres driver"), "{reason}");
+            ok(&format!("sqlx refuses the host list: {reason}"));
+        }
+        Err(other) => panic!("not a configuration error: {other:?}"),
+        Ok(_) => panic!("sqlx accepted a host list"),
+    }
+}
+
+/// A server that closes the connection without answering (one shutting down, or a proxy whose
+/// server just went away, as seen under this file's failovers): the client reports the store
+/// unavailable (503), on either driver. sqlx reads the missing answer to its SSLRequest as the
+/// byte 0x00, a protocol error, which the client must not report as a database error (500).
+#[tokio::test]
+#[ignore = "its own layer: cargo test -p idempotency-tests --features sqlx --test failover -- --ignored"]
+async fn a_server_that_hangs_up_before_answering_is_store_unavailable() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        use tokio::io::AsyncReadExt;
+        while let Ok((mut conn, _)) = listener.accept().await {
+            // Read the client's first message, then close: the client sees the end of the stream.
+            let _ = conn.read(&mut [0; 64]).await;
+        }
+    });
+    let url = format!("postgresql://postgres@{addr}/{DB}");
+    let seen = Idempotency::connect_with(&url, 1, Settings::default()).unwrap().check_extension().await;
+    assert!(matches!(seen, Err(idempotency_client::Error::StoreUnavailable(_))), "tokio-postgres: {seen:?}");
+    #[cfg(feature = "sqlx")]
+    {
+        let seen = Idempotency::connect_sqlx(&url, 1).unwrap().check_extension().await;
+        assert!(matches!(seen, Err(idempotency_client::Error::StoreUnavailable(_))), "sqlx: {seen:?}");
+    }
+    ok("a server that closes the connection before answering is StoreUnavailable on tokio-postgres and sqlx");
 }

@@ -6,8 +6,10 @@
 use idempotency_client::ops::{self, RecoverAction, ReleaseOutcome, ReserveOptions, Status, Token};
 use idempotency_client::{Error, Fingerprint, HandlerError, Idempotency, Key, Outcome, Settings, StoredResponse, TxFuture};
 use idempotency_testkit::proxy::{Cut, Proxy};
+use idempotency_testkit::server::eventually;
 use idempotency_testkit::{
-    batch, charges_for, cluster_addr, connect_with, database_url, exec, fresh_database, handle_in, query_i64, unique_key, Charge, Conn, DbError, Idem,
+    batch, charges_for, cluster_addr, connect_with, database_url, exec, fresh_database, handle_in, query_i64, unique_key, until_passed, Charge, Conn,
+    DbError, Idem, Passed,
 };
 use serde_json::json;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -119,9 +121,17 @@ async fn a_terminated_holder_lets_a_waiting_duplicate_run_once() {
         let (idem, key, runs) = (idem.clone(), key.clone(), runs.clone());
         tokio::spawn(async move { idem.run(&key, &fp(), charge(&runs, &key, Duration::ZERO)).await })
     };
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(!waiter.is_finished(), "the duplicate waits for the uncommitted holder");
+    // The duplicate is blocked by the holder, as the server sees it (a lock wait whose blocker is
+    // the holder's backend), and so has not answered: not merely slow.
     let admin = operator("idem_fault_terminate").get().await.unwrap();
+    let blocked = "SELECT count(*) FROM pg_catalog.pg_stat_activity
+                    WHERE wait_event_type = 'Lock' AND $1::int8::int4 = ANY (pg_catalog.pg_blocking_pids(pid))";
+    eventually("the duplicate is blocked by the holder's backend", Duration::from_secs(30), || async {
+        let n: i64 = admin.query_one(blocked, &[&pid]).await.map_err(|e| e.to_string())?.get(0);
+        if n == 1 { Ok(()) } else { Err(format!("{n} sessions blocked by the holder")) }
+    })
+    .await;
+    assert!(!waiter.is_finished(), "the duplicate waits for the uncommitted holder");
     let killed: bool = admin.query_one("SELECT pg_terminate_backend($1::int8::int4) AS ok", &[&pid]).await.unwrap().get("ok");
     assert!(killed);
     holder.abort(); // its connection is gone; the task would sleep on
@@ -153,15 +163,16 @@ async fn a_killed_two_phase_worker_is_recovered_and_fenced() {
                 idem.run_external(&key, &fp(), call, |_, _| Box::pin(async { Ok(()) })).await
             })
         };
-        // Let it reserve and heartbeat a few times, then kill it.
-        tokio::time::sleep(2 * lease).await;
+        // Let it reserve and outlive its first lease on heartbeats (the database's clock past
+        // the reservation's lease end), then kill it.
+        until_passed(&admin, &schema, &key, Passed::Created(lease)).await;
         let record = ops::lookup(&admin, &schema, &key).await.unwrap().expect("reserved");
         assert_eq!(record.status, Status::Processing);
         assert_eq!(ops::recover_stuck(&admin, &schema, 100, RecoverAction::Fail, None).await.unwrap(), 0, "heartbeats keep it live");
         worker.abort();
         let _ = worker.await;
         // Its heartbeat stopped with it: once the lease passes, recovery takes the key.
-        tokio::time::sleep(lease + Duration::from_millis(500)).await;
+        until_passed(&admin, &schema, &key, Passed::Lease).await;
         assert_eq!(ops::recover_stuck(&admin, &schema, 100, action, None).await.unwrap(), 1);
         tokens.push((key, record.token));
     }

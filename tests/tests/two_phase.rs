@@ -3,7 +3,8 @@
 
 use idempotency_client::ops::{self, RecoverAction};
 use idempotency_client::{Error, Fingerprint, Idempotency, Key, Outcome, Settings, StoredResponse, TxFuture};
-use idempotency_testkit::{charges_for, exec, handle_in, unique_key, Conn, DbError, Idem};
+use idempotency_testkit::server::eventually;
+use idempotency_testkit::{charges_for, exec, handle_in, unique_key, until_passed, Conn, DbError, Idem, Passed};
 use serde_json::json;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -58,16 +59,18 @@ async fn heartbeat_keeps_the_key_through_a_call_longer_than_the_lease() {
     };
 
     let call = {
-        let (idem, key, fp, calls) = (idem.clone(), key.clone(), fp.clone(), calls.clone());
+        let (idem, key, fp, calls, operator, schema) = (idem.clone(), key.clone(), fp.clone(), calls.clone(), operator.clone(), schema.clone());
         async move {
             calls.fetch_add(1, Ordering::SeqCst);
-            // Meanwhile a duplicate is told the key is in progress, with no second call.
-            tokio::time::sleep(Duration::from_millis(1200)).await;
+            let client = operator.get().await.unwrap();
+            // Past its first lease (on the database's clock), a duplicate is told the key is in
+            // progress, with no second call.
+            until_passed(&client, &schema, &key, Passed::Created(lease)).await;
             let dup = idem
                 .run_external(&key, &fp, async { Ok::<_, DbError>(StoredResponse::json(201, json!({}))) }, record("dup".into()))
                 .await;
             assert!(matches!(dup, Err(Error::InProgress { .. })), "{dup:?}");
-            tokio::time::sleep(Duration::from_millis(2000)).await; // over 3 leases in all
+            until_passed(&client, &schema, &key, Passed::Created(3 * lease)).await; // over 3 leases in all
             Ok::<_, DbError>(StoredResponse::json(201, json!({"network_ref": "ch_1"})))
         }
     };
@@ -102,8 +105,15 @@ async fn a_worker_that_lost_its_key_cannot_complete_it() {
     let call = {
         let (pool, key, schema) = (operator.clone(), key.clone(), schema.clone());
         async move {
-            tokio::time::sleep(Duration::from_millis(100)).await;
             let mut client = pool.get().await.unwrap();
+            // The reservation the call runs under, committed.
+            eventually("the worker's reservation is recorded", Duration::from_secs(30), || async {
+                match ops::lookup(&client, &schema, &key).await {
+                    Ok(Some(r)) if r.status == ops::Status::Processing => Ok(()),
+                    other => Err(format!("{other:?}")),
+                }
+            })
+            .await;
             // In one transaction, so a heartbeat in between cannot renew the lease.
             let tx = client.transaction().await.unwrap();
             tx.execute(

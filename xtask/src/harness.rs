@@ -1,6 +1,8 @@
-//! The run: the layers of each major in order, one result per layer, the summary.
+//! The run: the layers of the table (`layers::LAYERS`) on each major in order, the private
+//! cluster around those that run on it, one result per layer, the summary and the closing line.
 
-use crate::layers;
+use crate::ctx::Ctx;
+use crate::layers::{Layer, Run, Scope, LAYERS};
 use crate::report::{Checks, Outcome};
 use idempotency_pgserver::{config, default_major, major_of, majors, Server, Stop};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -39,8 +41,9 @@ impl Options {
                 "--layers" => {
                     let list = it.next().ok_or("--layers needs a list such as \"regress upgrade\"")?;
                     let names: Vec<String> = list.split_whitespace().map(str::to_owned).collect();
-                    if let Some(bad) = names.iter().find(|n| !LAYERS.contains(&n.as_str())) {
-                        return Err(format!("--layers: {bad} is not one of: {}", LAYERS.join(" ")));
+                    if let Some(bad) = names.iter().find(|n| !LAYERS.iter().any(|l| l.name == n.as_str())) {
+                        let all: Vec<&str> = LAYERS.iter().map(|l| l.name).collect();
+                        return Err(format!("--layers: {bad} is not one of: {}", all.join(" ")));
                     }
                     o.layers = Some(names);
                 }
@@ -51,88 +54,55 @@ impl Options {
     }
 }
 
-/// Every layer, in the order a major runs them (`--layers` picks some; the package layer
-/// includes package_tarball and package_deb).
-pub(crate) const LAYERS: &[&str] = &[
-    "unit", "lint", "pg_test", "package", "install", "regress", "isolation", "e2e", "e2e_portable", "e2e_sqlx", "bench", "upgrade", "portable",
-    "python", "ops", "citus", "pgspot", "failover", "pg_upgrade",
-];
-
-/// What a layer knows of the major it runs on.
-#[derive(Debug, Clone)]
-pub(crate) struct Ctx {
-    /// How the summary names it: `pgNN` (`all` for the layer across majors).
-    pub(crate) label: String,
-    /// The major.
-    pub(crate) major: u32,
-    /// Its pg_config.
-    pub(crate) config: PathBuf,
-    /// Every layer (else the core layers).
-    pub(crate) full: bool,
-    /// The default major (the client's unit tests and clippy run there only).
-    pub(crate) is_default: bool,
-    /// The private cluster's port; the layers' own servers use ports above it (ops +20/+21,
-    /// the TLS server +25, citus +30..+32, failover +400/+401; pg_upgrade from 56000).
-    pub(crate) port: u16,
-    /// target/test-logs/pgNN.
-    pub(crate) logs: PathBuf,
-    /// The workspace version (Cargo.toml).
-    pub(crate) version: String,
-}
-
-impl Ctx {
-    /// The major's program `name`.
-    pub(crate) fn bin(&self, name: &str) -> PathBuf {
-        PathBuf::from(idempotency_pgserver::pg_config_value(&self.config, "--bindir")).join(name)
-    }
-
-    /// `pg_config --flag` of the major.
-    pub(crate) fn value(&self, flag: &str) -> String {
-        idempotency_pgserver::pg_config_value(&self.config, flag)
-    }
-
-    /// The major's extension directory.
-    pub(crate) fn extdir(&self) -> PathBuf {
-        PathBuf::from(self.value("--sharedir")).join("extension")
-    }
-
-    /// psql on a server of this major on `port`.
-    pub(crate) fn psql(&self, port: u16) -> crate::psql::Psql {
-        crate::psql::Psql::new(&PathBuf::from(self.value("--bindir")), port)
-    }
-}
-
 /// The results so far.
+#[derive(Default)]
 pub(crate) struct Harness {
     only: Option<Vec<String>>,
     summary: Vec<String>,
     per_major: Vec<String>,
+    total: Totals,
+    major: Totals,
+    failed_layers: u32,
+}
+
+/// Checks passed, failed and skipped.
+#[derive(Clone, Copy, Debug, Default)]
+struct Totals {
     passed: u32,
     failed: u32,
-    failed_layers: u32,
-    major_passed: u32,
-    major_failed: u32,
+    skipped: u32,
+}
+
+impl std::fmt::Display for Totals {
+    /// `N passed, N failed, N skipped`: the closing line's form.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} passed, {} failed, {} skipped", self.passed, self.failed, self.skipped)
+    }
 }
 
 impl Harness {
+    /// Runs `layer` on the major of `ctx` if `--layers` wants it.
+    fn run(&mut self, ctx: &Ctx, layer: &Layer) {
+        if !self.wants(layer.name) {
+            return;
+        }
+        match layer.run {
+            Run::Checks(f) => {
+                self.layer(ctx, layer.name, &mut |c, k| f(c, k));
+            }
+            Run::Family(f) => f(ctx, &mut |name, g| self.layer(ctx, name, g)),
+        }
+    }
+
     /// Runs layer `name`: its checks in target/test-logs/pgNN/NAME.log, a panic in it is one
     /// failure; records its result.
-    pub(crate) fn layer(&mut self, ctx: &Ctx, name: &str, f: impl FnOnce(&Ctx, &mut Checks)) -> Outcome {
-        let family = if name.starts_with("package") { "package" } else { name };
-        if !self.wants(family) {
-            return Outcome::default();
-        }
+    fn layer(&mut self, ctx: &Ctx, name: &str, f: &mut dyn FnMut(&Ctx, &mut Checks)) -> Outcome {
         println!("\n== {} {name}", ctx.label);
         let started = Instant::now();
         let log = ctx.logs.join(format!("{name}.log"));
         let mut checks = Checks::new(&log);
         if let Err(panic) = catch_unwind(AssertUnwindSafe(|| f(ctx, &mut checks))) {
-            let msg = panic
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
-                .unwrap_or_default();
-            checks.fail(&format!("{name}: the layer stopped"), &msg);
+            checks.fail(&format!("{name}: the layer stopped"), &panic_text(&*panic));
         }
         let outcome = checks.outcome();
         self.record(ctx, name, &outcome, started, &log);
@@ -140,28 +110,40 @@ impl Harness {
     }
 
     /// Whether layer `name` is to run (`--layers`).
-    pub(crate) fn wants(&self, name: &str) -> bool {
+    fn wants(&self, name: &str) -> bool {
         self.only.as_ref().is_none_or(|l| l.iter().any(|n| n == name))
     }
 
     fn record(&mut self, ctx: &Ctx, name: &str, o: &Outcome, started: Instant, log: &std::path::Path) {
         let secs = started.elapsed().as_secs();
         let log = log.strip_prefix(idempotency_pgserver::root()).unwrap_or(log).display().to_string();
-        if let Some(why) = &o.skipped {
+        let skipped = u32::try_from(o.skipped.len()).unwrap_or(u32::MAX);
+        for t in [&mut self.total, &mut self.major] {
+            t.passed += o.passed;
+            t.failed += o.failed;
+            t.skipped += skipped;
+        }
+        if let Some(why) = o.not_run() {
             println!("== {} {name}: skipped ({why})", ctx.label);
             self.summary.push(format!("{:<4} {name:<16} skipped: {why}", ctx.label));
             return;
         }
-        self.passed += o.passed;
-        self.failed += o.failed;
-        self.major_passed += o.passed;
-        self.major_failed += o.failed;
         if o.failed > 0 {
             self.failed_layers += 1;
         }
-        println!("== {} {name}: {} passed, {} failed (log: {log})", ctx.label, o.passed, o.failed);
-        self.summary.push(format!("{:<4} {name:<16} {:>5} passed, {} failed  {secs:>4}s", ctx.label, o.passed, o.failed));
+        let t = Totals { passed: o.passed, failed: o.failed, skipped };
+        println!("== {} {name}: {t} (log: {log})", ctx.label);
+        for why in &o.skipped {
+            println!("   skipped: {why}");
+        }
+        let why = if o.skipped.is_empty() { String::new() } else { format!("  (skipped: {})", o.skipped.join("; ")) };
+        self.summary.push(format!("{:<4} {name:<16} {:>5} passed, {} failed, {} skipped  {secs:>4}s{why}", ctx.label, o.passed, o.failed, skipped));
     }
+}
+
+/// The text of a caught panic.
+fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
+    panic.downcast_ref::<String>().cloned().or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned())).unwrap_or_default()
 }
 
 /// The whole run (see the crate docs); exits 1 when any layer failed.
@@ -187,7 +169,7 @@ pub(crate) fn run(options: &Options) -> ExitCode {
     let version = workspace_version();
 
     let mut default_ctx = None;
-    let mut h = Harness { only: options.layers.clone(), summary: vec![], per_major: vec![], passed: 0, failed: 0, failed_layers: 0, major_passed: 0, major_failed: 0 };
+    let mut h = Harness { only: options.layers.clone(), ..Harness::default() };
     for major in order {
         let started = Instant::now();
         let is_default = major == default;
@@ -206,87 +188,83 @@ pub(crate) fn run(options: &Options) -> ExitCode {
             ctx.config.display(),
             if full { "all" } else { "core" }
         );
-        h.major_passed = 0;
-        h.major_failed = 0;
+        h.major = Totals::default();
         run_major(&mut h, &ctx);
         if is_default {
             default_ctx = Some(ctx.clone());
         }
-        h.per_major.push(format!(
-            "pg{major}: {} passed, {} failed ({} layers, {}s)",
-            h.major_passed,
-            h.major_failed,
-            if full { "all" } else { "core" },
-            started.elapsed().as_secs()
-        ));
+        h.per_major.push(format!("pg{major}: {} ({} layers, {}s)", h.major, if full { "all" } else { "core" }, started.elapsed().as_secs()));
     }
 
     // Across majors, once every major's tree it needs has had its install layer.
-    let covered = options.majors.as_ref().is_none_or(|m| [14, 15, 17, 18].iter().all(|x| m.contains(x)));
-    if let (true, Some(default_ctx)) = (covered, default_ctx) {
-        let ctx = Ctx { label: "all".into(), logs: PathBuf::from("target/test-logs/pg_upgrade"), ..default_ctx };
+    for layer in LAYERS {
+        let Scope::Across(needs) = layer.scope else { continue };
+        if !h.wants(layer.name) {
+            continue;
+        }
+        let covered = needs.iter().all(|m| options.majors.as_ref().is_none_or(|chosen| chosen.contains(m)));
+        let Some(default_ctx) = default_ctx.clone() else { continue };
+        let ctx = Ctx { label: "all".into(), logs: PathBuf::from(format!("target/test-logs/{}", layer.name)), ..default_ctx };
+        if !covered {
+            let needs: Vec<String> = needs.iter().map(u32::to_string).collect();
+            let why = format!("the run does not cover the majors it needs ({})", needs.join(", "));
+            h.layer(&ctx, layer.name, &mut |_, checks| checks.skip(&why));
+            continue;
+        }
         std::env::set_var("PG_CONFIG", &ctx.config);
         std::env::set_var("IDEM_PG_PORT", ctx.port.to_string());
         let started = Instant::now();
-        let (p, f) = (h.passed, h.failed);
-        h.layer(&ctx, "pg_upgrade", layers::pg_upgrade::run);
-        h.per_major.push(format!("all: {} passed, {} failed ({}s)", h.passed - p, h.failed - f, started.elapsed().as_secs()));
+        h.major = Totals::default();
+        h.run(&ctx, layer);
+        h.per_major.push(format!("all: {} ({}s)", h.major, started.elapsed().as_secs()));
     }
 
     println!("\n== summary");
     for l in h.summary.iter().chain(&h.per_major) {
         println!("{l}");
     }
-    println!("{} passed, {} failed", h.passed, h.failed);
-    if h.failed == 0 && h.failed_layers == 0 {
+    println!("{}", h.total);
+    if h.total.failed == 0 && h.failed_layers == 0 {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
     }
 }
 
-/// The layers of one major, in the order their inputs need (the install before the suites).
+/// The layers of one major, in the table's order; the private cluster started before the first
+/// layer that runs on it (when one of those is to run) and stopped after the last (also when
+/// this run did not start it: a test process leaves it running, and the next layers use its
+/// port).
 fn run_major(h: &mut Harness, ctx: &Ctx) {
-    if ctx.is_default {
-        // The client crate does not depend on the major.
-        h.layer(ctx, "unit", layers::unit::run);
-        h.layer(ctx, "lint", layers::lint::run);
-    }
-    h.layer(ctx, "pg_test", layers::pg_test::run);
-    layers::package::run(h, ctx);
-    h.layer(ctx, "install", layers::install::run);
-
-    // The suites and the client's tests share the major's private cluster.
     let private = Server::private(&ctx.config);
-    let needed = ["regress", "isolation", "e2e", "e2e_portable", "e2e_sqlx", "bench"].iter().any(|l| h.wants(l));
-    let started = if needed { catch_unwind(AssertUnwindSafe(|| private.ensure_started())) } else { Ok(()) };
-    if started.is_err() {
-        h.layer(ctx, "regress", |_, c| c.fail("start the private cluster", &idempotency_pgserver::root().join("target/servers").display().to_string()));
-    } else {
-        h.layer(ctx, "regress", layers::regress::run);
-        h.layer(ctx, "isolation", layers::isolation::run);
-        use layers::e2e::{Driver, Install};
-        h.layer(ctx, "e2e", |c, k| layers::e2e::run(c, k, Install::Extension, Driver::TokioPostgres));
-        h.layer(ctx, "e2e_portable", |c, k| layers::e2e::run(c, k, Install::Portable, Driver::TokioPostgres));
-        h.layer(ctx, "e2e_sqlx", |c, k| layers::e2e::run(c, k, Install::Extension, Driver::Sqlx));
-        if ctx.full {
-            h.layer(ctx, "bench", layers::bench::run);
+    let here: Vec<&Layer> = LAYERS.iter().filter(|l| l.runs_on(ctx)).collect();
+    let needed = here.iter().any(|l| l.private && h.wants(l.name));
+    // None before the first layer on the private cluster; then whether it started.
+    let mut cluster: Option<Result<(), String>> = None;
+    let mut stopped = false;
+    let stop = || {
+        let _ = catch_unwind(AssertUnwindSafe(|| private.stop(Stop::Fast)));
+    };
+    for layer in here {
+        if layer.private && cluster.is_none() {
+            let started = if needed { catch_unwind(AssertUnwindSafe(|| private.ensure_started())) } else { Ok(()) };
+            cluster = Some(started.map_err(|p| format!("{}\n{}", panic_text(&*p), idempotency_pgserver::root().join("target/servers").display())));
+        }
+        if !layer.private && cluster.is_some() && !stopped {
+            stop();
+            stopped = true;
+        }
+        match &cluster {
+            Some(Err(e)) if layer.private => {
+                if h.wants(layer.name) {
+                    h.layer(ctx, layer.name, &mut |_, c| c.fail("start the private cluster", e));
+                }
+            }
+            _ => h.run(ctx, layer),
         }
     }
-    // Also when this run did not start it (a test process leaves it running): the next layers
-    // use its port.
-    let _ = catch_unwind(AssertUnwindSafe(|| private.stop(Stop::Fast)));
-
-    // These run servers of their own (the upgrade, portable and python layers on the now free
-    // port of the private cluster).
-    h.layer(ctx, "failover", layers::failover::run);
-    h.layer(ctx, "upgrade", layers::upgrade::run);
-    h.layer(ctx, "portable", layers::portable::run);
-    h.layer(ctx, "python", layers::python::run);
-    if ctx.full {
-        h.layer(ctx, "ops", layers::ops::run);
-        h.layer(ctx, "citus", layers::citus::run);
-        h.layer(ctx, "pgspot", layers::pgspot::run);
+    if cluster.is_some() && !stopped {
+        stop();
     }
 }
 

@@ -10,10 +10,12 @@
 //!   cargo run -p xtask -- pg start|stop [immediate]|url|psql ARGS|destroy
 //!                                                 the private cluster of PG_CONFIG's major
 //!
-//! The test run ends with `N passed, N failed` over every layer and major; it exits non-zero if
+//! The test run ends with `N passed, N failed, N skipped` over every layer and major (skipped:
+//! what legitimately could not run, such as the Citus layer without Citus); it exits non-zero if
 //! any layer fails.
 
 mod cargo;
+mod ctx;
 mod harness;
 mod layers;
 mod psql;

@@ -4,12 +4,20 @@ use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-/// What a layer found: its checks passed and failed, or why it did not run.
+/// What a layer found: its checks passed and failed, and what it legitimately could not run
+/// (each one skipped, with why; a layer with nothing else did not run at all).
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Outcome {
     pub(crate) passed: u32,
     pub(crate) failed: u32,
-    pub(crate) skipped: Option<String>,
+    pub(crate) skipped: Vec<String>,
+}
+
+impl Outcome {
+    /// The layer did not run at all: why.
+    pub(crate) fn not_run(&self) -> Option<String> {
+        (self.passed == 0 && self.failed == 0 && !self.skipped.is_empty()).then(|| self.skipped.join("; "))
+    }
 }
 
 /// The checks of one layer: each is one line `ok     LABEL` or `FAILED LABEL` (with its detail
@@ -17,7 +25,7 @@ pub(crate) struct Outcome {
 pub(crate) struct Checks {
     passed: u32,
     failed: u32,
-    skipped: Option<String>,
+    skipped: Vec<String>,
     log: File,
     path: PathBuf,
 }
@@ -29,7 +37,7 @@ impl Checks {
             std::fs::create_dir_all(dir).unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
         }
         let file = File::create(log).unwrap_or_else(|e| panic!("cannot create {}: {e}", log.display()));
-        Checks { passed: 0, failed: 0, skipped: None, log: file, path: log.to_owned() }
+        Checks { passed: 0, failed: 0, skipped: vec![], log: file, path: log.to_owned() }
     }
 
     /// The layer's log file (for the child processes a layer runs).
@@ -90,18 +98,20 @@ impl Checks {
         self.failed += failed;
     }
 
-    /// The layer did not run, and why.
+    /// The layer, or a part of it, did not run, and why: one skipped in the closing line. Only
+    /// for a subject that is legitimately absent (Citus not installed, a part the run's
+    /// settings leave out); a layer that cannot run what it must fails instead.
     pub(crate) fn skip(&mut self, why: &str) {
         self.line(&format!("skipped: {why}"), false);
-        self.skipped = Some(why.to_owned());
+        self.skipped.push(why.to_owned());
     }
 
-    /// The result. A layer that ran and counted nothing has failed.
+    /// The result. A layer that counted nothing and skipped nothing has failed.
     pub(crate) fn outcome(mut self) -> Outcome {
-        if self.skipped.is_none() && self.passed == 0 && self.failed == 0 {
+        if self.skipped.is_empty() && self.passed == 0 && self.failed == 0 {
             self.fail("the layer counted no test", "");
         }
-        self.line(&format!("{} passed, {} failed", self.passed, self.failed), false);
+        self.line(&format!("{} passed, {} failed, {} skipped", self.passed, self.failed, self.skipped.len()), false);
         Outcome { passed: self.passed, failed: self.failed, skipped: self.skipped }
     }
 }

@@ -1,7 +1,7 @@
 //! Layer bench: the benchmark in smoke mode on the private cluster: every case runs and
 //! produces numbers (no speed asserted).
 
-use crate::harness::Ctx;
+use crate::ctx::Ctx;
 use crate::report::Checks;
 use std::process::Command;
 

@@ -3,7 +3,7 @@
 //! cluster, with the extension or with the portable install (IDEM_INSTALL=portable), over the
 //! tokio-postgres driver or over the sqlx one (`--features sqlx`: the test kit's handle follows).
 
-use crate::harness::Ctx;
+use crate::ctx::Ctx;
 use crate::report::Checks;
 use std::path::Path;
 

@@ -2,7 +2,7 @@
 //! build; the later layers test the release build), then every released install script and
 //! every update script (scripts/sqlbuild.py install-files).
 
-use crate::harness::Ctx;
+use crate::ctx::Ctx;
 use crate::report::Checks;
 use std::process::Command;
 

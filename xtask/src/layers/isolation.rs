@@ -1,7 +1,7 @@
 //! Layer isolation: the pg_isolation_regress specs of tests/isolation on the private cluster,
 //! each spec one test.
 
-use crate::harness::Ctx;
+use crate::ctx::Ctx;
 use crate::report::Checks;
 use crate::suite::{self, Driver};
 use std::path::PathBuf;

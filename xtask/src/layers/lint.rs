@@ -1,8 +1,14 @@
 //! Layer lint: clippy over every crate and target, the extension included, with the lints of the
 //! root Cargo.toml's `[workspace.lints]`; then the client, its test kit and tests over sqlx with
-//! TLS (the code behind those features). A warning fails.
+//! TLS (the code behind those features). A warning fails. Then the crates.io dry run of the two
+//! published crates (`cargo publish --dry-run`: cargo packages them together and builds the
+//! client against the core it is about to publish), or `cargo package --offline` where the
+//! index is unreachable; the check's name says which ran. `--allow-dirty`: a working tree with
+//! uncommitted edits is what a contributor runs the test command in, and dirt says nothing about
+//! publishability (the package is built from the working tree either way); CI runs from a clean
+//! clone.
 
-use crate::harness::Ctx;
+use crate::ctx::Ctx;
 use crate::report::Checks;
 use std::process::Command;
 
@@ -19,4 +25,27 @@ pub(crate) fn run(_: &Ctx, checks: &mut Checks) {
         let findings: Vec<&str> = text.lines().filter(|l| l.starts_with("warning") || l.starts_with("error")).take(30).collect();
         checks.check(&format!("cargo {}", args.join(" ")), if ok { Ok(()) } else { Err(findings.join("\n")) });
     }
+    publish(checks);
+}
+
+/// The published crates, packaged together.
+const PUBLISHED: [&str; 4] = ["-p", "idempotency-core", "-p", "idempotency-client"];
+
+/// Words of cargo's errors when the registry cannot be reached (not when it refuses a package).
+const UNREACHABLE: &[&str] = &["Unable to update registry", "failed to query replaced source", "network failure", "Could not resolve host", "Couldn't resolve host", "failed to download from"];
+
+/// `cargo publish --dry-run`, or `cargo package --offline` when the index is unreachable.
+fn publish(checks: &mut Checks) {
+    let log = checks.log_path().to_owned();
+    let mut args = vec!["publish", "--dry-run", "--allow-dirty"];
+    args.extend(PUBLISHED);
+    let (mut ok, mut text) = crate::sh::to_log_text(Command::new("cargo").args(&args), &log);
+    if !ok && UNREACHABLE.iter().any(|w| text.contains(w)) {
+        checks.note("the crates.io index is unreachable: cargo package --offline instead of the dry run");
+        args = vec!["package", "--offline", "--allow-dirty"];
+        args.extend(PUBLISHED);
+        (ok, text) = crate::sh::to_log_text(Command::new("cargo").args(&args), &log);
+    }
+    let findings: Vec<&str> = text.lines().skip_while(|l| !l.starts_with("error")).take(30).collect();
+    checks.check(&format!("cargo {}", args.join(" ")), if ok { Ok(()) } else { Err(findings.join("\n")) });
 }

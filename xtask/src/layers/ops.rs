@@ -3,14 +3,19 @@
 //!
 //!   IDEM_CRON_PG_CONFIG  a PostgreSQL with pg_cron and the extension installed, for the
 //!                        pg_cron recipe. Default: the major's if it has pg_cron, else Debian's
-//!                        15 if it has; otherwise (or `none`) that part is skipped.
+//!                        15 if it has; when neither has it the layer fails (scripts/setup.sh
+//!                        installs postgresql-15-cron). `none` leaves that part out.
 //!   IDEM_OPS_PARTS       which parts to run (default `worker cron`)
 //!   IDEM_OPS_ROWS        the backlog each part sweeps (default 1000000)
 //!   IDEM_OPS_RECIPE_FROM_SOURCE=1  when the extension installed for pg_cron predates
 //!                        idem_maintain, create the procedure from sql/operations.sql
+//!
+//! A part left out by IDEM_OPS_PARTS or IDEM_CRON_PG_CONFIG=none counts as skipped. The
+//! statements are tests/ops/*.sql, run by name.
 
-use crate::harness::Ctx;
-use crate::psql::Psql;
+use super::{throwaway, throwaway_of};
+use crate::ctx::Ctx;
+use crate::psql::{Named, Psql};
 use crate::report::{eq, ge, Checks};
 use idempotency_pgserver::{pg_config_value, Server, Stop};
 use std::path::{Path, PathBuf};
@@ -20,13 +25,9 @@ fn sleep(secs: f64) {
     std::thread::sleep(Duration::from_secs_f64(secs));
 }
 
-/// A fresh server `name` of `pg_config` on `port` with `settings`, started.
-fn start(name: &str, pg_config: &Path, port: u16, settings: &str) -> Server {
-    let server = Server::new(name, pg_config, port);
-    server.initdb(&[]);
-    server.configure(settings);
-    server.start();
-    server
+/// The layer's statements.
+fn statements() -> Named {
+    Named::load(Path::new("tests/ops"))
 }
 
 /// Matching lines in the server log (`pattern` holds `|`-separated alternatives of plain text).
@@ -51,25 +52,13 @@ fn num(s: &str) -> i64 {
     s.trim().parse().unwrap_or(i64::MIN)
 }
 
-/// N finished records whose ttl has passed, in one transaction.
-fn fill_expired(p: &Psql, rows: i64) {
-    p.run(&format!(
-        "INSERT INTO idem_records (operation, user_id, key, request_hash, status, token, response,
-                                   lease_expires_at, expires_at, created_at, updated_at)
-           SELECT 'bulk', 'u', 'k' || i, 'h', CASE WHEN i % 10 = 0 THEN 'FAILED' ELSE 'SUCCESS' END,
-                  nextval('idem_token_seq'), '{{\"status\": 201}}',
-                  now() - interval '2 days', now() - interval '1 day', now() - interval '2 days', now()
-             FROM generate_series(1, {rows}) AS i"
-    ));
-}
-
 /// Polls the bulk rows until none is left: how many polls saw 0 < remaining < rows (batches
 /// committed one by one) and the seconds it took, or what was left at the deadline.
-fn watch_drain(p: &Psql, rows: i64, secs: u64) -> Result<(u32, u64), String> {
+fn watch_drain(sql: &Named, p: &Psql, rows: i64, secs: u64) -> Result<(u32, u64), String> {
     let start = Instant::now();
     let mut intermediate = 0;
     loop {
-        let left = num(&p.run("SELECT count(*) FROM idem_records WHERE operation = 'bulk'"));
+        let left = num(&sql.run(p, "bulk_left", &[]));
         if left > 0 && left < rows {
             intermediate += 1;
         }
@@ -92,8 +81,11 @@ fn transactions_in(line: &str) -> i64 {
 pub(crate) fn run(ctx: &Ctx, checks: &mut Checks) {
     let rows: i64 = std::env::var("IDEM_OPS_ROWS").ok().and_then(|r| r.parse().ok()).unwrap_or(1_000_000);
     let parts = std::env::var("IDEM_OPS_PARTS").unwrap_or_else(|_| "worker cron".into());
+    let sql = statements();
     if parts.split_whitespace().any(|p| p == "worker") {
-        worker(ctx, checks, rows);
+        worker(ctx, checks, &sql, rows);
+    } else {
+        checks.skip("the maintenance worker: left out (IDEM_OPS_PARTS)");
     }
     let mut cron = std::env::var("IDEM_CRON_PG_CONFIG").ok().map(PathBuf::from);
     if cron.is_none() {
@@ -101,18 +93,28 @@ pub(crate) fn run(ctx: &Ctx, checks: &mut Checks) {
             .into_iter()
             .find(|c| c.is_file() && PathBuf::from(pg_config_value(c, "--pkglibdir")).join("pg_cron.so").is_file());
     }
+    if !parts.split_whitespace().any(|p| p == "cron") {
+        checks.skip("the pg_cron recipe: left out (IDEM_OPS_PARTS)");
+        return;
+    }
+    // scripts/setup.sh installs postgresql-15-cron: a machine without it cannot run the recipe's
+    // test, which fails; only IDEM_CRON_PG_CONFIG=none leaves the part out, by choice.
     match cron {
-        Some(c) if c != Path::new("none") && parts.split_whitespace().any(|p| p == "cron") => pg_cron(ctx, checks, &c, rows),
-        _ => checks.note("== pg_cron recipe: skipped (no PostgreSQL with pg_cron; apt-get install postgresql-15-cron)"),
+        Some(c) if c == Path::new("none") => checks.skip("the pg_cron recipe: left out (IDEM_CRON_PG_CONFIG=none)"),
+        Some(c) => pg_cron(ctx, checks, &sql, &c, rows),
+        None => checks.fail(
+            "the pg_cron recipe has a PostgreSQL with pg_cron to run on",
+            "no pg_cron.so in this major's or Debian's 15 pkglibdir: run bash scripts/setup.sh (apt-get install postgresql-15-cron), or set IDEM_CRON_PG_CONFIG",
+        ),
     }
 }
 
-fn worker(ctx: &Ctx, checks: &mut Checks, rows: i64) {
+fn worker(ctx: &Ctx, checks: &mut Checks, sql: &Named, rows: i64) {
     let port = ctx.port + 20;
     checks.note(&format!("== maintenance worker and counters ({}, port {port})", ctx.value("--version")));
-    let server = start(
-        &format!("ops-worker-{}", ctx.major),
-        &ctx.config,
+    let server = throwaway(
+        ctx,
+        "ops-worker",
         port,
         "shared_preload_libraries = 'idempotency'
 idempotency.maintenance_databases = 'idem_ops, idem_noext, idem_noconn, idem_nosuchdb'
@@ -121,27 +123,23 @@ max_worker_processes = 16",
     );
     let pg = ctx.psql(port);
     let p = pg.db("idem_ops");
-    let metric = |name: &str| num(&p.run(&format!("SELECT value FROM idem_metrics() WHERE name = '{name}'")));
+    let metric = |name: &str| num(&sql.run(&p, "metric", &[("name", name)]));
+    let status_of = |key: &str| p.until_script_equal(30, sql.get("status_of"), &[("key", key)], "FAILED");
 
-    checks.check(
-        "the launcher runs when preloaded",
-        pg.until_equal(30, "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'idempotency maintenance launcher'", "1"),
-    );
+    checks.check("the launcher runs when preloaded", pg.until_script_equal(30, sql.get("launchers"), &[], "1"));
     checks.check(
         "the launcher logs its settings at start",
         until_logged(&server, 10, "idempotency maintenance launcher started: databases idem_ops, idem_noext, idem_noconn, idem_nosuchdb, every 1 s, batch size 10000, recover action fail", 0),
     );
-    pg.run("CREATE DATABASE idem_ops");
-    pg.run("CREATE DATABASE idem_noext");
-    pg.run("CREATE DATABASE idem_noconn ALLOW_CONNECTIONS false");
-    p.run("CREATE EXTENSION idempotency");
-    p.run("CREATE ROLE idem_watcher LOGIN; GRANT pg_monitor TO idem_watcher; CREATE ROLE idem_plain LOGIN");
+    sql.run(&pg, "databases", &[]);
+    sql.run(&p, "create_extension", &[]);
+    sql.run(&p, "roles", &[]);
 
     // No call from the test: only the worker can change these records.
-    p.run("SELECT (idem_reserve('ops', 'u', 'stuck', 'h', lease => '1 second')).outcome");
-    p.run("SELECT idem_complete('ops', 'u', 'done', (idem_reserve('ops', 'u', 'done', 'h', ttl => '1 second')).token, '{}')");
-    checks.check("a stuck reservation is recovered by the worker (FAILED)", p.until_equal(30, "SELECT status FROM idem_records WHERE key = 'stuck'", "FAILED"));
-    checks.check("an expired record is swept by the worker", p.until_equal(30, "SELECT count(*) FROM idem_records WHERE key = 'done'", "0"));
+    sql.run(&p, "stuck_reserve", &[("key", "stuck")]);
+    sql.run(&p, "expired_done", &[]);
+    checks.check("a stuck reservation is recovered by the worker (FAILED)", status_of("stuck"));
+    checks.check("an expired record is swept by the worker", p.until_script_equal(30, sql.get("done_left"), &[], "0"));
     checks.check(
         "the worker logs a one-line summary of its recovery",
         until_logged(&server, 10, "idempotency maintenance in database \"idem_ops\": recovered 1 (action fail)", 0),
@@ -169,22 +167,9 @@ max_worker_processes = 16",
     checks.check("passes that did nothing log nothing", if summaries <= 2 && later >= 2 { Ok(()) } else { Err(format!("{summaries} summary lines, {later} passes")) });
 
     checks.note("-- counters");
-    let api_metrics = || p.run("SELECT string_agg(name || '=' || value, ' ' ORDER BY name) FROM idem_metrics() WHERE name NOT IN ('recovered', 'swept', 'worker_passes')");
+    let api_metrics = || sql.run(&p, "api_metrics", &[]);
     let before = api_metrics();
-    p.run(
-        "SELECT idem_complete('m', 'u', 'k1', (idem_reserve('m', 'u', 'k1', 'h')).token, '{}');
-SELECT idem_reserve('m', 'u', 'k1', 'h');
-SELECT idem_reserve('m', 'u', 'k1', 'other');
-SELECT idem_reserve('m', 'u', 'k2', 'h');
-SELECT idem_reserve('m', 'u', 'k2', 'h');
-SELECT idem_complete('m', 'u', 'k2', 0, '{}');
-SELECT idem_heartbeat('m', 'u', 'k2', 0);
-SELECT idem_release('m', 'u', 'k2', 0);
-SELECT idem_release('m', 'u', 'k2', (SELECT token FROM idem_records WHERE key = 'k2'));
-SELECT idem_release('m', 'u', 'k2', (idem_reserve('m', 'u', 'k2', 'h')).token, max_retries => 2);
-SELECT idem_reserve('m', 'u', 'k2', 'h');
-SELECT idem_complete('m', 'u', 'k3', (idem_reserve('m', 'u', 'k3', 'h')).token, '{}', 'FAILED');",
-    );
+    sql.run(&p, "outcomes", &[]);
     let after = api_metrics();
     let parse = |s: &str| -> std::collections::BTreeMap<String, i64> {
         s.split(' ').filter_map(|kv| kv.split_once('=')).map(|(k, v)| (k.to_owned(), num(v))).collect()
@@ -198,26 +183,15 @@ SELECT idem_complete('m', 'u', 'k3', (idem_reserve('m', 'u', 'k3', 'h')).token, 
             "completions_failed=1 completions_success=1 poisonings=1 releases=1 reservations_created=4 reservations_failed=1 reservations_in_progress=1 reservations_mismatch=1 reservations_replay=1 stale_tokens=3",
         ),
     );
-    checks.check(
-        "recovered and swept count the worker's work",
-        eq(p.run("SELECT count(*) FROM idem_metrics() WHERE name IN ('recovered', 'swept', 'worker_passes') AND value >= 1"), "3"),
-    );
-    let as_role = |role: &str, extra: &[&str]| {
-        let out = std::process::Command::new(ctx.bin("psql"))
-            .args(["-X", "-At", "-h", "127.0.0.1", "-p", &port.to_string(), "-U", role, "-d", "idem_ops"])
-            .args(extra)
-            .args(["-c", "SELECT count(*) FROM idem_metrics()"])
-            .output()
-            .expect("run psql");
-        format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)).trim().to_owned()
-    };
-    checks.check("pg_monitor may read the counters", eq(as_role("idem_watcher", &[]), "13"));
-    checks.check("PUBLIC may not (42501)", eq(as_role("idem_plain", &["-v", "VERBOSITY=sqlstate"]), "ERROR:  42501"));
+    checks.check("recovered and swept count the worker's work", eq(sql.run(&p, "worker_metrics", &[]), "3"));
+    let (watcher, plain) = (p.user("idem_watcher"), p.user("idem_plain"));
+    checks.check("pg_monitor may read the counters", eq(sql.q(&watcher, "metrics_count", &[]).unwrap_or_else(|e| e), "13"));
+    let refused = sql.q(&plain, "metrics_count", &[("VERBOSITY", "sqlstate")]);
+    checks.check("PUBLIC may not (42501)", eq(refused.map_or_else(|e| crate::psql::error_code(&e), |v| format!("succeeded: {v}")), "42501"));
 
     checks.note("-- settings reload (SIGHUP) and interval 0");
     let set_interval = |n: u32| {
-        pg.run(&format!("ALTER SYSTEM SET idempotency.maintenance_interval = {n}"));
-        pg.run("SELECT pg_reload_conf()");
+        sql.run(&pg, "maintenance_interval", &[("interval", &n.to_string())]);
     };
     set_interval(0);
     checks.check(
@@ -225,41 +199,38 @@ SELECT idem_complete('m', 'u', 'k3', (idem_reserve('m', 'u', 'k3', 'h')).token, 
         until_logged(&server, 10, "idempotency maintenance settings reloaded: disabled (idempotency.maintenance_interval = 0)", 0),
     );
     let passes = metric("worker_passes");
-    p.run("SELECT (idem_reserve('ops', 'u', 'stuck2', 'h', lease => '1 second')).outcome");
+    sql.run(&p, "stuck_reserve", &[("key", "stuck2")]);
     sleep(4.0);
     checks.check("interval 0: no pass runs", eq(metric("worker_passes").to_string(), passes.to_string()));
-    checks.check("interval 0: a stuck reservation stays stuck", eq(p.run("SELECT status FROM idem_records WHERE key = 'stuck2'"), "PROCESSING"));
+    checks.check("interval 0: a stuck reservation stays stuck", eq(sql.run(&p, "status_of", &[("key", "stuck2")]), "PROCESSING"));
     set_interval(1);
-    checks.check("back to 1 s: it is recovered", p.until_equal(30, "SELECT status FROM idem_records WHERE key = 'stuck2'", "FAILED"));
+    checks.check("back to 1 s: it is recovered", status_of("stuck2"));
 
     checks.note("-- restart after the launcher is killed");
-    let old_pid = pg.run("SELECT pid FROM pg_stat_activity WHERE backend_type = 'idempotency maintenance launcher'");
-    pg.run(&format!("SELECT pg_terminate_backend({old_pid})"));
-    checks.check(
-        "the launcher comes back after pg_terminate_backend",
-        pg.until_equal(60, &format!("SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'idempotency maintenance launcher' AND pid <> {old_pid}"), "1"),
-    );
-    p.run("SELECT (idem_reserve('ops', 'u', 'stuck3', 'h', lease => '1 second')).outcome");
-    checks.check("and keeps maintaining", p.until_equal(30, "SELECT status FROM idem_records WHERE key = 'stuck3'", "FAILED"));
+    let old_pid = sql.run(&pg, "launcher_pid", &[]);
+    sql.run(&pg, "terminate", &[("pid", &old_pid)]);
+    checks.check("the launcher comes back after pg_terminate_backend", pg.until_script_equal(60, sql.get("new_launchers"), &[("pid", &old_pid)], "1"));
+    sql.run(&p, "stuck_reserve", &[("key", "stuck3")]);
+    checks.check("and keeps maintaining", status_of("stuck3"));
 
     checks.note(&format!("-- idem_stats on {rows} rows without a full scan"));
     let reloads = log_count(&server, "settings reloaded: disabled");
     set_interval(0);
     let _ = until_logged(&server, 10, "settings reloaded: disabled", reloads);
-    p.run("DELETE FROM idem_records");
-    fill_expired(&p, rows);
-    p.run("SELECT idem_complete('live', 'u', 'k' || i, (idem_reserve('live', 'u', 'k' || i, 'h')).token, '{}') FROM generate_series(1, 500) AS i");
-    p.run("SELECT idem_reserve('live', 'u', 'p' || i, 'h', lease => '1 second') FROM generate_series(1, 7) AS i");
-    p.run("SELECT idem_reserve('live', 'u', 'q' || i, 'h') FROM generate_series(1, 5) AS i");
-    p.run("ANALYZE idem_records");
+    sql.run(&p, "delete_records", &[]);
+    sql.run(&p, "fill_expired", &[("rows", &rows.to_string())]);
+    sql.run(&p, "live_success", &[]);
+    sql.run(&p, "live_stuck", &[]);
+    sql.run(&p, "live_processing", &[]);
+    sql.run(&p, "analyze", &[]);
     sleep(1.1); // the seven 1 s leases run out
     // A session's table statistics reach pg_stat_user_tables when it exits.
     let seq_scans = || {
         sleep(0.5);
-        p.run("SELECT seq_scan FROM pg_stat_user_tables WHERE relname = 'idem_records'")
+        sql.run(&p, "seq_scans", &[])
     };
     let scans_before = seq_scans();
-    let stats = p.run("SELECT processing, stuck, expired, success, failed FROM idem_stats()");
+    let stats = sql.run(&p, "stats", &[]);
     let scans_after = seq_scans();
     let (success, failed) = (rows * 9 / 10 + 500, rows / 10);
     checks.note(&format!("     idem_stats: processing|stuck|expired|success|failed = {stats} (true: 12|7|{rows}|{success}|{failed})"));
@@ -278,11 +249,11 @@ SELECT idem_complete('m', 'u', 'k3', (idem_reserve('m', 'u', 'k3', 'h')).token, 
     checks.check("idem_stats: failed is estimated within 5%", within(fields.get(4), failed));
 
     checks.note(&format!("-- a sweep of {rows} expired rows by the worker"));
-    let xid_before = num(&p.run("SELECT txid_current()"));
+    let xid_before = num(&sql.run(&p, "txid", &[]));
     set_interval(1);
-    let drained = watch_drain(&p, rows, 300);
+    let drained = watch_drain(sql, &p, rows, 300);
     checks.check("the worker sweeps them all", drained.as_ref().map(drop).map_err(Clone::clone));
-    let xid_after = num(&p.run("SELECT txid_current()"));
+    let xid_after = num(&sql.run(&p, "txid", &[]));
     let (intermediate, secs) = drained.unwrap_or((0, 0));
     checks.check("in many transactions: another session saw a partial count", ge(intermediate.into(), 1));
     checks.check("at least one transaction per batch of 10000 (xids used)", ge(xid_after - xid_before, rows / 10000));
@@ -305,7 +276,7 @@ SELECT idem_complete('m', 'u', 'k3', (idem_reserve('m', 'u', 'k3', 'h')).token, 
     );
 
     checks.note("-- counters after the run");
-    for m in p.run("SELECT string_agg(name || '=' || value, ' ' ORDER BY name) FROM idem_metrics()").split(' ') {
+    for m in sql.run(&p, "all_metrics", &[]).split(' ') {
         checks.note(&format!("     {m}"));
     }
 
@@ -324,17 +295,17 @@ SELECT idem_complete('m', 'u', 'k3', (idem_reserve('m', 'u', 'k3', 'h')).token, 
     }
 }
 
-fn pg_cron(ctx: &Ctx, checks: &mut Checks, config: &Path, rows: i64) {
+fn pg_cron(ctx: &Ctx, checks: &mut Checks, sql: &Named, config: &Path, rows: i64) {
     let port = ctx.port + 21;
     checks.note(&format!("== pg_cron recipe ({}, port {port})", pg_config_value(config, "--version")));
     let name = format!("ops-cron-{}", ctx.major);
     let dir = idempotency_pgserver::root().join("target/servers").join(&name);
-    let server = start(&name, config, port, &format!("shared_preload_libraries = 'pg_cron'\ncron.database_name = 'postgres'\ncron.host = '{}'", dir.display()));
+    let server = throwaway_of(config, &name, port, &format!("shared_preload_libraries = 'pg_cron'\ncron.database_name = 'postgres'\ncron.host = '{}'", dir.display()));
     let pg = Psql::new(&PathBuf::from(pg_config_value(config, "--bindir")), port);
     let p = pg.db("idem_cron");
-    pg.run("CREATE DATABASE idem_cron");
-    p.run("CREATE EXTENSION idempotency");
-    let have = || p.run("SELECT count(*) FROM pg_proc WHERE proname = 'idem_maintain'");
+    sql.run(&pg, "cron_database", &[]);
+    sql.run(&p, "create_extension", &[]);
+    let have = || sql.run(&p, "have_maintain", &[]);
     if have() == "0" && std::env::var("IDEM_OPS_RECIPE_FROM_SOURCE").as_deref() == Ok("1") {
         checks.note("     the installed extension has no idem_maintain: creating it from sql/operations.sql");
         let src = std::fs::read_to_string("sql/operations.sql").expect("read sql/operations.sql");
@@ -346,24 +317,40 @@ fn pg_cron(ctx: &Ctx, checks: &mut Checks, config: &Path, rows: i64) {
         p.run(&body.join("\n").replace("@extschema@", "public"));
     }
     checks.check("the extension has the procedure idem_maintain", eq(have(), "1"));
-    p.run("SELECT (idem_reserve('ops', 'u', 'stuck', 'h', lease => '1 second')).outcome");
-    fill_expired(&p, rows);
-    let xid_before = num(&p.run("SELECT txid_current()"));
+    sql.run(&p, "stuck_reserve", &[("key", "stuck")]);
+    sql.run(&p, "fill_expired", &[("rows", &rows.to_string())]);
+    let xid_before = num(&sql.run(&p, "txid", &[]));
     // The recipe, as docs/operations.md gives it.
-    pg.run("CREATE EXTENSION pg_cron");
-    pg.run("SELECT cron.schedule_in_database('idem-maintenance', '* * * * *', 'CALL public.idem_maintain()', 'idem_cron')");
-    let drained = watch_drain(&p, rows, 200);
+    sql.run(&pg, "cron_extension", &[]);
+    sql.run(&pg, "cron_schedule", &[]);
+    let drained = watch_drain(sql, &p, rows, 200);
     checks.check("the pg_cron job sweeps them all", drained.as_ref().map(drop).map_err(Clone::clone));
-    let xid_after = num(&p.run("SELECT txid_current()"));
+    let xid_after = num(&sql.run(&p, "txid", &[]));
     let (intermediate, secs) = drained.unwrap_or((0, 0));
     checks.check("in many transactions: another session saw a partial count", ge(intermediate.into(), 1));
     checks.check("at least one transaction per batch of 10000 (xids used)", ge(xid_after - xid_before, rows / 10000));
-    checks.check("and recovers the stuck reservation", p.until_equal(30, "SELECT status FROM idem_records WHERE key = 'stuck'", "FAILED"));
-    checks.check("the job run succeeded", pg.until_equal(30, "SELECT status FROM cron.job_run_details ORDER BY runid LIMIT 1", "succeeded"));
+    checks.check("and recovers the stuck reservation", p.until_script_equal(30, sql.get("status_of"), &[("key", "stuck")], "FAILED"));
+    checks.check("the job run succeeded", pg.until_script_equal(30, sql.get("cron_run_status"), &[], "succeeded"));
     let log = server.log();
     let line = log.lines().find(|l| l.contains("idempotency maintenance in database \"idem_cron\"")).unwrap_or_default().to_owned();
     checks.note(&format!("     drained in ~{secs} s after scheduling (the job starts on the next minute); {} xids", xid_after - xid_before));
     checks.note(&format!("     log: {}", line.split_once(": ").map_or("", |(_, r)| r)));
     checks.check("the procedure logs its summary with the batch transactions", ge(transactions_in(&line), rows / 10000));
     server.stop(Stop::Fast);
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    /// Every statement the layer runs by name is in tests/ops, and every one there is run.
+    #[test]
+    fn every_named_statement_exists_and_is_used() {
+        let named = crate::psql::Named::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/ops"));
+        let used = crate::psql::named_in(include_str!("ops.rs"));
+        let missing: Vec<&String> = used.iter().filter(|n| !named.names().any(|m| m == n.as_str())).collect();
+        assert!(missing.is_empty(), "named in ops.rs, not in tests/ops: {missing:?}");
+        let unused: Vec<&str> = named.names().filter(|m| !used.iter().any(|n| n == m)).collect();
+        assert!(unused.is_empty(), "in tests/ops, never run: {unused:?}");
+    }
 }

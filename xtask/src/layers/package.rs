@@ -4,16 +4,17 @@
 //! else unpacked into a fresh copy of the tree; each is smoke-tested (tests/package) on the
 //! private cluster's data run with that tree's binaries.
 
-use crate::harness::{Ctx, Harness};
+use super::Record;
+use crate::ctx::Ctx;
 use crate::report::Checks;
 use crate::suite::{self, Driver};
 use idempotency_pgserver::{debian, pg_config_value, unpack, Server, Stop};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// Runs the layers.
-pub(crate) fn run(h: &mut Harness, ctx: &Ctx) {
-    let built = h.layer(ctx, "package", |ctx, checks| {
+/// Runs the layers, each recorded through `layer`.
+pub(crate) fn run(ctx: &Ctx, layer: &mut Record<'_>) {
+    let built = layer("package", &mut |ctx, checks| {
         let log = checks.log_path().to_owned();
         let ok = crate::sh::to_log(Command::new("bash").arg("scripts/package.sh").arg(ctx.major.to_string()), &log);
         let text = std::fs::read_to_string(&log).unwrap_or_default();
@@ -27,7 +28,7 @@ pub(crate) fn run(h: &mut Harness, ctx: &Ctx) {
     let _ = std::fs::remove_dir_all(&tested);
     std::fs::create_dir_all(&tested).expect("create the package test directory");
 
-    h.layer(ctx, "package_tarball", |ctx, checks| {
+    layer("package_tarball", &mut |ctx, checks| {
         let log = checks.log_path().to_owned();
         let prefix = format!("idempotency-{}-pg{}-linux-", ctx.version, ctx.major);
         let tarball = find(&pkg, &prefix, ".tar.gz");
@@ -53,7 +54,7 @@ pub(crate) fn run(h: &mut Harness, ctx: &Ctx) {
 
     let deb = find(&pkg, &format!("postgresql-{}-idempotency_", ctx.major), ".deb");
     if let Some(deb) = deb {
-        h.layer(ctx, "package_deb", |ctx, checks| {
+        layer("package_deb", &mut |ctx, checks| {
             let log = checks.log_path().to_owned();
             if ctx.config == debian() {
                 if crate::sh::to_log(Command::new("dpkg").arg("-i").arg(&deb), &log) {

@@ -1,7 +1,7 @@
 //! Layer pg_test: `cargo pgrx test` of the major, the Rust that runs inside PostgreSQL (its data
 //! directory under target/pgrx-test-data/NN; as the postgres OS user when run as root).
 
-use crate::harness::Ctx;
+use crate::ctx::Ctx;
 use crate::report::Checks;
 use std::path::Path;
 

@@ -5,7 +5,7 @@
 //! gets it here (its layers used Debian's own directories). Ports from 56000
 //! (`IDEM_SERVERS_PORT` overrides).
 
-use crate::harness::Ctx;
+use crate::ctx::Ctx;
 use crate::report::Checks;
 use idempotency_pgserver::tree;
 use std::path::Path;

@@ -2,7 +2,7 @@
 //! one: the native functions of sql/native.sql are SECURITY DEFINER without a SET search_path on
 //! purpose (they resolve nothing by name; see that file), which pgspot reports as PS003.
 
-use crate::harness::Ctx;
+use crate::ctx::Ctx;
 use crate::report::Checks;
 use std::process::Command;
 

@@ -23,7 +23,7 @@
 //!              refused
 
 use super::{diff, schema_of, suites, throwaway};
-use crate::harness::Ctx;
+use crate::ctx::Ctx;
 use crate::psql::{sql_checks, Psql};
 use crate::report::{eq, Checks};
 use std::path::{Path, PathBuf};

@@ -3,7 +3,7 @@
 //! port (pg_stat_statements preloaded: no SAVEPOINT on any in-transaction outcome); each of
 //! check.py's checks is one test.
 
-use crate::harness::Ctx;
+use crate::ctx::Ctx;
 use crate::report::Checks;
 use std::process::Command;
 

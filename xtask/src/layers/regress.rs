@@ -1,7 +1,7 @@
 //! Layer regress: the pg_regress golden files of tests/regress (tests/regress/schedule) on the
 //! private cluster, each file one test.
 
-use crate::harness::Ctx;
+use crate::ctx::Ctx;
 use crate::report::Checks;
 use crate::suite::{self, Driver};
 use std::path::PathBuf;

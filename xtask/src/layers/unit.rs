@@ -2,7 +2,7 @@
 //! with the axum and metrics features, then its TLS code, the sqlx driver's constructor without
 //! TLS and with it; doc tests included; and the harness's own readers of test output (xtask).
 
-use crate::harness::Ctx;
+use crate::ctx::Ctx;
 use crate::report::Checks;
 use std::path::Path;
 

@@ -12,7 +12,7 @@
 //!              twice; prints the locks the update holds and how long it takes (not asserted)
 
 use super::{diff, schema_of, suites, throwaway};
-use crate::harness::Ctx;
+use crate::ctx::Ctx;
 use crate::psql::sql_checks;
 use crate::report::{ensure, eq, Checks};
 use std::path::Path;

@@ -26,7 +26,8 @@ impl Idempotency<Sqlx> {
     /// [`Error::StoreUnavailable`] error, never a hang. Nothing is connected yet (call
     /// [`Idempotency::check_extension`] to fail fast); call it inside a tokio runtime. A
     /// malformed URL or schema name is a [`Error::Configuration`] error. The URL is sqlx's URL
-    /// form (`postgres://...`; sqlx reads no key=value string).
+    /// form (`postgres://...`; sqlx reads no key=value string), with one host: a host list
+    /// (`postgresql://a,b/db`, for failover) is a [`Error::Configuration`] error naming the alternatives.
     ///
     /// The URL's `sslmode` and `sslrootcert` are read as [`Idempotency::connect_with`] reads them
     /// (`disable`, `prefer` — the default, `PGSSLMODE` is not read —, `require`, `verify-ca`,
@@ -45,6 +46,8 @@ impl Idempotency<Sqlx> {
         use crate::tls::{RootCerts, SslMode, SslParams};
         use sqlx::postgres::PgSslMode;
         settings.check()?;
+        // A host list (failover) is refused with its reason, not sqlx's "invalid port number".
+        super::hosts::one_host(url).map_err(|reason| Error::Configuration { reason, source: None })?;
         let ssl = SslParams::parse(url)
             .and_then(|ssl| ssl.check().map(|()| ssl))
             .map_err(|reason| Error::Configuration { reason, source: None })?;

@@ -20,6 +20,9 @@ impl DriverError for sqlx::Error {
             sqlx::Error::Io(_) | sqlx::Error::Tls(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::WorkerCrashed => {
                 Transport::Lost
             }
+            // A connection closed before the answer to sqlx's SSLRequest (a proxy whose server
+            // is down) is read by sqlx as the byte 0x00: a failure to connect, not of the protocol.
+            sqlx::Error::Protocol(m) if m.starts_with("unexpected response from SSLRequest: 0x00") => Transport::Lost,
             sqlx::Error::Configuration(_) => Transport::Misconfigured,
             _ => Transport::Answered,
         }

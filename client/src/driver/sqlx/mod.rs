@@ -6,6 +6,7 @@
 
 mod connect;
 mod errors;
+mod hosts;
 mod tx;
 mod values;
 

@@ -1,0 +1,7 @@
+-- idempotency 0.4.0 -> 0.5.0, the part a replay of the functions cannot do.
+--
+-- The new and changed functions of 0.5.0 (among them the PL/pgSQL reservation path without a
+-- subtransaction per key) arrive with the replay of every 0.5.0 function that
+-- scripts/sqlbuild.py appends to this file, with their comments and privileges.
+--
+-- Below: the records tables' storage settings (added with the size plateau's change).

@@ -1,0 +1,84 @@
+-- The ops layer's maintenance worker and counters (xtask/src/layers/ops.rs, fn worker). Run by
+-- name (see records.sql).
+
+-- [metric] the counter :name
+SELECT value FROM idem_metrics() WHERE name = :'name';
+
+-- [launchers]
+SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'idempotency maintenance launcher';
+
+-- [launcher_pid]
+SELECT pid FROM pg_stat_activity WHERE backend_type = 'idempotency maintenance launcher';
+
+-- [new_launchers] launchers other than :pid
+SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'idempotency maintenance launcher' AND pid <> :pid;
+
+-- [terminate]
+SELECT pg_terminate_backend(:pid);
+
+-- [databases] one with the extension, one without, one that allows no connection
+CREATE DATABASE idem_ops;
+CREATE DATABASE idem_noext;
+CREATE DATABASE idem_noconn ALLOW_CONNECTIONS false;
+
+-- [roles] one that may read the counters, one that may not
+CREATE ROLE idem_watcher LOGIN;
+GRANT pg_monitor TO idem_watcher;
+CREATE ROLE idem_plain LOGIN;
+
+-- [expired_done] a record of key 'done' with a 1 s ttl
+SELECT idem_complete('ops', 'u', 'done', (idem_reserve('ops', 'u', 'done', 'h', ttl => '1 second')).token, '{}');
+
+-- [done_left]
+SELECT count(*) FROM idem_records WHERE key = 'done';
+
+-- [api_metrics] the counters of the API's outcomes
+SELECT string_agg(name || '=' || value, ' ' ORDER BY name) FROM idem_metrics() WHERE name NOT IN ('recovered', 'swept', 'worker_passes');
+
+-- [outcomes] each outcome of the API once or more, in one query (`\;`)
+SELECT idem_complete('m', 'u', 'k1', (idem_reserve('m', 'u', 'k1', 'h')).token, '{}') \;
+SELECT idem_reserve('m', 'u', 'k1', 'h') \;
+SELECT idem_reserve('m', 'u', 'k1', 'other') \;
+SELECT idem_reserve('m', 'u', 'k2', 'h') \;
+SELECT idem_reserve('m', 'u', 'k2', 'h') \;
+SELECT idem_complete('m', 'u', 'k2', 0, '{}') \;
+SELECT idem_heartbeat('m', 'u', 'k2', 0) \;
+SELECT idem_release('m', 'u', 'k2', 0) \;
+SELECT idem_release('m', 'u', 'k2', (SELECT token FROM idem_records WHERE key = 'k2')) \;
+SELECT idem_release('m', 'u', 'k2', (idem_reserve('m', 'u', 'k2', 'h')).token, max_retries => 2) \;
+SELECT idem_reserve('m', 'u', 'k2', 'h') \;
+SELECT idem_complete('m', 'u', 'k3', (idem_reserve('m', 'u', 'k3', 'h')).token, '{}', 'FAILED');
+
+-- [worker_metrics] the worker's counters that have counted
+SELECT count(*) FROM idem_metrics() WHERE name IN ('recovered', 'swept', 'worker_passes') AND value >= 1;
+
+-- [metrics_count] as the role of the session
+SELECT count(*) FROM idem_metrics();
+
+-- [maintenance_interval] the worker's interval, :interval seconds
+ALTER SYSTEM SET idempotency.maintenance_interval = :interval;
+SELECT pg_reload_conf();
+
+-- [delete_records]
+DELETE FROM idem_records;
+
+-- [live_success] 500 finished records
+SELECT idem_complete('live', 'u', 'k' || i, (idem_reserve('live', 'u', 'k' || i, 'h')).token, '{}') FROM generate_series(1, 500) AS i;
+
+-- [live_stuck] 7 reservations with a 1 s lease
+SELECT idem_reserve('live', 'u', 'p' || i, 'h', lease => '1 second') FROM generate_series(1, 7) AS i;
+
+-- [live_processing] 5 reservations
+SELECT idem_reserve('live', 'u', 'q' || i, 'h') FROM generate_series(1, 5) AS i;
+
+-- [analyze]
+ANALYZE idem_records;
+
+-- [seq_scans]
+SELECT seq_scan FROM pg_stat_user_tables WHERE relname = 'idem_records';
+
+-- [stats]
+SELECT processing, stuck, expired, success, failed FROM idem_stats();
+
+-- [all_metrics]
+SELECT string_agg(name || '=' || value, ' ' ORDER BY name) FROM idem_metrics();
