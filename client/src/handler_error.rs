@@ -69,6 +69,12 @@ fn first_database_error<'a>(e: &'a (dyn std::error::Error + Send + Sync + 'stati
     None
 }
 
+impl HandlerError for crate::error::DatabaseError {
+    fn sqlstate(&self) -> Option<&str> {
+        crate::error::DatabaseError::sqlstate(self)
+    }
+}
+
 impl HandlerError for std::io::Error {}
 impl HandlerError for String {}
 impl HandlerError for &'static str {}

@@ -133,6 +133,7 @@ mod handler_error;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub mod ops;
+mod one_statement;
 mod outcome;
 mod response;
 mod row;
@@ -159,6 +160,7 @@ pub use handle::Idempotency;
 pub use handler_error::{Disposition, HandlerError};
 pub use idempotency_core::fingerprint::canonical_json;
 pub use idempotency_core::{Decision, Fingerprint, FingerprintError, Key, KeyError};
+pub use one_statement::OneStatement;
 pub use outcome::{decision, Outcome};
 pub use response::{Body, Json, Replayable, StoredResponse, Verdict};
 pub use settings::{Isolation, Settings};

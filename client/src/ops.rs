@@ -20,7 +20,7 @@ use tokio_postgres::types::ToSql;
 /// The rows of `sql` with `params`, prepared and cached.
 async fn query<C: GenericClient>(client: &C, sql: &str, params: &[Param<'_>]) -> Result<Vec<tokio_postgres::Row>, Error> {
     let ours = |e| classify(e, Origin::Ours);
-    let statement = client.prepare_cached(sql).await.map_err(ours)?;
+    let statement = client.prepare_typed_cached(sql, &crate::driver::postgres::values::types(params)).await.map_err(ours)?;
     let params: Vec<&(dyn ToSql + Sync)> = params.iter().map(|p| p as &(dyn ToSql + Sync)).collect();
     client.query(&statement, &params).await.map_err(ours)
 }

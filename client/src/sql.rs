@@ -149,6 +149,32 @@ impl Schema {
         })))
     }
 
+    /// The in-transaction flow in one statement around `write`, a data-modifying statement of
+    /// yours whose `$1`..`$n` are its `n` values and which reads the relation `created` (one row
+    /// when this call created the key, none otherwise): the reservation's values follow as
+    /// `$n+1`..`$n+7` (as [`reserve_params`]). It answers the reservation's columns, `response`
+    /// being the written row (`to_jsonb`) when the key was created, and `completed`.
+    pub(crate) fn one_statement(&self, write: &str, n: usize) -> String {
+        let s = quote_ident(&self.0.name);
+        let p = |i: usize| format!("${}", n + i);
+        let key = format!("operation => {}, user_id => {}, key => {}", p(1), p(2), p(3));
+        format!(
+            "WITH r AS (SELECT * FROM {s}.idem_reserve({key}, request_hash => {}, ttl => make_interval(secs => {}::float8), \
+             lease => make_interval(secs => {}::float8), wait => {})), \
+             created AS (SELECT r.token FROM r WHERE r.outcome = 'created'), \
+             w AS ({write}), \
+             written AS (SELECT pg_catalog.to_jsonb(w) AS row FROM w) \
+             SELECT r.outcome, r.token, CASE WHEN r.outcome = 'created' THEN (SELECT row FROM written) ELSE r.response END AS response, \
+             r.attempts, extract(epoch FROM r.expires_at)::float8 AS expires_at, \
+             CASE WHEN r.outcome = 'created' THEN {s}.idem_complete({key}, token => r.token, response => (SELECT row FROM written)) END AS completed \
+             FROM r",
+            p(4),
+            p(5),
+            p(6),
+            p(7)
+        )
+    }
+
     /// The schema's name, unquoted.
     pub fn name(&self) -> &str {
         &self.0.name

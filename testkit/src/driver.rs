@@ -168,6 +168,20 @@ mod imp {
 
 pub use imp::{batch, error_of, exec, exec_in, exhausted, pool_idle, pooled_in_transaction, query_i64, query_i64_in, DbError, TestDriver, NAME};
 
+/// Until the pool of `idem` has taken back every connection (sqlx checks one given back, a round
+/// trip the call did not wait for and that must not be counted against the next call), within
+/// 10 s.
+pub async fn settled(idem: &Idem) {
+    crate::server::eventually("the pool's connections are idle", std::time::Duration::from_secs(10), || async {
+        if pool_idle(idem) {
+            Ok(())
+        } else {
+            Err("a connection is being given back".to_owned())
+        }
+    })
+    .await
+}
+
 /// The handle of the driver under test.
 pub type Idem = Idempotency<TestDriver>;
 

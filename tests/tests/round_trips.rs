@@ -4,30 +4,15 @@
 //! in one request (pipelined over tokio-postgres, one simple query over sqlx).
 
 use idempotency_client::{Fingerprint, Key, Settings, StoredResponse};
-use idempotency_testkit::driver::{pool_idle, pooled_in_transaction, NAME};
-use idempotency_testkit::server::eventually;
+use idempotency_testkit::driver::{pooled_in_transaction, settled, NAME};
 use idempotency_testkit::proxy::Proxy;
 use idempotency_testkit::{cluster_addr, connect_with, exec, fresh_database, DbError, Idem};
 use serde_json::json;
-use std::time::Duration;
 
 const INSERT: &str = "INSERT INTO charges (user_id, amount, k) VALUES ($1, 1, $2)";
 
 fn fp() -> Fingerprint {
     Fingerprint::of_json(&json!({"amount": 1})).unwrap()
-}
-
-/// Until the pool has taken back every connection (sqlx checks one given back, a round trip
-/// the call did not wait for and that is not counted against the next call).
-async fn settled(idem: &Idem) {
-    eventually("the pool's connections are idle", Duration::from_secs(10), || async {
-        if pool_idle(idem) {
-            Ok(())
-        } else {
-            Err("a connection is being given back".to_owned())
-        }
-    })
-    .await
 }
 
 /// The round trips of the second of two calls (the first warms the connection and its

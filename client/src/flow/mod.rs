@@ -8,6 +8,7 @@ pub(crate) mod batch;
 pub(crate) mod calls;
 mod heartbeat;
 pub(crate) mod in_transaction;
+pub(crate) mod one_statement;
 pub(crate) mod two_phase;
 
 use crate::classify::retryable_sqlstate;

@@ -5,7 +5,7 @@
 mod connect;
 mod errors;
 mod tx;
-mod values;
+pub(crate) mod values;
 
 pub use tx::Tx;
 
@@ -13,7 +13,8 @@ use super::{Driver, Sealed, Step};
 use crate::classify::{classify, Origin};
 use crate::error::Error;
 use deadpool_postgres::Pool;
-use futures_util::future::{join_all, BoxFuture, FutureExt};
+use futures_util::future::{join_all, maybe_done, BoxFuture, FutureExt, MaybeDone};
+use std::pin::Pin;
 use std::sync::Arc;
 use tokio_postgres::types::ToSql;
 use tx::Open;
@@ -70,44 +71,54 @@ impl Driver for Postgres {
     async fn send<'a>(tx: &'a mut Tx, steps: &'a [Step<'a>]) -> Result<Vec<tokio_postgres::Row>, Error> {
         let open = &tx.0;
         let client = open.client();
-        // Prepared (or found cached) before anything is sent: a statement being prepared would
-        // let the requests after it overtake it.
-        let mut statements = Vec::new();
-        for step in steps {
-            if let Step::Query(sql, _) = step {
-                statements.push(client.prepare_cached(sql).await.map_err(ours)?);
-            }
-        }
-        let params: Vec<Vec<&(dyn ToSql + Sync)>> = steps
+        type Answer<'c> = Pin<Box<MaybeDone<BoxFuture<'c, Result<Vec<tokio_postgres::Row>, tokio_postgres::Error>>>>>;
+        let control = |sql: &'static str| -> Answer<'_> { Box::pin(maybe_done(client.batch_execute(sql).map(|r| r.map(|()| Vec::new())).boxed())) };
+        // The control steps that lead (a ROLLBACK ending a failed transaction) leave first: a
+        // statement prepared in a failed transaction would fail.
+        let lead = steps.iter().take_while(|s| s.control().is_some()).count();
+        let params: Vec<Vec<&(dyn ToSql + Sync)>> = steps[lead..]
             .iter()
             .filter_map(|step| match step {
                 Step::Query(_, params) => Some(params.iter().map(|p| p as &(dyn ToSql + Sync)).collect()),
                 _ => None,
             })
             .collect();
+        let mut statements = Vec::new();
+        let mut answers: Vec<Answer<'_>> = Vec::with_capacity(steps.len());
+        for sql in steps[..lead].iter().filter_map(Step::control) {
+            let mut answer = control(sql);
+            let _ = futures_util::poll!(answer.as_mut()); // sent when first polled
+            answers.push(answer);
+        }
+        // Prepared (or found cached) before the rest is sent: a statement being prepared would
+        // let the requests after it overtake it.
+        for step in &steps[lead..] {
+            if let Step::Query(sql, params) = step {
+                statements.push(client.prepare_typed_cached(sql, &values::types(params)).await.map_err(ours)?);
+            }
+        }
         let mut queries = statements.iter().zip(&params);
-        let requests: Vec<BoxFuture<'_, Result<Vec<tokio_postgres::Row>, tokio_postgres::Error>>> = steps
-            .iter()
-            .map(|step| match step.control() {
-                Some(control) => client.batch_execute(control).map(|r| r.map(|()| Vec::new())).boxed(),
+        for step in &steps[lead..] {
+            answers.push(match step.control() {
+                Some(sql) => control(sql),
                 None => match queries.next() {
-                    Some((statement, params)) => client.query(statement, params.as_slice()).boxed(),
+                    Some((statement, params)) => Box::pin(maybe_done(client.query(statement, params.as_slice()).boxed())),
                     None => unreachable!("one prepared statement per query step"),
                 },
-            })
-            .collect();
-        let answers = join_all(requests).await;
+            });
+        }
+        join_all(answers.iter_mut().map(|a| a.as_mut())).await;
         let mut rows = Vec::new();
         let mut first_error = None;
-        for (step, answer) in steps.iter().zip(answers) {
-            match answer {
-                Ok(answered) => {
+        for (step, answer) in steps.iter().zip(answers.iter_mut()) {
+            match answer.as_mut().take_output() {
+                Some(Ok(answered)) => {
                     if let Some(opens) = step.opens() {
                         open.set_open(opens);
                     }
                     rows.extend(answered);
                 }
-                Err(e) => {
+                Some(Err(e)) => {
                     // A COMMIT or ROLLBACK the server answered with an error ended the
                     // transaction too; a BEGIN that failed opened none.
                     if e.as_db_error().is_some() && step.opens().is_some() {
@@ -115,6 +126,7 @@ impl Driver for Postgres {
                     }
                     first_error.get_or_insert(e);
                 }
+                None => unreachable!("every answer was awaited"),
             }
         }
         match first_error {

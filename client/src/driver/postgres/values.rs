@@ -33,6 +33,25 @@ impl ToSql for Param<'_> {
     tokio_postgres::types::to_sql_checked!();
 }
 
+/// The types of `params`, declared when a statement is prepared: the server then casts from
+/// them where the statement says so (`$2::uuid` from a text value), as sqlx declares its own.
+pub(crate) fn types(params: &[Param<'_>]) -> Vec<Type> {
+    params
+        .iter()
+        .map(|p| match p {
+            Param::Text(_) => Type::TEXT,
+            Param::Int4(_) | Param::Null4 => Type::INT4,
+            Param::Int8(_) => Type::INT8,
+            Param::Float(_) => Type::FLOAT8,
+            Param::Bool(_) => Type::BOOL,
+            Param::Json(_) => Type::JSONB,
+            Param::TextArray(_) => Type::TEXT_ARRAY,
+            Param::IntArray(_) => Type::INT8_ARRAY,
+            Param::JsonArray(_) => Type::JSONB_ARRAY,
+        })
+        .collect()
+}
+
 /// A column by name.
 fn get<'a, T: FromSql<'a>>(row: &'a tokio_postgres::Row, name: &str) -> Result<Option<T>, Error> {
     row.try_get(name).map_err(|e| unreadable(name, e))
