@@ -123,6 +123,7 @@
 #![deny(missing_docs)]
 
 mod batch;
+mod cache;
 mod connect;
 pub mod driver;
 mod error;
@@ -141,6 +142,7 @@ mod trace;
 pub mod layer;
 
 pub use batch::{BatchItem, BatchOutcome};
+pub use cache::{ReplayCache, ReplayCacheStats};
 pub use driver::{Driver, Postgres, Tx};
 #[cfg(feature = "sqlx")]
 pub use driver::{SharedConnection, Sqlx, SqlxTx};

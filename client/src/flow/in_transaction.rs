@@ -15,6 +15,7 @@
 //! attempt's result stands.
 
 use super::{backoff, Context, TxFuture};
+use crate::cache::Memo;
 use crate::driver::Driver;
 use crate::error::Error;
 use crate::handler::{is_retryable_sqlstate, Disposition, HandlerError};
@@ -52,11 +53,13 @@ where
     F: for<'t> FnMut(&'t mut D::Tx) -> TxFuture<'t, T, E> + Send,
 {
     let options = cx.options(cx.settings.lease);
+    let memo = Memo::start(cx.settings);
     let (mut tx, reservation) = cx
         .driver
         .begin_and_reserve(cx.schema, cx.settings.isolation, key, fingerprint, &options)
         .await
         .map_err(Error::widen)?;
+    let memo = memo.reserved(key, fingerprint, &reservation);
     let token = match reservation.outcome {
         ReserveOutcome::Created(token) => token,
         other => {
@@ -65,7 +68,7 @@ where
         }
     };
     let result = work(&mut tx).await;
-    finish(cx, &mut tx, Attempt { key, fingerprint, options: &options, token }, result).await
+    finish(cx, &mut tx, Attempt { key, fingerprint, options: &options, token, memo }, result).await
 }
 
 /// The reservation a finishing attempt holds.
@@ -74,6 +77,7 @@ struct Attempt<'a> {
     fingerprint: &'a Fingerprint,
     options: &'a ReserveOptions,
     token: Token,
+    memo: Memo<'a>,
 }
 
 /// Records the work's result (or its failure) and ends the transaction.
@@ -98,7 +102,10 @@ where
                 }
             };
             match D::complete_and_commit(tx, cx.schema, a.key, a.token, Some(&stored), status).await.map_err(Error::widen)? {
-                true => Ok(Outcome::Executed(value)),
+                true => {
+                    a.memo.executed(status, &stored);
+                    Ok(Outcome::Executed(value))
+                }
                 false => Err(cx.lease_lost()),
             }
         }

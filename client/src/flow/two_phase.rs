@@ -14,6 +14,7 @@
 //! result back.
 
 use super::{backoff, Context, TxFuture};
+use crate::cache::Memo;
 use crate::driver::Driver;
 use crate::error::Error;
 use crate::handler::{is_retryable_sqlstate, Disposition, HandlerError};
@@ -41,7 +42,9 @@ where
     R: for<'t> FnMut(&'t mut D::Conn, &'t T) -> TxFuture<'t, (), E> + Send,
 {
     let lease = cx.settings.lease.unwrap_or(DEFAULT_EXTERNAL_LEASE);
+    let memo = Memo::start(cx.settings);
     let reservation = cx.driver.reserve(cx.schema, key, fingerprint, &cx.options(Some(lease))).await.map_err(Error::widen)?;
+    let memo = memo.reserved(key, fingerprint, &reservation);
     let token = match reservation.outcome {
         ReserveOutcome::Created(token) => token,
         other => return cx.answer(other),
@@ -78,7 +81,10 @@ where
     let mut attempt = 0;
     let last = loop {
         match record_once(cx, key, token, &value, &stored, status, &mut record).await {
-            Ok(true) => return Ok(Outcome::Executed(value)),
+            Ok(true) => {
+                memo.executed(status, &stored);
+                return Ok(Outcome::Executed(value));
+            }
             Ok(false) => return Err(cx.lease_lost()),
             Err(e) if transient_for_record(&e) && attempt < cx.settings.serialization_retries => {
                 tokio::time::sleep(backoff(attempt)).await;
