@@ -11,11 +11,11 @@ use axum::response::IntoResponse;
 use axum::routing::post;
 use axum::Router;
 use idempotency_client::layer::{IdempotencyLayer, Mode, Transaction};
-use idempotency_client::{Disposition, Error, Fingerprint, HandlerError, Outcome, ReplayCache, Settings, StoredResponse};
+use idempotency_client::{Disposition, Error, Fingerprint, HandlerError, Outcome, ReplayCache, Settings, StoredResponse, TxFuture};
 use idempotency_testkit::driver::query_i64_in;
 use idempotency_testkit::proxy::Proxy;
 use idempotency_testkit::server::eventually;
-use idempotency_testkit::{admin, charges_for, cluster_addr, connect_with, test_database, unique_key, Charge, DbError, Idem, TestDriver};
+use idempotency_testkit::{admin, charges_for, cluster_addr, connect_with, test_database, unique_key, Charge, Conn, DbError, Idem, TestDriver};
 use serde_json::{json, Value};
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -271,7 +271,6 @@ async fn run_external_replays_from_memory_without_calling_out() {
         let n = calls.fetch_add(1, Ordering::SeqCst) + 1;
         Ok::<_, Failure>(StoredResponse::json(201, json!({"call": n})))
     };
-    let nothing = |_: &mut idempotency_testkit::Conn, _: &StoredResponse| -> idempotency_client::TxFuture<'_, (), Failure> { Box::pin(async { Ok(()) }) };
     let first = idem.run_external(&key, &body, outside(calls.clone()), nothing).await.unwrap();
     assert!(first.is_executed());
     let (second, trips) = counted(&proxy, idem.run_external(&key, &body, outside(calls.clone()), nothing)).await;
@@ -281,6 +280,16 @@ async fn run_external_replays_from_memory_without_calling_out() {
     let (other, trips) = counted(&proxy, idem.run_external(&key, &fp(json!({"amount": 1})), outside(calls.clone()), nothing)).await;
     assert!(matches!(other, Err(Error::Mismatch)) && trips > 0, "{other:?}");
     assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+/// The two-phase record step that writes nothing locally.
+fn nothing<'t>(_: &'t mut Conn, _: &'t StoredResponse) -> TxFuture<'t, (), Failure> {
+    Box::pin(async { Ok(()) })
+}
+
+/// The work of a call that must be a replay.
+fn never(_: &mut Conn) -> TxFuture<'_, StoredResponse, Failure> {
+    panic!("a replay never runs the work")
 }
 
 /// `POST /charges` behind a layer in `mode` on `idem` (the user from `X-User`): in-transaction
@@ -418,7 +427,6 @@ async fn concurrent_duplicates_of_a_held_key_are_in_progress_with_the_cache_on()
     gate.add_permits(1);
     let holder = tokio::time::timeout(Duration::from_secs(30), answers.recv()).await.expect("the holder finishes").expect("an answer");
     assert!(matches!(holder, Ok(Outcome::Executed(_))), "{holder:?}");
-    let never = |_tx: &mut idempotency_testkit::Conn| -> idempotency_client::TxFuture<'_, StoredResponse, Failure> { panic!("a replay never runs") };
     let (late, trips) = counted(&proxy, idem.run(&key, &fp(json!({"amount": 100})), never)).await;
     assert!(late.unwrap().is_replayed() && trips == 0, "the completion filled the cache");
     assert_eq!(runs.load(Ordering::SeqCst), 1);
