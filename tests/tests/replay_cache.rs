@@ -155,10 +155,10 @@ async fn another_body_still_reaches_the_database_and_is_a_mismatch() {
 
 #[tokio::test]
 async fn an_expired_record_is_not_served_from_memory() {
-    // The cache would keep the answer a minute; the record expires after 300 ms, and so does
+    // The cache would keep the answer a minute; the record expires after 1 s, and so does
     // its entry: the key is then taken over and runs again.
     let (cache, settings) = cached(100, Duration::from_secs(60));
-    let (idem, proxy) = through_proxy(settings.ttl(Duration::from_millis(300)), 2).await;
+    let (idem, proxy) = through_proxy(settings.ttl(Duration::from_secs(1)), 2).await;
     let key = unique_key("cache.expiry");
     let runs = Arc::new(AtomicUsize::new(0));
     let body = fp(json!({"amount": 100}));
@@ -217,13 +217,14 @@ async fn a_failed_record_is_answered_as_stored() {
 #[tokio::test]
 async fn a_record_removed_by_hand_is_replayed_until_its_entry_expires() {
     // The documented trade: the cache does not see the database change.
-    let (_cache, settings) = cached(100, Duration::from_millis(500));
+    // (The entry lives 3 s: the delete and the next call happen well within it.)
+    let (_cache, settings) = cached(100, Duration::from_secs(3));
     let (idem, proxy) = through_proxy(settings, 2).await;
     let key = unique_key("cache.deleted");
     let runs = Arc::new(AtomicUsize::new(0));
     let body = fp(json!({"amount": 100}));
-    idem.run(&key, &body, Charge::of(&key).handler::<Failure>(&runs)).await.unwrap();
     let admin = admin().await;
+    idem.run(&key, &body, Charge::of(&key).handler::<Failure>(&runs)).await.unwrap();
     let deleted = admin
         .execute("DELETE FROM idem_records WHERE operation = $1 AND user_id = $2 AND key = $3", &[&key.operation(), &key.user_id(), &key.key()])
         .await
