@@ -550,4 +550,12 @@ async fn sqlx_rows(s: &Settings, url: &str, calls: u64, rows: &mut Vec<Row>) {
         }
     }
     rows.push(Row { figure: "Rust replay (sqlx) vs raw sqlx primary-key SELECT".into(), clients: "8 tasks".into(), baseline: "SELECT of the record (sqlx)".into(), base: Measure::mean(&select), ours: Measure::mean(&replayed), goal: None, work: None });
+    let (mut select, mut cached) = (Vec::new(), Vec::new());
+    for rep in 0..s.reps {
+        for first in [rep % 2 == 0, rep % 2 != 0] {
+            let m = client_sqlx::throughput(url, 8, u64::from(s.seconds), if first { client::Call::RawSelect } else { client::Call::CachedReplay }).await;
+            if first { select.push(m) } else { cached.push(m) }
+        }
+    }
+    rows.push(Row { figure: "Rust replay from the replay cache (sqlx) vs raw sqlx primary-key SELECT".into(), clients: "8 tasks".into(), baseline: "SELECT of the record (sqlx)".into(), base: Measure::mean(&select), ours: Measure::mean(&cached), goal: Some(3.0), work: Some("round trips 0 / 1".into()) });
 }
