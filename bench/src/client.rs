@@ -3,7 +3,7 @@
 //! per call come from the test kit's `trips`).
 
 use crate::pgbench::Measure;
-use idempotency_client::{Fingerprint, Idempotency, Key, StoredResponse};
+use idempotency_client::{Fingerprint, Idempotency, Key, ReplayCache, Settings, StoredResponse};
 use serde_json::json;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -27,6 +27,18 @@ pub(crate) enum Call {
     Replay,
     /// A raw primary-key SELECT of that key's record (prepared, on a held connection).
     RawSelect,
+    /// [`Call::Replay`] with a replay cache on the handle: answered from memory.
+    CachedReplay,
+}
+
+/// The handle of a loop of `kind` with a pool of `tasks`: with a replay cache for
+/// [`Call::CachedReplay`].
+fn handle(url: &str, tasks: usize, kind: Call) -> Idempotency {
+    let settings = match kind {
+        Call::CachedReplay => Settings::builder().replay_cache(ReplayCache::new(10_000, Duration::from_secs(60))),
+        _ => Settings::default(),
+    };
+    Idempotency::connect_with(url, tasks, settings).expect("pool")
 }
 
 const SELECT: &str = "SELECT response FROM idem_records WHERE operation = $1 AND user_id = $2 AND key = $3";
@@ -66,9 +78,9 @@ pub(crate) async fn replayed_key(idem: &Idempotency) -> Key {
 /// `tasks` concurrent loops of one call kind for `seconds`: calls per second, client-side
 /// p50/p99 latency, and the WAL written (read on `db` before and after).
 pub(crate) async fn throughput(url: &str, db: &tokio_postgres::Client, tasks: usize, seconds: u64, kind: Call) -> Measure {
-    let idem = Idempotency::connect(url, tasks).expect("pool");
+    let idem = handle(url, tasks, kind);
     // The replay rows read one key that executed once, before the clock starts.
-    let replayed = if matches!(kind, Call::Replay | Call::RawSelect) { replayed_key(&idem).await } else { replay_key() };
+    let replayed = if matches!(kind, Call::Replay | Call::RawSelect | Call::CachedReplay) { replayed_key(&idem).await } else { replay_key() };
     let before = wal_lsn(db).await;
     let stop = Instant::now() + Duration::from_secs(seconds);
     let started = Instant::now();
@@ -85,7 +97,12 @@ pub(crate) async fn throughput(url: &str, db: &tokio_postgres::Client, tasks: us
                 let t0 = Instant::now();
                 match kind {
                     Call::Run | Call::RawInsert => call(&idem, raw.as_mut(), &user, false).await,
-                    Call::Replay | Call::RawSelect => replay(&idem, raw.as_mut(), &replayed).await,
+                    Call::Replay | Call::RawSelect | Call::CachedReplay => replay(&idem, raw.as_mut(), &replayed).await,
+                }
+                // A replay from memory never waits, so never yields on its own: give the
+                // runtime its turn when the task's budget runs out, as a service's next read would.
+                if kind == Call::CachedReplay {
+                    tokio::task::consume_budget().await;
                 }
                 latencies.push(t0.elapsed());
             }
@@ -140,8 +157,8 @@ pub(crate) async fn wal_since(db: &tokio_postgres::Client, before: &str) -> f64 
 pub(crate) async fn single_case(url: &str, db: &tokio_postgres::Client, kind: Call, tasks: usize, seconds: u64) {
     use std::sync::atomic::AtomicBool;
     use std::sync::Arc;
-    let idem = Idempotency::connect(url, tasks).expect("pool");
-    let replayed = if matches!(kind, Call::Replay | Call::RawSelect) { replayed_key(&idem).await } else { replay_key() };
+    let idem = handle(url, tasks, kind);
+    let replayed = if matches!(kind, Call::Replay | Call::RawSelect | Call::CachedReplay) { replayed_key(&idem).await } else { replay_key() };
     let (calls, stop) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicBool::new(false)));
     let mut handles = Vec::new();
     for t in 0..tasks {
@@ -153,7 +170,12 @@ pub(crate) async fn single_case(url: &str, db: &tokio_postgres::Client, kind: Ca
             while !stop.load(Ordering::Relaxed) {
                 match kind {
                     Call::Run | Call::RawInsert => call(&idem, raw.as_mut(), &user, false).await,
-                    Call::Replay | Call::RawSelect => replay(&idem, raw.as_mut(), &replayed).await,
+                    Call::Replay | Call::RawSelect | Call::CachedReplay => replay(&idem, raw.as_mut(), &replayed).await,
+                }
+                // A replay from memory never waits, so never yields on its own: give the
+                // runtime its turn when the task's budget runs out, as a service's next read would.
+                if kind == Call::CachedReplay {
+                    tokio::task::consume_budget().await;
                 }
                 calls.fetch_add(1, Ordering::Relaxed);
             }

@@ -4,7 +4,7 @@
 //! kit's proxy).
 
 use crate::pgbench::Measure;
-use idempotency_client::{Fingerprint, Idempotency, Key, Settings, Sqlx, StoredResponse};
+use idempotency_client::{Fingerprint, Idempotency, Key, ReplayCache, Settings, Sqlx, StoredResponse};
 use idempotency_testkit::proxy::Proxy;
 use serde_json::json;
 use sqlx::pool::PoolConnection;
@@ -19,7 +19,11 @@ use crate::client::INSERT;
 const SELECT: &str = "SELECT response FROM idem_records WHERE operation = $1 AND user_id = $2 AND key = $3";
 
 pub(crate) fn connect(url: &str, size: usize) -> Idempotency<Sqlx> {
-    Idempotency::connect_sqlx_with(url, u32::try_from(size).expect("pool size"), Settings::default()).expect("pool")
+    connect_with(url, size, Settings::default())
+}
+
+fn connect_with(url: &str, size: usize, settings: Settings) -> Idempotency<Sqlx> {
+    Idempotency::connect_sqlx_with(url, u32::try_from(size).expect("pool size"), settings).expect("pool")
 }
 
 /// One call: `run` around the INSERT (or nothing, when `empty`), or the raw sqlx transaction
@@ -83,8 +87,11 @@ pub(crate) async fn replayed_key(idem: &Idempotency<Sqlx>) -> Key {
 /// `tasks` concurrent loops of one call kind for `seconds` over sqlx: calls per second and
 /// client-side p50/p99 latency.
 pub(crate) async fn throughput(url: &str, tasks: usize, seconds: u64, kind: Call) -> Measure {
-    let idem = connect(url, tasks);
-    let replayed = if matches!(kind, Call::Replay | Call::RawSelect) { replayed_key(&idem).await } else { replay_key() };
+    let idem = match kind {
+        Call::CachedReplay => connect_with(url, tasks, Settings::builder().replay_cache(ReplayCache::new(10_000, Duration::from_secs(60)))),
+        _ => connect(url, tasks),
+    };
+    let replayed = if matches!(kind, Call::Replay | Call::RawSelect | Call::CachedReplay) { replayed_key(&idem).await } else { replay_key() };
     let stop = Instant::now() + Duration::from_secs(seconds);
     let started = Instant::now();
     let mut handles = Vec::new();
@@ -100,7 +107,12 @@ pub(crate) async fn throughput(url: &str, tasks: usize, seconds: u64, kind: Call
                 let t0 = Instant::now();
                 match kind {
                     Call::Run | Call::RawInsert => call(&idem, raw.as_mut(), &user, false).await,
-                    Call::Replay | Call::RawSelect => replay(&idem, raw.as_mut(), &replayed).await,
+                    Call::Replay | Call::RawSelect | Call::CachedReplay => replay(&idem, raw.as_mut(), &replayed).await,
+                }
+                // A replay from memory never waits, so never yields on its own: give the
+                // runtime its turn when the task's budget runs out, as a service's next read would.
+                if kind == Call::CachedReplay {
+                    tokio::task::consume_budget().await;
                 }
                 latencies.push(t0.elapsed());
             }

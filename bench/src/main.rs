@@ -218,15 +218,17 @@ async fn main() {
     }
 
     // --rust-case CASE TASKS SECONDS: one call kind of the Rust rows on its own, for perf to
-    // attach to (bench/profile-client.sh); CASE is raw-insert, run, raw-select or replay.
+    // attach to (bench/profile-client.sh); CASE is raw-insert, run, raw-select, replay or
+    // cached-replay.
     if let Some(at) = args.iter().position(|a| a == "--rust-case") {
-        let usage = "usage: bench --rust-case raw-insert|run|raw-select|replay TASKS SECONDS";
+        let usage = "usage: bench --rust-case raw-insert|run|raw-select|replay|cached-replay TASKS SECONDS";
         let [case, tasks, seconds] = [1, 2, 3].map(|i| args.get(at + i).cloned().unwrap_or_else(|| panic!("{usage}")));
         let kind = match case.as_str() {
             "raw-insert" => client::Call::RawInsert,
             "run" => client::Call::Run,
             "raw-select" => client::Call::RawSelect,
             "replay" => client::Call::Replay,
+            "cached-replay" => client::Call::CachedReplay,
             _ => panic!("{usage}"),
         };
         let (tasks, seconds) = (tasks.parse().unwrap_or_else(|_| panic!("{usage}")), seconds.parse().unwrap_or_else(|_| panic!("{usage}")));
@@ -537,6 +539,14 @@ async fn rust_rows(s: &Settings, url: &str, db: &tokio_postgres::Client, rows: &
         rows.push(Row { figure: "Rust replay vs raw tokio-postgres primary-key SELECT".into(), clients: format!("{n} tasks"), baseline: "prepared SELECT of the record (tokio-postgres)".into(), base: Measure::mean(&select), ours: Measure::mean(&replayed), goal: Some(0.9), work: Some(format!(
             "round trips {:.2} to the answer ({:.2} with its ROLLBACK) / 1", t.replay_answer, t.replay_all
         )) });
+        let (mut select, mut cached) = (Vec::new(), Vec::new());
+        for rep in 0..s.reps {
+            for first in [rep % 2 == 0, rep % 2 != 0] {
+                let m = client::throughput(url, db, n, u64::from(s.seconds), if first { client::Call::RawSelect } else { client::Call::CachedReplay }).await;
+                if first { select.push(m) } else { cached.push(m) }
+            }
+        }
+        rows.push(Row { figure: "Rust replay from the replay cache vs raw primary-key SELECT".into(), clients: format!("{n} tasks"), baseline: "prepared SELECT of the record (tokio-postgres)".into(), base: Measure::mean(&select), ours: Measure::mean(&cached), goal: Some(3.0), work: Some("round trips 0 / 1".into()) });
     }
     sqlx_rows(s, url, calls, rows).await;
 }
@@ -563,4 +573,12 @@ async fn sqlx_rows(s: &Settings, url: &str, calls: u64, rows: &mut Vec<Row>) {
         }
     }
     rows.push(Row { figure: "Rust replay (sqlx) vs raw sqlx primary-key SELECT".into(), clients: "8 tasks".into(), baseline: "SELECT of the record (sqlx)".into(), base: Measure::mean(&select), ours: Measure::mean(&replayed), goal: None, work: None });
+    let (mut select, mut cached) = (Vec::new(), Vec::new());
+    for rep in 0..s.reps {
+        for first in [rep % 2 == 0, rep % 2 != 0] {
+            let m = client_sqlx::throughput(url, 8, u64::from(s.seconds), if first { client::Call::RawSelect } else { client::Call::CachedReplay }).await;
+            if first { select.push(m) } else { cached.push(m) }
+        }
+    }
+    rows.push(Row { figure: "Rust replay from the replay cache (sqlx) vs raw sqlx primary-key SELECT".into(), clients: "8 tasks".into(), baseline: "SELECT of the record (sqlx)".into(), base: Measure::mean(&select), ours: Measure::mean(&cached), goal: Some(3.0), work: Some("round trips 0 / 1".into()) });
 }

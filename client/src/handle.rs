@@ -147,6 +147,9 @@ impl<D: Driver> Idempotency<D> {
         F: for<'t> FnMut(&'t mut D::Tx) -> TxFuture<'t, T, E> + Send,
     {
         crate::trace::call("run", key, async {
+            if let Some(hit) = crate::cache::hit(&self.settings, key, fingerprint) {
+                return hit;
+            }
             let schema = self.schema().await.map_err(Error::widen)?;
             flow::in_transaction::run(&self.context(&schema), key, fingerprint, work).await
         })
@@ -182,6 +185,9 @@ impl<D: Driver> Idempotency<D> {
         R: for<'t> FnMut(&'t mut D::Conn, &'t T) -> TxFuture<'t, (), E> + Send,
     {
         crate::trace::call("run_external", key, async {
+            if let Some(hit) = crate::cache::hit(&self.settings, key, fingerprint) {
+                return hit;
+            }
             let schema = self.schema().await.map_err(Error::widen)?;
             flow::two_phase::run(&self.context(&schema), key, fingerprint, call, record).await
         })

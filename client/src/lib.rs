@@ -124,6 +124,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod batch;
+mod cache;
 mod classify;
 pub mod driver;
 mod error;
@@ -147,6 +148,7 @@ pub mod types;
 pub mod layer;
 
 pub use batch::{BatchItem, BatchOutcome};
+pub use cache::{ReplayCache, ReplayCacheStats};
 pub use driver::Driver;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]

@@ -1,5 +1,6 @@
 //! The defaults of every call of a handle.
 
+use crate::cache::ReplayCache;
 use std::time::Duration;
 
 /// The isolation level of `run`'s transaction.
@@ -55,6 +56,10 @@ pub struct Settings {
     /// The isolation level of `run`'s transaction (None: the server default, normally READ
     /// COMMITTED).
     pub isolation: Option<Isolation>,
+    /// An in-process cache of completed answers, consulted before the database by `run`,
+    /// `run_external` and the layer (None, the default: every call goes to the database). See
+    /// [`ReplayCache`] for what it trades.
+    pub replay_cache: Option<ReplayCache>,
 }
 
 impl Default for Settings {
@@ -68,6 +73,7 @@ impl Default for Settings {
             retry_after: Duration::from_secs(1),
             serialization_retries: 5,
             isolation: None,
+            replay_cache: None,
         }
     }
 }
@@ -123,6 +129,20 @@ impl Settings {
     /// See [`Settings::isolation`].
     pub fn isolation(mut self, level: Isolation) -> Self {
         self.isolation = Some(level);
+        self
+    }
+
+    /// See [`Settings::replay_cache`]: replays answered from `cache` (shared by every clone of
+    /// it) with no round trip.
+    ///
+    /// ```
+    /// use idempotency_client::{ReplayCache, Settings};
+    /// use std::time::Duration;
+    /// // At most 10,000 answers, each kept at most a minute (and never past its record's expiry).
+    /// let settings = Settings::builder().replay_cache(ReplayCache::new(10_000, Duration::from_secs(60)));
+    /// ```
+    pub fn replay_cache(mut self, cache: ReplayCache) -> Self {
+        self.replay_cache = Some(cache);
         self
     }
 }

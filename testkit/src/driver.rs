@@ -195,5 +195,5 @@ pub fn connect_with(url: &str, pool_size: usize, settings: Settings) -> Idem {
 
 /// [`connect_with`], or its error (a malformed URL, a bad schema name).
 pub fn try_connect_with(url: &str, pool_size: usize, settings: Settings) -> Result<Idem, idempotency_client::Error> {
-    imp::try_connect_with(url, pool_size, settings)
+    imp::try_connect_with(url, pool_size, crate::replay_cache::from_env(settings))
 }

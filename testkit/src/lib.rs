@@ -12,6 +12,7 @@
 //!   pg_upgrade and the other programs of a major).
 //! - [`tls_server`]: a TLS-only server with certificates made for the test (the `sslmode` tests).
 //! - [`trips`]: round trips per call of each flow, counted as a service makes its calls.
+//! - [`replay_cache`]: `IDEM_REPLAY_CACHE=on` gives every handle it makes a replay cache.
 //!
 //! The extension must be installed into the server's directories first (`cargo pgrx install
 //! --release`, which the harness's install layer and `scripts/demo.sh` do).
@@ -21,6 +22,7 @@ pub mod driver;
 pub mod forwarder;
 pub mod handler;
 pub mod proxy;
+pub mod replay_cache;
 pub mod server;
 pub mod tls_server;
 pub mod trips;

@@ -16,6 +16,7 @@
 //! counted, and that attempt's result stands.
 
 use super::{rollback, Context, TxFuture};
+use crate::cache::Memo;
 use crate::classify::retryable_sqlstate;
 use crate::driver::{Driver, Step};
 use crate::error::Error;
@@ -55,6 +56,7 @@ where
     F: for<'t> FnMut(&'t mut D::Tx) -> TxFuture<'t, T, E> + Send,
 {
     let options = cx.options(cx.settings.lease);
+    let memo = Memo::start(cx.settings);
     let mut tx = cx.driver.connection().await.map_err(Error::widen)?;
     let steps = [Step::Begin(cx.settings.isolation), Step::Query(&cx.schema.sql().reserve, reserve_params(key, fingerprint, &options))];
     let reservation = match D::send(&mut tx, &steps).await.and_then(|rows| Reservation::read(&only(rows)?)) {
@@ -64,6 +66,7 @@ where
             return Err(cx.ours(e));
         }
     };
+    let memo = memo.reserved(key, fingerprint, &reservation);
     let token = match reservation.outcome {
         ReserveOutcome::Created(token) => token,
         other => {
@@ -73,7 +76,7 @@ where
         }
     };
     let result = work(&mut tx).await;
-    finish(cx, &mut tx, Attempt { key, fingerprint, options: &options, token }, result).await
+    finish(cx, &mut tx, Attempt { key, fingerprint, options: &options, token, memo }, result).await
 }
 
 /// The reservation a finishing attempt holds.
@@ -82,6 +85,8 @@ struct Attempt<'a> {
     fingerprint: &'a Fingerprint,
     options: &'a ReserveOptions,
     token: Token,
+    /// The replay cache's part (nothing when it is off).
+    memo: Memo<'a>,
 }
 
 /// Records the work's result (or its failure) and ends the transaction.
@@ -108,7 +113,10 @@ where
             let sql = &cx.schema.sql().complete_or_abort;
             let steps = [Step::Query(sql, complete_params(a.key, a.token, Some(&stored), status)), Step::Commit];
             match D::send(tx, &steps).await {
-                Ok(_) => Ok(Outcome::Executed(value)),
+                Ok(_) => {
+                    a.memo.executed(status, &stored);
+                    Ok(Outcome::Executed(value))
+                }
                 Err(e) => {
                     // A lost key aborted the transaction, so the COMMIT behind it rolled back
                     // (or was skipped: then it is rolled back here).

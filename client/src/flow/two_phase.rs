@@ -16,6 +16,7 @@
 
 use super::heartbeat::Heartbeat;
 use super::{backoff, calls, conflict, rollback, Context, TxFuture};
+use crate::cache::Memo;
 use crate::classify::retryable_sqlstate;
 use crate::driver::{Driver, Step};
 use crate::error::Error;
@@ -44,7 +45,9 @@ where
     R: for<'t> FnMut(&'t mut D::Conn, &'t T) -> TxFuture<'t, (), E> + Send,
 {
     let lease = cx.settings.lease.unwrap_or(DEFAULT_EXTERNAL_LEASE);
+    let memo = Memo::start(cx.settings);
     let reservation = calls::reserve(cx.driver, cx.schema, key, fingerprint, &cx.options(Some(lease))).await.map_err(Error::widen)?;
+    let memo = memo.reserved(key, fingerprint, &reservation);
     let token = match reservation.outcome {
         ReserveOutcome::Created(token) => token,
         other => return cx.answer(other),
@@ -81,7 +84,10 @@ where
     let mut attempt = 0;
     let last = loop {
         match record_once(cx, key, token, &value, &stored, status, &mut record).await {
-            Ok(()) => return Ok(Outcome::Executed(value)),
+            Ok(()) => {
+                memo.executed(status, &stored);
+                return Ok(Outcome::Executed(value));
+            }
             Err(e @ Error::LeaseLost { .. }) => return Err(e),
             Err(e) if transient_for_record(&e) && attempt < cx.settings.serialization_retries => {
                 tokio::time::sleep(backoff(attempt)).await;

@@ -1,7 +1,9 @@
 //! Layers e2e, e2e_portable and e2e_sqlx: `cargo test -p idempotency-tests` (every test binary;
 //! the core run: the checklist binary, which holds the concurrency tests) against the private
 //! cluster, with the extension or with the portable install (IDEM_INSTALL=portable), over the
-//! tokio-postgres driver or over the sqlx one (`--features sqlx`: the test kit's handle follows).
+//! tokio-postgres driver or over the sqlx one (`--features sqlx`: the test kit's handle follows);
+//! with the extension, the checklist (and in a full run the faults) again with a replay cache on
+//! every handle (IDEM_REPLAY_CACHE=on); the core run adds the cache's own tests.
 
 use crate::ctx::Ctx;
 use crate::report::Checks;
@@ -44,4 +46,14 @@ pub(crate) fn run(ctx: &Ctx, checks: &mut Checks, install: Install, driver: Driv
         args.extend(["--features", "sqlx"]);
     }
     crate::cargo::test(checks, Path::new("."), &args, &[("IDEM_INSTALL", kind)]);
+    if install == Install::Extension {
+        // The concurrency suites again with a replay cache on every handle of the test kit.
+        // (A full run ran the cache's own tests above; a core run runs them here.)
+        let mut cached = vec!["test", "--no-fail-fast", "-p", "idempotency-tests", "--test", "checklist"];
+        cached.extend(if ctx.full { ["--test", "faults"] } else { ["--test", "replay_cache"] });
+        if driver == Driver::Sqlx {
+            cached.extend(["--features", "sqlx"]);
+        }
+        crate::cargo::test(checks, Path::new("."), &cached, &[("IDEM_INSTALL", kind), ("IDEM_REPLAY_CACHE", "on")]);
+    }
 }
