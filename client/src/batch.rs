@@ -51,13 +51,11 @@ impl<D: Driver> Idempotency<D> {
     /// failure (the queue redelivers the batch); 40001 / 40P01 retry the whole batch, up to
     /// [`crate::Settings::serialization_retries`] times.
     ///
-    /// Round trips, for a closure of one statement: three per batch over tokio-postgres
-    /// (`BEGIN` with the reservations, the closure's statement, the completions with `COMMIT`)
-    /// and five over sqlx (feature `sqlx`: `BEGIN`, the reservations, the statement, the
-    /// completions, `COMMIT`, as sqlx waits for each), whatever the number of keys. A batch
-    /// that created no key costs one (tokio-postgres) or two (sqlx), its `ROLLBACK` queued
-    /// without waiting. (sqlx also checks a connection given back to its pool: one round trip
-    /// more, which the call does not wait for.)
+    /// Round trips, for a closure of one statement: three per batch on either driver (`BEGIN`
+    /// with the reservations, the closure's statement, the completions with `COMMIT`; over sqlx
+    /// each request is one simple query), whatever the number of keys. A batch that created no
+    /// key costs one, its `ROLLBACK` queued without waiting. (sqlx also checks a connection
+    /// given back to its pool: one round trip more, which the call does not wait for.)
     pub async fn run_batch<T, E, F>(
         &self,
         operation: &str,

@@ -126,9 +126,11 @@ impl<D: Driver> Idempotency<D> {
     /// completed key). A closure with one statement costs three round trips; a failure path one
     /// more. Prepare your statements with `tx.prepare_cached(..)`: a query given as a string
     /// costs an extra round trip to parse it. Over the sqlx driver (feature `sqlx`) the closure
-    /// gets the transaction's `&mut sqlx::PgConnection`, and nothing is pipelined: `BEGIN`, the
-    /// reservation, each statement, the completion and `COMMIT` are a round trip each (five for
-    /// one statement, two for a replay).
+    /// gets the transaction's `&mut sqlx::PgConnection`; sqlx pipelines nothing, so each request
+    /// above travels as one simple query, and the counts are the same. That transaction was
+    /// begun by a statement sqlx's transaction manager did not send: do not `begin()`, `commit()`
+    /// or `rollback()` on the connection inside the closure (write `SAVEPOINT` statements if you
+    /// need one).
     pub async fn run<T, E, F>(&self, key: &Key, fingerprint: &Fingerprint, mut work: F) -> Result<Outcome<T>, Error<E>>
     where
         T: Replayable + Send,
