@@ -34,6 +34,22 @@ async fn post(url: &str, key: Option<&str>, user: &str, body: Value) -> (StatusC
     (status, headers, resp.json().await.unwrap_or(Value::Null))
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_one_statement_route_executes_once_and_replays() {
+    let url = format!("{}/one", serve(handle(Settings::default()).await).await);
+    let (status, headers, first) = post(&url, Some("one-1"), "http-one", json!({"amount": 7})).await;
+    assert_eq!(status, StatusCode::CREATED, "{first}");
+    assert!(headers.get("idempotent-replayed").is_none());
+    assert_eq!(first["amount"], 7, "the stored response is the inserted row: {first}");
+    let (status, headers, again) = post(&url, Some("one-1"), "http-one", json!({"amount": 7})).await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(headers.get("idempotent-replayed").map(|v| v.to_str().unwrap()), Some("true"));
+    assert_eq!(again, first);
+    let (status, _, body) = post(&url, Some("one-1"), "http-one", json!({"amount": 8})).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "another request under the key: {body}");
+    assert_eq!(charges_of("http-one").await, 1);
+}
+
 async fn charges_of(user: &str) -> i64 {
     admin().await.query_one("SELECT count(*) AS n FROM charges WHERE user_id = $1", &[&user]).await.unwrap().get("n")
 }
