@@ -3,7 +3,7 @@
 //! per call come from the test kit's `trips`).
 
 use crate::pgbench::Measure;
-use idempotency_client::{Fingerprint, Idempotency, Key, ReplayCache, Settings, StoredResponse};
+use idempotency_client::{OneStatement, Fingerprint, Idempotency, Key, ReplayCache, Settings, StoredResponse};
 use serde_json::json;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -29,6 +29,8 @@ pub(crate) enum Call {
     RawSelect,
     /// [`Call::Replay`] with a replay cache on the handle: answered from memory.
     CachedReplay,
+    /// `run_statement` around the same INSERT: the flow in one statement.
+    RunStatement,
 }
 
 /// The handle of a loop of `kind` with a pool of `tasks`: with a replay cache for
@@ -39,6 +41,21 @@ fn handle(url: &str, tasks: usize, kind: Call) -> Idempotency {
         _ => Settings::default(),
     };
     Idempotency::connect_with(url, tasks, settings).expect("pool")
+}
+
+static NEXT_ONE: AtomicU64 = AtomicU64::new(0);
+
+/// The one-statement flow's INSERT: the raw rows' own, reading `created`.
+const ONE_INSERT: &str = "INSERT INTO bench_charges (user_id, amount) SELECT $1, 100 FROM created RETURNING id";
+
+/// `run_statement` on a new key, over either driver.
+pub(crate) async fn run_statement<D: idempotency_client::Driver>(idem: &Idempotency<D>, user: &str) {
+    let key = Key::new("bench.lat.one", user, format!("rs-{}", NEXT_ONE.fetch_add(1, Ordering::Relaxed))).expect("valid key");
+    let out = idem
+        .run_statement::<serde_json::Value>(&key, &Fingerprint::of_bytes(b"bench"), &OneStatement::new(ONE_INSERT).text(user))
+        .await
+        .expect("run_statement");
+    assert!(out.is_executed(), "a new key executes");
 }
 
 const SELECT: &str = "SELECT response FROM idem_records WHERE operation = $1 AND user_id = $2 AND key = $3";
@@ -97,6 +114,7 @@ pub(crate) async fn throughput(url: &str, db: &tokio_postgres::Client, tasks: us
                 let t0 = Instant::now();
                 match kind {
                     Call::Run | Call::RawInsert => call(&idem, raw.as_mut(), &user, false).await,
+                    Call::RunStatement => run_statement(&idem, &user).await,
                     Call::Replay | Call::RawSelect | Call::CachedReplay => replay(&idem, raw.as_mut(), &replayed).await,
                 }
                 // A replay from memory never waits, so never yields on its own: give the
@@ -170,6 +188,7 @@ pub(crate) async fn single_case(url: &str, db: &tokio_postgres::Client, kind: Ca
             while !stop.load(Ordering::Relaxed) {
                 match kind {
                     Call::Run | Call::RawInsert => call(&idem, raw.as_mut(), &user, false).await,
+                    Call::RunStatement => run_statement(&idem, &user).await,
                     Call::Replay | Call::RawSelect | Call::CachedReplay => replay(&idem, raw.as_mut(), &replayed).await,
                 }
                 // A replay from memory never waits, so never yields on its own: give the

@@ -107,6 +107,7 @@ pub(crate) async fn throughput(url: &str, tasks: usize, seconds: u64, kind: Call
                 let t0 = Instant::now();
                 match kind {
                     Call::Run | Call::RawInsert => call(&idem, raw.as_mut(), &user, false).await,
+                    Call::RunStatement => crate::client::run_statement(&idem, &user).await,
                     Call::Replay | Call::RawSelect | Call::CachedReplay => replay(&idem, raw.as_mut(), &replayed).await,
                 }
                 // A replay from memory never waits, so never yields on its own: give the

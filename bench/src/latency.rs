@@ -15,7 +15,7 @@ use crate::client::{self, INSERT};
 use crate::client_sqlx;
 use crate::http::{self, Route, Side};
 use crate::pgbench::Measure;
-use idempotency_client::{BatchItem, Fingerprint, Idempotency, Key, Sqlx, StoredResponse};
+use idempotency_client::{BatchItem, Fingerprint, Idempotency, Key, ReplayCache, Settings, Sqlx, StoredResponse};
 use idempotency_testkit::proxy::Proxy;
 use serde_json::json;
 use sqlx::Connection as _;
@@ -54,6 +54,10 @@ enum Case {
     RawBatch,
     /// The in-transaction flow in one statement (bench/pgbench/fresh_one.sql), prepared.
     OneStatement,
+    /// `run_statement` around the same INSERT (tokio-postgres).
+    RunStatement,
+    /// A replay answered by the handle's replay cache.
+    CachedReplay,
     /// The same over sqlx (client_sqlx.rs and here), against raw sqlx.
     SqlxRun,
     SqlxRawTx,
@@ -62,6 +66,7 @@ enum Case {
     SqlxExternal,
     SqlxBatch,
     SqlxRawBatch,
+    SqlxRunStatement,
     /// A request to the example service (http.rs).
     Http(Route, Side),
 }
@@ -82,10 +87,13 @@ const SPECS: &[Spec] = &[
     Spec { figure: "run_external vs raw record transaction (tokio-postgres)", baseline: "the record's BEGIN; INSERT; COMMIT alone (the outside call returns at once on both)", base: Case::RawTx, ours: Case::External, goal: None },
     Spec { figure: "run_batch of 100 vs raw 100-row transaction (tokio-postgres)", baseline: "BEGIN; INSERT of 100 rows; COMMIT", base: Case::RawBatch, ours: Case::Batch, goal: None },
     Spec { figure: "one statement vs raw transaction (tokio-postgres)", baseline: "BEGIN; INSERT; COMMIT, each awaited", base: Case::RawTx, ours: Case::OneStatement, goal: Some(0.45) },
+    Spec { figure: "run_statement vs raw transaction (tokio-postgres)", baseline: "BEGIN; INSERT; COMMIT, each awaited", base: Case::RawTx, ours: Case::RunStatement, goal: Some(0.45) },
+    Spec { figure: "replay from the cache vs raw PK SELECT (tokio-postgres)", baseline: "prepared SELECT of the record", base: Case::RawSelect, ours: Case::CachedReplay, goal: Some(0.1) },
     Spec { figure: "run vs raw transaction (sqlx)", baseline: "begin; INSERT; commit (sqlx)", base: Case::SqlxRawTx, ours: Case::SqlxRun, goal: Some(1.05) },
     Spec { figure: "replay vs raw PK SELECT (sqlx)", baseline: "SELECT of the record (sqlx)", base: Case::SqlxRawSelect, ours: Case::SqlxReplay, goal: Some(1.05) },
     Spec { figure: "run_external vs raw record transaction (sqlx)", baseline: "the record's begin; INSERT; commit alone (sqlx)", base: Case::SqlxRawTx, ours: Case::SqlxExternal, goal: None },
     Spec { figure: "run_batch of 100 vs raw 100-row transaction (sqlx)", baseline: "begin; INSERT of 100 rows; commit (sqlx)", base: Case::SqlxRawBatch, ours: Case::SqlxBatch, goal: None },
+    Spec { figure: "run_statement vs raw transaction (sqlx)", baseline: "begin; INSERT; commit (sqlx)", base: Case::SqlxRawTx, ours: Case::SqlxRunStatement, goal: Some(0.45) },
     Spec { figure: "HTTP /charges fresh vs plain route", baseline: "the same prepared insert in a plain transaction, same pool", base: Case::Http(Route::Charges, Side::Plain), ours: Case::Http(Route::Charges, Side::Fresh), goal: Some(1.1) },
     Spec { figure: "HTTP /charges replay vs plain route", baseline: "the same prepared insert in a plain transaction, same pool", base: Case::Http(Route::Charges, Side::Plain), ours: Case::Http(Route::Charges, Side::Replay), goal: None },
     Spec { figure: "HTTP /payouts (two-phase) vs seed-store twin", baseline: "the same call behind reserve+commit, call, complete+commit", base: Case::Http(Route::Payouts, Side::Seed), ours: Case::Http(Route::Payouts, Side::Fresh), goal: None },
@@ -146,6 +154,8 @@ struct Caller {
 /// The handles of one delay and caller count, every connection through the proxy.
 struct Handles {
     pg: Idempotency,
+    /// `pg` with a replay cache, holding `pg_replayed`.
+    cached: Idempotency,
     sqlx: Idempotency<Sqlx>,
     pg_replayed: Key,
     sqlx_replayed: Key,
@@ -218,6 +228,9 @@ async fn once(h: &Handles, c: &mut Caller, case: Case, worker: usize) {
             let row = db.query_one(&one, &[&user, &next_key("one")]).await.expect("the one-statement flow");
             assert_eq!(row.get::<_, String>("outcome"), "created", "a new key is created");
         }
+        Case::RunStatement => client::run_statement(&h.pg, &user).await,
+        Case::SqlxRunStatement => client::run_statement(&h.sqlx, &user).await,
+        Case::CachedReplay => client::replay(&h.cached, None, &h.pg_replayed).await,
         Case::SqlxRun => client_sqlx::call(&h.sqlx, None, &user, false).await,
         Case::SqlxRawTx => client_sqlx::call(&h.sqlx, c.sqlx.as_mut(), &user, false).await,
         Case::SqlxReplay => client_sqlx::replay(&h.sqlx, None, &h.sqlx_replayed).await,
@@ -391,7 +404,9 @@ pub(crate) async fn rows(upstream: SocketAddr, db: &str, direct_url: &str, smoke
             let pg = Idempotency::connect(&url, callers).expect("pool");
             let sqlx = client_sqlx::connect(&url, callers);
             let (pg_replayed, sqlx_replayed) = (client::replayed_key(&pg).await, client_sqlx::replayed_key(&sqlx).await);
-            let h = Arc::new(Handles { pg, sqlx, pg_replayed, sqlx_replayed, service: service.addr, one: one_statement() });
+            let cached = Idempotency::connect_with(&url, callers, Settings::builder().replay_cache(ReplayCache::new(1_000, Duration::from_secs(600)))).expect("pool");
+            client::replay(&cached, None, &pg_replayed).await; // fills the cache
+            let h = Arc::new(Handles { pg, cached, sqlx, pg_replayed, sqlx_replayed, service: service.addr, one: one_statement() });
             for spec in SPECS {
                 let (mut base, mut ours) = (Vec::new(), Vec::new());
                 let (mut base_trips, mut our_trips) = (0.0, 0.0);

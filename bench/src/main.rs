@@ -229,6 +229,7 @@ async fn main() {
             "raw-select" => client::Call::RawSelect,
             "replay" => client::Call::Replay,
             "cached-replay" => client::Call::CachedReplay,
+            "run-statement" => client::Call::RunStatement,
             _ => panic!("{usage}"),
         };
         let (tasks, seconds) = (tasks.parse().unwrap_or_else(|_| panic!("{usage}")), seconds.parse().unwrap_or_else(|_| panic!("{usage}")));
@@ -529,6 +530,14 @@ async fn rust_rows(s: &Settings, url: &str, db: &tokio_postgres::Client, rows: &
             "round trips {:.2} ({:.2} from 8 loops, {:.2} empty closure) / {:.2}; run_external {:.2} to the outside call + {:.2}",
             t.run, t.concurrent, t.empty, t.raw, t.reserve, t.record
         )) });
+        let (mut raw, mut one) = (Vec::new(), Vec::new());
+        for rep in 0..s.reps {
+            for first in [rep % 2 == 0, rep % 2 != 0] {
+                let m = client::throughput(url, db, n, u64::from(s.seconds), if first { client::Call::RawInsert } else { client::Call::RunStatement }).await;
+                if first { raw.push(m) } else { one.push(m) }
+            }
+        }
+        rows.push(Row { figure: "Rust run_statement vs raw tokio-postgres transaction".into(), clients: format!("{n} tasks"), baseline: "BEGIN; INSERT; COMMIT (tokio-postgres)".into(), base: Measure::mean(&raw), ours: Measure::mean(&one), goal: Some(if n == 8 { 0.85 } else { 0.75 }), work: Some("round trips 1 / 3".into()) });
         let (mut select, mut replayed) = (Vec::new(), Vec::new());
         for rep in 0..s.reps {
             for first in [rep % 2 == 0, rep % 2 != 0] {
