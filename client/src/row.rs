@@ -22,6 +22,33 @@ pub trait Row: Send + Sync {
     fn json(&self, name: &str) -> Result<Option<Value>, Error>;
 }
 
+/// `Row` for a driver's row type whose generic column reader is `$get(row, name)`.
+macro_rules! impl_row {
+    ($row:ty, $get:ident) => {
+        impl $crate::row::Row for $row {
+            fn text(&self, name: &str) -> Result<Option<String>, $crate::error::Error> {
+                $get(self, name)
+            }
+            fn int8(&self, name: &str) -> Result<Option<i64>, $crate::error::Error> {
+                $get(self, name)
+            }
+            fn int4(&self, name: &str) -> Result<Option<i32>, $crate::error::Error> {
+                $get(self, name)
+            }
+            fn float8(&self, name: &str) -> Result<Option<f64>, $crate::error::Error> {
+                $get(self, name)
+            }
+            fn boolean(&self, name: &str) -> Result<Option<bool>, $crate::error::Error> {
+                $get(self, name)
+            }
+            fn json(&self, name: &str) -> Result<Option<serde_json::Value>, $crate::error::Error> {
+                $get(self, name)
+            }
+        }
+    };
+}
+pub(crate) use impl_row;
+
 /// The error of a column that cannot be read.
 pub(crate) fn unreadable(name: &str, source: impl std::error::Error + Send + Sync + 'static) -> Error {
     Error::Protocol { reason: format!("cannot read column {name:?}"), source: Some(Box::new(source)) }

@@ -2,10 +2,9 @@
 //! `tokio_postgres::Row` as a [`Row`].
 
 use crate::error::Error;
-use crate::row::{unreadable, Row};
+use crate::row::{impl_row, unreadable};
 use crate::sql::Param;
 use bytes::BytesMut;
-use serde_json::Value;
 use tokio_postgres::types::{FromSql, IsNull, ToSql, Type};
 
 impl ToSql for Param<'_> {
@@ -57,28 +56,4 @@ fn get<'a, T: FromSql<'a>>(row: &'a tokio_postgres::Row, name: &str) -> Result<O
     row.try_get(name).map_err(|e| unreadable(name, e))
 }
 
-impl Row for tokio_postgres::Row {
-    fn text(&self, name: &str) -> Result<Option<String>, Error> {
-        get(self, name)
-    }
-
-    fn int8(&self, name: &str) -> Result<Option<i64>, Error> {
-        get(self, name)
-    }
-
-    fn int4(&self, name: &str) -> Result<Option<i32>, Error> {
-        get(self, name)
-    }
-
-    fn float8(&self, name: &str) -> Result<Option<f64>, Error> {
-        get(self, name)
-    }
-
-    fn boolean(&self, name: &str) -> Result<Option<bool>, Error> {
-        get(self, name)
-    }
-
-    fn json(&self, name: &str) -> Result<Option<Value>, Error> {
-        get(self, name)
-    }
-}
+impl_row!(tokio_postgres::Row, get);

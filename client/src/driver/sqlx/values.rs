@@ -3,9 +3,8 @@
 //! decodes both).
 
 use crate::error::Error;
-use crate::row::{unreadable, Row};
+use crate::row::{impl_row, unreadable};
 use crate::sql::Param;
-use serde_json::Value;
 use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::query::Query;
 use sqlx::Row as _;
@@ -30,28 +29,4 @@ fn get<'r, T: sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres>>(row
     row.try_get(name).map_err(|e| unreadable(name, e))
 }
 
-impl Row for PgRow {
-    fn text(&self, name: &str) -> Result<Option<String>, Error> {
-        get(self, name)
-    }
-
-    fn int8(&self, name: &str) -> Result<Option<i64>, Error> {
-        get(self, name)
-    }
-
-    fn int4(&self, name: &str) -> Result<Option<i32>, Error> {
-        get(self, name)
-    }
-
-    fn float8(&self, name: &str) -> Result<Option<f64>, Error> {
-        get(self, name)
-    }
-
-    fn boolean(&self, name: &str) -> Result<Option<bool>, Error> {
-        get(self, name)
-    }
-
-    fn json(&self, name: &str) -> Result<Option<Value>, Error> {
-        get(self, name)
-    }
-}
+impl_row!(PgRow, get);
