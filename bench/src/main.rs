@@ -211,6 +211,10 @@ async fn main() {
         println!("{} cases measured; wrote target/bench/http.csv", rows.len());
         return;
     }
+    if let Some(at) = args.iter().position(|a| a == "--soak-check") {
+        let cycles = args.get(at + 1).and_then(|c| c.parse().ok()).unwrap_or_else(|| panic!("usage: bench --soak-check CYCLES"));
+        std::process::exit(soak::check(cycles).await);
+    }
     if args.iter().any(|a| a == "--soak") {
         let soaked = run_soak(&s, &out).await;
         println!("{}", soak_line(&s, &soaked));

@@ -1,20 +1,37 @@
-//! The maintenance worker's VACUUM after a large sweep.
+//! The maintenance worker's VACUUM after a sweep.
 //!
 //! Deleted rows leave dead tuples whose space only VACUUM makes reusable, and autovacuum visits a
 //! database at most once per `autovacuum_naptime` (1 min by default). Under churn (records that
 //! expire minutes after they are written), the worker sweeps every few seconds and the tables
-//! would grow by a minute of traffic between two autovacuums. So, after a pass whose sweep
-//! deleted at least 50 rows + 2% of the records table (as `pg_class.reltuples` last counted
-//! them; 2%, not autovacuum's 20%: the soak measured both), the worker vacuums both tables
-//! itself, `SKIP_LOCKED` (an autovacuum already at work is left to it). A large table swept a
-//! little at a time is left to autovacuum. Measured by the benchmark's soak
-//! (docs/performance.md, "Churn without bloat").
+//! would grow by a minute of traffic between two autovacuums. So at the end of every pass, when
+//! the statistics count at least 50 dead rows + 2% of the records table (as `pg_class.reltuples`
+//! last counted them; 2%, not autovacuum's 20%: the soak measured both) in the two tables, the
+//! worker vacuums both itself: autovacuum's rule with a lower fraction, checked every interval.
+//!
+//! Counted dead rows, not the rows this pass swept (0.4.0): a VACUUM right after a sweep under
+//! traffic cannot remove the rows that transactions running across the sweep's commit may still
+//! see (the soak logged VACUUMs during its load that removed none of the rows just swept), and
+//! they stay dead until the next VACUUM. With 0.4.0's rule that came only after the next sweep
+//! large enough, so the next rows extended the table; the statistics keep counting the rows a
+//! VACUUM left (it reports them), so the next pass vacuums again. The pass first reports its own
+//! deletes to the statistics, so they are counted (and so that its VACUUM's report, which comes
+//! after them, is the count that stays).
+//!
+//! The VACUUM waits for its lock instead of skipping a locked table (0.4.0's `SKIP_LOCKED`): an
+//! autovacuum of the table that started before the sweep's deletes committed cannot remove them,
+//! and the skipped table then waited for the next VACUUM (0.4.0's committed soak: the heap doubled
+//! after one). A waiting VACUUM makes PostgreSQL cancel a blocking autovacuum after
+//! `deadlock_timeout` (as for any lock request, unless that autovacuum prevents wraparound);
+//! against any other holder (a manual VACUUM, `CREATE INDEX CONCURRENTLY`, DDL) it gives up after
+//! `lock_timeout` = `deadlock_timeout` + 5 s and logs that it left the tables to the next pass, so
+//! the worker is never held up for long.
 
 use pgrx::prelude::*;
+use pgrx::PgTryBuilder;
 use std::ffi::CString;
 use std::time::Instant;
 
-/// The rows a sweep must delete before the worker vacuums.
+/// The dead rows at which the worker vacuums.
 fn threshold(schema: &str) -> f64 {
     let table = format!("{schema}.idem_records");
     pgrx::bgworkers::BackgroundWorker::transaction(|| {
@@ -29,33 +46,80 @@ fn threshold(schema: &str) -> f64 {
     .unwrap_or(f64::MAX)
 }
 
-/// After a pass in database `db` (extension schema `schema`, quoted) whose sweep deleted `swept`
-/// rows: VACUUM the two tables when that is enough rows, and log it.
+/// The dead rows of both tables as the statistics count them (right after a VACUUM: the rows it
+/// found dead but could not remove because a snapshot may still see them).
+fn dead(schema: &str) -> i64 {
+    let (records, retries) = (format!("{schema}.idem_records"), format!("{schema}.idem_retries"));
+    pgrx::bgworkers::BackgroundWorker::transaction(|| {
+        Spi::get_one_with_args::<i64>(
+            "SELECT pg_catalog.pg_stat_get_dead_tuples(pg_catalog.to_regclass($1))
+                    OPERATOR(pg_catalog.+) pg_catalog.pg_stat_get_dead_tuples(pg_catalog.to_regclass($2))",
+            &[records.as_str().into(), retries.as_str().into()],
+        )
+    })
+    .ok()
+    .flatten()
+    .unwrap_or(-1)
+}
+
+/// At the end of a pass in database `db` (extension schema `schema`, quoted) whose sweep deleted
+/// `swept` rows: VACUUM the two tables when they hold enough dead rows, and log it.
 pub(crate) fn after_sweep(db: &str, schema: &str, swept: i64) {
-    if swept <= 0 || (swept as f64) < threshold(schema) {
+    // SAFETY: between transactions, as a backend reports when it goes idle.
+    let _ = unsafe { pg_sys::pgstat_report_stat(true) };
+    let before = dead(schema);
+    if before <= 0 || (before as f64) < threshold(schema) {
         return;
     }
     let started = Instant::now();
-    let Ok(sql) = CString::new(format!("VACUUM (SKIP_LOCKED) {schema}.idem_records, {schema}.idem_retries")) else {
+    let Ok(sql) = CString::new(format!("VACUUM {schema}.idem_records, {schema}.idem_retries")) else {
         return;
     };
-    // SAFETY: VACUUM runs as a top-level statement does in a backend: from a started transaction
-    // that is no transaction block, which vacuum() commits and restarts itself (one transaction
-    // per table). The parse tree of this fixed text is one VacuumStmt.
-    unsafe {
-        pg_sys::SetCurrentStatementStartTimestamp();
-        pg_sys::StartTransactionCommand();
-        let raw = pg_sys::raw_parser(sql.as_ptr(), pg_sys::RawParseMode::RAW_PARSE_DEFAULT);
-        let stmt = pgrx::PgList::<pg_sys::RawStmt>::from_pg(raw).get_ptr(0);
-        if let Some(stmt) = stmt {
-            let pstate = pg_sys::make_parsestate(std::ptr::null_mut());
-            (*pstate).p_sourcetext = sql.as_ptr();
-            pg_sys::ExecVacuum(pstate, (*stmt).stmt.cast::<pg_sys::VacuumStmt>(), true);
+    // SAFETY: a plain read of a GUC variable of this backend.
+    let deadlock_ms = i64::from(unsafe { pg_sys::DeadlockTimeout });
+    let Ok(lock_timeout) = CString::new((deadlock_ms + 5000).to_string()) else { return };
+    let vacuumed = PgTryBuilder::new(|| {
+        // SAFETY: VACUUM runs as a top-level statement does in a backend: from a started
+        // transaction that is no transaction block, which vacuum() commits and restarts itself
+        // (one transaction per table). The parse tree of this fixed text is one VacuumStmt.
+        // lock_timeout is set for this worker's session, which ends with the pass.
+        unsafe {
+            pg_sys::SetCurrentStatementStartTimestamp();
+            pg_sys::StartTransactionCommand();
+            pg_sys::SetConfigOption(
+                c"lock_timeout".as_ptr(),
+                lock_timeout.as_ptr(),
+                pg_sys::GucContext::PGC_SUSET,
+                pg_sys::GucSource::PGC_S_SESSION,
+            );
+            let raw = pg_sys::raw_parser(sql.as_ptr(), pg_sys::RawParseMode::RAW_PARSE_DEFAULT);
+            let stmt = pgrx::PgList::<pg_sys::RawStmt>::from_pg(raw).get_ptr(0);
+            if let Some(stmt) = stmt {
+                let pstate = pg_sys::make_parsestate(std::ptr::null_mut());
+                (*pstate).p_sourcetext = sql.as_ptr();
+                pg_sys::ExecVacuum(pstate, (*stmt).stmt.cast::<pg_sys::VacuumStmt>(), true);
+            }
+            pg_sys::CommitTransactionCommand();
         }
-        pg_sys::CommitTransactionCommand();
+        Ok(())
+    })
+    .catch_others(|e| {
+        // SAFETY: as PostgreSQL's own error recovery does before the next transaction.
+        unsafe { pg_sys::AbortCurrentTransaction() };
+        use pg_sys::panic::CaughtError::{ErrorReport, PostgresError, RustPanic};
+        Err(match e {
+            PostgresError(r) | ErrorReport(r) | RustPanic { ereport: r, .. } => r.message().to_string(),
+        })
+    })
+    .execute();
+    match vacuumed {
+        Ok(()) => log!(
+            "idempotency maintenance in database \"{db}\": vacuumed idem_records and idem_retries (swept {swept} rows in this pass; {before} dead rows, {} left not yet removable), {:.3} s",
+            dead(schema),
+            started.elapsed().as_secs_f64()
+        ),
+        Err(e) => log!(
+            "idempotency maintenance in database \"{db}\": did not vacuum idem_records and idem_retries ({before} dead rows; {e}); left to the next pass and autovacuum"
+        ),
     }
-    log!(
-        "idempotency maintenance in database \"{db}\": vacuumed idem_records and idem_retries after sweeping {swept} rows, {:.3} s",
-        started.elapsed().as_secs_f64()
-    );
 }
