@@ -134,6 +134,7 @@ async fn http_rows(s: &Settings, rows: &mut Vec<Row>, bound: Option<String>) {
     ];
     // Statements per request, counted by a second service process that tracks them.
     let mut counts = [[None; 3]; 2];
+    let mut seed_count = None;
     if db.batch_execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements").await.is_ok() {
         let counting = http::Service::counting(&url).await;
         for (r, (route, _, _)) in routes.iter().enumerate() {
@@ -141,6 +142,7 @@ async fn http_rows(s: &Settings, rows: &mut Vec<Row>, bound: Option<String>) {
                 counts[r][i] = http::statements_per_request(&counting, &db, *route, side, if s.smoke { 20 } else { 200 }).await;
             }
         }
+        seed_count = http::statements_per_request(&counting, &db, http::Route::Payouts, http::Side::Seed, if s.smoke { 20 } else { 200 }).await;
         counting.stop().await;
     }
     for (route, name, baseline) in routes {
@@ -164,6 +166,21 @@ async fn http_rows(s: &Settings, rows: &mut Vec<Row>, bound: Option<String>) {
             rows.push(Row { figure: format!("{name}: fresh vs plain route"), clients: clients.clone(), baseline: baseline.into(), base: plain.clone(), ours: fresh, goal: Some(0.8), work: fresh_work });
             rows.push(Row { figure: format!("{name}: replay vs plain route"), clients, baseline: baseline.into(), base: plain, ours: replay, goal: Some(1.0), work: counted(n_replay) });
         }
+    }
+    // The two-phase route against its fair twin: the same call behind the seed libraries' store
+    // flow (seed_twin.rs), interleaved.
+    for &c in &s.http_connections {
+        let sides = [http::Side::Seed, http::Side::Fresh];
+        let mut runs: [Vec<Measure>; 2] = Default::default();
+        for rep in 0..s.reps {
+            for i in 0..2 {
+                let i = if rep % 2 == 0 { i } else { 1 - i };
+                runs[i].push(http::load(&service, &db, http::Route::Payouts, sides[i], c, u64::from(s.seconds)).await);
+            }
+        }
+        let [seed, fresh] = runs.map(|r| Measure::mean(&r));
+        let work = counts[1][1].zip(seed_count).map(|(o, b)| format!("{o:.1} / {b:.1} top-level (BEGIN, COMMIT included)"));
+        rows.push(Row { figure: "HTTP /payouts (two-phase): fresh vs the seed libraries' store flow".into(), clients: format!("{c} conns"), baseline: "the same call behind reserve + commit, call, complete + commit (prepared)".into(), base: seed, ours: fresh, goal: Some(1.0), work });
     }
     service.stop().await;
 }
