@@ -1,5 +1,6 @@
 //! Layers e2e, e2e_portable and e2e_sqlx: `cargo test -p idempotency-tests` (every test binary;
-//! the core run: the checklist binary, which holds the concurrency tests) against the private
+//! the core run: the checklist binary, which holds the concurrency tests, and the binaries of
+//! CORE_BINARIES) against the private
 //! cluster, with the extension or with the portable install (IDEM_INSTALL=portable), over the
 //! tokio-postgres driver or over the sqlx one (`--features sqlx`: the test kit's handle follows).
 
@@ -15,6 +16,11 @@ pub(crate) enum Install {
     /// target/idempotency-portable.sql, built by scripts/portable.sh.
     Portable,
 }
+
+/// The test binaries the core run adds to the checklist on every major: the subtransaction
+/// counts of every function (no_subtransaction) and 100,000 keys in one transaction on a server
+/// with default settings (lock_budget_default), each on a throwaway server of its own.
+const CORE_BINARIES: &[&str] = &["no_subtransaction", "lock_budget_default"];
 
 /// The client driver the suites run over.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -39,6 +45,9 @@ pub(crate) fn run(ctx: &Ctx, checks: &mut Checks, install: Install, driver: Driv
     let mut args = vec!["test", "--no-fail-fast", "-p", "idempotency-tests"];
     if !ctx.full {
         args.extend(["--test", "checklist"]);
+        for binary in CORE_BINARIES {
+            args.extend(["--test", binary]);
+        }
     }
     if driver == Driver::Sqlx {
         args.extend(["--features", "sqlx"]);
