@@ -29,7 +29,10 @@ async fn connect(url: &str) -> Client {
 }
 
 async fn count(c: &Client, sql: &str) -> i64 {
-    c.query_one(sql, &[]).await.unwrap_or_else(|e| panic!("{sql}: {e:?}")).get(0)
+    c.query_one(sql, &[])
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e:?}"))
+        .get(0)
 }
 
 /// Rows of `op` in idem_records that a subtransaction of the calling transaction wrote (their
@@ -57,8 +60,15 @@ async fn a_hundred_thousand_keys_in_one_transaction_on_default_settings() {
             .expect("settings");
         (row.get(0), row.get(1))
     };
-    assert_eq!(settings, ("100".to_owned(), "64".to_owned()), "the server keeps the defaults (max_connections, max_locks_per_transaction)");
-    admin.batch_execute("CREATE DATABASE idem_budget").await.expect("create the database");
+    assert_eq!(
+        settings,
+        ("100".to_owned(), "64".to_owned()),
+        "the server keeps the defaults (max_connections, max_locks_per_transaction)"
+    );
+    admin
+        .batch_execute("CREATE DATABASE idem_budget")
+        .await
+        .expect("create the database");
     let url = server.url("idem_budget");
     install_into(&url).await;
     let install = std::env::var("IDEM_INSTALL").unwrap_or_else(|_| "extension".into());
@@ -74,11 +84,27 @@ async fn a_hundred_thousand_keys_in_one_transaction_on_default_settings() {
     .await
     .expect("reserve 100,000 keys in one transaction");
     let reserved_at = started.elapsed();
-    assert_eq!(count(&big, "SELECT count(*) FROM big_keys WHERE outcome = 'created' AND token IS NOT NULL").await, BIG, "every key created");
-    let locks = count(&big, "SELECT count(*) FROM pg_locks WHERE pid = pg_backend_pid() AND locktype = 'advisory'").await;
+    assert_eq!(
+        count(
+            &big,
+            "SELECT count(*) FROM big_keys WHERE outcome = 'created' AND token IS NOT NULL"
+        )
+        .await,
+        BIG,
+        "every key created"
+    );
+    let locks = count(
+        &big,
+        "SELECT count(*) FROM pg_locks WHERE pid = pg_backend_pid() AND locktype = 'advisory'",
+    )
+    .await;
     assert!(locks <= 32, "the big transaction keeps at most half of max_locks_per_transaction advisory locks, got {locks}");
     // Read before the completion rewrites every row under the transaction's own ID.
-    assert_eq!(count(&big, &written_by_subtransactions("budget.big")).await, 0, "no row of the big transaction was written by a subtransaction");
+    assert_eq!(
+        count(&big, &written_by_subtransactions("budget.big")).await,
+        0,
+        "no row of the big transaction was written by a subtransaction"
+    );
 
     // Meanwhile, another session: a batch of 3,000 keys reserved and completed in one
     // transaction, single keys created and completed, and a key of the big transaction busy.
@@ -92,13 +118,24 @@ async fn a_hundred_thousand_keys_in_one_transaction_on_default_settings() {
         ))
         .await
         .expect("the other session's batch");
-    assert_eq!(count(&other, "SELECT count(*) FROM o_keys WHERE outcome = 'created'").await, BATCH, "the other batch: every key created");
+    assert_eq!(
+        count(
+            &other,
+            "SELECT count(*) FROM o_keys WHERE outcome = 'created'"
+        )
+        .await,
+        BATCH,
+        "the other batch: every key created"
+    );
     // Rows written by subtransactions: none on the extension; on the portable install each new key's
     // insert gives up instead of waiting while the big transaction is past its budget (the one
     // bounded fallback, sql/reserve.sql), so its row (read before the completion rewrites it) carries a subtransaction's ID.
     let by_subtransactions = count(&other, &written_by_subtransactions("budget.other")).await;
     if install != "portable" {
-        assert_eq!(by_subtransactions, 0, "the extension writes no row in a subtransaction");
+        assert_eq!(
+            by_subtransactions, 0,
+            "the extension writes no row in a subtransaction"
+        );
     }
     let completed = count(
         &other,
@@ -109,7 +146,10 @@ async fn a_hundred_thousand_keys_in_one_transaction_on_default_settings() {
     )
     .await;
     assert_eq!(completed, BATCH, "the other batch: every key completed");
-    other.batch_execute("COMMIT").await.expect("the other batch commits");
+    other
+        .batch_execute("COMMIT")
+        .await
+        .expect("the other batch commits");
     for i in 1..=SINGLES {
         let row = other
             .query_one(
@@ -120,15 +160,25 @@ async fn a_hundred_thousand_keys_in_one_transaction_on_default_settings() {
             .await
             .expect("a single call");
         let (outcome, done): (String, Option<bool>) = (row.get(0), row.get(1));
-        assert_eq!((outcome.as_str(), done), ("created", Some(true)), "single key k{i}");
+        assert_eq!(
+            (outcome.as_str(), done),
+            ("created", Some(true)),
+            "single key k{i}"
+        );
     }
     for key in ["k1", "k99999"] {
         let outcome: String = other
-            .query_one("SELECT outcome FROM idem_reserve('budget.big', 'u', $1, 'h')", &[&key])
+            .query_one(
+                "SELECT outcome FROM idem_reserve('budget.big', 'u', $1, 'h')",
+                &[&key],
+            )
             .await
             .expect("a key of the big transaction")
             .get(0);
-        assert_eq!(outcome, "in_progress", "{key}, held by the open big transaction");
+        assert_eq!(
+            outcome, "in_progress",
+            "{key}, held by the open big transaction"
+        );
     }
 
     // The big transaction completes its keys and commits.
@@ -141,10 +191,20 @@ async fn a_hundred_thousand_keys_in_one_transaction_on_default_settings() {
     )
     .await;
     assert_eq!(done, BIG, "every key of the big transaction completed");
-    big.batch_execute("COMMIT").await.expect("the big transaction commits");
+    big.batch_execute("COMMIT")
+        .await
+        .expect("the big transaction commits");
 
-    let success = count(&connect(&url).await, "SELECT count(*) FROM idem_records WHERE status = 'SUCCESS'").await;
-    assert_eq!(success, BIG + BATCH + SINGLES, "every key of both sessions completed once");
+    let success = count(
+        &connect(&url).await,
+        "SELECT count(*) FROM idem_records WHERE status = 'SUCCESS'",
+    )
+    .await;
+    assert_eq!(
+        success,
+        BIG + BATCH + SINGLES,
+        "every key of both sessions completed once"
+    );
     println!(
         "{install} pg{}: {BIG} keys reserved in {:.1} s, everything done in {:.1} s (server start included); \
          rows of the other session's {BATCH}-key batch written by subtransactions: {by_subtransactions}",
