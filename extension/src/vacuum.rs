@@ -17,17 +17,10 @@
 //! deletes to the statistics, so they are counted (and so that its VACUUM's report, which comes
 //! after them, is the count that stays).
 //!
-//! The VACUUM waits for its lock instead of skipping a locked table (0.4.0's `SKIP_LOCKED`): an
-//! autovacuum of the table that started before the sweep's deletes committed cannot remove them,
-//! and the skipped table then waited for the next VACUUM (0.4.0's committed soak: the heap doubled
-//! after one). A waiting VACUUM makes PostgreSQL cancel a blocking autovacuum after
-//! `deadlock_timeout` (as for any lock request, unless that autovacuum prevents wraparound);
-//! against any other holder (a manual VACUUM, `CREATE INDEX CONCURRENTLY`, DDL) it gives up after
-//! `lock_timeout` = `deadlock_timeout` + 5 s and logs that it left the tables to the next pass, so
-//! the worker is never held up for long.
+//! The VACUUM is `SKIP_LOCKED`: a table an autovacuum is already working on is skipped, and its
+//! dead rows, still counted, bring the next pass's VACUUM.
 
 use pgrx::prelude::*;
-use pgrx::PgTryBuilder;
 use std::ffi::CString;
 use std::time::Instant;
 
@@ -72,54 +65,27 @@ pub(crate) fn after_sweep(db: &str, schema: &str, swept: i64) {
         return;
     }
     let started = Instant::now();
-    let Ok(sql) = CString::new(format!("VACUUM {schema}.idem_records, {schema}.idem_retries")) else {
+    let Ok(sql) = CString::new(format!("VACUUM (SKIP_LOCKED) {schema}.idem_records, {schema}.idem_retries")) else {
         return;
     };
-    // SAFETY: a plain read of a GUC variable of this backend.
-    let deadlock_ms = i64::from(unsafe { pg_sys::DeadlockTimeout });
-    let Ok(lock_timeout) = CString::new((deadlock_ms + 5000).to_string()) else { return };
-    let vacuumed = PgTryBuilder::new(|| {
-        // SAFETY: VACUUM runs as a top-level statement does in a backend: from a started
-        // transaction that is no transaction block, which vacuum() commits and restarts itself
-        // (one transaction per table). The parse tree of this fixed text is one VacuumStmt.
-        // lock_timeout is set for this worker's session, which ends with the pass.
-        unsafe {
-            pg_sys::SetCurrentStatementStartTimestamp();
-            pg_sys::StartTransactionCommand();
-            pg_sys::SetConfigOption(
-                c"lock_timeout".as_ptr(),
-                lock_timeout.as_ptr(),
-                pg_sys::GucContext::PGC_SUSET,
-                pg_sys::GucSource::PGC_S_SESSION,
-            );
-            let raw = pg_sys::raw_parser(sql.as_ptr(), pg_sys::RawParseMode::RAW_PARSE_DEFAULT);
-            let stmt = pgrx::PgList::<pg_sys::RawStmt>::from_pg(raw).get_ptr(0);
-            if let Some(stmt) = stmt {
-                let pstate = pg_sys::make_parsestate(std::ptr::null_mut());
-                (*pstate).p_sourcetext = sql.as_ptr();
-                pg_sys::ExecVacuum(pstate, (*stmt).stmt.cast::<pg_sys::VacuumStmt>(), true);
-            }
-            pg_sys::CommitTransactionCommand();
+    // SAFETY: VACUUM runs as a top-level statement does in a backend: from a started transaction
+    // that is no transaction block, which vacuum() commits and restarts itself (one transaction
+    // per table). The parse tree of this fixed text is one VacuumStmt.
+    unsafe {
+        pg_sys::SetCurrentStatementStartTimestamp();
+        pg_sys::StartTransactionCommand();
+        let raw = pg_sys::raw_parser(sql.as_ptr(), pg_sys::RawParseMode::RAW_PARSE_DEFAULT);
+        let stmt = pgrx::PgList::<pg_sys::RawStmt>::from_pg(raw).get_ptr(0);
+        if let Some(stmt) = stmt {
+            let pstate = pg_sys::make_parsestate(std::ptr::null_mut());
+            (*pstate).p_sourcetext = sql.as_ptr();
+            pg_sys::ExecVacuum(pstate, (*stmt).stmt.cast::<pg_sys::VacuumStmt>(), true);
         }
-        Ok(())
-    })
-    .catch_others(|e| {
-        // SAFETY: as PostgreSQL's own error recovery does before the next transaction.
-        unsafe { pg_sys::AbortCurrentTransaction() };
-        use pg_sys::panic::CaughtError::{ErrorReport, PostgresError, RustPanic};
-        Err(match e {
-            PostgresError(r) | ErrorReport(r) | RustPanic { ereport: r, .. } => r.message().to_string(),
-        })
-    })
-    .execute();
-    match vacuumed {
-        Ok(()) => log!(
-            "idempotency maintenance in database \"{db}\": vacuumed idem_records and idem_retries (swept {swept} rows in this pass; {before} dead rows, {} left not yet removable), {:.3} s",
-            dead(schema),
-            started.elapsed().as_secs_f64()
-        ),
-        Err(e) => log!(
-            "idempotency maintenance in database \"{db}\": did not vacuum idem_records and idem_retries ({before} dead rows; {e}); left to the next pass and autovacuum"
-        ),
+        pg_sys::CommitTransactionCommand();
     }
+    log!(
+        "idempotency maintenance in database \"{db}\": vacuumed idem_records and idem_retries after sweeping {swept} rows ({before} dead rows counted, {} left not yet removable), {:.3} s",
+        dead(schema),
+        started.elapsed().as_secs_f64()
+    );
 }
