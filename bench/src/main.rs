@@ -259,20 +259,23 @@ async fn main() {
         return;
     }
 
-    let url = fresh_database("idem_bench").await;
-    let db = connect(&url).await;
-    db.batch_execute(&std::fs::read_to_string(script("setup")).expect("setup.sql")).await.expect("bench setup");
-    db.batch_execute("VACUUM ANALYZE").await.expect("vacuum");
-    let mut rows: Vec<Row> = Vec::new();
     // --latency: only the latency rows (latency.rs), into target/bench/latency.csv.
     if args.iter().any(|a| a == "--latency") {
-        let lat = latency::rows(cluster_addr(), "idem_bench", &url, s.smoke).await;
+        let url = fresh_database("idem_bench_latency").await;
+        let db = connect(&url).await;
+        db.batch_execute(&std::fs::read_to_string(script("setup")).expect("setup.sql")).await.expect("bench setup");
+        let lat = latency::rows(cluster_addr(), "idem_bench_latency", &url, s.smoke).await;
         print!("{}", latency::render(&lat));
         std::fs::write(out.join("latency.csv"), latency::csv(&lat)).expect("csv");
         check_latency(&lat);
         println!("{} latency cases measured; wrote target/bench/latency.csv", lat.len());
         return;
     }
+    let url = fresh_database("idem_bench").await;
+    let db = connect(&url).await;
+    db.batch_execute(&std::fs::read_to_string(script("setup")).expect("setup.sql")).await.expect("bench setup");
+    db.batch_execute("VACUUM ANALYZE").await.expect("vacuum");
+    let mut rows: Vec<Row> = Vec::new();
     if only_rust {
         rust_rows(&s, &url, &db, &mut rows).await;
         print!("{}", render(&rows, None, &s, started.elapsed().as_secs()));
