@@ -95,8 +95,8 @@ pub(crate) fn draw(path: &Path, title: &str, bars: &[Bar]) -> Result<(), Box<dyn
 }
 
 /// The soak chart: table + index size (kB) after each cycle, and the plateau limit (a horizontal
-/// line at `limit` kB).
-pub(crate) fn sizes(path: &Path, title: &str, kb: &[f64], limit: f64) -> Result<(), Box<dyn std::error::Error>> {
+/// line at `limit` kB, labelled `limit_label`).
+pub(crate) fn sizes(path: &Path, title: &str, kb: &[f64], limit: f64, limit_label: &str) -> Result<(), Box<dyn std::error::Error>> {
     font()?;
     let root = BitMapBackend::new(path, (1100, 520)).into_drawing_area();
     root.fill(&WHITE)?;
@@ -120,7 +120,7 @@ pub(crate) fn sizes(path: &Path, title: &str, kb: &[f64], limit: f64) -> Result<
         .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], RGBColor(46, 139, 87).stroke_width(2)));
     chart
         .draw_series(LineSeries::new([(1, limit), (n, limit)], RGBColor(205, 92, 92).stroke_width(2)))?
-        .label("limit: 1.3 x the size after cycle 5")
+        .label(limit_label)
         .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], RGBColor(205, 92, 92).stroke_width(2)));
     chart.configure_series_labels().background_style(WHITE).border_style(BLACK).label_font(("sans-serif", 15)).position(SeriesLabelPosition::LowerRight).draw()?;
     root.present()?;

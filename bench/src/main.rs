@@ -197,9 +197,16 @@ async fn main() {
     if let [_, flag, csv, png, title @ ..] = args.as_slice() {
         if flag == "--chart" {
             // Redraws a chart from a results CSV (docs/benchmark.png from docs/benchmark.csv),
-            // titled TITLE if given.
+            // or the soak's from a soak CSV (docs/soak.png from docs/soak.csv), titled TITLE if given.
+            let text = std::fs::read_to_string(csv).unwrap_or_else(|e| panic!("{csv}: {e}"));
+            if text.starts_with("cycle,") {
+                let kb = soak::kb_of_csv(&text);
+                let title = title.first().cloned().unwrap_or_else(|| soak_title(1200));
+                soak_chart(&kb, Path::new(png), &title);
+                return;
+            }
             let title = title.first().cloned().unwrap_or_else(title_of_run);
-            draw(&std::fs::read_to_string(csv).unwrap_or_else(|e| panic!("{csv}: {e}")), Path::new(png), &title);
+            draw(&text, Path::new(png), &title);
             return;
         }
     }
@@ -447,13 +454,21 @@ async fn run_soak(s: &Settings, out: &Path) -> soak::Soak {
     let soaked = soak::soak(s.soak_cycles, 4, s.soak_per_client).await;
     std::fs::write(out.join("soak.csv"), soaked.csv()).expect("soak csv");
     let kb: Vec<f64> = soaked.cycles.iter().map(|c| c.total() as f64 / 1024.0).collect();
+    soak_chart(&kb, &out.join("soak.png"), &soak_title(soaked.transactions_per_cycle));
+    soaked
+}
+
+fn soak_title(transactions_per_cycle: u32) -> String {
+    format!("idempotency {} soak: size after each cycle of {transactions_per_cycle} transactions", env!("CARGO_PKG_VERSION"))
+}
+
+/// The soak's chart: sizes in kB per cycle, the goal drawn at its multiple of cycle 5's size.
+fn soak_chart(kb: &[f64], png: &Path, title: &str) {
     let base = kb.get(soak::BASE_CYCLE - 1).or(kb.first()).copied().unwrap_or(0.0);
-    let title = format!("idempotency {} soak: size after each cycle of {} transactions", env!("CARGO_PKG_VERSION"), soaked.transactions_per_cycle);
-    if let Err(e) = chart::sizes(&out.join("soak.png"), &title, &kb, base * soak::GOAL) {
+    if let Err(e) = chart::sizes(png, title, kb, base * soak::GOAL, &format!("goal: {} x the size after cycle {}", soak::GOAL, soak::BASE_CYCLE)) {
         eprintln!("soak chart not drawn: {e}");
         std::process::exit(1);
     }
-    soaked
 }
 
 fn soak_line(s: &Settings, soaked: &soak::Soak) -> String {

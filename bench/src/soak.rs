@@ -57,6 +57,7 @@ impl Soak {
     }
 
     pub(crate) fn csv(&self) -> String {
+        // kb_of_csv reads it back: total_bytes is the second column.
         let mut c = String::from("cycle,total_bytes,records_heap_bytes,records_index_bytes,records_pkey_bytes,retries_heap_bytes,retries_index_bytes,autovacuums,vacuums,autoanalyzes,dead_rows\n");
         for (i, s) in self.cycles.iter().enumerate() {
             c.push_str(&format!(
@@ -232,4 +233,9 @@ pub(crate) async fn check(cycles: usize) -> i32 {
         soaked.seconds
     );
     i32::from(soaked.ratio() > CHECK_BOUND)
+}
+
+/// The sizes in kB per cycle of a soak CSV (what [`Soak::csv`] wrote), to redraw its chart.
+pub(crate) fn kb_of_csv(csv: &str) -> Vec<f64> {
+    csv.lines().skip(1).filter_map(|l| l.split(',').nth(1)?.parse::<f64>().ok()).map(|b| b / 1024.0).collect()
 }
