@@ -13,13 +13,26 @@
 --      not the lock, are what make two `created` for one key impossible; if either loses a
 --      race, loop and read again.
 --   4. The locks live in the server's shared lock table (about max_locks_per_transaction per
---      session): a transaction keeps at most half of max_locks_per_transaction of them. Past
---      that it takes no key lock; its uncommitted row holds the key, as a row of the
---      hand-written INSERT ... ON CONFLICT does. So every insert with wait => false goes through
---      _idem_write_nowait, which answers busy instead of waiting for another transaction's
---      uncommitted row (at most its lock_timeout); with wait => true the insert waits for it.
---      A takeover waits for a row another transaction holds (a sweep or a recovery, briefly;
---      or the takeover of a transaction past its budget, until it ends).
+--      session): a transaction keeps fewer than half of max_locks_per_transaction of them. Past
+--      that it takes no key lock for good; its uncommitted row holds the key, as a row of the
+--      hand-written INSERT ... ON CONFLICT does. Such a transaction holds the shared "past its
+--      budget" lock (advisory lock (1768189296, 1), one slot for the whole transaction, the last
+--      of its budget) and probes the key's lock for an instant (taken and given back in one
+--      expression), so a key another transaction holds by its lock answers in_progress at once.
+--   5. No subtransaction: PL/pgSQL cannot read another transaction's uncommitted row, and
+--      INSERT waits for one, so only a key that some transaction past its budget may hold by its
+--      row needs an insert that gives up instead of waiting (_idem_write_nowait: lock_timeout,
+--      caught in an EXCEPTION block, a subtransaction). An insert takes it only with
+--      wait => false while another transaction holds the "past its budget" lock (probed for an
+--      instant); every other insert is a plain INSERT ... ON CONFLICT DO NOTHING, which cannot
+--      wait: any other uncommitted row of the key belongs to a transaction holding the key's
+--      lock (which this one holds now, or probed free) or the "past its budget" lock (probed
+--      free after this transaction took the key's lock, and taken by that transaction before
+--      its probe of the key's lock). One race is left to a transaction past its budget: a
+--      transaction that takes the key's lock and inserts in the instant between its probe and
+--      its insert makes it wait for that transaction's end (never an error, never a second
+--      created). A takeover waits for a row another transaction holds (a sweep or a recovery,
+--      briefly; or the takeover of a transaction past its budget, until it ends).
 
 CREATE FUNCTION @extschema@._idem_write_nowait(
     operation    text,
@@ -78,6 +91,8 @@ DECLARE
     v_kept     integer;
     v_keep     boolean := true;
     v_found    boolean;
+    v_hash     bigint;
+    v_busy     boolean;
     v_counted  boolean; -- receives _idem_count: an assignment is PL/pgSQL's cheapest call
 BEGIN
     -- The argument rules, checked natively (extension/src/args.rs, on the client crate's key
@@ -123,9 +138,10 @@ BEGIN
         v_counted := @extschema@._idem_require_writable('reserve a key');
         IF NOT v_locked THEN
             -- Keep the key's lock until the transaction ends while this transaction keeps fewer
-            -- than half of max_locks_per_transaction (counted in a transaction-local setting).
+            -- than half of max_locks_per_transaction less one (the "past its budget" lock's
+            -- slot), counted in a transaction-local setting.
             v_kept := coalesce(nullif(current_setting('idem_portable.kept_locks', true), '')::integer, 0);
-            v_keep := v_kept < current_setting('max_locks_per_transaction')::integer / 2;
+            v_keep := v_kept < current_setting('max_locks_per_transaction')::integer / 2 - 1;
         END IF;
         IF NOT v_locked AND v_keep THEN
             IF wait THEN
@@ -147,11 +163,45 @@ BEGIN
             IF wait THEN
                 CONTINUE; -- the holder may have committed while we waited: read again
             END IF;
+        ELSIF NOT v_locked THEN
+            -- Past the budget: say so to every other transaction (held until this one ends),
+            -- then probe the key's lock for an instant, taken and given back in one expression.
+            PERFORM pg_advisory_xact_lock_shared(1768189296, 1);
+            v_hash := hashtextextended(operation || E'\x1f' || user_id || E'\x1f' || key, 0);
+            IF wait THEN
+                -- Wait for the holder, if any, to end; then read again.
+                PERFORM pg_advisory_lock(v_hash), pg_advisory_unlock(v_hash);
+                v_locked := true;
+                CONTINUE;
+            ELSIF NOT (pg_try_advisory_lock(v_hash) AND pg_advisory_unlock(v_hash)) THEN
+                -- Another transaction is creating this key and has not committed.
+                SELECT t.attempts INTO v_attempts
+                  FROM @extschema@.idem_retries AS t
+                 WHERE t.operation = operation AND t.user_id = user_id AND t.key = key
+                   AND t.expires_at > v_now;
+                v_attempts := coalesce(v_attempts, 0);
+                v_counted := @extschema@._idem_count('reservations_in_progress');
+                RETURN ROW('in_progress', NULL, NULL, v_attempts, NULL)::@extschema@.idem_reservation;
+            END IF;
         END IF;
 
-        v_locked := true; -- (past the budget: no lock, the row holds the key)
+        v_locked := true;
         v_token := nextval('@extschema@.idem_token_seq');
+        v_busy := false;
         IF NOT wait AND v_rec.status IS NULL THEN
+            -- Does another transaction hold the "past its budget" lock? Probed up to three times
+            -- (another call's probe holds it for an instant too).
+            v_busy := true;
+            FOR probe IN 1..3 LOOP
+                IF pg_try_advisory_lock(1768189296, 1) AND pg_advisory_unlock(1768189296, 1) THEN
+                    v_busy := false;
+                    EXIT;
+                END IF;
+            END LOOP;
+        END IF;
+        IF v_busy THEN
+            -- It may hold this key by an uncommitted row: an insert that gives up instead of
+            -- waiting (one subtransaction, only while such a transaction is open).
             v_found := @extschema@._idem_write_nowait(operation, user_id, key, request_hash, v_token,
                                                       v_now, v_now + v_lease, v_now + v_ttl);
             IF v_found IS NULL THEN
@@ -180,7 +230,7 @@ BEGIN
                AND r.expires_at <= v_now
                AND (r.status <> 'PROCESSING' OR r.lease_expires_at <= v_now);
         END IF;
-        IF wait OR v_rec.status IS NOT NULL THEN
+        IF NOT v_busy THEN
             v_found := FOUND;
         END IF;
         IF v_found THEN

@@ -86,7 +86,7 @@ const SPECS: &[Spec] = &[
     Spec { figure: "replay vs raw PK SELECT (tokio-postgres)", baseline: "prepared SELECT of the record", base: Case::RawSelect, ours: Case::Replay, goal: Some(1.05) },
     Spec { figure: "run_external vs raw record transaction (tokio-postgres)", baseline: "the record's BEGIN; INSERT; COMMIT alone (the outside call returns at once on both)", base: Case::RawTx, ours: Case::External, goal: None },
     Spec { figure: "run_batch of 100 vs raw 100-row transaction (tokio-postgres)", baseline: "BEGIN; INSERT of 100 rows; COMMIT", base: Case::RawBatch, ours: Case::Batch, goal: None },
-    Spec { figure: "one statement vs raw transaction (tokio-postgres)", baseline: "BEGIN; INSERT; COMMIT, each awaited", base: Case::RawTx, ours: Case::OneStatement, goal: Some(0.45) },
+    Spec { figure: "one statement vs raw transaction", baseline: "BEGIN; INSERT; COMMIT, each awaited", base: Case::RawTx, ours: Case::OneStatement, goal: Some(0.45) },
     Spec { figure: "run_statement vs raw transaction (tokio-postgres)", baseline: "BEGIN; INSERT; COMMIT, each awaited", base: Case::RawTx, ours: Case::RunStatement, goal: Some(0.45) },
     Spec { figure: "replay from the cache vs raw PK SELECT (tokio-postgres)", baseline: "prepared SELECT of the record", base: Case::RawSelect, ours: Case::CachedReplay, goal: Some(0.1) },
     Spec { figure: "run vs raw transaction (sqlx)", baseline: "begin; INSERT; commit (sqlx)", base: Case::SqlxRawTx, ours: Case::SqlxRun, goal: Some(1.05) },

@@ -5,7 +5,7 @@
 //! against the size after cycle 5.
 //!
 //! The server: a fresh cluster under target/servers/bench-soak on port `IDEM_SOAK_PORT` (default
-//! 55915). `IDEM_SOAK_SQL`, when set, runs after CREATE EXTENSION (to measure an alternative,
+//! 55915; another port gets its own directory, target/servers/bench-soak-PORT). `IDEM_SOAK_SQL`, when set, runs after CREATE EXTENSION (to measure an alternative,
 //! e.g. other storage options), and `bench --soak` runs the soak alone.
 
 use idempotency_testkit::server::Server;
@@ -35,6 +35,11 @@ pub(crate) struct Sizes {
     /// Autovacuum and manual vacuums of the two tables so far (pg_stat_user_tables).
     pub(crate) autovacuums: i64,
     pub(crate) vacuums: i64,
+    /// Autoanalyzes of the two tables so far.
+    pub(crate) autoanalyzes: i64,
+    /// Dead rows of the two tables as the statistics count them at the measurement (what the
+    /// last VACUUM left, plus deletes since).
+    pub(crate) dead: i64,
 }
 
 impl Sizes {
@@ -52,10 +57,11 @@ impl Soak {
     }
 
     pub(crate) fn csv(&self) -> String {
-        let mut c = String::from("cycle,total_bytes,records_heap_bytes,records_index_bytes,records_pkey_bytes,retries_heap_bytes,retries_index_bytes,autovacuums,vacuums\n");
+        // kb_of_csv reads it back: total_bytes is the second column.
+        let mut c = String::from("cycle,total_bytes,records_heap_bytes,records_index_bytes,records_pkey_bytes,retries_heap_bytes,retries_index_bytes,autovacuums,vacuums,autoanalyzes,dead_rows\n");
         for (i, s) in self.cycles.iter().enumerate() {
             c.push_str(&format!(
-                "{},{},{},{},{},{},{},{},{}\n",
+                "{},{},{},{},{},{},{},{},{},{},{}\n",
                 i + 1,
                 s.total(),
                 s.records_heap,
@@ -64,7 +70,9 @@ impl Soak {
                 s.retries_heap,
                 s.retries_indexes,
                 s.autovacuums,
-                s.vacuums
+                s.vacuums,
+                s.autoanalyzes,
+                s.dead
             ));
         }
         c
@@ -76,12 +84,17 @@ impl Soak {
 /// every second; autovacuum and everything else keep their defaults. Stopped when dropped.
 fn start_server() -> Server {
     let port: u16 = std::env::var("IDEM_SOAK_PORT").ok().and_then(|p| p.parse().ok()).unwrap_or(55915);
-    let server = Server::new("bench-soak", &pg_config(), port);
+    // Another port, another directory: soaks on two ports do not share a cluster.
+    let name = if port == 55915 { "bench-soak".to_owned() } else { format!("bench-soak-{port}") };
+    let server = Server::new(&name, &pg_config(), port);
     server.initdb(&[]);
     server.configure(
         "shared_preload_libraries = 'idempotency'\nidempotency.maintenance_databases = 'idem_soak'\n\
-         idempotency.maintenance_interval = 1\nlog_min_messages = warning\n",
+         idempotency.maintenance_interval = 1\nlog_min_messages = warning\nlog_autovacuum_min_duration = 0\n",
     );
+    if let Ok(conf) = std::env::var("IDEM_SOAK_CONF") {
+        server.configure(&conf.replace("; ", "\n"));
+    }
     server.start();
     server
 }
@@ -120,7 +133,9 @@ async fn sizes(db: &tokio_postgres::Client) -> Sizes {
             "SELECT pg_relation_size('idem_records') AS rh, pg_indexes_size('idem_records') AS ri, pg_relation_size('idem_records_pkey') AS rk,
                     pg_relation_size('idem_retries') AS th, pg_indexes_size('idem_retries') AS ti,
                     (SELECT sum(autovacuum_count) FROM pg_stat_user_tables WHERE relname IN ('idem_records', 'idem_retries'))::bigint AS av,
-                    (SELECT sum(vacuum_count) FROM pg_stat_user_tables WHERE relname IN ('idem_records', 'idem_retries'))::bigint AS v",
+                    (SELECT sum(vacuum_count) FROM pg_stat_user_tables WHERE relname IN ('idem_records', 'idem_retries'))::bigint AS v,
+                    (SELECT sum(autoanalyze_count) FROM pg_stat_user_tables WHERE relname IN ('idem_records', 'idem_retries'))::bigint AS aa,
+                    (SELECT sum(n_dead_tup) FROM pg_stat_user_tables WHERE relname IN ('idem_records', 'idem_retries'))::bigint AS dead",
             &[],
         )
         .await
@@ -133,6 +148,8 @@ async fn sizes(db: &tokio_postgres::Client) -> Sizes {
         retries_indexes: r.get("ti"),
         autovacuums: r.get::<_, Option<i64>>("av").unwrap_or(0),
         vacuums: r.get::<_, Option<i64>>("v").unwrap_or(0),
+        autoanalyzes: r.get::<_, Option<i64>>("aa").unwrap_or(0),
+        dead: r.get::<_, Option<i64>>("dead").unwrap_or(0),
     }
 }
 
@@ -178,4 +195,47 @@ pub(crate) async fn soak(cycles: usize, clients: u32, per_client: u32) -> Soak {
     let seconds = started.elapsed().as_secs_f64();
     drop(server);
     Soak { cycles: measured, transactions_per_cycle: per_cycle, seconds }
+}
+
+/// The benchmark's goal for the soak: the size after cycle 100 at most this many times the size
+/// after cycle [`BASE_CYCLE`], in every run.
+pub(crate) const GOAL: f64 = 1.15;
+
+/// The plateau bound the test command asserts: the size after the last cycle at most this many
+/// times the size after cycle [`BASE_CYCLE`].
+pub(crate) const CHECK_BOUND: f64 = 1.3;
+
+/// `bench --soak-check CYCLES`: the soak's shape (4 clients x 300 transactions a cycle) for
+/// `cycles` cycles, asserting the plateau; the sizes per cycle go to target/bench/soak-check.csv.
+/// Measures sizes, never a duration. Returns the exit code.
+pub(crate) async fn check(cycles: usize) -> i32 {
+    if cycles < 30 {
+        eprintln!("bench --soak-check: CYCLES must be at least 30 (a plateau needs a run well past the warm-up of {BASE_CYCLE} cycles), got {cycles}");
+        return 2;
+    }
+    let soaked = soak(cycles, 4, 300).await;
+    let csv = root().join("target/bench/soak-check.csv");
+    if let Err(e) = std::fs::create_dir_all(root().join("target/bench")).and_then(|()| std::fs::write(&csv, soaked.csv())) {
+        eprintln!("{}: {e}", csv.display());
+    }
+    let size = |i: usize| soaked.cycles.get(i).map(|c| c.total() / 1024).unwrap_or(0);
+    let peak = soaked.cycles.iter().map(Sizes::total).max().unwrap_or(0) / 1024;
+    let last = soaked.cycles.last().copied().unwrap_or_default();
+    let verdict = if soaked.ratio() <= CHECK_BOUND { "ok" } else { "FAILED" };
+    println!(
+        "soak check {verdict}: {cycles} cycles of {} transactions, {} kB after cycle {BASE_CYCLE}, {} kB after the last (peak {peak} kB): {:.3} (bound {CHECK_BOUND}); {} worker VACUUMs, {} autovacuums, {:.0} s",
+        soaked.transactions_per_cycle,
+        size(BASE_CYCLE - 1),
+        size(cycles - 1),
+        soaked.ratio(),
+        last.vacuums,
+        last.autovacuums,
+        soaked.seconds
+    );
+    i32::from(soaked.ratio() > CHECK_BOUND)
+}
+
+/// The sizes in kB per cycle of a soak CSV (what [`Soak::csv`] wrote), to redraw its chart.
+pub(crate) fn kb_of_csv(csv: &str) -> Vec<f64> {
+    csv.lines().skip(1).filter_map(|l| l.split(',').nth(1)?.parse::<f64>().ok()).map(|b| b / 1024.0).collect()
 }

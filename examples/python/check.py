@@ -1,5 +1,6 @@
 """Checks of the Python example against a live database: every outcome of both flows, mapped to
-HTTP, concurrent duplicates that execute once, and no SAVEPOINT on any in-transaction outcome.
+HTTP, concurrent duplicates that execute once, and no SAVEPOINT on any in-transaction outcome, nor
+any subtransaction inside the SQL calls (counted in transaction IDs).
 
     python3 examples/python/check.py DATABASE_URL [LABEL]
 
@@ -8,7 +9,8 @@ portable install) and a superuser (the lease-lost check recovers a key with idem
 on a server that preloads pg_stat_statements (shared_preload_libraries): the checks create that
 extension in the database and turn its tracking on there (ALTER DATABASE .. SET
 pg_stat_statements.track = 'all', reset at the end) to count the SAVEPOINTs the server ran.
-The checks create and drop their own tables. Prints one line per check and ends with
+The transaction ID counts assume nothing else writes on the server while they run (the test
+command runs this file alone). The checks create and drop their own tables. Prints one line per check and ends with
 `N passed, N failed`; exits non-zero on a failure.
 """
 
@@ -129,6 +131,54 @@ def _():
     seen = statements(SAVEPOINTS) - before
     assert seen == 2, f"{seen} savepoint statements counted for a SAVEPOINT and its RELEASE, wanted 2"
     savepoints_before, reserves_before = statements(SAVEPOINTS), statements(RESERVES)
+
+
+def xids_used(work) -> int:
+    """Transaction IDs used by `work(c)` between a transaction before it and one after: its own,
+    if it wrote, plus one for each subtransaction that wrote (an EXCEPTION block in PL/pgSQL
+    leaves no SAVEPOINT text for pg_stat_statements to see)."""
+    with connect() as c:
+        before = c.execute("SELECT pg_current_xact_id()::text::bigint").fetchone()[0]
+        work(c)
+        after = c.execute("SELECT pg_current_xact_id()::text::bigint").fetchone()[0]
+    return after - before - 1
+
+
+@check("transaction IDs count subtransactions: a per-key EXCEPTION block around 3 inserts uses 4")
+def _():
+    used = xids_used(lambda c: c.execute(
+        "DO $$ BEGIN FOR i IN 1..3 LOOP BEGIN INSERT INTO py_charges (k, amount) VALUES ('control', i); "
+        "EXCEPTION WHEN lock_not_available THEN NULL; END; END LOOP; END $$"))
+    assert used == 4, f"{used} transaction IDs, wanted 4 (the transaction and 3 subtransactions)"
+
+
+@check("in-transaction: a fresh key's flow uses one transaction ID (no subtransaction in the SQL calls)")
+def _():
+    used = xids_used(lambda c: expect(run(c, fresh(), charge(fresh())), 201, replayed=False))
+    assert used == 1, f"{used} transaction IDs for one in-transaction flow, wanted 1"
+
+
+@check("200 reservations and completions in one transaction, and a 1,000-key batch, use one transaction ID each")
+def _():
+    def singles(c):
+        prefix = fresh()
+        with c.transaction():
+            c.execute("CREATE TEMP TABLE got ON COMMIT DROP AS SELECT %s || g AS key, "
+                      "(idem_reserve('py.xids', 'u', %s || g, 'h')).token FROM generate_series(1, 200) AS g",
+                      (prefix, prefix))
+            done = c.execute("SELECT count(*) FILTER (WHERE idem_complete('py.xids', 'u', key, token, '{}')) FROM got").fetchone()[0]
+            assert done == 200, f"{done} of 200 completed"
+
+    def batch(c):
+        with c.transaction():
+            n = c.execute("SELECT count(*) FROM idem_reserve_many('py.xids_many', 'u', "
+                          "ARRAY(SELECT %s || g FROM generate_series(1, 1000) AS g), array_fill('h'::text, ARRAY[1000])) "
+                          "WHERE outcome = 'created'", (fresh(),)).fetchone()[0]
+            assert n == 1000, f"{n} created of 1000"
+
+    for name, work in (("200 single calls", singles), ("a 1,000-key batch", batch)):
+        used = xids_used(work)
+        assert used == 1, f"{name}: {used} transaction IDs, wanted 1"
 
 
 @check("in-transaction: a connection inside a transaction is refused (the flow's BEGIN would be a SAVEPOINT)")

@@ -1,5 +1,6 @@
 //! Layers e2e, e2e_portable and e2e_sqlx: `cargo test -p idempotency-tests` (every test binary;
-//! the core run: the checklist binary, which holds the concurrency tests) against the private
+//! the core run: the checklist binary, which holds the concurrency tests, and the binaries of
+//! CORE_BINARIES) against the private
 //! cluster, with the extension or with the portable install (IDEM_INSTALL=portable), over the
 //! tokio-postgres driver or over the sqlx one (`--features sqlx`: the test kit's handle follows);
 //! with the extension, the checklist (and in a full run the faults) again with a replay cache on
@@ -17,6 +18,12 @@ pub(crate) enum Install {
     /// target/idempotency-portable.sql, built by scripts/portable.sh.
     Portable,
 }
+
+/// The test binaries the core run adds to the checklist on every major, over tokio-postgres (their
+/// counts are the server's, whatever the driver): the subtransaction counts of every function
+/// (no_subtransaction) and 100,000 keys in one transaction on a server with default settings
+/// (lock_budget_default), each on a throwaway server of its own.
+const CORE_BINARIES: &[&str] = &["no_subtransaction", "lock_budget_default"];
 
 /// The client driver the suites run over.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -41,6 +48,11 @@ pub(crate) fn run(ctx: &Ctx, checks: &mut Checks, install: Install, driver: Driv
     let mut args = vec!["test", "--no-fail-fast", "-p", "idempotency-tests"];
     if !ctx.full {
         args.extend(["--test", "checklist"]);
+        if driver == Driver::TokioPostgres {
+            for binary in CORE_BINARIES {
+                args.extend(["--test", binary]);
+            }
+        }
     }
     if driver == Driver::Sqlx {
         args.extend(["--features", "sqlx"]);
