@@ -92,14 +92,6 @@ pub async fn install_into(url: &str) {
     install(url, &db).await;
 }
 
-/// Installs idempotency into the existing database at `url` on any server (the extension, or the
-/// portable script with `IDEM_INSTALL=portable`, exactly as [`fresh_database`] does).
-pub async fn install_into(url: &str) {
-    let (db, conn) = tokio_postgres::connect(url, NoTls).await.expect("connect to the database");
-    tokio::spawn(conn);
-    install(url, &db).await;
-}
-
 /// Installs idempotency into the schema `public` of the database at `url`: the extension, or with
 /// `IDEM_INSTALL=portable` the portable script (`IDEM_PORTABLE_SCRIPT`, default
 /// `target/idempotency-portable.sql`, built by `bash scripts/portable.sh`) run by the psql of
