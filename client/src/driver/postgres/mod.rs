@@ -94,7 +94,20 @@ impl Driver for Postgres {
         // let the requests after it overtake it.
         for step in &steps[lead..] {
             if let Step::Query(sql, params) = step {
-                statements.push(client.prepare_typed_cached(sql, &values::types(params)).await.map_err(ours)?);
+                match client.prepare_typed_cached(sql, &values::types(params)).await {
+                    Ok(statement) => statements.push(statement),
+                    Err(e) => {
+                        // The leading steps were sent: their answers say whether a transaction
+                        // is open now (a BEGIN answered, then aborted by the failed Parse).
+                        join_all(answers.iter_mut().map(|a| a.as_mut())).await;
+                        for (step, answer) in steps.iter().zip(answers.iter_mut()) {
+                            if let (Some(opens), Some(Ok(_))) = (step.opens(), answer.as_mut().take_output()) {
+                                open.set_open(opens);
+                            }
+                        }
+                        return Err(ours(e));
+                    }
+                }
             }
         }
         let mut queries = statements.iter().zip(&params);
