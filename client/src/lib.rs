@@ -107,9 +107,10 @@
 //! ```
 //!
 //! Outcomes and errors are the same types; a sqlx error is the source of [`Error::Database`] or
-//! [`Error::StoreUnavailable`] as a tokio-postgres one is. sqlx does not pipeline: the same
-//! closure costs five round trips instead of three (`BEGIN`, the reservation, your statement,
-//! the completion, `COMMIT`).
+//! [`Error::StoreUnavailable`] as a tokio-postgres one is. sqlx does not pipeline, so the
+//! statements of one round trip travel as one simple query: the same closure costs the same
+//! three round trips (`BEGIN` with the reservation, your statement, the completion with
+//! `COMMIT`), and a replay one.
 //!
 //! # Web services
 //!

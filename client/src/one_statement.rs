@@ -1,17 +1,14 @@
-//! The in-transaction flow in one statement (`Idempotency::run_statement`): for work that is
-//! one data-modifying statement, the reservation, the write and the completion travel as ONE
-//! statement in autocommit: one round trip, one commit, no subtransaction. The flow itself is
-//! `flow::one_statement`.
+//! The statement of the in-transaction flow in one statement ([`OneStatement`], for
+//! `Idempotency::run_statement` in `handle/one_statement.rs`; the flow itself is
+//! `flow::one_statement`): for work that is one data-modifying statement, the reservation, the
+//! write and the completion travel as ONE statement in autocommit: one round trip, one commit,
+//! no subtransaction.
 
 use crate::error::{DatabaseError, Error};
-use crate::flow;
-use crate::response::Replayable;
 use crate::sql::Param;
-use crate::{Driver, Idempotency, Outcome};
-use idempotency_core::{Fingerprint, Key};
 use serde_json::Value;
 
-/// A data-modifying statement of yours and its values, for [`Idempotency::run_statement`].
+/// A data-modifying statement of yours and its values, for [`crate::Idempotency::run_statement`].
 ///
 /// Two rules make it one statement with the reservation:
 /// - it reads the relation **`created`**, which has one row when this call created the key and
@@ -92,34 +89,5 @@ impl<'a> OneStatement<'a> {
             }
         }
         Ok(())
-    }
-}
-
-impl<D: Driver> Idempotency<D> {
-    /// The in-transaction flow in one statement: reserves the key, runs `write` only when this
-    /// call created it, and completes the key with the row `write` returned, all in ONE
-    /// statement sent in autocommit (one round trip, one commit, no subtransaction); see
-    /// [`OneStatement`] for the two rules `write` follows. `T` is read from the returned row (a
-    /// JSON object of its columns) on the first call and from the stored response on a replay.
-    ///
-    /// Every answer of [`Idempotency::run`]: `Outcome::Executed` (the row was written and the
-    /// key completed `SUCCESS` in the same commit), `Outcome::Replayed`, and the errors
-    /// [`Error::Mismatch`], [`Error::InProgress`] (or, with [`crate::Settings::wait`], a wait for
-    /// the holder and then its answer), [`Error::Failed`]. A failing `write` (a constraint, a
-    /// trigger) fails the statement, so the reservation rolls back with it; the failure is then
-    /// counted in a second request, as `run` counts a transient failure: [`Error::Handler`] with
-    /// the database error, or [`Error::Poisoned`] when that was the key's `max_retries`-th.
-    /// 40001 / 40P01 retry the statement without counting; a lost connection is
-    /// [`Error::StoreUnavailable`] (the statement may have committed: a retry replays it then).
-    pub async fn run_statement<T>(&self, key: &Key, fingerprint: &Fingerprint, write: &OneStatement<'_>) -> Result<Outcome<T>, Error<DatabaseError>>
-    where
-        T: Replayable + Send,
-    {
-        write.check()?;
-        crate::trace::call("run_statement", key, async {
-            let schema = self.schema().await.map_err(Error::widen)?;
-            flow::one_statement::run(&self.context(&schema), key, fingerprint, write).await
-        })
-        .await
     }
 }

@@ -1,5 +1,5 @@
 //! The driver-neutral types of the client's calls (also re-exported by `ops`): what `idem_reserve` answers, its options, a
-//! record and the counters, and how each is read from a row (through [`crate::row::Row`], the
+//! record and the counters, and how each is read from a row (through `row::Row`, the
 //! one column-access trait every driver implements).
 
 use crate::error::Error;

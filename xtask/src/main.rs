@@ -17,6 +17,8 @@
 mod cargo;
 mod ctx;
 mod harness;
+#[cfg(test)]
+mod imports;
 mod layers;
 mod psql;
 mod report;

@@ -16,7 +16,6 @@
 use crate::error::Error;
 use crate::types::{Reservation, ReserveOutcome, Status};
 use crate::response::Replayable;
-use crate::settings::Settings;
 use crate::Outcome;
 use idempotency_core::{Fingerprint, Key};
 use serde_json::Value;
@@ -28,7 +27,7 @@ use std::time::{Duration, Instant, SystemTime};
 /// The most shards a cache is split into (fewer when it holds fewer entries).
 const MAX_SHARDS: usize = 16;
 
-/// An in-process cache of completed answers, for [`Settings::replay_cache`]: a replay it holds
+/// An in-process cache of completed answers, for [`crate::Settings::replay_cache`]: a replay it holds
 /// is answered from memory, with no round trip and no pooled connection.
 ///
 /// `entries` bounds how many answers it keeps (across every key; the least recently replayed go
@@ -121,7 +120,7 @@ impl ReplayCache {
     /// # Panics
     ///
     /// When `entries` is 0 or `ttl` is zero: such a cache could never answer (leave
-    /// [`Settings::replay_cache`] unset instead).
+    /// [`crate::Settings::replay_cache`] unset instead).
     pub fn new(entries: usize, ttl: Duration) -> Self {
         assert!(entries > 0, "ReplayCache::new: entries must be at least 1, got 0");
         assert!(!ttl.is_zero(), "ReplayCache::new: ttl must be longer than zero");
@@ -256,8 +255,8 @@ impl std::fmt::Debug for ReplayCache {
 
 /// The answer from memory for `key` and this request, as the database would give it on a
 /// replay; `None` when the cache is off or holds none (then the call goes to the database).
-pub(crate) fn hit<T: Replayable, E>(settings: &Settings, key: &Key, fingerprint: &Fingerprint) -> Option<Result<Outcome<T>, Error<E>>> {
-    let answer = settings.replay_cache.as_ref()?.lookup(key, fingerprint)?;
+pub(crate) fn hit<T: Replayable, E>(cache: Option<&ReplayCache>, key: &Key, fingerprint: &Fingerprint) -> Option<Result<Outcome<T>, Error<E>>> {
+    let answer = cache?.lookup(key, fingerprint)?;
     #[cfg(feature = "tracing")]
     tracing::debug!(replay_cache = "hit", "answered from the replay cache");
     Some(match answer {
@@ -287,12 +286,12 @@ struct Filling<'a> {
 }
 
 impl<'a> Memo<'a> {
-    /// Before the reservation.
-    pub(crate) fn start(settings: &'a Settings) -> Self {
-        Memo(settings.replay_cache.as_ref().map(|cache| Filling {
+    /// Before the reservation, which asks for `ttl` (None: the server's default).
+    pub(crate) fn start(cache: Option<&'a ReplayCache>, ttl: Option<Duration>) -> Self {
+        Memo(cache.map(|cache| Filling {
             cache,
             started: Instant::now(),
-            ttl: settings.ttl,
+            ttl,
             expires: None,
             key: None,
             fingerprint: None,

@@ -1,6 +1,7 @@
 //! The replay cache's unit tests.
 
 use super::*;
+use crate::settings::Settings;
 use crate::types::Token;
 use serde_json::json;
 
@@ -123,16 +124,16 @@ fn a_failed_record_is_answered_as_stored() {
     let settings = settings(&cache);
     let (k, f) = (key(1), fp("a"));
     let stored = json!({"status": 402, "body": "declined"});
-    Memo::start(&settings).reserved(&k, &f, &reservation(ReserveOutcome::Failed(Some(stored.clone())), Duration::from_secs(60)));
-    match hit::<Value, ()>(&settings, &k, &f) {
+    Memo::start(settings.replay_cache.as_ref(), settings.ttl).reserved(&k, &f, &reservation(ReserveOutcome::Failed(Some(stored.clone())), Duration::from_secs(60)));
+    match hit::<Value, ()>(settings.replay_cache.as_ref(), &k, &f) {
         Some(Err(Error::Failed { response })) => assert_eq!(response, Some(stored)),
         other => panic!("a FAILED record answers Failed: {other:?}"),
     }
     // A completion with FAILED (a result whose verdict is a failure) is kept the same way.
     let k2 = key(2);
-    let memo = Memo::start(&settings).reserved(&k2, &f, &reservation(ReserveOutcome::Created(Token(1)), Duration::from_secs(60)));
+    let memo = Memo::start(settings.replay_cache.as_ref(), settings.ttl).reserved(&k2, &f, &reservation(ReserveOutcome::Created(Token(1)), Duration::from_secs(60)));
     memo.executed(Status::Failed, &json!({"status": 409}));
-    assert!(matches!(hit::<Value, ()>(&settings, &k2, &f), Some(Err(Error::Failed { response: Some(_) }))));
+    assert!(matches!(hit::<Value, ()>(settings.replay_cache.as_ref(), &k2, &f), Some(Err(Error::Failed { response: Some(_) }))));
 }
 
 #[test]
@@ -142,21 +143,21 @@ fn replays_and_completions_fill_it_and_nothing_else_does() {
     let f = fp("a");
     let keys: Vec<Key> = (0..5).map(key).collect();
     let minute = Duration::from_secs(60);
-    Memo::start(&settings).reserved(&keys[0], &f, &reservation(ReserveOutcome::Replay(Some(json!({"id": 7}))), minute));
-    Memo::start(&settings).reserved(&keys[1], &f, &reservation(ReserveOutcome::InProgress, minute));
-    Memo::start(&settings).reserved(&keys[2], &f, &reservation(ReserveOutcome::Mismatch, minute));
+    Memo::start(settings.replay_cache.as_ref(), settings.ttl).reserved(&keys[0], &f, &reservation(ReserveOutcome::Replay(Some(json!({"id": 7}))), minute));
+    Memo::start(settings.replay_cache.as_ref(), settings.ttl).reserved(&keys[1], &f, &reservation(ReserveOutcome::InProgress, minute));
+    Memo::start(settings.replay_cache.as_ref(), settings.ttl).reserved(&keys[2], &f, &reservation(ReserveOutcome::Mismatch, minute));
     // Created but never completed (released, poisoned, lease lost): nothing.
-    Memo::start(&settings).reserved(&keys[3], &f, &reservation(ReserveOutcome::Created(Token(1)), minute));
-    Memo::start(&settings).reserved(&keys[4], &f, &reservation(ReserveOutcome::Created(Token(2)), minute)).executed(Status::Success, &json!(42));
-    assert!(matches!(hit::<Value, ()>(&settings, &keys[0], &f), Some(Ok(Outcome::Replayed(v))) if v == json!({"id": 7})));
+    Memo::start(settings.replay_cache.as_ref(), settings.ttl).reserved(&keys[3], &f, &reservation(ReserveOutcome::Created(Token(1)), minute));
+    Memo::start(settings.replay_cache.as_ref(), settings.ttl).reserved(&keys[4], &f, &reservation(ReserveOutcome::Created(Token(2)), minute)).executed(Status::Success, &json!(42));
+    assert!(matches!(hit::<Value, ()>(settings.replay_cache.as_ref(), &keys[0], &f), Some(Ok(Outcome::Replayed(v))) if v == json!({"id": 7})));
     for k in &keys[1..4] {
-        assert!(hit::<Value, ()>(&settings, k, &f).is_none(), "{k}");
+        assert!(hit::<Value, ()>(settings.replay_cache.as_ref(), k, &f).is_none(), "{k}");
     }
-    assert!(matches!(hit::<Value, ()>(&settings, &keys[4], &f), Some(Ok(Outcome::Replayed(v))) if v == json!(42)));
+    assert!(matches!(hit::<Value, ()>(settings.replay_cache.as_ref(), &keys[4], &f), Some(Ok(Outcome::Replayed(v))) if v == json!(42)));
     // A replay without a stored response decodes from null, as the database path does.
     let k = key(9);
-    Memo::start(&settings).reserved(&k, &f, &reservation(ReserveOutcome::Replay(None), minute));
-    assert!(matches!(hit::<(), ()>(&settings, &k, &f), Some(Ok(Outcome::Replayed(())))));
+    Memo::start(settings.replay_cache.as_ref(), settings.ttl).reserved(&k, &f, &reservation(ReserveOutcome::Replay(None), minute));
+    assert!(matches!(hit::<(), ()>(settings.replay_cache.as_ref(), &k, &f), Some(Ok(Outcome::Replayed(())))));
 }
 
 #[test]
@@ -165,10 +166,10 @@ fn an_expired_or_unknown_record_expiry_is_not_kept() {
     let settings = settings(&cache);
     let (k, f) = (key(1), fp("a"));
     let past = Reservation { outcome: ReserveOutcome::Replay(Some(json!(1))), attempts: 0, expires_at: Some(SystemTime::now() - Duration::from_secs(1)) };
-    Memo::start(&settings).reserved(&k, &f, &past);
+    Memo::start(settings.replay_cache.as_ref(), settings.ttl).reserved(&k, &f, &past);
     let unknown = Reservation { expires_at: None, ..past };
-    Memo::start(&settings).reserved(&k, &f, &unknown);
-    assert!(hit::<Value, ()>(&settings, &k, &f).is_none());
+    Memo::start(settings.replay_cache.as_ref(), settings.ttl).reserved(&k, &f, &unknown);
+    assert!(hit::<Value, ()>(settings.replay_cache.as_ref(), &k, &f).is_none());
     assert_eq!(cache.stats().entries, 0);
 }
 
@@ -179,7 +180,7 @@ fn an_executed_entry_never_outlives_the_requested_ttl_whatever_the_server_clock_
     let (k, f) = (key(1), fp("a"));
     // A server clock an hour ahead: its expires_at reads an hour too late here.
     let skewed = reservation(ReserveOutcome::Created(Token(1)), Duration::from_secs(3600));
-    let memo = Memo::start(&settings);
+    let memo = Memo::start(settings.replay_cache.as_ref(), settings.ttl);
     let before = Instant::now();
     memo.reserved(&k, &f, &skewed).executed(Status::Success, &json!(1));
     let deadline = deadline_of(&cache, &k);
@@ -190,8 +191,8 @@ fn an_executed_entry_never_outlives_the_requested_ttl_whatever_the_server_clock_
 fn off_is_one_option_check() {
     let settings = Settings::default();
     let (k, f) = (key(1), fp("a"));
-    assert!(hit::<Value, ()>(&settings, &k, &f).is_none());
-    let memo = Memo::start(&settings).reserved(&k, &f, &reservation(ReserveOutcome::Created(Token(1)), Duration::from_secs(1)));
+    assert!(hit::<Value, ()>(settings.replay_cache.as_ref(), &k, &f).is_none());
+    let memo = Memo::start(settings.replay_cache.as_ref(), settings.ttl).reserved(&k, &f, &reservation(ReserveOutcome::Created(Token(1)), Duration::from_secs(1)));
     assert!(memo.0.is_none());
     memo.executed(Status::Success, &json!(1));
 }

@@ -2,11 +2,11 @@
 //! sequences. A driver hands out pooled connections ([`Driver::connection`]) and sends a
 //! request: some [`Step`]s, in order, pipelined into one round trip where the driver can
 //! ([`Driver::send`]), answering the rows of its queries through the one column-access trait
-//! ([`crate::row::Row`]). Its errors are read by the one classification table
+//! (`row::Row`). Its errors are read by the one classification table
 //! (`classify.rs`). The flows (`flow/`) own every sequence, retry and decoding.
 //!
 //! Two drivers: [`Postgres`] (tokio-postgres over a deadpool pool, feature `postgres`, the
-//! default: prepared statements, pipelined) and, with the `sqlx` feature, [`Sqlx`] (a
+//! default: prepared statements, pipelined) and, with the `sqlx` feature, `Sqlx` (a
 //! `sqlx::PgPool`: sqlx pipelines nothing, so a request of several steps travels as one simple
 //! query with its values bound into the text by `sql::bind`).
 
@@ -26,7 +26,7 @@ pub use self::sqlx::{SharedConnection, Sqlx, SqlxTx};
 compile_error!("idempotency-client needs a driver: its feature `postgres` (the default, tokio-postgres) or `sqlx`");
 
 /// The driver a handle, a layer and a `Transaction` name when none is given: [`Postgres`] with
-/// the `postgres` feature (the default), else [`Sqlx`].
+/// the `postgres` feature (the default), else `Sqlx`.
 #[cfg(feature = "postgres")]
 pub type DefaultDriver = Postgres;
 /// The driver a handle, a layer and a `Transaction` name when none is given: [`Postgres`] with

@@ -56,7 +56,7 @@ where
     F: for<'t> FnMut(&'t mut D::Tx) -> TxFuture<'t, T, E> + Send,
 {
     let options = cx.options(cx.settings.lease);
-    let memo = Memo::start(cx.settings);
+    let memo = Memo::start(cx.settings.replay_cache.as_ref(), cx.settings.ttl);
     let mut tx = cx.driver.connection().await.map_err(Error::widen)?;
     let steps = [Step::Begin(cx.settings.isolation), Step::Query(&cx.schema.sql().reserve, reserve_params(key, fingerprint, &options))];
     let reservation = match D::send(&mut tx, &steps).await.and_then(|rows| Reservation::read(&only(rows)?)) {

@@ -1,7 +1,8 @@
 //! The flows, written once over the [`Driver`] interface: [`in_transaction`] (`run`, and the
-//! layer's in-transaction mode), its batch form [`batch`] (`run_batch`) and [`two_phase`]
-//! (`run_external`, and the layer's two-phase mode), the calls they make in a transaction of
-//! their own ([`calls`]), with the answers and rules they share: each sequence, each retry and
+//! layer's in-transaction mode), its batch form [`batch`] (`run_batch`), its one-statement
+//! form [`one_statement`] (`run_statement`) and [`two_phase`] (`run_external`, and the layer's
+//! two-phase mode, whose lease the [`heartbeat`] keeps), the calls they make in a transaction
+//! of their own ([`calls`]), with the answers and rules they share: each sequence, each retry and
 //! each decoding is written here once, whatever the driver.
 
 pub(crate) mod batch;

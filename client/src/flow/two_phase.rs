@@ -45,7 +45,7 @@ where
     R: for<'t> FnMut(&'t mut D::Conn, &'t T) -> TxFuture<'t, (), E> + Send,
 {
     let lease = cx.settings.lease.unwrap_or(DEFAULT_EXTERNAL_LEASE);
-    let memo = Memo::start(cx.settings);
+    let memo = Memo::start(cx.settings.replay_cache.as_ref(), cx.settings.ttl);
     let reservation = calls::reserve(cx.driver, cx.schema, key, fingerprint, &cx.options(Some(lease))).await.map_err(Error::widen)?;
     let memo = memo.reserved(key, fingerprint, &reservation);
     let token = match reservation.outcome {

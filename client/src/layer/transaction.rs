@@ -4,7 +4,7 @@ use crate::driver::{DefaultDriver, Driver};
 use std::ops::Deref;
 
 /// The transaction that holds the request's reservation, for an in-transaction route's handler.
-/// Over [`Postgres`] it dereferences to the driver's [`crate::Tx`] and through it to the pooled
+/// Over [`crate::Postgres`] it dereferences to the driver's [`crate::Tx`] and through it to the pooled
 /// `deadpool_postgres::Client` (`query`, `execute`, `prepare_cached`); over `Sqlx` (feature
 /// `sqlx`) to a `SharedConnection`, whose `lock().await` is the `sqlx::PgConnection` to run your
 /// queries on (`.execute(&mut *conn)`). Whatever the handler writes through it commits together

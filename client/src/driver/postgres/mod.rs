@@ -2,7 +2,7 @@
 //! prepared (cached) statements, and pipelining by issuing requests together (tokio-postgres
 //! sends a request when its future is first polled, and `join_all` polls in order).
 
-mod connect;
+pub(crate) mod connect;
 mod errors;
 mod tx;
 pub(crate) mod values;

@@ -1,85 +1,46 @@
-//! The convenience constructors of the sqlx handle: a `sqlx::PgPool` from a URL, with its
-//! TLS settings read as the tokio-postgres handle reads them.
+//! The sqlx pool a handle makes from a URL (`Idempotency::connect_sqlx_with`): one host, its
+//! TLS options read as the tokio-postgres pool reads them, every wait bounded by
+//! [`POOL_TIMEOUT`].
 
-use super::Sqlx;
 use crate::error::Error;
-use crate::settings::{Settings, POOL_TIMEOUT};
-use crate::Idempotency;
+use crate::settings::POOL_TIMEOUT;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;
 use std::str::FromStr;
 
-impl Idempotency<Sqlx> {
-    /// A handle over the sqlx pool `pool` with `settings`.
-    pub fn from_sqlx(pool: PgPool, settings: Settings) -> Self {
-        Idempotency::with_driver(Sqlx::new(pool), settings)
+/// A pool of `pool_size` connections to `url`, nothing connected yet (call it inside a tokio
+/// runtime); a malformed URL, a host list or an `sslmode` this build cannot honour is a
+/// [`Error::Configuration`] error.
+pub(crate) fn pool(url: &str, pool_size: u32) -> Result<PgPool, Error> {
+    use crate::tls::{RootCerts, SslMode, SslParams};
+    use sqlx::postgres::PgSslMode;
+    // A host list (failover) is refused with its reason, not sqlx's "invalid port number".
+    super::hosts::one_host(url).map_err(|reason| Error::Configuration { reason, source: None })?;
+    let ssl = SslParams::parse(url)
+        .and_then(|ssl| ssl.check().map(|()| ssl))
+        .map_err(|reason| Error::Configuration { reason, source: None })?;
+    let mut options = PgConnectOptions::from_str(&ssl.rest).map_err(|e| Error::Configuration {
+        reason: format!("cannot read the connection URL: {e}"),
+        source: Some(Box::new(e)),
+    })?;
+    options = options.ssl_mode(match ssl.mode {
+        SslMode::Disable => PgSslMode::Disable,
+        SslMode::Prefer => PgSslMode::Prefer,
+        SslMode::Require => PgSslMode::Require,
+        SslMode::VerifyCa => PgSslMode::VerifyCa,
+        SslMode::VerifyFull => PgSslMode::VerifyFull,
+    });
+    if let RootCerts::File(path) = &ssl.roots {
+        options = options.ssl_root_cert(path);
     }
-
-    /// A sqlx pool of `pool_size` connections to `url` with default [`Settings`]; see
-    /// [`Idempotency::connect_sqlx_with`].
-    pub fn connect_sqlx(url: &str, pool_size: u32) -> Result<Self, Error> {
-        Self::connect_sqlx_with(url, pool_size, Settings::default())
-    }
-
-    /// A sqlx pool of `pool_size` connections to `url` whose waits are bounded (5 s to get a
-    /// connection, connecting included), so an unreachable or exhausted store is a
-    /// [`Error::StoreUnavailable`] error, never a hang. Nothing is connected yet (call
-    /// [`Idempotency::check_extension`] to fail fast); call it inside a tokio runtime. A
-    /// malformed URL or schema name is a [`Error::Configuration`] error. The URL is sqlx's URL
-    /// form (`postgres://...`; sqlx reads no key=value string), with one host: a host list
-    /// (`postgresql://a,b/db`, for failover) is a [`Error::Configuration`] error naming the alternatives.
-    ///
-    /// The URL's `sslmode` and `sslrootcert` are read as [`Idempotency::connect_with`] reads them
-    /// (`disable`, `prefer` — the default, `PGSSLMODE` is not read —, `require`, `verify-ca`,
-    /// `verify-full`; `require` with an `sslrootcert` file verifies the CA, as libpq does; see
-    /// [`crate::tls`]) and handed to sqlx, whose TLS is rustls with ring and the system roots
-    /// when the client's `tls` feature is on. Without it `require` and the verify modes are a
-    /// [`Error::Configuration`] error naming the mode and the feature, and `prefer` connects in
-    /// plain text (encrypted if your build turns on one of sqlx's own TLS features). A verify mode's roots are read here: an unreadable `sslrootcert` is a
-    /// configuration error. Where sqlx differs from the tokio-postgres handle: with an
-    /// `sslrootcert` file, `verify-ca` and `verify-full` trust the system roots as well as the
-    /// file's (libpq and [`Idempotency::connect_with`] trust only the file); `hostaddr` replaces
-    /// the host, so `verify-full` checks the certificate against that address, not the `host`
-    /// name; and without `sslrootcert` in the URL sqlx reads `PGSSLROOTCERT` (and `PGSSLCERT`,
-    /// `PGSSLKEY`) from the environment. `sslcert`, `sslkey` are refused, as for tokio-postgres.
-    pub fn connect_sqlx_with(url: &str, pool_size: u32, settings: Settings) -> Result<Self, Error> {
-        use crate::tls::{RootCerts, SslMode, SslParams};
-        use sqlx::postgres::PgSslMode;
-        settings.check()?;
-        // A host list (failover) is refused with its reason, not sqlx's "invalid port number".
-        super::hosts::one_host(url).map_err(|reason| Error::Configuration { reason, source: None })?;
-        let ssl = SslParams::parse(url)
-            .and_then(|ssl| ssl.check().map(|()| ssl))
-            .map_err(|reason| Error::Configuration { reason, source: None })?;
-        let mut options = PgConnectOptions::from_str(&ssl.rest).map_err(|e| Error::Configuration {
-            reason: format!("cannot read the connection URL: {e}"),
-            source: Some(Box::new(e)),
-        })?;
-        options = options.ssl_mode(match ssl.mode {
-            SslMode::Disable => PgSslMode::Disable,
-            SslMode::Prefer => PgSslMode::Prefer,
-            SslMode::Require => PgSslMode::Require,
-            SslMode::VerifyCa => PgSslMode::VerifyCa,
-            SslMode::VerifyFull => PgSslMode::VerifyFull,
-        });
-        if let RootCerts::File(path) = &ssl.roots {
-            options = options.ssl_root_cert(path);
-        }
-        // No test on acquire: sqlx already checks every connection when it is given back.
-        let pool = PgPoolOptions::new()
-            .max_connections(pool_size)
-            .acquire_timeout(POOL_TIMEOUT)
-            .test_before_acquire(false)
-            .connect_lazy_with(options);
-        Ok(Self::from_sqlx(pool, settings))
-    }
-
-    /// The pool.
-    pub fn pool(&self) -> &PgPool {
-        self.driver().pool()
-    }
+    // No test on acquire: sqlx already checks every connection when it is given back.
+    let pool = PgPoolOptions::new()
+        .max_connections(pool_size)
+        .acquire_timeout(POOL_TIMEOUT)
+        .test_before_acquire(false)
+        .connect_lazy_with(options);
+    Ok(pool)
 }
-
 
 #[cfg(test)]
 mod tests {
@@ -89,7 +50,7 @@ mod tests {
 
     /// The configuration error's reason, or a panic naming what came instead.
     fn refusal(url: &str) -> String {
-        match Idempotency::connect_sqlx(url, 1) {
+        match pool(url, 1) {
             Err(Error::Configuration { reason, .. }) => reason,
             Err(other) => panic!("{url}: not a configuration error: {other:?}"),
             Ok(_) => panic!("{url}: accepted"),
@@ -147,8 +108,8 @@ mod tests {
             ]);
         }
         for (url, mode) in cases {
-            let idem = Idempotency::connect_sqlx(url, 1).unwrap_or_else(|e| panic!("{url}: {e:?}"));
-            let options = idem.pool().connect_options();
+            let pool = pool(url, 1).unwrap_or_else(|e| panic!("{url}: {e:?}"));
+            let options = pool.connect_options();
             // PgSslMode has no PartialEq: compared by name.
             let got = (format!("{:?}", options.get_ssl_mode()), options.get_host(), options.get_database());
             assert_eq!(got, (format!("{mode:?}"), "db", Some("x")), "{url}");

@@ -4,7 +4,7 @@
 //! runs prepared (sqlx's persistent statements). So a flow costs the round trips it costs over
 //! tokio-postgres: `run` three, a replay one.
 
-mod connect;
+pub(crate) mod connect;
 mod errors;
 mod hosts;
 mod tx;

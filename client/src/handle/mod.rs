@@ -1,5 +1,13 @@
 //! The handle: a driver (its pool), the settings, the extension's schema (resolved once), and
-//! the two flows.
+//! the entry point of every flow (`run`, `run_external` here; `run_batch` and `run_statement`
+//! in their modules; the constructors of each driver's handle in `postgres` and `sqlx`).
+
+mod batch;
+mod one_statement;
+#[cfg(feature = "postgres")]
+mod postgres;
+#[cfg(feature = "sqlx")]
+mod sqlx;
 
 use crate::driver::{DefaultDriver, Driver};
 use crate::error::Error;
@@ -13,7 +21,7 @@ use idempotency_core::{Fingerprint, Key};
 use std::sync::Arc;
 use tokio::sync::OnceCell;
 
-/// A cloneable handle: a driver (for [`Postgres`], a `deadpool_postgres::Pool`), the
+/// A cloneable handle: a driver (for `Postgres`, a `deadpool_postgres::Pool`), the
 /// [`Settings`] of every call and the extension's [`Schema`].
 ///
 /// **The pool.** `run` holds one pooled connection for the length of its transaction (your
@@ -78,12 +86,16 @@ impl<D: Driver> Idempotency<D> {
     }
 
     /// Checks that the extension is installed, in the configured schema, at a version this
-    /// client speaks (0.1.x to 0.4.x); returns the version. [`Error::IncompatibleExtension`]
-    /// otherwise.
+    /// client speaks (0.1 up to its own); returns the version. [`Error::IncompatibleExtension`]
+    /// otherwise. One lookup: a handle whose schema was not yet resolved keeps the one found.
     pub async fn check_extension(&self) -> Result<String, Error> {
         let (installed_in, version) = flow::calls::installed(&self.driver).await?;
         crate::sql::check_version(&version)?;
-        let schema = self.schema().await?;
+        let schema = self
+            .schema
+            .get_or_try_init(|| async { Schema::named(self.settings.schema.as_deref().unwrap_or(&installed_in)) })
+            .await?
+            .clone();
         if installed_in != schema.name() {
             return Err(Error::IncompatibleExtension {
                 reason: format!(
@@ -149,7 +161,7 @@ impl<D: Driver> Idempotency<D> {
         F: for<'t> FnMut(&'t mut D::Tx) -> TxFuture<'t, T, E> + Send,
     {
         crate::trace::call("run", key, async {
-            if let Some(hit) = crate::cache::hit(&self.settings, key, fingerprint) {
+            if let Some(hit) = crate::cache::hit(self.settings.replay_cache.as_ref(), key, fingerprint) {
                 return hit;
             }
             let schema = self.schema().await.map_err(Error::widen)?;
@@ -187,7 +199,7 @@ impl<D: Driver> Idempotency<D> {
         R: for<'t> FnMut(&'t mut D::Conn, &'t T) -> TxFuture<'t, (), E> + Send,
     {
         crate::trace::call("run_external", key, async {
-            if let Some(hit) = crate::cache::hit(&self.settings, key, fingerprint) {
+            if let Some(hit) = crate::cache::hit(self.settings.replay_cache.as_ref(), key, fingerprint) {
                 return hit;
             }
             let schema = self.schema().await.map_err(Error::widen)?;

@@ -1,0 +1,43 @@
+//! The handle over tokio-postgres: made from a deadpool pool or from a URL
+//! (`driver::postgres::connect` builds the pool).
+
+use super::Idempotency;
+use crate::driver::postgres::connect;
+use crate::driver::Postgres;
+use crate::error::Error;
+use crate::settings::Settings;
+use deadpool_postgres::Pool;
+
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+impl Idempotency<Postgres> {
+    /// A handle over `pool` with `settings`.
+    pub fn new(pool: Pool, settings: Settings) -> Self {
+        Idempotency::with_driver(Postgres::new(pool), settings)
+    }
+
+    /// A pool of `pool_size` connections to `url` with default [`Settings`]; see
+    /// [`Idempotency::connect_with`].
+    pub fn connect(url: &str, pool_size: usize) -> Result<Self, Error> {
+        Self::connect_with(url, pool_size, Settings::default())
+    }
+
+    /// A pool of `pool_size` connections to `url` whose waits are bounded (5 s to get a
+    /// connection, to connect, to recycle), so an unreachable or exhausted store is a
+    /// [`Error::StoreUnavailable`] error, never a hang. Nothing is connected yet (call
+    /// [`Idempotency::check_extension`] to fail fast); a malformed URL or schema name is a
+    /// [`Error::Configuration`] error.
+    ///
+    /// The URL's `sslmode` is honoured (`disable`, `prefer` — the default —, `require`,
+    /// `verify-ca`, `verify-full`, with `sslrootcert`; see [`crate::tls`]): the encrypting modes
+    /// need the `tls` feature (rustls), and without it `require` and the verify modes are a
+    /// [`Error::Configuration`] error naming the feature.
+    pub fn connect_with(url: &str, pool_size: usize, settings: Settings) -> Result<Self, Error> {
+        settings.check()?;
+        Ok(Self::new(connect::pool(url, pool_size)?, settings))
+    }
+
+    /// The pool.
+    pub fn pool(&self) -> &Pool {
+        self.driver().pool()
+    }
+}

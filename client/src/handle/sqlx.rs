@@ -1,0 +1,54 @@
+//! The handle over sqlx: made from a `sqlx::PgPool` or from a URL (`driver::sqlx::connect`
+//! builds the pool).
+
+use super::Idempotency;
+use crate::driver::sqlx::connect;
+use crate::driver::Sqlx;
+use crate::error::Error;
+use crate::settings::Settings;
+use sqlx::PgPool;
+
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlx")))]
+impl Idempotency<Sqlx> {
+    /// A handle over the sqlx pool `pool` with `settings`.
+    pub fn from_sqlx(pool: PgPool, settings: Settings) -> Self {
+        Idempotency::with_driver(Sqlx::new(pool), settings)
+    }
+
+    /// A sqlx pool of `pool_size` connections to `url` with default [`Settings`]; see
+    /// [`Idempotency::connect_sqlx_with`].
+    pub fn connect_sqlx(url: &str, pool_size: u32) -> Result<Self, Error> {
+        Self::connect_sqlx_with(url, pool_size, Settings::default())
+    }
+
+    /// A sqlx pool of `pool_size` connections to `url` whose waits are bounded (5 s to get a
+    /// connection, connecting included), so an unreachable or exhausted store is a
+    /// [`Error::StoreUnavailable`] error, never a hang. Nothing is connected yet (call
+    /// [`Idempotency::check_extension`] to fail fast); call it inside a tokio runtime. A
+    /// malformed URL or schema name is a [`Error::Configuration`] error. The URL is sqlx's URL
+    /// form (`postgres://...`; sqlx reads no key=value string), with one host: a host list
+    /// (`postgresql://a,b/db`, for failover) is a [`Error::Configuration`] error naming the alternatives.
+    ///
+    /// The URL's `sslmode` and `sslrootcert` are read as [`Idempotency::connect_with`] reads them
+    /// (`disable`, `prefer` — the default, `PGSSLMODE` is not read —, `require`, `verify-ca`,
+    /// `verify-full`; `require` with an `sslrootcert` file verifies the CA, as libpq does; see
+    /// [`crate::tls`]) and handed to sqlx, whose TLS is rustls with ring and the system roots
+    /// when the client's `tls` feature is on. Without it `require` and the verify modes are a
+    /// [`Error::Configuration`] error naming the mode and the feature, and `prefer` connects in
+    /// plain text (encrypted if your build turns on one of sqlx's own TLS features). A verify mode's roots are read here: an unreadable `sslrootcert` is a
+    /// configuration error. Where sqlx differs from the tokio-postgres handle: with an
+    /// `sslrootcert` file, `verify-ca` and `verify-full` trust the system roots as well as the
+    /// file's (libpq and [`Idempotency::connect_with`] trust only the file); `hostaddr` replaces
+    /// the host, so `verify-full` checks the certificate against that address, not the `host`
+    /// name; and without `sslrootcert` in the URL sqlx reads `PGSSLROOTCERT` (and `PGSSLCERT`,
+    /// `PGSSLKEY`) from the environment. `sslcert`, `sslkey` are refused, as for tokio-postgres.
+    pub fn connect_sqlx_with(url: &str, pool_size: u32, settings: Settings) -> Result<Self, Error> {
+        settings.check()?;
+        Ok(Self::from_sqlx(connect::pool(url, pool_size)?, settings))
+    }
+
+    /// The pool.
+    pub fn pool(&self) -> &PgPool {
+        self.driver().pool()
+    }
+}
