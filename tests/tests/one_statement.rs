@@ -137,6 +137,49 @@ async fn a_held_key_is_in_progress_at_once_or_waited_for() {
     assert_eq!(charges_for(&admin().await, &key).await, 1);
 }
 
+/// A holder's charge of `key` (reserved, written and completed with the row as its response),
+/// uncommitted, on a connection of its own; and that response.
+async fn charge_uncommitted(key: &Key, k: &str) -> (deadpool_postgres::Client, serde_json::Value) {
+    let holder = admin().await;
+    holder.batch_execute("BEGIN").await.unwrap();
+    let (op, user, kk, hash) = (key.operation(), key.user_id(), key.key(), fp(1));
+    let token: i64 = holder
+        .query_one("SELECT token FROM idem_reserve($1, $2, $3, $4) WHERE outcome = 'created'", &[&op, &user, &kk, &hash.as_str()])
+        .await
+        .unwrap()
+        .get(0);
+    let row = holder.query_one("INSERT INTO charges (user_id, amount, k) VALUES ($1, 1, $2) RETURNING id, amount", &[&user, &k]).await.unwrap();
+    let response = json!({ "id": row.get::<_, i64>(0), "amount": row.get::<_, i64>(1) });
+    holder.execute("SELECT idem_complete($1, $2, $3, $4, $5)", &[&op, &user, &kk, &token, &response]).await.unwrap();
+    (holder, response)
+}
+
+#[tokio::test]
+async fn a_key_charged_by_an_uncommitted_holder_replays_its_row_after_the_commit() {
+    let idem = handle(Settings::default()).await;
+    let key = unique_key("one.commit");
+    let k = key.to_string();
+    let (holder, response) = charge_uncommitted(&key, &k).await;
+    let busy = idem.run_statement::<Answer>(&key, &fp(1), &charge(&key, &k, 1)).await;
+    assert!(matches!(busy, Err(Error::InProgress { .. })), "{NAME}: while the holder is open: {busy:?}");
+
+    // With wait: blocked until the holder ends; its commit makes this call a replay of the
+    // holder's row, and the statement writes nothing.
+    let waiting = handle(Settings::builder().wait(true)).await;
+    let call = {
+        let (key, k) = (key.clone(), k.clone());
+        tokio::spawn(async move { waiting.run_statement::<Answer>(&key, &fp(1), &charge(&key, &k, 1)).await })
+    };
+    wait_for_lock_waiter(&key).await;
+    holder.batch_execute("COMMIT").await.unwrap();
+    let waited = call.await.unwrap().unwrap();
+    assert_eq!(waited, Outcome::Replayed(Json(response.clone())), "{NAME}: the waiter after the holder's commit");
+    // Without wait, after the commit: the same replay.
+    let after = idem.run_statement::<Answer>(&key, &fp(1), &charge(&key, &k, 1)).await.unwrap();
+    assert_eq!(after, Outcome::Replayed(Json(response)), "{NAME}: after the holder's commit");
+    assert_eq!(charges_for(&admin().await, &key).await, 1, "{NAME}: the holder's charge only");
+}
+
 /// Until some session waits on a lock (the blocked reservation).
 async fn wait_for_lock_waiter(key: &Key) {
     let admin = admin().await;
