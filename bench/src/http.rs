@@ -3,7 +3,7 @@
 //!
 //! The service is a child process of this binary (`bench --serve-http DATABASE_URL BIND
 //! PROVIDER_BIND`) serving, on one listener and one tokio runtime, the routers the examples build
-//! themselves (`client/examples/axum_charges.rs` and `two_phase_stub.rs`, compiled in as modules):
+//! themselves (`idempotency_examples::charges` and `payouts`, examples/rust/src):
 //! `POST /charges` behind the in-transaction layer and `/plain/charges`, the same insert in a
 //! plain transaction on the same pool; `POST /payouts` behind the two-phase layer and
 //! `/plain/payouts`, the same handler without it, and `/seed/payouts`, the same handler behind the
@@ -12,13 +12,14 @@
 //! previous answer has been read.
 
 use crate::pgbench::Measure;
-use crate::{charges_example as charges, client, payouts_example as payouts, seed_twin};
+use crate::{client, seed_twin};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1;
 use hyper::{Request, StatusCode};
 use hyper_util::rt::TokioIo;
 use idempotency_client::Idempotency;
+use idempotency_examples::{charges, payouts};
 use std::net::SocketAddr;
 use std::process::Stdio;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -43,9 +44,9 @@ pub(crate) enum Side {
 /// One of the two example routes.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(crate) enum Route {
-    /// `POST /charges`, the in-transaction layer (`axum_charges.rs`).
+    /// `POST /charges`, the in-transaction layer (`idempotency_examples::charges`).
     Charges,
-    /// `POST /payouts`, the two-phase layer (`two_phase_stub.rs`).
+    /// `POST /payouts`, the two-phase layer (`idempotency_examples::payouts`).
     Payouts,
 }
 

@@ -18,14 +18,6 @@ mod pgbench;
 mod seed_twin;
 mod soak;
 
-// The example services, compiled in so the HTTP rows serve the routers they build.
-#[path = "../../client/examples/axum_charges.rs"]
-#[allow(dead_code)]
-mod charges_example;
-#[path = "../../client/examples/two_phase_stub.rs"]
-#[allow(dead_code)]
-mod payouts_example;
-
 use idempotency_testkit::{cluster_addr, fresh_database, pg_bin, root};
 use pgbench::Measure;
 use std::fmt::Write as _;

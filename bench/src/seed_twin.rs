@@ -1,4 +1,4 @@
-//! The fair twin of the two-phase route (`POST /payouts` of `client/examples/two_phase_stub.rs`):
+//! The fair twin of the two-phase route (`POST /payouts` of `idempotency_examples::payouts`):
 //! the same outside call (the example's own handler, so the same provider and client), made
 //! idempotent the way the seed libraries do it, with hand-written SQL on a table like theirs:
 //! reserve the key and commit, call, then store the response and commit (two statements, two
@@ -7,7 +7,6 @@
 //! What it leaves out against the layer: leases that expire and are recovered, heartbeats,
 //! fencing tokens, retry counting, request hashing beyond a fingerprint comparison.
 
-use crate::payouts_example as payouts;
 use axum::body::to_bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
@@ -16,6 +15,7 @@ use axum::routing::post;
 use axum::{Json, Router};
 use deadpool_postgres::Pool;
 use idempotency_client::Fingerprint;
+use idempotency_examples::payouts;
 use serde_json::{json, Value};
 
 /// The store's table: one row per user and key, as the seed libraries keep it.

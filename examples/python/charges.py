@@ -1,5 +1,5 @@
 """An idempotent POST /charges in plain Python (standard library HTTP server + psycopg 3), the
-twin of client/examples/axum_charges.rs: the charge row and the stored response commit together.
+twin of examples/rust/src/charges.rs: the charge row and the stored response commit together.
 
     DATABASE_URL=postgresql://postgres@127.0.0.1:55415/postgres BIND=127.0.0.1:3000 \\
         python3 examples/python/charges.py

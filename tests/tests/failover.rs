@@ -12,7 +12,7 @@
 //!   and recovers and sweeps rows written on the old primary.
 //!
 //! Then the same failover through the client, as users reach a pair: the example service of each
-//! driver (`client/examples/axum_charges.rs`, `axum_charges_sqlx.rs`) under HTTP load from
+//! driver (`idempotency_examples::charges`, `charges_sqlx`) under HTTP load from
 //! several clients, each retrying a key after an error until it is acknowledged, through one
 //! URL naming both servers (`target_session_attrs=read-write`; tokio-postgres tries them in
 //! order, sqlx refuses the URL, naming the alternatives) and through one endpoint that moves to
@@ -28,17 +28,12 @@
 //! test): run it with `cargo test -p idempotency-tests --features sqlx --test failover --
 //! --ignored` (without `--features sqlx`, the sqlx cases are left out).
 
-#[path = "../../client/examples/axum_charges.rs"]
-#[allow(dead_code)]
-mod pg_app;
-#[cfg(feature = "sqlx")]
-#[path = "../../client/examples/axum_charges_sqlx.rs"]
-#[allow(dead_code)]
-mod sqlx_app;
-
 #[cfg(feature = "sqlx")]
 use idempotency_client::Sqlx;
 use idempotency_client::{Fingerprint, Idempotency, Key, Outcome, Postgres, Settings, StoredResponse};
+use idempotency_examples::charges as pg_app;
+#[cfg(feature = "sqlx")]
+use idempotency_examples::charges_sqlx as sqlx_app;
 use idempotency_testkit::forwarder::Forwarder;
 use idempotency_testkit::pg_config;
 use idempotency_testkit::server::{eventually, extension_installed, Server, Stop};

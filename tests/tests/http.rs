@@ -1,15 +1,11 @@
-//! The axum example of the driver under test (`client/examples/axum_charges.rs`, or its sqlx
-//! twin `axum_charges_sqlx.rs`, compiled here as a module) served on loopback and exercised
-//! over real HTTP: the twins give the same answers.
+//! The axum example of the driver under test (`idempotency_examples::charges`, or its sqlx
+//! twin `charges_sqlx`: examples/rust/src) served on loopback and exercised over real HTTP: the
+//! twins give the same answers.
 
 #[cfg(not(feature = "sqlx"))]
-#[path = "../../client/examples/axum_charges.rs"]
-#[allow(dead_code)]
-mod app;
+use idempotency_examples::charges as app;
 #[cfg(feature = "sqlx")]
-#[path = "../../client/examples/axum_charges_sqlx.rs"]
-#[allow(dead_code)]
-mod app;
+use idempotency_examples::charges_sqlx as app;
 
 use idempotency_client::Settings;
 use idempotency_testkit::{admin, connect_with, handle, Idem};

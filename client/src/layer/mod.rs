@@ -62,7 +62,7 @@
 //! second run; with `'release'` the next retry runs the handler again. Without a recovery job
 //! the key is taken over once its ttl has passed. Whenever a second run is possible, the outside
 //! call should carry the same idempotency key downstream (Stripe's `Idempotency-Key`), as
-//! `client/examples/two_phase_stub.rs` does.
+//! `examples/rust/src/payouts.rs` does.
 //!
 //! In both modes the route runs to its end in a task of its own: a client that disconnects
 //! mid-request does not cancel it, and its retry replays the stored response.

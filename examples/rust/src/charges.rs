@@ -1,9 +1,11 @@
 //! An axum service with an idempotent `POST /charges`, on [`IdempotencyLayer`] in
 //! in-transaction mode: the charge row and the stored response commit together.
 //!
+//! Served by the binary `axum_charges` (`src/bin/axum_charges.rs`):
+//!
 //! ```sh
 //! DATABASE_URL=postgresql://postgres@127.0.0.1:55415/postgres BIND=127.0.0.1:3000 \
-//!     cargo run -p idempotency-client --features axum --example axum_charges
+//!     cargo run -p idempotency-examples --bin axum_charges
 //! curl -i -X POST localhost:3000/charges -H 'Idempotency-Key: k-1' -H 'X-User: u-1' -d '{"amount": 100}'
 //! ```
 //!
@@ -28,14 +30,14 @@ use axum::routing::post;
 use axum::{Json, Router};
 use deadpool_postgres::{GenericClient, Pool};
 use idempotency_client::layer::{http_status, IdempotencyLayer, Transaction};
-use idempotency_client::{Fingerprint, Idempotency, Key, OneStatement, Outcome, Settings};
+use idempotency_client::{Fingerprint, Idempotency, Key, OneStatement, Outcome};
 use serde_json::{json, Value};
 
 /// The connections of the handle's pool.
-pub(crate) const POOL_SIZE: usize = 16;
+pub const POOL_SIZE: usize = 16;
 
 /// The routes, over a handle whose database has the [`SCHEMA`] table.
-pub(crate) fn router(idem: Idempotency) -> Router {
+pub fn router(idem: Idempotency) -> Router {
     let idempotent = IdempotencyLayer::in_transaction(idem.clone())
         .user(|req| req.headers.get("x-user")?.to_str().ok().map(str::to_owned))
         .build()
@@ -48,11 +50,11 @@ pub(crate) fn router(idem: Idempotency) -> Router {
 }
 
 /// The SQL the routes need next to the extension.
-pub(crate) const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS charges (id bigserial PRIMARY KEY, user_id text NOT NULL, amount bigint NOT NULL)";
+pub const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS charges (id bigserial PRIMARY KEY, user_id text NOT NULL, amount bigint NOT NULL)";
 
 /// The same route without the layer: the same insert in a plain transaction of `pool`, committed
 /// unless the answer is a 5xx. No key, no replay.
-pub(crate) fn plain_router(pool: Pool) -> Router {
+pub fn plain_router(pool: Pool) -> Router {
     Router::new().route("/charges", post(create_charge_plain)).with_state(pool)
 }
 
@@ -134,24 +136,4 @@ async fn charge(tx: &impl GenericClient, headers: &HeaderMap, body: &str) -> Res
         }
         Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, Json(json!({"error": e.to_string()}))).into_response(),
     }
-}
-
-#[allow(dead_code)] // the tests include this file as a module and serve `router` themselves
-#[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let url = std::env::var("DATABASE_URL").map_err(|_| "set DATABASE_URL to the database with the extension")?;
-    let bind = std::env::var("BIND").unwrap_or_else(|_| "127.0.0.1:3000".into());
-    let mut settings = Settings::builder();
-    if let Ok(schema) = std::env::var("IDEM_SCHEMA") {
-        settings = settings.schema(schema);
-    }
-    let idem = Idempotency::connect_with(&url, POOL_SIZE, settings)?;
-    idem.check_extension().await?;
-    idem.pool().get().await?.batch_execute(SCHEMA).await?;
-    let listener = tokio::net::TcpListener::bind(&bind).await?;
-    // PLAIN=1: the same route without the layer, to compare the two with your own load tool.
-    let plain = std::env::var_os("PLAIN").is_some_and(|v| v == "1");
-    println!("listening on http://{}{}", listener.local_addr()?, if plain { " (without the layer)" } else { "" });
-    axum::serve(listener, if plain { plain_router(idem.pool().clone()) } else { router(idem) }).await?;
-    Ok(())
 }

@@ -1,14 +1,17 @@
-//! The twin of `axum_charges.rs` over sqlx: an axum service with an idempotent `POST /charges`,
-//! on [`IdempotencyLayer`] in in-transaction mode over a `sqlx::PgPool`: the charge row and the
-//! stored response commit together.
+//! The twin of [`charges`](crate::charges) over sqlx: an axum service with an idempotent
+//! `POST /charges`, on [`IdempotencyLayer`] in in-transaction mode over a `sqlx::PgPool`: the
+//! charge row and the stored response commit together.
+//!
+//! Served by the binary `axum_charges_sqlx` (`src/bin/axum_charges_sqlx.rs`; this crate's
+//! feature `sqlx`, a default):
 //!
 //! ```sh
 //! DATABASE_URL=postgresql://postgres@127.0.0.1:55415/postgres BIND=127.0.0.1:3000 \
-//!     cargo run -p idempotency-client --features axum,sqlx --example axum_charges_sqlx
+//!     cargo run -p idempotency-examples --bin axum_charges_sqlx
 //! curl -i -X POST localhost:3000/charges -H 'Idempotency-Key: k-1' -H 'X-User: u-1' -d '{"amount": 100}'
 //! ```
 //!
-//! The answers are those of `axum_charges.rs`: 400 without an `Idempotency-Key` (bare or
+//! The answers are those of [`charges`](crate::charges): 400 without an `Idempotency-Key` (bare or
 //! quoted) or with a bad one, 401 without `X-User`, the stored response with
 //! `Idempotent-Replayed: true` for a retry, 409 + `Retry-After` while another attempt holds the
 //! key, 422 when the key was used for another request, 413 for a body over 1 MiB, 503 when the
@@ -20,11 +23,11 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
 use idempotency_client::layer::{http_status, IdempotencyLayer, Transaction};
-use idempotency_client::{Fingerprint, Idempotency, Key, OneStatement, Outcome, Settings, Sqlx};
+use idempotency_client::{Fingerprint, Idempotency, Key, OneStatement, Outcome, Sqlx};
 use serde_json::{json, Value};
 
 /// The routes, over a handle whose database has the [`SCHEMA`] table.
-pub(crate) fn router(idem: Idempotency<Sqlx>) -> Router {
+pub fn router(idem: Idempotency<Sqlx>) -> Router {
     let idempotent = IdempotencyLayer::in_transaction(idem.clone())
         .user(|req| req.headers.get("x-user")?.to_str().ok().map(str::to_owned))
         .build()
@@ -70,7 +73,7 @@ async fn create_charge_one(State(idem): State<Idempotency<Sqlx>>, headers: Heade
 }
 
 /// The SQL the routes need next to the extension.
-pub(crate) const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS charges (id bigserial PRIMARY KEY, user_id text NOT NULL, amount bigint NOT NULL)";
+pub const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS charges (id bigserial PRIMARY KEY, user_id text NOT NULL, amount bigint NOT NULL)";
 
 /// Charges `{"amount": N}` for the `X-User`, through the request's transaction. A 4xx is stored
 /// and replayed like a 201; a 500 (a database error) releases the key for the retry.
@@ -99,22 +102,4 @@ async fn create_charge(tx: Transaction<Sqlx>, headers: HeaderMap, body: String) 
         }
         Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, Json(json!({"error": e.to_string()}))).into_response(),
     }
-}
-
-#[allow(dead_code)] // the tests include this file as a module and serve `router` themselves
-#[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let url = std::env::var("DATABASE_URL").map_err(|_| "set DATABASE_URL to the database with the extension")?;
-    let bind = std::env::var("BIND").unwrap_or_else(|_| "127.0.0.1:3000".into());
-    let mut settings = Settings::builder();
-    if let Ok(schema) = std::env::var("IDEM_SCHEMA") {
-        settings = settings.schema(schema);
-    }
-    let idem = Idempotency::connect_sqlx_with(&url, 16, settings)?;
-    idem.check_extension().await?;
-    sqlx::raw_sql(SCHEMA).execute(idem.pool()).await?;
-    let listener = tokio::net::TcpListener::bind(&bind).await?;
-    println!("listening on http://{}", listener.local_addr()?);
-    axum::serve(listener, router(idem)).await?;
-    Ok(())
 }

@@ -3,9 +3,11 @@
 //! database transaction. The layer reserves the key with a lease, heartbeats it while the handler
 //! calls out, and stores the response after; a retry replays it and never calls out again.
 //!
+//! Served by the binary `two_phase_stub` (`src/bin/two_phase_stub.rs`):
+//!
 //! ```sh
 //! DATABASE_URL=postgresql://postgres@127.0.0.1:55415/postgres BIND=127.0.0.1:3001 \
-//!     cargo run -p idempotency-client --features axum --example two_phase_stub
+//!     cargo run -p idempotency-examples --bin two_phase_stub
 //! curl -i -X POST localhost:3001/payouts -H 'Idempotency-Key: p-1' -H 'X-User: u-1' -d '{"amount": 5}'
 //! ```
 //!
@@ -30,11 +32,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// The connections of the handle's pool.
-pub(crate) const POOL_SIZE: usize = 16;
+pub const POOL_SIZE: usize = 16;
 
 /// The stub provider on `bind`: one transfer per idempotency key, answered again for a repeated
 /// key. Returns its URL.
-pub(crate) async fn provider(bind: &str) -> std::io::Result<String> {
+pub async fn provider(bind: &str) -> std::io::Result<String> {
     let transfers: Arc<Mutex<HashMap<String, Value>>> = Arc::default();
     let route = post(|State(seen): State<Arc<Mutex<HashMap<String, Value>>>>, headers: HeaderMap, body: String| async move {
         let key = headers.get("idempotency-key").and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
@@ -50,7 +52,7 @@ pub(crate) async fn provider(bind: &str) -> std::io::Result<String> {
 }
 
 /// The app's routes: `POST /payouts` in two-phase mode, calling `provider_url`.
-pub(crate) fn router(idem: Idempotency, provider_url: String) -> Router {
+pub fn router(idem: Idempotency, provider_url: String) -> Router {
     let idempotent = IdempotencyLayer::two_phase(idem)
         .lease(Duration::from_secs(30))
         .user(|req| req.headers.get("x-user")?.to_str().ok().map(str::to_owned))
@@ -60,7 +62,7 @@ pub(crate) fn router(idem: Idempotency, provider_url: String) -> Router {
 }
 
 /// The same route without the layer: the benchmark's baseline (`bash scripts/bench.sh`).
-pub(crate) fn plain_router(provider_url: String) -> Router {
+pub fn plain_router(provider_url: String) -> Router {
     routes().with_state(Provider::new(provider_url))
 }
 
@@ -70,20 +72,21 @@ fn routes() -> Router<Provider> {
 
 /// The provider's URL and one HTTP client for every call (it keeps its connections alive).
 #[derive(Clone)]
-pub(crate) struct Provider {
+pub struct Provider {
     http: reqwest::Client,
     url: String,
 }
 
 impl Provider {
-    pub(crate) fn new(url: String) -> Provider {
+    /// A provider at `url` (what [`provider`] returns), with a client of its own.
+    pub fn new(url: String) -> Provider {
         Provider { http: reqwest::Client::new(), url }
     }
 }
 
 /// Calls the provider with the request's key; a provider failure is a 502, which releases the
 /// key so the client's retry calls out again.
-pub(crate) async fn payout(State(provider): State<Provider>, headers: HeaderMap, body: String) -> Response {
+pub async fn payout(State(provider): State<Provider>, headers: HeaderMap, body: String) -> Response {
     let key = headers.get("idempotency-key").cloned();
     let mut call = provider.http.post(&provider.url).body(body);
     if let Some(key) = key {
@@ -96,19 +99,4 @@ pub(crate) async fn payout(State(provider): State<Provider>, headers: HeaderMap,
         },
         Err(e) => (StatusCode::BAD_GATEWAY, Json(json!({"error": e.to_string()}))).into_response(),
     }
-}
-
-#[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let url = std::env::var("DATABASE_URL").map_err(|_| "set DATABASE_URL to the database with the extension")?;
-    let bind = std::env::var("BIND").unwrap_or_else(|_| "127.0.0.1:3001".into());
-    let idem = Idempotency::connect(&url, POOL_SIZE)?;
-    idem.check_extension().await?;
-    let provider_url = provider("127.0.0.1:0").await?;
-    let listener = tokio::net::TcpListener::bind(&bind).await?;
-    // PLAIN=1: the same route without the layer, to compare the two with your own load tool.
-    let plain = std::env::var_os("PLAIN").is_some_and(|v| v == "1");
-    println!("listening on http://{} (provider stub at {provider_url}){}", listener.local_addr()?, if plain { ", without the layer" } else { "" });
-    axum::serve(listener, if plain { plain_router(provider_url) } else { router(idem, provider_url) }).await?;
-    Ok(())
 }
