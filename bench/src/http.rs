@@ -4,8 +4,9 @@
 //! The service is a child process of this binary (`bench --serve-http DATABASE_URL BIND
 //! PROVIDER_BIND`) serving, on one listener and one tokio runtime, the routers the examples build
 //! themselves (`idempotency_examples::charges` and `payouts`, examples/rust/src):
-//! `POST /charges` behind the in-transaction layer and `/plain/charges`, the same insert in a
-//! plain transaction on the same pool; `POST /payouts` behind the two-phase layer and
+//! `POST /charges` behind the in-transaction layer, `POST /charges/one`, the same charge as one
+//! statement (`run_statement`), and `/plain/charges`, the same insert in a plain transaction on
+//! the same pool; `POST /payouts` behind the two-phase layer and
 //! `/plain/payouts`, the same handler without it, and `/seed/payouts`, the same handler behind the
 //! seed libraries' store flow (`seed_twin.rs`, the fair twin). The load generator is hyper's HTTP/1.1 client,
 //! one keep-alive connection per concurrent worker, each sending its next request when the
@@ -41,11 +42,14 @@ pub(crate) enum Side {
     Seed,
 }
 
-/// One of the two example routes.
+/// One of the example routes.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(crate) enum Route {
     /// `POST /charges`, the in-transaction layer (`idempotency_examples::charges`).
     Charges,
+    /// `POST /charges/one`, the same charge through `run_statement` (one statement, no layer),
+    /// against the same plain route.
+    ChargesOne,
     /// `POST /payouts`, the two-phase layer (`idempotency_examples::payouts`).
     Payouts,
 }
@@ -53,8 +57,9 @@ pub(crate) enum Route {
 impl Route {
     fn path(self, side: Side) -> &'static str {
         match (self, side) {
-            (Route::Charges, Side::Plain) => "/plain/charges",
+            (Route::Charges | Route::ChargesOne, Side::Plain) => "/plain/charges",
             (Route::Charges, _) => "/charges",
+            (Route::ChargesOne, _) => "/charges/one",
             (Route::Payouts, Side::Plain) => "/plain/payouts",
             (_, Side::Seed) => "/seed/payouts",
             (Route::Payouts, _) => "/payouts",
@@ -63,7 +68,7 @@ impl Route {
 
     fn body(self) -> &'static str {
         match self {
-            Route::Charges => r#"{"amount": 100}"#,
+            Route::Charges | Route::ChargesOne => r#"{"amount": 100}"#,
             Route::Payouts => r#"{"amount": 5}"#,
         }
     }

@@ -120,16 +120,19 @@ async fn http_rows(s: &Settings, rows: &mut Vec<Row>, bound: Option<String>) {
     let url = fresh_database("idem_bench_http").await;
     let db = connect(&url).await;
     let service = http::Service::start(&url).await;
+    // Each route with its goals (fresh, replay) against the plain route: issue 28 asks the
+    // in-transaction layer for 0.5 of a well-written plain route, the one-statement route 0.8.
     let routes = [
-        (http::Route::Charges, "HTTP /charges (in-transaction)", "the same insert in a plain transaction, same pool"),
-        (http::Route::Payouts, "HTTP /payouts (two-phase)", "the same handler (a call to the provider stub), no layer"),
+        (http::Route::Charges, "HTTP /charges (in-transaction)", "the same insert in a plain transaction, same pool", 0.5),
+        (http::Route::ChargesOne, "HTTP /charges/one (run_statement)", "the same insert in a plain transaction, same pool", 0.8),
+        (http::Route::Payouts, "HTTP /payouts (two-phase)", "the same handler (a call to the provider stub), no layer", 0.8),
     ];
     // Statements per request, counted by a second service process that tracks them.
-    let mut counts = [[None; 3]; 2];
+    let mut counts = [[None; 3]; 3];
     let mut seed_count = None;
     if db.batch_execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements").await.is_ok() {
         let counting = http::Service::counting(&url).await;
-        for (r, (route, _, _)) in routes.iter().enumerate() {
+        for (r, (route, ..)) in routes.iter().enumerate() {
             for (i, side) in [http::Side::Plain, http::Side::Fresh, http::Side::Replay].into_iter().enumerate() {
                 counts[r][i] = http::statements_per_request(&counting, &db, *route, side, if s.smoke { 20 } else { 200 }).await;
             }
@@ -137,7 +140,7 @@ async fn http_rows(s: &Settings, rows: &mut Vec<Row>, bound: Option<String>) {
         seed_count = http::statements_per_request(&counting, &db, http::Route::Payouts, http::Side::Seed, if s.smoke { 20 } else { 200 }).await;
         counting.stop().await;
     }
-    for (route, name, baseline) in routes {
+    for (r, (route, name, baseline, goal)) in routes.into_iter().enumerate() {
         for &c in &s.http_connections {
             let sides = [http::Side::Plain, http::Side::Fresh, http::Side::Replay];
             let mut runs: [Vec<Measure>; 3] = Default::default();
@@ -148,14 +151,14 @@ async fn http_rows(s: &Settings, rows: &mut Vec<Row>, bound: Option<String>) {
                 }
             }
             let [plain, fresh, replay] = runs.map(|r| Measure::mean(&r));
-            let [n_plain, n_fresh, n_replay] = counts[if route == http::Route::Charges { 0 } else { 1 }];
+            let [n_plain, n_fresh, n_replay] = counts[r];
             let counted = |ours: Option<f64>| ours.zip(n_plain).map(|(o, b)| format!("{o:.1} / {b:.1} top-level (BEGIN, COMMIT included)"));
             let clients = format!("{c} conns");
             let fresh_work = match (counted(n_fresh), (route == http::Route::Charges).then(|| bound.clone()).flatten()) {
                 (Some(n), Some(b)) => Some(format!("{n}; {b}")),
                 (n, b) => n.or(b),
             };
-            rows.push(Row { figure: format!("{name}: fresh vs plain route"), clients: clients.clone(), baseline: baseline.into(), base: plain.clone(), ours: fresh, goal: Some(0.8), work: fresh_work });
+            rows.push(Row { figure: format!("{name}: fresh vs plain route"), clients: clients.clone(), baseline: baseline.into(), base: plain.clone(), ours: fresh, goal: Some(goal), work: fresh_work });
             rows.push(Row { figure: format!("{name}: replay vs plain route"), clients, baseline: baseline.into(), base: plain, ours: replay, goal: Some(1.0), work: counted(n_replay) });
         }
     }
@@ -171,7 +174,7 @@ async fn http_rows(s: &Settings, rows: &mut Vec<Row>, bound: Option<String>) {
             }
         }
         let [seed, fresh] = runs.map(|r| Measure::mean(&r));
-        let work = counts[1][1].zip(seed_count).map(|(o, b)| format!("{o:.1} / {b:.1} top-level (BEGIN, COMMIT included)"));
+        let work = counts[2][1].zip(seed_count).map(|(o, b)| format!("{o:.1} / {b:.1} top-level (BEGIN, COMMIT included)"));
         rows.push(Row { figure: "HTTP /payouts (two-phase): fresh vs the seed libraries' store flow".into(), clients: format!("{c} conns"), baseline: "the same call behind reserve + commit, call, complete + commit (prepared)".into(), base: seed, ours: fresh, goal: Some(1.0), work });
     }
     service.stop().await;
