@@ -67,6 +67,11 @@ enum Case {
     SqlxBatch,
     SqlxRawBatch,
     SqlxRunStatement,
+    /// The raw sqlx transaction and SELECT on a connection taken from the pool for the call and
+    /// given back after it, as a handler does (sqlx checks a connection given back: a round trip
+    /// the next call on it waits for, as it waits for ours).
+    SqlxPooledTx,
+    SqlxPooledSelect,
     /// A request to the example service (http.rs).
     Http(Route, Side),
 }
@@ -93,6 +98,8 @@ const SPECS: &[Spec] = &[
     Spec { figure: "replay vs raw PK SELECT (sqlx)", baseline: "SELECT of the record (sqlx)", base: Case::SqlxRawSelect, ours: Case::SqlxReplay, goal: Some(1.05) },
     Spec { figure: "run_external vs raw record transaction (sqlx)", baseline: "the record's begin; INSERT; commit alone (sqlx)", base: Case::SqlxRawTx, ours: Case::SqlxExternal, goal: None },
     Spec { figure: "run_batch of 100 vs raw 100-row transaction (sqlx)", baseline: "begin; INSERT of 100 rows; commit (sqlx)", base: Case::SqlxRawBatch, ours: Case::SqlxBatch, goal: None },
+    Spec { figure: "run vs raw transaction through the pool (sqlx)", baseline: "begin; INSERT; commit on a connection taken from the pool per call (sqlx)", base: Case::SqlxPooledTx, ours: Case::SqlxRun, goal: None },
+    Spec { figure: "replay vs raw PK SELECT through the pool (sqlx)", baseline: "SELECT of the record on a connection taken from the pool per call (sqlx)", base: Case::SqlxPooledSelect, ours: Case::SqlxReplay, goal: None },
     Spec { figure: "run_statement vs raw transaction (sqlx)", baseline: "begin; INSERT; commit (sqlx)", base: Case::SqlxRawTx, ours: Case::SqlxRunStatement, goal: Some(0.45) },
     Spec { figure: "HTTP /charges fresh vs plain route", baseline: "the same prepared insert in a plain transaction, same pool", base: Case::Http(Route::Charges, Side::Plain), ours: Case::Http(Route::Charges, Side::Fresh), goal: Some(1.1) },
     Spec { figure: "HTTP /charges replay vs plain route", baseline: "the same prepared insert in a plain transaction, same pool", base: Case::Http(Route::Charges, Side::Plain), ours: Case::Http(Route::Charges, Side::Replay), goal: None },
@@ -235,6 +242,8 @@ async fn once(h: &Handles, c: &mut Caller, case: Case, worker: usize) {
         Case::SqlxRawTx => client_sqlx::call(&h.sqlx, c.sqlx.as_mut(), &user, false).await,
         Case::SqlxReplay => client_sqlx::replay(&h.sqlx, None, &h.sqlx_replayed).await,
         Case::SqlxRawSelect => client_sqlx::replay(&h.sqlx, c.sqlx.as_mut(), &h.sqlx_replayed).await,
+        Case::SqlxPooledTx => client_sqlx::call(&h.sqlx, Some(&mut h.sqlx.pool().acquire().await.expect("connection")), &user, false).await,
+        Case::SqlxPooledSelect => client_sqlx::replay(&h.sqlx, Some(&mut h.sqlx.pool().acquire().await.expect("connection")), &h.sqlx_replayed).await,
         Case::SqlxExternal => sqlx_external(&h.sqlx, user).await,
         Case::SqlxBatch => sqlx_batch(&h.sqlx, user).await,
         Case::SqlxRawBatch => {

@@ -1,8 +1,9 @@
 //! The business handler of the tests and the demo: "charge a card" by writing one `charges` row
-//! tagged with the key, counting every run.
+//! tagged with the key, counting every run; its closure error ([`Failure`]); and the race the
+//! concurrency suites run it in ([`duplicates_of_a_held_key`]).
 
-use crate::{Conn, DbError};
-use idempotency_client::{Key, StoredResponse, TxFuture};
+use crate::{Conn, DbError, Idem};
+use idempotency_client::{Disposition, Error, Fingerprint, HandlerError, Key, Outcome, StoredResponse, TxFuture};
 use serde_json::json;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -87,4 +88,81 @@ impl Charge {
             })
         }
     }
+}
+
+/// A closure error that is transient unless built with a response (then a permanent failure
+/// storing it). A database error inside the handler is not expected: it panics.
+#[derive(Debug, Clone)]
+pub struct Failure(pub Option<serde_json::Value>);
+
+impl From<DbError> for Failure {
+    fn from(e: DbError) -> Self {
+        panic!("unexpected database error in the handler: {e}")
+    }
+}
+
+impl HandlerError for Failure {
+    fn disposition(&self) -> Disposition {
+        match &self.0 {
+            Some(response) => Disposition::Permanent(Some(response.clone())),
+            None => Disposition::Transient,
+        }
+    }
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "failure {:?}", self.0)
+    }
+}
+
+/// What [`duplicates_of_a_held_key`] saw.
+#[derive(Debug)]
+pub struct HeldRace {
+    /// The answers of the 63 calls that did not get the key, received while it was held.
+    pub duplicates: Vec<Result<Outcome<StoredResponse>, Error<Failure>>>,
+    /// The answer of the call that got the key, after it was let go.
+    pub holder: Result<Outcome<StoredResponse>, Error<Failure>>,
+    /// How many times the closure ran.
+    pub runs: usize,
+}
+
+/// 64 concurrent `run`s of `key` with `fingerprint`, started together: the call that gets the
+/// key writes its charge row and then holds its transaction open until the 63 others have
+/// answered (each within 30 s), then commits.
+pub async fn duplicates_of_a_held_key(idem: &Idem, key: &Key, fingerprint: &Fingerprint) -> HeldRace {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let start = Arc::new(tokio::sync::Barrier::new(64));
+    let (done, mut answers) = tokio::sync::mpsc::unbounded_channel();
+    for _ in 0..64 {
+        let (idem, key, fingerprint, runs, gate, start, done) =
+            (idem.clone(), key.clone(), fingerprint.clone(), runs.clone(), gate.clone(), start.clone(), done.clone());
+        tokio::spawn(async move {
+            start.wait().await;
+            let tag = key.to_string();
+            let answer = idem
+                .run(&key, &fingerprint, move |tx| {
+                    let (runs, gate, tag) = (runs.clone(), gate.clone(), tag.clone());
+                    Box::pin(async move {
+                        runs.fetch_add(1, Ordering::SeqCst);
+                        let insert = "INSERT INTO charges (user_id, amount, k) VALUES ('u', 100, $1)";
+                        crate::exec(tx, insert, &[&tag]).await.map_err(|_| Failure(None))?;
+                        gate.acquire().await.expect("gate").forget();
+                        Ok::<_, Failure>(StoredResponse::json(201, json!({})))
+                    })
+                })
+                .await;
+            let _ = done.send(answer);
+        });
+    }
+    drop(done);
+    let mut duplicates = Vec::new();
+    while duplicates.len() < 63 {
+        let answer = tokio::time::timeout(Duration::from_secs(30), answers.recv()).await;
+        duplicates.push(answer.expect("63 duplicates answer while the holder waits").expect("an answer"));
+    }
+    gate.add_permits(1);
+    let holder = tokio::time::timeout(Duration::from_secs(30), answers.recv()).await.expect("the holder finishes").expect("an answer");
+    HeldRace { duplicates, holder, runs: runs.load(Ordering::SeqCst) }
 }

@@ -29,7 +29,7 @@ pub mod trips;
 
 pub use cluster::{admin, admin_at, charges_for, cluster_addr, cluster_url, database_url, fresh_database, fresh_database_at, handle, handle_in, private_server, test_database, unique_key, until_passed, Passed};
 pub use driver::{batch, connect_with, exec, query_i64, Conn, DbError, Idem, TestDriver};
-pub use handler::Charge;
+pub use handler::{duplicates_of_a_held_key, Charge, Failure, HeldRace};
 
 use std::path::PathBuf;
 use std::process::Command;

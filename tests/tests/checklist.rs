@@ -3,39 +3,14 @@
 
 use idempotency_client::ops::{self, RecoverAction, ReserveOptions, ReserveOutcome, Status};
 use idempotency_client::{
-    Disposition, Error, Fingerprint, HandlerError, Key, Outcome, Settings, StoredResponse,
+    Error, Fingerprint, Key, Outcome, Settings, StoredResponse,
 };
 use idempotency_testkit::server::eventually;
-use idempotency_testkit::{admin, admin_at, charges_for, connect_with, fresh_database, handle, unique_key, until_passed, Charge, DbError, Passed};
+use idempotency_testkit::{admin, admin_at, charges_for, connect_with, duplicates_of_a_held_key, fresh_database, handle, unique_key, until_passed, Charge, Failure, Passed};
 use serde_json::json;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-
-/// A closure error that is transient unless built with a response.
-#[derive(Debug, Clone)]
-struct Failure(Option<serde_json::Value>);
-
-impl From<DbError> for Failure {
-    fn from(e: DbError) -> Self {
-        panic!("unexpected database error in the handler: {e}")
-    }
-}
-
-impl HandlerError for Failure {
-    fn disposition(&self) -> Disposition {
-        match &self.0 {
-            Some(response) => Disposition::Permanent(Some(response.clone())),
-            None => Disposition::Transient,
-        }
-    }
-}
-
-impl std::fmt::Display for Failure {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "failure {:?}", self.0)
-    }
-}
 
 fn fp(v: serde_json::Value) -> Fingerprint {
     Fingerprint::of_json(&v).expect("fingerprint")
@@ -127,41 +102,10 @@ async fn concurrent_duplicates_run_once_and_the_others_are_in_progress() {
     // duplicate has answered: none can be a replay, each must be in progress, at once.
     let idem = handle(Settings::default()).await;
     let key = unique_key("checklist.concurrent.nowait");
-    let runs = Arc::new(AtomicUsize::new(0));
-    let gate = Arc::new(tokio::sync::Semaphore::new(0));
-    let start = Arc::new(tokio::sync::Barrier::new(64));
-    let (done, mut answers) = tokio::sync::mpsc::unbounded_channel();
-    for _ in 0..64 {
-        let (idem, key, runs, gate, start, done) = (idem.clone(), key.clone(), runs.clone(), gate.clone(), start.clone(), done.clone());
-        tokio::spawn(async move {
-            start.wait().await;
-            let tag = key.to_string();
-            let answer = idem
-                .run(&key, &fp(json!({"amount": 100})), move |tx| {
-                    let (runs, gate, tag) = (runs.clone(), gate.clone(), tag.clone());
-                    Box::pin(async move {
-                        runs.fetch_add(1, Ordering::SeqCst);
-                        let insert = "INSERT INTO charges (user_id, amount, k) VALUES ('u', 100, $1)";
-                        idempotency_testkit::exec(tx, insert, &[&tag]).await.map_err(|_| Failure(None))?;
-                        gate.acquire().await.expect("gate").forget();
-                        Ok::<_, Failure>(StoredResponse::json(201, json!({})))
-                    })
-                })
-                .await;
-            let _ = done.send(answer);
-        });
-    }
-    drop(done);
-    let mut results = Vec::new();
-    while results.len() < 63 {
-        let answer = tokio::time::timeout(Duration::from_secs(30), answers.recv()).await;
-        results.push(answer.expect("63 duplicates answer while the holder waits").expect("an answer"));
-    }
-    assert!(results.iter().all(|r| matches!(r, Err(Error::InProgress { .. }))), "every duplicate is in progress: {results:?}");
-    gate.add_permits(1);
-    let holder = tokio::time::timeout(Duration::from_secs(30), answers.recv()).await.expect("the holder finishes").expect("an answer");
-    assert!(matches!(holder, Ok(Outcome::Executed(_))), "{holder:?}");
-    assert_eq!(runs.load(Ordering::SeqCst), 1, "the closure ran exactly once");
+    let race = duplicates_of_a_held_key(&idem, &key, &fp(json!({"amount": 100}))).await;
+    assert!(race.duplicates.iter().all(|r| matches!(r, Err(Error::InProgress { .. }))), "every duplicate is in progress: {:?}", race.duplicates);
+    assert!(matches!(race.holder, Ok(Outcome::Executed(_))), "{:?}", race.holder);
+    assert_eq!(race.runs, 1, "the closure ran exactly once");
     assert_eq!(charges_for(&admin().await, &key).await, 1, "exactly one business row");
 }
 

@@ -11,41 +11,16 @@ use axum::response::IntoResponse;
 use axum::routing::post;
 use axum::Router;
 use idempotency_client::layer::{IdempotencyLayer, Mode, Transaction};
-use idempotency_client::{Disposition, Error, Fingerprint, HandlerError, Outcome, ReplayCache, Settings, StoredResponse, TxFuture};
+use idempotency_client::{Error, Fingerprint, Outcome, ReplayCache, Settings, StoredResponse, TxFuture};
 use idempotency_testkit::driver::query_i64_in;
 use idempotency_testkit::proxy::Proxy;
 use idempotency_testkit::server::eventually;
-use idempotency_testkit::{admin, charges_for, cluster_addr, connect_with, test_database, unique_key, Charge, Conn, DbError, Idem, TestDriver};
+use idempotency_testkit::{admin, charges_for, cluster_addr, connect_with, duplicates_of_a_held_key, test_database, unique_key, Charge, Conn, Failure, Idem, TestDriver};
 use serde_json::{json, Value};
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-
-/// A closure error: permanent with its response when it has one, transient otherwise.
-#[derive(Debug, Clone)]
-struct Failure(Option<Value>);
-
-impl From<DbError> for Failure {
-    fn from(e: DbError) -> Self {
-        panic!("unexpected database error in the handler: {e}")
-    }
-}
-
-impl HandlerError for Failure {
-    fn disposition(&self) -> Disposition {
-        match &self.0 {
-            Some(response) => Disposition::Permanent(Some(response.clone())),
-            None => Disposition::Transient,
-        }
-    }
-}
-
-impl std::fmt::Display for Failure {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "failure {:?}", self.0)
-    }
-}
 
 fn fp(v: Value) -> Fingerprint {
     Fingerprint::of_json(&v).expect("fingerprint")
@@ -394,42 +369,11 @@ async fn concurrent_duplicates_of_a_held_key_are_in_progress_with_the_cache_on()
     let (_cache, settings) = cached(1_000, Duration::from_secs(60));
     let (idem, proxy) = through_proxy(settings, 64).await;
     let key = unique_key("cache.concurrent.held");
-    let runs = Arc::new(AtomicUsize::new(0));
-    let gate = Arc::new(tokio::sync::Semaphore::new(0));
-    let start = Arc::new(tokio::sync::Barrier::new(64));
-    let (done, mut answers) = tokio::sync::mpsc::unbounded_channel();
-    for _ in 0..64 {
-        let (idem, key, runs, gate, start, done) = (idem.clone(), key.clone(), runs.clone(), gate.clone(), start.clone(), done.clone());
-        tokio::spawn(async move {
-            start.wait().await;
-            let tag = key.to_string();
-            let answer = idem
-                .run(&key, &fp(json!({"amount": 100})), move |tx| {
-                    let (runs, gate, tag) = (runs.clone(), gate.clone(), tag.clone());
-                    Box::pin(async move {
-                        runs.fetch_add(1, Ordering::SeqCst);
-                        let insert = "INSERT INTO charges (user_id, amount, k) VALUES ('u', 100, $1)";
-                        idempotency_testkit::exec(tx, insert, &[&tag]).await.map_err(|_| Failure(None))?;
-                        gate.acquire().await.expect("gate").forget();
-                        Ok::<_, Failure>(StoredResponse::json(201, json!({})))
-                    })
-                })
-                .await;
-            let _ = done.send(answer);
-        });
-    }
-    drop(done);
-    let mut results = Vec::new();
-    while results.len() < 63 {
-        let answer = tokio::time::timeout(Duration::from_secs(30), answers.recv()).await;
-        results.push(answer.expect("63 duplicates answer while the holder waits").expect("an answer"));
-    }
-    assert!(results.iter().all(|r| matches!(r, Err(Error::InProgress { .. }))), "every duplicate is in progress: {results:?}");
-    gate.add_permits(1);
-    let holder = tokio::time::timeout(Duration::from_secs(30), answers.recv()).await.expect("the holder finishes").expect("an answer");
-    assert!(matches!(holder, Ok(Outcome::Executed(_))), "{holder:?}");
+    let race = duplicates_of_a_held_key(&idem, &key, &fp(json!({"amount": 100}))).await;
+    assert!(race.duplicates.iter().all(|r| matches!(r, Err(Error::InProgress { .. }))), "every duplicate is in progress: {:?}", race.duplicates);
+    assert!(matches!(race.holder, Ok(Outcome::Executed(_))), "{:?}", race.holder);
     let (late, trips) = counted(&proxy, idem.run(&key, &fp(json!({"amount": 100})), never)).await;
     assert!(late.unwrap().is_replayed() && trips == 0, "the completion filled the cache");
-    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert_eq!(race.runs, 1);
     assert_eq!(charges_for(&admin().await, &key).await, 1);
 }

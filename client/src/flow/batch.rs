@@ -38,15 +38,7 @@ where
     E: HandlerError + Send,
     F: for<'t> FnMut(&'t mut D::Conn, &'t [String]) -> TxFuture<'t, Vec<T>, E> + Send,
 {
-    let mut attempt = 0;
-    loop {
-        let result = once(cx, operation, user_id, items, &mut work).await;
-        match cx.retry(&result, attempt) {
-            Some(wait) => tokio::time::sleep(wait).await,
-            None => return result,
-        }
-        attempt += 1;
-    }
+    super::retried!(cx, once(cx, operation, user_id, items, &mut work).await)
 }
 
 async fn once<D, T, E, F>(

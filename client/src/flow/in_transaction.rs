@@ -37,15 +37,7 @@ where
     E: HandlerError + Send,
     F: for<'t> FnMut(&'t mut D::Tx) -> TxFuture<'t, T, E> + Send,
 {
-    let mut attempt = 0;
-    loop {
-        let result = once(cx, key, fingerprint, &mut work).await;
-        match cx.retry(&result, attempt) {
-            Some(wait) => tokio::time::sleep(wait).await,
-            None => return result,
-        }
-        attempt += 1;
-    }
+    super::retried!(cx, once(cx, key, fingerprint, &mut work).await)
 }
 
 async fn once<D, T, E, F>(cx: &Context<'_, D>, key: &Key, fingerprint: &Fingerprint, work: &mut F) -> Result<Outcome<T>, Error<E>>

@@ -90,6 +90,23 @@ impl<D: Driver> Context<'_, D> {
     }
 }
 
+/// The one loop of retrying a whole transaction: evaluates `$attempt` (an awaited try) until
+/// [`Context::retry`] says its result is final, sleeping the backoff between tries.
+macro_rules! retried {
+    ($cx:expr, $attempt:expr) => {{
+        let mut tries = 0;
+        loop {
+            let result = $attempt;
+            match $cx.retry(&result, tries) {
+                Some(wait) => tokio::time::sleep(wait).await,
+                None => break result,
+            }
+            tries += 1;
+        }
+    }};
+}
+pub(crate) use retried;
+
 /// Whether the whole transaction is worth retrying: 40001 / 40P01 from our statements or from
 /// the closure.
 pub(crate) fn conflict<E: HandlerError>(e: &Error<E>) -> bool {

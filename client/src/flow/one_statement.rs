@@ -24,15 +24,7 @@ where
 {
     let options = cx.options(cx.settings.lease);
     let sql = cx.schema.one_statement(write.sql, write.params.len());
-    let mut attempt = 0;
-    loop {
-        let result = once(cx, key, fingerprint, &options, &sql, write).await;
-        match cx.retry(&result, attempt) {
-            Some(wait) => tokio::time::sleep(wait).await,
-            None => return result,
-        }
-        attempt += 1;
-    }
+    super::retried!(cx, once(cx, key, fingerprint, &options, &sql, write).await)
 }
 
 async fn once<D, T>(
