@@ -16,11 +16,11 @@ fn font() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// (label, measured ratio, goal, whether the goal is a ceiling)
-pub(crate) type Bar = (String, f64, f64, bool);
+/// (label, measured ratio, goal if the row has one, whether the goal is a ceiling)
+pub(crate) type Bar = (String, f64, Option<f64>, bool);
 
-/// The bars of a results CSV (the benchmark's `results.csv`): one per row with a goal, labelled
-/// "figure (clients)".
+/// The bars of a results CSV (the benchmark's `results.csv`): one per row with a ratio, labelled
+/// "figure (clients)"; a row without a goal is drawn grey, without a tick.
 pub(crate) fn bars(csv: &str) -> Vec<Bar> {
     csv.lines()
         .skip(1)
@@ -29,7 +29,7 @@ pub(crate) fn bars(csv: &str) -> Vec<Bar> {
             let (figure, clients) = (f.first()?, f.get(1)?);
             // The ratio column, as the table prints it (the rates in the CSV are rounded).
             let ratio: f64 = f.get(5)?.parse().ok()?;
-            let goal: f64 = f.get(6)?.parse().ok()?;
+            let goal: Option<f64> = f.get(6).and_then(|g| g.parse().ok());
             let label = if figure == "sweep rows per second" { "sweep rows/s (÷ 200k goal)".to_owned() } else { format!("{figure} ({clients})") };
             // The soak's goal is a ceiling (size growth at most its goal, 1.15x), and so are the latency
             // rows' (our p50 over the baseline's); every other one a floor.
@@ -55,17 +55,17 @@ fn fields(line: &str) -> Vec<String> {
 pub(crate) fn draw(path: &Path, title: &str, bars: &[Bar]) -> Result<(), Box<dyn std::error::Error>> {
     font()?;
     let height = 120 + 44 * bars.len() as u32;
-    let root = BitMapBackend::new(path, (1100, height)).into_drawing_area();
+    let root = BitMapBackend::new(path, (1300, height)).into_drawing_area();
     root.fill(&WHITE)?;
     // The axis stops at 2: a longer bar (the sweep, ~5x its goal) is cut there, its label says
     // how far it goes.
-    let max = bars.iter().map(|b| b.1.max(b.2)).fold(1.0f64, f64::max).min(2.0) * 1.1;
+    let max = bars.iter().map(|b| b.1.max(b.2.unwrap_or(0.0))).fold(1.0f64, f64::max).min(2.0) * 1.1;
     let n = bars.len();
     let mut chart = ChartBuilder::on(&root)
         .caption(title, ("sans-serif", 22))
         .margin(16)
         .x_label_area_size(36)
-        .y_label_area_size(470)
+        .y_label_area_size(670)
         .build_cartesian_2d(0.0..max, (0..n).into_segmented())?;
     // Row i of `bars` is drawn at the top: segment n - 1 - i.
     let label = |v: &SegmentValue<usize>| match v {
@@ -75,19 +75,25 @@ pub(crate) fn draw(path: &Path, title: &str, bars: &[Bar]) -> Result<(), Box<dyn
     chart
         .configure_mesh()
         .disable_y_mesh()
-        .x_desc("ratio to the baseline of the same run (bar); goal (black tick; the soak's and latency's are ceilings)")
+        .x_desc("ratio to the baseline of the same run (bar; grey: no goal); goal (black tick; the soak's and latency's are ceilings)")
         .y_labels(n)
         .y_label_formatter(&label)
         .label_style(("sans-serif", 15))
         .draw()?;
     for (i, (_, value, goal, ceiling)) in bars.iter().enumerate() {
         let y = n - 1 - i;
-        let met = if *ceiling { value <= goal } else { value >= goal };
-        let color = if met { RGBColor(46, 139, 87) } else { RGBColor(205, 92, 92) };
+        let met = goal.map(|goal| if *ceiling { *value <= goal } else { *value >= goal });
+        let color = match met {
+            Some(true) => RGBColor(46, 139, 87),
+            Some(false) => RGBColor(205, 92, 92),
+            None => RGBColor(160, 160, 160),
+        };
         let (top, bottom) = (SegmentValue::Exact(y), SegmentValue::Exact(y + 1));
         let shown = value.min(max / 1.1);
         chart.draw_series(std::iter::once(Rectangle::new([(0.0, top.clone()), (shown, bottom.clone())], color.filled())))?;
-        chart.draw_series(std::iter::once(PathElement::new(vec![(*goal, top), (*goal, bottom)], BLACK.stroke_width(3))))?;
+        if let Some(goal) = goal {
+            chart.draw_series(std::iter::once(PathElement::new(vec![(*goal, top), (*goal, bottom)], BLACK.stroke_width(3))))?;
+        }
         chart.draw_series(std::iter::once(Text::new(format!("{value:.3}"), (shown + max * 0.01, SegmentValue::CenterOf(y)), ("sans-serif", 14))))?;
     }
     root.present()?;
