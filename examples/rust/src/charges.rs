@@ -30,7 +30,7 @@ use axum::routing::post;
 use axum::{Json, Router};
 use deadpool_postgres::{GenericClient, Pool};
 use idempotency_client::layer::{http_status, IdempotencyLayer, Transaction};
-use idempotency_client::{Fingerprint, Idempotency, Key, OneStatement, Outcome};
+use idempotency_client::{Driver, Fingerprint, Idempotency, Key, OneStatement, Outcome};
 use serde_json::{json, Value};
 
 /// The connections of the handle's pool.
@@ -86,8 +86,9 @@ async fn create_charge_plain(State(pool): State<Pool>, headers: HeaderMap, body:
 
 /// The same charge as one statement (`Idempotency::run_statement`): the reservation, the insert
 /// and the completion travel together, one round trip and one commit. The handler reads the key
-/// itself (no layer on this route); the stored response is the inserted row.
-async fn create_charge_one(State(idem): State<Idempotency>, headers: HeaderMap, body: String) -> Response {
+/// itself (no layer on this route); the stored response is the inserted row. Over either driver
+/// (the sqlx example's route is this handler too).
+pub async fn create_charge_one<D: Driver>(State(idem): State<Idempotency<D>>, headers: HeaderMap, body: String) -> Response {
     const INSERT: &str = "INSERT INTO charges (user_id, amount) SELECT $1, $2 FROM created RETURNING id, amount";
     let problem = |status: StatusCode, detail: String| (status, Json(json!({"error": detail}))).into_response();
     let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(|v| v.trim_matches('"').to_owned());

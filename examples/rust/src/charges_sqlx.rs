@@ -17,13 +17,12 @@
 //! key, 422 when the key was used for another request, 413 for a body over 1 MiB, 503 when the
 //! store is down. The handler only charges. Set `IDEM_SCHEMA` to name the extension's schema.
 
-use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
-use idempotency_client::layer::{http_status, IdempotencyLayer, Transaction};
-use idempotency_client::{Fingerprint, Idempotency, Key, OneStatement, Outcome, Sqlx};
+use idempotency_client::layer::{IdempotencyLayer, Transaction};
+use idempotency_client::{Idempotency, Sqlx};
 use serde_json::{json, Value};
 
 /// The routes, over a handle whose database has the [`SCHEMA`] table.
@@ -35,41 +34,8 @@ pub fn router(idem: Idempotency<Sqlx>) -> Router {
     Router::new()
         .route("/charges", post(create_charge))
         .route_layer(idempotent)
-        .route("/charges/one", post(create_charge_one))
+        .route("/charges/one", post(crate::charges::create_charge_one::<Sqlx>))
         .with_state(idem)
-}
-
-/// The same charge as one statement (`Idempotency::run_statement`): the reservation, the insert
-/// and the completion travel together, one round trip and one commit. The handler reads the key
-/// itself (no layer on this route); the stored response is the inserted row.
-async fn create_charge_one(State(idem): State<Idempotency<Sqlx>>, headers: HeaderMap, body: String) -> Response {
-    const INSERT: &str = "INSERT INTO charges (user_id, amount) SELECT $1, $2 FROM created RETURNING id, amount";
-    let problem = |status: StatusCode, detail: String| (status, Json(json!({"error": detail}))).into_response();
-    let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(|v| v.trim_matches('"').to_owned());
-    let (Some(user), Some(k)) = (text("x-user"), text("idempotency-key")) else {
-        return problem(StatusCode::BAD_REQUEST, "X-User and Idempotency-Key are required".into());
-    };
-    let amount = serde_json::from_str::<Value>(&body).ok().and_then(|v| v.get("amount").and_then(Value::as_i64));
-    let Some(amount) = amount.filter(|a| *a > 0) else {
-        return problem(StatusCode::UNPROCESSABLE_ENTITY, "amount must be positive".into());
-    };
-    let (key, fingerprint) = match (Key::new("charges.one", &user, &k), Fingerprint::of_bytes(body.as_bytes())) {
-        (Ok(key), fingerprint) => (key, fingerprint),
-        (Err(e), _) => return problem(StatusCode::BAD_REQUEST, e.to_string()),
-    };
-    let statement = OneStatement::new(INSERT).text(&user).int8(amount);
-    match idem.run_statement::<Value>(&key, &fingerprint, &statement).await {
-        Ok(Outcome::Executed(row)) => (StatusCode::CREATED, Json(row)).into_response(),
-        Ok(outcome) => {
-            let replayed = outcome.is_replayed();
-            let mut response = (StatusCode::CREATED, Json(outcome.into_inner())).into_response();
-            if replayed {
-                response.headers_mut().insert("idempotent-replayed", header::HeaderValue::from_static("true"));
-            }
-            response
-        }
-        Err(e) => problem(StatusCode::from_u16(http_status(&e)).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR), e.to_string()),
-    }
 }
 
 /// The SQL the routes need next to the extension.
