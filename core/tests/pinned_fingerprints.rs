@@ -1,0 +1,78 @@
+//! Fingerprints pinned across versions: each expected value below was computed by the
+//! canonicaliser of 0.5.0 (before the canonical form was bounded by its input's length) and
+//! committed unchanged, so an upgrade keeps the fingerprint of every key in flight. Numbers with
+//! large but allowed exponents are among them.
+
+use idempotency_core::fingerprint::{canonical_json, Fingerprint};
+
+/// A JSON text, written out or built (the long ones).
+enum Input {
+    Text(&'static str),
+    /// 200 numbers, `1e300` to `200e101`: 40 KB of canonical digits from 1.5 KB.
+    ManyExponents,
+    /// A 3,000-byte string and two numbers of 9,001 and 3,002 digits.
+    PaddedExponents,
+    /// Every escape, 100 times.
+    Escapes,
+    /// 1,024 nested objects, the deepest allowed.
+    DeepObject,
+    /// 1,024 nested arrays.
+    DeepArray,
+}
+
+impl Input {
+    fn text(&self) -> String {
+        match self {
+            Input::Text(t) => (*t).to_owned(),
+            Input::ManyExponents => {
+                let many: Vec<String> = (0..200).map(|i| format!("{}e{}", i + 1, 300 - i)).collect();
+                format!("[{}]", many.join(","))
+            }
+            Input::PaddedExponents => format!(r#"{{"pad": "{}", "n": 1e9000, "m": -2.5e-3000}}"#, "x".repeat(3000)),
+            Input::Escapes => {
+                let esc = "\\n\\u00e9\\\"\\\\\\/\\ud83d\\ude00\\u001f".repeat(100);
+                format!(r#"{{"s": "{esc}", "k\u0000": [true, false, null, {{}}, []]}}"#)
+            }
+            Input::DeepObject => "{\"a\":".repeat(1024) + "1" + &"}".repeat(1024),
+            Input::DeepArray => "[".repeat(1024) + &"]".repeat(1024),
+        }
+    }
+}
+
+/// (input, length of its canonical form, fingerprint), as 0.5.0 computed them.
+const PINNED: &[(Input, usize, &str)] = &[
+    (Input::Text(r#"{"amount": 100, "currency": "EUR"}"#), 31, "f50d36c1739463e571da8e929fdeb3bc35c5bf86051c653d6a61deedcb10944e"),
+    (Input::Text(r#"{"b": [1, 2.50, -0], "a": null}"#), 24, "09a01684635028fd671d9eab10202524a661cd63f984ba00117ce7ecfd14e7d8"),
+    (Input::Text(r#"{"b": 1, "aa": 2, "é": 3, "z": 4, "B": 5, "\u0061": 6, "a": 7}"#), 39, "3f018438be05c399b9e549df9d5037174710fa85296e577321afa06f33bdce53"),
+    (Input::Text(r#"{"a": 1, "b": 2, "a": 3}"#), 13, "493df656a590967c84d643bdd55ee956fb53262c51b154115083c9bcc4c992e3"),
+    (Input::Text("12345678901234567890.000000000000000001"), 39, "457b592e22e41347dc71b4d2fa8b090e9cf74361324cd5a74cb2f4dd5394e40c"),
+    (Input::Text("0.00000000000000000000000000001"), 31, "122956002da91d22c855853e8526f51d5e5f8a8fb758c22ae6526b4b7aa3936d"),
+    (Input::Text("-0.0e-5"), 1, "5feceb66ffc86f38d952786c6d696c79c2dbc239dd4e91b46729d73a27fb57e9"),
+    (Input::Text("123.456e-1"), 7, "4eef8581cc0b6bcddcc4cc07b15cc2c4e6369d223bae56cdc225e89cdac15823"),
+    (Input::Text("1e1000"), 1001, "4d20ea8840f0be06124aa54cac837707b5259196832785a09391d1f15fda98f9"),
+    (Input::Text("1E400"), 401, "397fc6671f9e77a223078bf9d335b890a1f4cabb25d4aec954f70ef3a84788ee"),
+    (Input::Text("1e-400"), 402, "d561a5cedcc14bd7b39b3dd2e38e67337b9877369a5053ab22985cc1b93e86c8"),
+    (Input::Text("1e5000"), 5001, "d4e22924ae5b055f946dfeea48d109a17a5aa86b2edbc2340fcdb5361c19ed90"),
+    (Input::Text("-1.5e-5000"), 5004, "b17415a5d89693193699030cee474ca874525d3861021ce4f5bca131f36dc0f9"),
+    (Input::Text("9.99e999"), 1000, "6aa5668b789a16432c4a6f95a1d6c3ffcc1d1a117e1bf7626790f0fe572ec7ca"),
+    (Input::Text("1e60000"), 60001, "919be650c1a5c74da675c88fdfa813a58f32c27ec3928400a0ff832775995fde"),
+    (Input::Text("-7e-60000"), 60003, "9fdad07d6926abfe3724accd6e16652d241665a5acd07d4c4beed10a8150a995"),
+    (Input::Text("[1e300, 1e-300, 5e-324, 1.7976931348623157e308]"), 1243, "600b2c439db608cd1cfb13ea0d2c85c30d33d00ec078edcf66e9e553b8f219fb"),
+    (Input::ManyExponents, 40793, "a88b1ff50eb7d520bb9cfce575aceac02342d11331da8775c0713b9a5db7d0f0"),
+    (Input::PaddedExponents, 15025, "64afa2c1559fbb827854fc74517b620daeb6f268ed8e7de9665b37d6cbae322c"),
+    (Input::Escapes, 1942, "2dcfb9bbce44763dd5790ee54ef42f4818ba0c5698c24d7f4d6b692cf5555bf1"),
+    (Input::DeepObject, 6145, "9e35e7ae246e162934f2fbf81aad008803006903a1a26da4ec7e3fc869336b5b"),
+    (Input::DeepArray, 2048, "c3ef522e5b94c7464f45e3c3e90bdbab0554957a4a76d4db58c61769d875bef5"),
+    (Input::Text(r#"{"z": 123456789012345678901234567890e-40, "y": "\u00e9\ud83d\ude00\n\"", "x": [true, false, null, {}, []]}"#), 92, "6e23780755f0034b9e7f36845beeabd43d3d7ff79260d7d24de5e1cac3993a9b"),
+];
+
+#[test]
+fn fingerprints_of_0_5_0_are_unchanged() {
+    for (i, (input, canonical_len, fingerprint)) in PINNED.iter().enumerate() {
+        let text = input.text();
+        let canonical = canonical_json(&text).unwrap_or_else(|e| panic!("vector {i}: {e}"));
+        assert_eq!(canonical.len(), *canonical_len, "vector {i}: canonical length");
+        let got = Fingerprint::of_json_text(&text).unwrap_or_else(|e| panic!("vector {i}: {e}"));
+        assert_eq!(got.as_str(), *fingerprint, "vector {i}");
+    }
+}
