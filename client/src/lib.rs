@@ -150,10 +150,10 @@ pub mod layer;
 
 pub use batch::{BatchItem, BatchOutcome};
 pub use cache::{ReplayCache, ReplayCacheStats};
-pub use driver::Driver;
+pub use driver::{Driver, Lent, TransactionEnded};
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
-pub use driver::{Postgres, Tx};
+pub use driver::{Postgres, SharedClient, Tx};
 #[cfg(feature = "sqlx")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlx")))]
 pub use driver::{SharedConnection, Sqlx, SqlxTx};

@@ -76,14 +76,16 @@ mod imp {
 
     /// [`query_i64`] through the request's transaction of an in-transaction layer.
     pub async fn query_i64_in(tx: &idempotency_client::layer::Transaction<TestDriver>, sql: &str, args: &[&str]) -> Result<i64, DbError> {
-        let mut tx = (**tx).clone();
-        query_i64(&mut tx, sql, args).await
+        let conn = tx.lock().await.expect("the request's transaction is live");
+        let statement = conn.prepare_cached(sql).await?;
+        conn.query_one(&statement, &params(args)).await?.try_get(0)
     }
 
     /// [`exec`] through the request's transaction of an in-transaction layer.
     pub async fn exec_in(tx: &idempotency_client::layer::Transaction<TestDriver>, sql: &str, args: &[&str]) -> Result<u64, DbError> {
-        let mut tx = (**tx).clone();
-        exec(&mut tx, sql, args).await
+        let conn = tx.lock().await.expect("the request's transaction is live");
+        let statement = conn.prepare_cached(sql).await?;
+        conn.execute(&statement, &params(args)).await
     }
 }
 

@@ -10,6 +10,7 @@
 //! `sqlx::PgPool`: sqlx pipelines nothing, so a request of several steps travels as one simple
 //! query with its values bound into the text by `sql::bind`).
 
+pub(crate) mod lent;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
 #[cfg(feature = "sqlx")]
@@ -17,7 +18,7 @@ pub(crate) mod sqlx;
 
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
-pub use postgres::{Postgres, Tx};
+pub use postgres::{Postgres, SharedClient, Tx};
 #[cfg(feature = "sqlx")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlx")))]
 pub use self::sqlx::{SharedConnection, Sqlx, SqlxTx};
@@ -44,6 +45,13 @@ mod sealed {
     pub trait Sealed {}
 }
 pub(crate) use sealed::Sealed;
+pub use lent::{Lendable, Lent, TransactionEnded};
+
+/// A flow's request on a guard whose connection is lent out: a handler kept the layer's
+/// `Transaction` locked after it returned.
+pub(crate) fn not_given_back() -> Error {
+    Error::protocol("the request's transaction was not given back: a handler kept its Transaction locked after returning")
+}
 
 /// One step of a request.
 #[derive(Debug, Clone)]
@@ -93,8 +101,9 @@ impl Step<'_> {
 /// A Postgres stack the flows run on. Implemented by this crate only; how a third one would
 /// be added: CONTRIBUTING.md, "A new driver".
 pub trait Driver: Sealed + Clone + Send + Sync + 'static {
-    /// A pooled connection as a flow holds it, and whether a transaction is open on it.
-    /// Dropped with a transaction open (a dropped future, a panic), it closes the connection
+    /// A pooled connection as a flow holds it, whether a transaction may be open on it and
+    /// whether a request of ours is unanswered, both recorded before the request is sent.
+    /// Dropped in either state (a dropped future, a timeout, a panic), it closes the connection
     /// (the server rolls back) instead of returning it to the pool.
     type Tx: Send + 'static;
 

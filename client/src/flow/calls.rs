@@ -6,7 +6,7 @@ use crate::driver::{Driver, Step};
 use crate::error::Error;
 use crate::row::{only, required, Row};
 use crate::sql::{complete_params, heartbeat_params, release_params, reserve_params, Param, Schema, EXTENSION_SQL};
-use crate::types::{release_answer, ReleaseOutcome, ReserveOptions, Reservation, Status, Token};
+use crate::types::{release_answer, ReleaseOutcome, ReserveOptions, ReserveOutcome, Reservation, Status, Token};
 use idempotency_core::{Fingerprint, Key};
 use serde_json::Value;
 use std::time::Duration;
@@ -33,6 +33,33 @@ pub(crate) async fn installed<D: Driver>(driver: &D) -> Result<(String, String),
 /// `idem_reserve`.
 pub(crate) async fn reserve<D: Driver>(driver: &D, schema: &Schema, key: &Key, fingerprint: &Fingerprint, options: &ReserveOptions) -> Result<Reservation, Error> {
     Reservation::read(&one(driver, &schema.sql().reserve, reserve_params(key, fingerprint, options)).await?)
+}
+
+/// `idem_reserve` for the two-phase flow, safe to drop at any point: the request runs in a task
+/// of its own, so a caller dropped while it is in flight (a timeout before the outside call
+/// started) does not leave behind a key that nobody will run: the task sees that nobody took
+/// the answer and releases a key it created (`idem_release`, which counts a transient failure).
+pub(crate) async fn reserve_detached<D: Driver>(
+    driver: &D,
+    schema: &Schema,
+    key: &Key,
+    fingerprint: &Fingerprint,
+    options: &ReserveOptions,
+    max_retries: Option<i32>,
+) -> Result<Reservation, Error> {
+    let (driver, schema, key, fingerprint, options) = (driver.clone(), schema.clone(), key.clone(), fingerprint.clone(), options.clone());
+    let (answer, answered) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        let reserved = reserve(&driver, &schema, &key, &fingerprint, &options).await;
+        let created = match &reserved {
+            Ok(Reservation { outcome: ReserveOutcome::Created(token), .. }) => Some(*token),
+            _ => None,
+        };
+        if let (Err(_), Some(token)) = (answer.send(reserved), created) {
+            let _ = release(&driver, &schema, &key, token, max_retries).await;
+        }
+    });
+    answered.await.unwrap_or_else(|_| Err(Error::protocol("the reservation's task ended without an answer")))
 }
 
 /// `idem_release`.

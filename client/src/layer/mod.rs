@@ -27,7 +27,8 @@
 //!
 //! async fn create(tx: Transaction, body: String) -> (axum::http::StatusCode, String) {
 //!     // Business writes go through `tx`: they commit with the stored response, or not at all.
-//!     tx.execute("INSERT INTO charges (user_id, amount) VALUES ('u', 1)", &[]).await.unwrap();
+//!     let conn = tx.lock().await.unwrap();
+//!     conn.execute("INSERT INTO charges (user_id, amount) VALUES ('u', 1)", &[]).await.unwrap();
 //!     (axum::http::StatusCode::CREATED, body)
 //! }
 //!

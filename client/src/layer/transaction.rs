@@ -4,12 +4,14 @@ use crate::driver::{DefaultDriver, Driver};
 use std::ops::Deref;
 
 /// The transaction that holds the request's reservation, for an in-transaction route's handler.
-/// Over [`crate::Postgres`] it dereferences to the driver's [`crate::Tx`] and through it to the pooled
-/// `deadpool_postgres::Client` (`query`, `execute`, `prepare_cached`); over `Sqlx` (feature
-/// `sqlx`) to a `SharedConnection`, whose `lock().await` is the `sqlx::PgConnection` to run your
-/// queries on (`.execute(&mut *conn)`). Whatever the handler writes through it commits together
-/// with the stored response, or not at all. The layer begins, completes and commits it: do not
-/// `COMMIT` or `ROLLBACK` yourself, and do not keep it after the handler returns.
+/// It dereferences to the driver's [`crate::Lent`] guard, whose `lock().await` is the connection
+/// inside the transaction: over [`crate::Postgres`] the pooled `deadpool_postgres::Client`
+/// (`query`, `execute`, `prepare_cached`; [`crate::SharedClient`]), over `Sqlx` (feature `sqlx`)
+/// the `sqlx::PgConnection` (`.execute(&mut *conn)`; `SharedConnection`). Whatever the handler
+/// writes through it commits together with the stored response, or not at all. The layer
+/// begins, completes and commits it: do not `COMMIT` or `ROLLBACK` yourself. Once the handler
+/// has returned, a copy it kept reaches no connection: its `lock` is
+/// [`crate::TransactionEnded`].
 ///
 /// With the `axum` feature it is an extractor; any other tower service finds it in the request's
 /// extensions.

@@ -61,7 +61,10 @@ pub fn plain_router(pool: Pool) -> Router {
 /// Charges `{"amount": N}` for the `X-User`, through the request's transaction. A 4xx is stored
 /// and replayed like a 201; a 500 (a database error) releases the key for the retry.
 async fn create_charge(tx: Transaction, headers: HeaderMap, body: String) -> Response {
-    charge(&**tx, &headers, &body).await
+    match tx.lock().await {
+        Ok(conn) => charge(&*conn, &headers, &body).await,
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, Json(json!({"error": e.to_string()}))).into_response(),
+    }
 }
 
 async fn create_charge_plain(State(pool): State<Pool>, headers: HeaderMap, body: String) -> Response {

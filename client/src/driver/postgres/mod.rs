@@ -7,17 +7,16 @@ mod errors;
 mod tx;
 pub(crate) mod values;
 
-pub use tx::Tx;
+pub use tx::{SharedClient, Tx};
 
 use super::{Driver, Sealed, Step};
 use crate::classify::{classify, Origin};
 use crate::error::Error;
 use deadpool_postgres::Pool;
+use super::lent::Lent;
 use futures_util::future::{join_all, maybe_done, BoxFuture, FutureExt, MaybeDone};
 use std::pin::Pin;
-use std::sync::Arc;
 use tokio_postgres::types::ToSql;
-use tx::Open;
 
 /// tokio-postgres over a `deadpool_postgres::Pool`.
 #[derive(Clone)]
@@ -47,30 +46,38 @@ fn ours(e: tokio_postgres::Error) -> Error {
 impl Driver for Postgres {
     type Tx = Tx;
     type Conn = Tx;
-    type Shared = Tx;
+    type Shared = SharedClient;
     type Row = tokio_postgres::Row;
 
     fn conn(tx: &mut Tx) -> &mut Tx {
         tx
     }
 
-    fn share(tx: &mut Tx) -> Tx {
-        tx.clone()
+    fn share(tx: &mut Tx) -> SharedClient {
+        Lent::lend(tx)
     }
 
-    fn unshare(_: &mut Tx, _: Tx) {}
+    fn unshare(tx: &mut Tx, shared: SharedClient) {
+        shared.take_back(tx);
+    }
 
     fn in_transaction(tx: &Tx) -> bool {
-        tx.0.is_open()
+        tx.open
     }
 
     async fn connection(&self) -> Result<Tx, Error> {
-        Ok(Tx(Arc::new(Open::new(self.pool.get().await?))))
+        Ok(Tx::new(self.pool.get().await?))
     }
 
     async fn send<'a>(tx: &'a mut Tx, steps: &'a [Step<'a>]) -> Result<Vec<tokio_postgres::Row>, Error> {
-        let open = &tx.0;
-        let client = open.client();
+        let Tx { client, open, busy } = tx;
+        let Some(client) = client.as_ref() else {
+            return Err(super::not_given_back());
+        };
+        // Recorded before the first byte leaves: a future dropped at any await below leaves a
+        // guard that cancels and closes the connection instead of pooling it (tx.rs).
+        *open |= steps.iter().any(|s| matches!(s, Step::Begin(_)));
+        *busy = true;
         type Answer<'c> = Pin<Box<MaybeDone<BoxFuture<'c, Result<Vec<tokio_postgres::Row>, tokio_postgres::Error>>>>>;
         let control = |sql: &'static str| -> Answer<'_> { Box::pin(maybe_done(client.batch_execute(sql).map(|r| r.map(|()| Vec::new())).boxed())) };
         // The control steps that lead (a ROLLBACK ending a failed transaction) leave first: a
@@ -102,9 +109,10 @@ impl Driver for Postgres {
                         join_all(answers.iter_mut().map(|a| a.as_mut())).await;
                         for (step, answer) in steps.iter().zip(answers.iter_mut()) {
                             if let (Some(opens), Some(Ok(_))) = (step.opens(), answer.as_mut().take_output()) {
-                                open.set_open(opens);
+                                *open = opens;
                             }
                         }
+                        *busy = false;
                         return Err(ours(e));
                     }
                 }
@@ -121,13 +129,14 @@ impl Driver for Postgres {
             });
         }
         join_all(answers.iter_mut().map(|a| a.as_mut())).await;
+        *busy = false;
         let mut rows = Vec::new();
         let mut first_error = None;
         for (step, answer) in steps.iter().zip(answers.iter_mut()) {
             match answer.as_mut().take_output() {
                 Some(Ok(answered)) => {
                     if let Some(opens) = step.opens() {
-                        open.set_open(opens);
+                        *open = opens;
                     }
                     rows.extend(answered);
                 }
@@ -135,7 +144,7 @@ impl Driver for Postgres {
                     // A COMMIT or ROLLBACK the server answered with an error ended the
                     // transaction too; a BEGIN that failed opened none.
                     if e.as_db_error().is_some() && step.opens().is_some() {
-                        open.set_open(false);
+                        *open = false;
                     }
                     first_error.get_or_insert(e);
                 }
@@ -151,11 +160,11 @@ impl Driver for Postgres {
     fn queue(tx: &mut Tx, step: &Step<'_>) {
         // Sent when first polled; tokio-postgres ignores the answer of a request whose future
         // is gone, and whoever uses the connection next is queued behind it.
-        let Some(control) = step.control() else { return };
-        match tx.0.client().batch_execute(control).now_or_never() {
+        let (Some(control), Some(client)) = (step.control(), tx.client()) else { return };
+        match client.batch_execute(control).now_or_never() {
             None | Some(Ok(())) => {
                 if let Some(opens) = step.opens() {
-                    tx.0.set_open(opens);
+                    tx.open = opens;
                 }
             }
             Some(Err(_)) => {} // the connection is broken: dropping the guard closes it

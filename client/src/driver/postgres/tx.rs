@@ -1,73 +1,93 @@
 //! The connection guard of the tokio-postgres driver: [`Tx`], a pooled connection that knows
-//! whether a transaction is open on it.
+//! whether a transaction may be open on it and whether a request of ours is still unanswered.
 
+use crate::driver::lent::{Lendable, Lent};
 use deadpool_postgres::Client;
 use std::ops::Deref;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 
 /// The transaction of [`crate::Idempotency::run`] as your closure sees it: a pooled connection
-/// inside the transaction that holds the reservation. It dereferences to
+/// inside the transaction that holds the reservation, lent to the closure as `&mut Tx` for the
+/// length of its future (it is not `Clone`, so the closure cannot keep it). It dereferences to
 /// `deadpool_postgres::Client` (`query`, `execute`, `prepare_cached`, and
 /// `deadpool_postgres::GenericClient` for helpers generic over the executor). The client begins,
-/// completes and commits it: do not `COMMIT` or `ROLLBACK` yourself, and do not keep it after
-/// your closure returns.
-#[derive(Clone)]
-pub struct Tx(pub(super) Arc<Open>);
+/// completes and commits it: do not `COMMIT` or `ROLLBACK` yourself.
+///
+/// A transaction counts as open from the moment its `BEGIN` is sent until its end is answered
+/// (or queued), and a request as in flight until its last answer arrived. Dropped in either state
+/// (a dropped future, a timeout, a panic), the guard does not give the connection back to the
+/// pool: it asks the server to cancel what the connection is running and closes it, so the
+/// server rolls the transaction back and nobody ever gets a connection in the middle of someone
+/// else's transaction.
+pub struct Tx {
+    pub(super) client: Option<Client>,
+    /// A transaction may be open: its BEGIN was sent and its end not yet seen.
+    pub(super) open: bool,
+    /// A request was sent whose answers have not all arrived.
+    pub(super) busy: bool,
+}
+
+impl Tx {
+    pub(super) fn new(client: Client) -> Self {
+        Tx { client: Some(client), open: false, busy: false }
+    }
+
+    /// The connection, or None for a guard lent out (see [`Lent`]).
+    pub(super) fn client(&self) -> Option<&Client> {
+        self.client.as_ref()
+    }
+}
 
 impl Deref for Tx {
     type Target = Client;
 
     fn deref(&self) -> &Client {
-        self.0.client()
+        match &self.client {
+            Some(client) => client,
+            None => unreachable!("a closure is only given a guard that holds its connection"),
+        }
     }
 }
 
 impl std::fmt::Debug for Tx {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Tx")
+        f.debug_struct("Tx").field("open", &self.open).field("busy", &self.busy).finish_non_exhaustive()
     }
 }
 
-/// A pooled connection and whether a transaction this crate began is open on it. Dropped while
-/// one is open (not seen to end: a `COMMIT` or `ROLLBACK` answered by the server, or queued),
-/// it closes the connection instead of returning it to the pool, so no caller ever gets a
-/// connection in the middle of someone else's transaction (a dropped `run` future, an error
-/// between statements, a handler that panicked).
-pub(super) struct Open {
-    client: Option<Client>,
-    open: AtomicBool,
-}
+impl crate::driver::Sealed for Tx {}
 
-impl Open {
-    pub(super) fn new(client: Client) -> Self {
-        Open { client: Some(client), open: AtomicBool::new(false) }
+impl Lendable for Tx {
+    type Conn = Client;
+
+    fn held(&mut self) -> Option<&mut Client> {
+        self.client.as_mut()
     }
 
-    pub(super) fn client(&self) -> &Client {
-        match &self.client {
-            Some(client) => client,
-            None => unreachable!("the connection is only taken out on drop"),
-        }
-    }
-
-    pub(super) fn is_open(&self) -> bool {
-        self.open.load(Ordering::Acquire)
-    }
-
-    /// A transaction was seen to begin (true) or end (false).
-    pub(super) fn set_open(&self, open: bool) {
-        self.open.store(open, Ordering::Release);
+    fn empty() -> Self {
+        Tx { client: None, open: false, busy: false }
     }
 }
 
-impl Drop for Open {
+/// The request's transaction of an in-transaction route over [`super::Postgres`] (the layer's
+/// `Transaction<Postgres>` dereferences to it): `lock().await` is the pooled
+/// `deadpool_postgres::Client` inside the transaction.
+pub type SharedClient = Lent<Tx>;
+
+impl Drop for Tx {
     fn drop(&mut self) {
-        if let Some(client) = self.client.take() {
-            if self.open.load(Ordering::Acquire) {
-                // Detach it from the pool and close it: the server rolls the transaction back.
-                drop(deadpool_postgres::Object::take(client));
-            }
+        let Some(client) = self.client.take() else { return };
+        if !(self.open || self.busy) {
+            return; // back to the pool
         }
+        // A statement may be running (a lock wait, a stalled server): ask the server to cancel
+        // it, so the backend ends its transaction now rather than when the statement ends.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let cancel = client.cancel_token();
+            runtime.spawn(async move {
+                let _ = cancel.cancel_query(tokio_postgres::NoTls).await;
+            });
+        }
+        // Detached from the pool and closed: the server rolls the transaction back.
+        drop(deadpool_postgres::Object::take(client));
     }
 }

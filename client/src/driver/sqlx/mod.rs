@@ -15,10 +15,10 @@ pub use tx::{SharedConnection, SqlxTx};
 use super::{Driver, Sealed, Step};
 use crate::classify::{classify, Origin};
 use crate::error::Error;
+use super::lent::Lent;
 use futures_util::FutureExt;
 use sqlx::postgres::PgRow;
 use sqlx::{AssertSqlSafe, PgConnection, PgPool};
-use std::sync::Arc;
 
 /// sqlx over a `sqlx::PgPool`.
 #[derive(Clone, Debug)]
@@ -44,13 +44,6 @@ fn ours(e: sqlx::Error) -> Error {
     classify(e, Origin::Ours)
 }
 
-/// The connection of a guard that holds one.
-fn held(tx: &mut SqlxTx) -> Result<&mut PgConnection, Error> {
-    tx.conn.as_deref_mut().ok_or_else(|| {
-        Error::protocol("the request's transaction was not given back: a handler kept its Transaction locked after returning")
-    })
-}
-
 impl Driver for Sqlx {
     type Tx = SqlxTx;
     type Conn = PgConnection;
@@ -65,14 +58,11 @@ impl Driver for Sqlx {
     }
 
     fn share(tx: &mut SqlxTx) -> SharedConnection {
-        SharedConnection(Arc::new(tokio::sync::Mutex::new(std::mem::replace(tx, SqlxTx::empty()))))
+        Lent::lend(tx)
     }
 
     fn unshare(tx: &mut SqlxTx, shared: SharedConnection) {
-        // A handler still holding the lock keeps the connection: the flow then reports it.
-        if let Ok(mut lent) = shared.0.try_lock() {
-            *tx = std::mem::replace(&mut *lent, SqlxTx::empty());
-        }
+        shared.take_back(tx);
     }
 
     fn in_transaction(tx: &SqlxTx) -> bool {
@@ -86,7 +76,14 @@ impl Driver for Sqlx {
     async fn send<'a>(tx: &'a mut SqlxTx, steps: &'a [Step<'a>]) -> Result<Vec<PgRow>, Error> {
         let begins = steps.iter().any(|s| matches!(s, Step::Begin(_)));
         let ends = steps.iter().rev().find_map(Step::opens);
-        let conn = held(tx)?;
+        let SqlxTx { conn, open, busy } = tx;
+        let Some(conn) = conn.as_deref_mut() else {
+            return Err(super::not_given_back());
+        };
+        // Recorded before the request leaves: a future dropped while it is unanswered leaves a
+        // guard that closes the connection instead of pooling it (tx.rs).
+        *open |= begins;
+        *busy = true;
         let answered = match steps {
             // One query: prepared, its values sent as parameters.
             [Step::Query(sql, params)] => {
@@ -101,15 +98,17 @@ impl Driver for Sqlx {
         };
         match answered {
             Ok(rows) => {
-                if let Some(open) = ends {
-                    tx.open = open;
+                *busy = false;
+                if let Some(ends) = ends {
+                    *open = ends;
                 }
                 Ok(rows)
             }
             Err(e) => {
-                // The server skipped the rest of the request; a transaction begun in it (or
-                // before) is open, aborted, until a ROLLBACK. A lost connection is closed on drop.
-                tx.open |= begins;
+                // The server answered an error and skipped the rest of the request; a
+                // transaction begun in it (or before) is open, aborted, until a ROLLBACK. Any
+                // other error leaves the request unanswered: the connection is closed on drop.
+                *busy = !matches!(e, sqlx::Error::Database(_));
                 Err(ours(e))
             }
         }

@@ -1,43 +1,56 @@
 //! The connection guard of the sqlx driver: [`SqlxTx`], a pooled connection that knows whether
 //! a transaction is open on it, and its shareable form for the layer, [`SharedConnection`].
 
+use crate::driver::lent::{Lendable, Lent};
 use sqlx::pool::PoolConnection;
 use sqlx::PgConnection;
-use std::sync::Arc;
 
 /// A pooled connection of the sqlx driver, inside the transaction that holds the reservation
-/// while a flow runs your closure, which gets its `&mut sqlx::PgConnection`. The transaction is
-/// begun by a statement of this crate that sqlx's own transaction manager did not send, so
-/// inside your closure sqlx counts no transaction: do not `begin()`, `COMMIT` or `ROLLBACK`
-/// there (use `SAVEPOINT` statements if you need one). Unless the transaction is seen to end (a
-/// `COMMIT` or `ROLLBACK` answered or queued), dropping it closes the connection instead of
-/// returning it to the pool.
+/// while a flow runs your closure, which gets its `&mut sqlx::PgConnection` for the length of its
+/// future. The transaction is begun by a statement of this crate that sqlx's own transaction
+/// manager did not send, so inside your closure sqlx counts no transaction: do not `begin()`,
+/// `COMMIT` or `ROLLBACK` there (use `SAVEPOINT` statements if you need one). A transaction
+/// counts as open from the moment its `BEGIN` is sent until its end is answered (or queued), and
+/// a request as in flight until its answer arrived; dropped in either state, the guard closes
+/// the connection instead of returning it to the pool (the server rolls back when it sees the
+/// close: at once when idle, after the running statement otherwise; sqlx sends no cancel
+/// request).
 pub struct SqlxTx {
     pub(super) conn: Option<PoolConnection<sqlx::Postgres>>,
     pub(super) open: bool,
+    pub(super) busy: bool,
 }
 
 impl SqlxTx {
     pub(super) fn new(conn: PoolConnection<sqlx::Postgres>) -> Self {
-        SqlxTx { conn: Some(conn), open: false }
-    }
-
-    /// A guard that holds nothing (what a lent transaction leaves behind).
-    pub(super) fn empty() -> Self {
-        SqlxTx { conn: None, open: false }
+        SqlxTx { conn: Some(conn), open: false, busy: false }
     }
 }
 
 impl std::fmt::Debug for SqlxTx {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("SqlxTx")
+        f.debug_struct("SqlxTx").field("open", &self.open).field("busy", &self.busy).finish_non_exhaustive()
+    }
+}
+
+impl crate::driver::Sealed for SqlxTx {}
+
+impl Lendable for SqlxTx {
+    type Conn = PgConnection;
+
+    fn held(&mut self) -> Option<&mut PgConnection> {
+        self.conn.as_deref_mut()
+    }
+
+    fn empty() -> Self {
+        SqlxTx { conn: None, open: false, busy: false }
     }
 }
 
 impl Drop for SqlxTx {
     fn drop(&mut self) {
         if let Some(conn) = &mut self.conn {
-            if self.open {
+            if self.open || self.busy {
                 // The server rolls the transaction back when the connection closes.
                 conn.close_on_drop();
             }
@@ -45,9 +58,9 @@ impl Drop for SqlxTx {
     }
 }
 
-/// The request's transaction as an in-transaction route's handler gets it over [`super::Sqlx`]
-/// (the layer's `Transaction` dereferences to it): lock it for the `sqlx::PgConnection` to run
-/// your queries on, and drop the guard before the handler returns.
+/// The request's transaction of an in-transaction route over [`super::Sqlx`] (the layer's
+/// `Transaction<Sqlx>` dereferences to it): `lock().await` is the `sqlx::PgConnection` inside
+/// the transaction (its error converts into `sqlx::Error`).
 ///
 /// ```no_run
 /// # async fn demo(tx: idempotency_client::SharedConnection) -> Result<(), sqlx::Error> {
@@ -56,20 +69,4 @@ impl Drop for SqlxTx {
 /// # Ok(())
 /// # }
 /// ```
-#[derive(Clone)]
-pub struct SharedConnection(pub(super) Arc<tokio::sync::Mutex<SqlxTx>>);
-
-impl SharedConnection {
-    /// The connection, inside the request's transaction; an error once the request is over.
-    pub async fn lock(&self) -> Result<tokio::sync::MappedMutexGuard<'_, PgConnection>, sqlx::Error> {
-        let guard = self.0.lock().await;
-        tokio::sync::MutexGuard::try_map(guard, |tx| tx.conn.as_deref_mut())
-            .map_err(|_| sqlx::Error::Protocol("the idempotency transaction of this request has ended".into()))
-    }
-}
-
-impl std::fmt::Debug for SharedConnection {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("SharedConnection")
-    }
-}
+pub type SharedConnection = Lent<SqlxTx>;
