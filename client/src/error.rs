@@ -122,6 +122,24 @@ pub enum Error<E = Infallible> {
         /// The last error of the local transaction.
         error: Box<Error<E>>,
     },
+    /// The result's stored form is larger than the server's `idempotency.max_response_bytes`
+    /// (`idem_complete` answered SQLSTATE 54000; the layer refuses a response body above its
+    /// `response_limit` before sending it), so it was not stored, and no retry loops for ever.
+    /// In-transaction (`run`, the layer's default mode) the work was rolled back and the key
+    /// released like a transient failure, counting towards `max_retries` (`key_failed` when that
+    /// was the last one: retries get [`Error::Failed`]). Two-phase (`run_external`) the outside
+    /// effect happened (`effect_stands`), so the key was completed `FAILED` with the marker
+    /// [`crate::StoredResponse::too_large`] (your `record` closure ran again, in the transaction
+    /// that stored the marker) and every retry gets [`Error::Failed`] with the marker.
+    #[error("the result is larger than idempotency.max_response_bytes and was not stored ({})", too_large_fate(*effect_stands, *key_failed))]
+    ResponseTooLarge {
+        /// Two-phase: the outside effect happened and the key holds the marker. In-transaction:
+        /// false, the work was rolled back.
+        effect_stands: bool,
+        /// The key is now `FAILED` and retries get [`Error::Failed`]: always two-phase;
+        /// in-transaction when this was the key's `max_retries`-th failure.
+        key_failed: bool,
+    },
     /// A stored response does not deserialise as the caller's type (or a result does not
     /// serialise to JSON).
     #[error("stored response does not match the response type")]
@@ -139,6 +157,15 @@ pub enum Error<E = Infallible> {
     /// Any other database error (see [`Error::sqlstate`]).
     #[error("database error")]
     Database(#[source] DatabaseError),
+}
+
+/// The words of [`Error::ResponseTooLarge`] for what happened to the work and the key.
+fn too_large_fate(effect_stands: bool, key_failed: bool) -> &'static str {
+    match (effect_stands, key_failed) {
+        (true, _) => "the effect stands; the key holds the too-large marker",
+        (false, true) => "rolled back; the key is poisoned",
+        (false, false) => "rolled back; the key was released",
+    }
 }
 
 impl<E> Error<E> {
@@ -171,6 +198,7 @@ impl Error<Infallible> {
             Error::RecordFailed { response, key_completed, error } => {
                 Error::RecordFailed { response, key_completed, error: Box::new(error.widen()) }
             }
+            Error::ResponseTooLarge { effect_stands, key_failed } => Error::ResponseTooLarge { effect_stands, key_failed },
             Error::Decode(e) => Error::Decode(e),
             Error::Protocol { reason, source } => Error::Protocol { reason, source },
             Error::Database(e) => Error::Database(e),

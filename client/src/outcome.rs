@@ -78,6 +78,8 @@ impl<E> Error<E> {
             Error::InvalidKey(_) => Decision::Rejected,
             Error::Poisoned { .. } => Decision::Poisoned,
             Error::Handler { .. } => Decision::Released,
+            Error::ResponseTooLarge { effect_stands: false, key_failed: true } => Decision::Poisoned,
+            Error::ResponseTooLarge { effect_stands: false, key_failed: false } => Decision::Released,
             _ => Decision::Error,
         }
     }

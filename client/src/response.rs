@@ -46,7 +46,12 @@ const UNSTORED_HEADERS: [&str; 2] = ["set-cookie", "authorization"];
 ///
 /// This is the one stored form of a response, for `run` and for the layer alike: `{"status",
 /// "headers": [[name, value], ...]}` and one of `"body"` (a JSON body), `"text"` (a UTF-8 body,
-/// kept byte for byte) or `"hex"` (any other body, in lowercase hex).
+/// kept byte for byte) or `"hex"` (any other body, in lowercase hex, encoded and decoded in one
+/// pass; the form 0.5.0 stored, so its records replay and it reads these).
+///
+/// Its size counts against the server's `idempotency.max_response_bytes` (the bytes of its
+/// jsonb text, so a binary body costs twice its length): a larger one is never stored, see
+/// [`crate::Error::ResponseTooLarge`] and [`StoredResponse::too_large`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct StoredResponse {
     /// The HTTP status code.
@@ -100,7 +105,38 @@ fn stored_header(name: &str) -> bool {
     !UNSTORED_HEADERS.iter().any(|h| name.eq_ignore_ascii_case(h))
 }
 
+/// The SQLSTATE of a completion whose response is larger than `idempotency.max_response_bytes`
+/// (program_limit_exceeded).
+pub(crate) const TOO_LARGE_SQLSTATE: &str = "54000";
+
+/// A problem details body (RFC 9457): the one shape of the layer's answers and of the
+/// too-large marker.
+pub(crate) fn problem_body(kind: &str, title: &str, status: u16, detail: &str) -> serde_json::Value {
+    serde_json::json!({"type": kind, "title": title, "status": status, "detail": detail})
+}
+
 impl StoredResponse {
+    /// The `type` of the too-large answers: the marker ([`StoredResponse::too_large`]) and the
+    /// layer's in-transaction refusal.
+    pub const TOO_LARGE_TYPE: &'static str = "urn:idempotency:problem:response-too-large";
+    /// The status of the too-large answers (Bad Gateway: the route's response cannot be relayed).
+    pub const TOO_LARGE_STATUS: u16 = 502;
+    /// The title of the too-large answers.
+    pub const TOO_LARGE_TITLE: &'static str = "Response too large";
+    /// The detail of the marker: the request ran, its response was not stored.
+    pub const TOO_LARGE_DETAIL: &'static str =
+        "the request was performed, but its response is larger than the idempotency store's limit and was not stored";
+
+    /// The marker stored instead of a two-phase result larger than the server's
+    /// `idempotency.max_response_bytes` (the outside effect happened, so the key is completed,
+    /// never left `PROCESSING` or released): stored `FAILED` and answered to every retry
+    /// ([`crate::Error::Failed`] with it; the layer replays it). A 502 problem details body
+    /// (`application/problem+json`, type [`StoredResponse::TOO_LARGE_TYPE`]).
+    pub fn too_large() -> Self {
+        let body = problem_body(Self::TOO_LARGE_TYPE, Self::TOO_LARGE_TITLE, Self::TOO_LARGE_STATUS, Self::TOO_LARGE_DETAIL);
+        StoredResponse::json(Self::TOO_LARGE_STATUS, body).with_header("content-type", "application/problem+json")
+    }
+
     /// A response with a JSON body and no headers.
     pub fn json(status: u16, body: serde_json::Value) -> Self {
         StoredResponse { status, headers: Vec::new(), body: Body::Json(body) }
@@ -121,30 +157,43 @@ impl StoredResponse {
     }
 }
 
-/// The stored form, field by field.
-#[derive(Serialize, Deserialize)]
+/// The stored form, field by field, as read.
+#[derive(Deserialize)]
 struct Form {
     status: u16,
     #[serde(default)]
     headers: Vec<(String, String)>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     body: Option<serde_json::Value>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     text: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
+    hex: Option<String>,
+}
+
+/// The stored form as written: borrowed, so the body is not copied before it is serialised.
+#[derive(Serialize)]
+struct FormRef<'a> {
+    status: u16,
+    headers: Vec<&'a (String, String)>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    body: Option<&'a serde_json::Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    text: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     hex: Option<String>,
 }
 
 impl Serialize for StoredResponse {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let headers = self.headers.iter().filter(|(name, _)| stored_header(name)).cloned().collect();
+        let headers = self.headers.iter().filter(|(name, _)| stored_header(name)).collect();
         let (mut body, mut text, mut hex) = (None, None, None);
         match &self.body {
-            Body::Json(v) => body = Some(v.clone()),
-            Body::Text(t) => text = Some(t.clone()),
-            Body::Bytes(b) => hex = Some(b.iter().map(|b| format!("{b:02x}")).collect()),
+            Body::Json(v) => body = Some(v),
+            Body::Text(t) => text = Some(t.as_str()),
+            Body::Bytes(b) => hex = Some(to_hex(b)),
         }
-        Form { status: self.status, headers, body, text, hex }.serialize(s)
+        FormRef { status: self.status, headers, body, text, hex }.serialize(s)
     }
 }
 
@@ -153,18 +202,41 @@ impl<'de> Deserialize<'de> for StoredResponse {
         let form = Form::deserialize(d)?;
         let body = match (form.text, form.hex, form.body) {
             (Some(text), _, _) => Body::Text(text),
-            (None, Some(hex), _) => Body::Bytes(from_hex(&hex).ok_or_else(|| serde::de::Error::custom("hex: not hex digits"))?),
+            (None, Some(hex), _) => Body::Bytes(from_hex(&hex).ok_or_else(|| serde::de::Error::custom("hex: not an even number of hex digits"))?),
             (None, None, body) => Body::Json(body.unwrap_or(serde_json::Value::Null)),
         };
         Ok(StoredResponse { status: form.status, headers: form.headers, body })
     }
 }
 
+const HEX_DIGITS: &[u8; 16] = b"0123456789abcdef";
+
+/// Lowercase hex, in one pass into a buffer allocated once.
+fn to_hex(bytes: &[u8]) -> String {
+    let mut out = Vec::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        out.push(HEX_DIGITS[usize::from(b >> 4)]);
+        out.push(HEX_DIGITS[usize::from(b & 0x0f)]);
+    }
+    // Only ASCII hex digits were pushed.
+    String::from_utf8(out).unwrap_or_default()
+}
+
+/// The bytes of hex digits (either case), in one pass; None for an odd length or a non-digit.
 fn from_hex(hex: &str) -> Option<Vec<u8>> {
-    if !hex.len().is_multiple_of(2) {
+    fn nibble(c: u8) -> Option<u8> {
+        match c {
+            b'0'..=b'9' => Some(c - b'0'),
+            b'a'..=b'f' => Some(c - b'a' + 10),
+            b'A'..=b'F' => Some(c - b'A' + 10),
+            _ => None,
+        }
+    }
+    let digits = hex.as_bytes();
+    if !digits.len().is_multiple_of(2) {
         return None;
     }
-    (0..hex.len()).step_by(2).map(|i| hex.get(i..i + 2).and_then(|pair| u8::from_str_radix(pair, 16).ok())).collect()
+    digits.chunks_exact(2).map(|pair| Some(nibble(pair[0])? << 4 | nibble(pair[1])?)).collect()
 }
 
 impl Replayable for StoredResponse {
@@ -230,6 +302,32 @@ mod tests {
         }
         assert!(serde_json::from_value::<StoredResponse>(json!({"status": 200, "hex": "0g"})).is_err());
         assert_eq!(Body::Text("{\"a\":1}".into()).json(), Some(json!({"a": 1})));
+    }
+
+    #[test]
+    fn every_byte_round_trips_through_hex() {
+        let every: Vec<u8> = (0..=255).collect();
+        let r = StoredResponse { status: 200, headers: vec![], body: Body::Bytes(every.clone()) };
+        let stored = to_stored(&r).unwrap();
+        let hex = stored["hex"].as_str().unwrap();
+        assert_eq!(hex.len(), 512);
+        assert!(hex.starts_with("000102") && hex.ends_with("fdfeff"), "{hex}");
+        assert_eq!(serde_json::from_value::<StoredResponse>(stored).unwrap().body, Body::Bytes(every));
+        // 0.5.0 wrote the same form; its records (any case of digit) still read.
+        let old = json!({"status": 200, "headers": [["content-type", "application/octet-stream"]], "hex": "00ff9F"});
+        assert_eq!(serde_json::from_value::<StoredResponse>(old).unwrap().body, Body::Bytes(vec![0, 255, 159]));
+        assert!(serde_json::from_value::<StoredResponse>(json!({"status": 200, "hex": "abc"})).is_err());
+    }
+
+    #[test]
+    fn the_too_large_marker_is_a_stored_problem() {
+        let marker = StoredResponse::too_large();
+        assert_eq!(marker.verdict(), Verdict::Transient, "a 502: only ever stored on purpose, as FAILED");
+        let stored = to_stored(&marker).unwrap();
+        assert_eq!(stored["status"], json!(502));
+        assert_eq!(stored["headers"], json!([["content-type", "application/problem+json"]]));
+        assert_eq!(stored["body"]["type"], json!(StoredResponse::TOO_LARGE_TYPE));
+        assert_eq!(serde_json::from_value::<StoredResponse>(stored).unwrap(), marker);
     }
 
     #[test]

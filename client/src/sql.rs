@@ -25,6 +25,12 @@ pub(crate) const EXTENSION_SQL: &str = "SELECT schema, version FROM ( \
         WHERE p.proname = '_idem_portable_version') AS installs \
      ORDER BY rank, schema LIMIT 1";
 
+/// The server's `idempotency.max_response_bytes` as `current_setting` shows it (`1MB`), or NULL
+/// where it is not defined (a portable install whose setting was never set: its default).
+#[cfg_attr(not(feature = "tower"), allow(dead_code))]
+pub(crate) const MAX_RESPONSE_BYTES_SQL: &str =
+    "SELECT pg_catalog.current_setting('idempotency.max_response_bytes', true) AS max_response_bytes";
+
 /// The text of the abort in `complete_or_abort`: invalid input for `boolean` (SQLSTATE 22P02).
 pub(crate) const LEASE_LOST_MARK: &str = "idempotency: lease lost";
 

@@ -13,7 +13,9 @@
 //! releases it (counting the failure towards `max_retries`) or completes it `FAILED` with the
 //! error's response, all in the same request: one more round trip, on the failure paths only.
 //! Between the two transactions another attempt may take the key; the failure is then not
-//! counted, and that attempt's result stands.
+//! counted, and that attempt's result stands. A result larger than the server's
+//! `idempotency.max_response_bytes` (the completion's 54000) takes the same path: rolled back
+//! and counted, answered [`Error::ResponseTooLarge`].
 
 use super::{rollback, Context, TxFuture};
 use crate::cache::Memo;
@@ -21,10 +23,10 @@ use crate::classify::retryable_sqlstate;
 use crate::driver::{Driver, Step};
 use crate::error::Error;
 use crate::handler_error::{Disposition, HandlerError};
-use crate::response::{Replayable, Verdict};
+use crate::response::{Replayable, Verdict, TOO_LARGE_SQLSTATE};
 use crate::row::only;
 use crate::sql::{complete_params, reserve_params, Param};
-use crate::types::{release_answer, ReserveOptions, ReserveOutcome, Reservation, Status, Token};
+use crate::types::{release_answer, ReleaseOutcome, ReserveOptions, ReserveOutcome, Reservation, Status, Token};
 use crate::Outcome;
 use idempotency_core::{Fingerprint, Key};
 
@@ -109,6 +111,15 @@ where
                     a.memo.executed(status, &stored);
                     Ok(Outcome::Executed(value))
                 }
+                Err(e) if e.sqlstate() == Some(TOO_LARGE_SQLSTATE) => {
+                    // The result can never be stored: the work is undone with the transaction
+                    // and the failure counted like a transient one, so retries end in a
+                    // poisoned key instead of running the work for ever.
+                    match count(cx, tx, &a).await? {
+                        Some(ReleaseOutcome::Stale) => Err(cx.lease_lost()),
+                        answer => Err(Error::ResponseTooLarge { effect_stands: false, key_failed: answer == Some(ReleaseOutcome::Poisoned) }),
+                    }
+                }
                 Err(e) => {
                     // A lost key aborted the transaction, so the COMMIT behind it rolled back
                     // (or was skipped: then it is rolled back here).
@@ -134,10 +145,16 @@ where
 
 /// The transient-failure path: roll back, count the failure in a fresh transaction, answer.
 async fn release<D: Driver, T, E>(cx: &Context<'_, D>, tx: &mut D::Tx, a: &Attempt<'_>, result: Result<T, E>) -> Result<Outcome<T>, Error<E>> {
+    let answer = count(cx, tx, a).await?;
+    cx.released(answer, result)
+}
+
+/// Rolls back and counts a failure towards `max_retries` in a fresh transaction: the release's
+/// answer, None when the key could not be taken again (nothing was counted).
+async fn count<D: Driver, E>(cx: &Context<'_, D>, tx: &mut D::Tx, a: &Attempt<'_>) -> Result<Option<ReleaseOutcome>, Error<E>> {
     let max_retries = Param::int4_or_null(cx.settings.max_retries);
     let answer = again(cx, tx, a, &cx.schema.sql().reserve_and_release, max_retries).await?;
-    let answer = answer.as_ref().map(|row| release_answer(row, "answer")).transpose().map_err(Error::widen)?.flatten();
-    cx.released(answer, result)
+    answer.as_ref().map(|row| release_answer(row, "answer")).transpose().map_err(Error::widen).map(Option::flatten)
 }
 
 /// One request of a failure path: `ROLLBACK` (the attempt's writes and its reservation), then

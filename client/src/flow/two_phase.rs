@@ -12,7 +12,9 @@
 //! Once the call has succeeded the outside effect has happened, so the key is never released
 //! again: the local transaction is retried on 40001, 40P01 and lost connections; if it still
 //! fails, the key is completed with the call's result on its own and `RecordFailed` hands the
-//! result back.
+//! result back. A result larger than the server's `idempotency.max_response_bytes` (the
+//! completion's 54000) is never stored: the local transaction runs once more and completes the
+//! key `FAILED` with the marker `StoredResponse::too_large()`, answered `ResponseTooLarge`.
 
 use super::heartbeat::Heartbeat;
 use super::{backoff, calls, conflict, rollback, Context, TxFuture};
@@ -21,7 +23,7 @@ use crate::classify::retryable_sqlstate;
 use crate::driver::{Driver, Step};
 use crate::error::Error;
 use crate::handler_error::{Disposition, HandlerError};
-use crate::response::{Replayable, Verdict};
+use crate::response::{Replayable, StoredResponse, Verdict, TOO_LARGE_SQLSTATE};
 use crate::settings::DEFAULT_EXTERNAL_LEASE;
 use crate::sql::complete_params;
 use crate::types::{ReserveOutcome, Status, Token};
@@ -46,7 +48,8 @@ where
 {
     let lease = cx.settings.lease.unwrap_or(DEFAULT_EXTERNAL_LEASE);
     let memo = Memo::start(cx.settings.replay_cache.as_ref(), cx.settings.ttl);
-    let reservation = calls::reserve(cx.driver, cx.schema, key, fingerprint, &cx.options(Some(lease))).await.map_err(Error::widen)?;
+    let options = cx.options(Some(lease));
+    let reservation = calls::reserve_detached(cx.driver, cx.schema, key, fingerprint, &options, cx.settings.max_retries).await.map_err(Error::widen)?;
     let memo = memo.reserved(key, fingerprint, &reservation);
     let token = match reservation.outcome {
         ReserveOutcome::Created(token) => token,
@@ -79,16 +82,26 @@ where
         Verdict::Success => Status::Success,
         Verdict::Failure => Status::Failed,
     };
-    let stored = serde_json::to_value(&value).map_err(Error::Decode)?;
+    let mut stored = serde_json::to_value(&value).map_err(Error::Decode)?;
+    let mut status = status;
+    let mut too_large = false;
 
     let mut attempt = 0;
     let last = loop {
         match record_once(cx, key, token, &value, &stored, status, &mut record).await {
+            Ok(()) if too_large => return Err(Error::ResponseTooLarge { effect_stands: true, key_failed: true }),
             Ok(()) => {
                 memo.executed(status, &stored);
                 return Ok(Outcome::Executed(value));
             }
             Err(e @ Error::LeaseLost { .. }) => return Err(e),
+            Err(e) if !too_large && e.sqlstate() == Some(TOO_LARGE_SQLSTATE) => {
+                // The result can never be stored, and the effect happened: the local
+                // transaction runs again and completes the key with the marker instead.
+                too_large = true;
+                stored = serde_json::to_value(StoredResponse::too_large()).map_err(Error::Decode)?;
+                status = Status::Failed;
+            }
             Err(e) if transient_for_record(&e) && attempt < cx.settings.serialization_retries => {
                 tokio::time::sleep(backoff(attempt)).await;
                 attempt += 1;

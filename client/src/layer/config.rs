@@ -2,13 +2,16 @@
 
 use super::{IdempotencyLayer, Mode};
 use crate::response::{Replayable, StoredResponse, Verdict};
-use crate::driver::{DefaultDriver, Driver};
-use crate::Idempotency;
+use crate::driver::{DefaultDriver, Driver, Step};
+use crate::row::{only, Row};
+use crate::sql::MAX_RESPONSE_BYTES_SQL;
+use crate::{Error, Idempotency};
 use http::header::{HeaderName, AUTHORIZATION, CONTENT_TYPE, LOCATION, SET_COOKIE};
 use http::request::Parts;
 use http::Method;
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::OnceCell;
 
 /// Finds the user a request acts for (the authenticated principal), or `None` (answered 401).
 pub type UserFn = Arc<dyn Fn(&Parts) -> Option<String> + Send + Sync>;
@@ -40,10 +43,86 @@ pub(crate) struct Config<D: Driver = DefaultDriver> {
     pub(crate) scope: Scope,
     pub(crate) operation: Option<String>,
     pub(crate) body_limit: usize,
+    pub(crate) response_limit: ResponseLimit,
     pub(crate) fields: Option<Vec<String>>,
     pub(crate) stored_headers: Vec<HeaderName>,
     pub(crate) policy: fn(u16) -> Verdict,
     pub(crate) log_keys: bool,
+}
+
+/// The default of [`Builder::response_limit`] where the server's `idempotency.max_response_bytes`
+/// cannot be read: that setting's documented default, 1MB.
+pub const DEFAULT_RESPONSE_LIMIT: usize = 1 << 20;
+
+/// The largest response body the layer reads from its route: the configured one, else the
+/// server's `idempotency.max_response_bytes`, read once per layer.
+pub(crate) struct ResponseLimit {
+    set: Option<usize>,
+    server: OnceCell<usize>,
+}
+
+impl ResponseLimit {
+    /// The limit, reading the server's on `tx` (a connection the request's flow holds: no second
+    /// one is taken) the first time it is needed, when none was configured. A read that fails
+    /// is not kept: this request uses [`DEFAULT_RESPONSE_LIMIT`] and the next one reads again.
+    pub(crate) async fn on<D: Driver>(&self, tx: &mut D::Tx) -> usize {
+        if let Some(limit) = self.set.or_else(|| self.server.get().copied()) {
+            return limit;
+        }
+        match server_limit::<D>(tx).await {
+            Ok(limit) => {
+                let _ = self.server.set(limit);
+                limit
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, default = DEFAULT_RESPONSE_LIMIT, "idempotency.max_response_bytes could not be read; the documented default is used");
+                DEFAULT_RESPONSE_LIMIT
+            }
+        }
+    }
+
+    /// [`ResponseLimit::on`] a pooled connection (two-phase: the flow holds none while the route
+    /// runs), taken only when the limit is not known yet.
+    pub(crate) async fn pooled<D: Driver>(&self, driver: &D) -> usize {
+        if let Some(limit) = self.set.or_else(|| self.server.get().copied()) {
+            return limit;
+        }
+        match driver.connection().await {
+            Ok(mut tx) => self.on::<D>(&mut tx).await,
+            Err(e) => {
+                tracing::warn!(error = %e, default = DEFAULT_RESPONSE_LIMIT, "idempotency.max_response_bytes could not be read; the documented default is used");
+                DEFAULT_RESPONSE_LIMIT
+            }
+        }
+    }
+}
+
+/// The server's `idempotency.max_response_bytes` in bytes; its default where it is not defined.
+async fn server_limit<D: Driver>(tx: &mut D::Tx) -> Result<usize, Error> {
+    let row = only(D::send(tx, &[Step::Query(MAX_RESPONSE_BYTES_SQL, vec![])]).await?)?;
+    match row.text("max_response_bytes")? {
+        None => Ok(DEFAULT_RESPONSE_LIMIT),
+        Some(text) if text.trim().is_empty() => Ok(DEFAULT_RESPONSE_LIMIT),
+        Some(text) => memory_setting(&text).ok_or_else(|| {
+            Error::protocol(format!("idempotency.max_response_bytes must be a number of bytes with an optional unit (B, kB, MB, GB, TB), got {text:?}"))
+        }),
+    }
+}
+
+/// A memory setting as PostgreSQL shows it (`1MB`, `4kB`, `1500B`, `1048576`), in bytes.
+fn memory_setting(text: &str) -> Option<usize> {
+    let text = text.trim();
+    let digits = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let (number, unit) = text.split_at(digits);
+    let scale: usize = match unit.trim() {
+        "" | "B" => 1,
+        "kB" => 1 << 10,
+        "MB" => 1 << 20,
+        "GB" => 1 << 30,
+        "TB" => 1 << 40,
+        _ => return None,
+    };
+    number.parse::<usize>().ok()?.checked_mul(scale)
 }
 
 /// Builds an [`IdempotencyLayer`]; start from [`IdempotencyLayer::builder`].
@@ -61,6 +140,7 @@ pub(crate) struct Config<D: Driver = DefaultDriver> {
 /// | [`wait`](Builder::wait) | `false`: a concurrent duplicate gets 409 + `Retry-After` |
 /// | [`retry_after`](Builder::retry_after) | the handle's (1 s) |
 /// | [`body_limit`](Builder::body_limit) | 1 MiB (413 above it) |
+/// | [`response_limit`](Builder::response_limit) | the server's `idempotency.max_response_bytes`, read once (1MB if unreadable) |
 /// | [`fingerprint_fields`](Builder::fingerprint_fields) | the whole body |
 /// | [`stored_headers`](Builder::stored_headers) | `Content-Type`, `Location` |
 /// | [`status_policy`](Builder::status_policy) | 2xx–4xx stored except 408, 409, 425, 429 |
@@ -80,6 +160,7 @@ pub struct Builder<D: Driver = DefaultDriver> {
     wait: Option<bool>,
     retry_after: Option<Duration>,
     body_limit: usize,
+    response_limit: Option<usize>,
     fields: Option<Vec<String>>,
     stored_headers: Vec<HeaderName>,
     policy: fn(u16) -> Verdict,
@@ -107,6 +188,7 @@ impl<D: Driver> Builder<D> {
             wait: None,
             retry_after: None,
             body_limit: 1 << 20,
+            response_limit: None,
             fields: None,
             stored_headers: vec![CONTENT_TYPE, LOCATION],
             policy: default_status_policy,
@@ -201,6 +283,21 @@ impl<D: Driver> Builder<D> {
         self
     }
 
+    /// The largest response body read from the route, in bytes; by default the server's
+    /// `idempotency.max_response_bytes`, read once when the layer first needs it (its documented
+    /// default, 1MB, where it cannot be read), so no response is read that the store would
+    /// refuse. A larger body is not stored, and it is not sent: in-transaction the request is
+    /// rolled back and counted like a transient failure (a 502 `response-too-large` problem;
+    /// the retries end in a poisoned key); two-phase the effect stands and the key is completed
+    /// with the marker [`crate::StoredResponse::too_large`], replayed to every retry. A stored
+    /// form still over the server's limit (headers, escapes, a binary body's hex) gets the
+    /// same answers from the server's refusal. A limit above the server's only moves the
+    /// refusal to the server, after the whole body was read.
+    pub fn response_limit(mut self, bytes: usize) -> Self {
+        self.response_limit = Some(bytes);
+        self
+    }
+
     /// Fingerprint only these top-level fields of a JSON body (method and path always count).
     pub fn fingerprint_fields(mut self, fields: impl IntoIterator<Item = impl Into<String>>) -> Self {
         self.fields = Some(fields.into_iter().map(Into::into).collect());
@@ -243,6 +340,9 @@ impl<D: Driver> Builder<D> {
         if self.body_limit == 0 {
             return Err(ConfigError("body_limit must be at least 1 byte".into()));
         }
+        if self.response_limit == Some(0) {
+            return Err(ConfigError("response_limit must be at least 1 byte".into()));
+        }
         if matches!(&self.fields, Some(f) if f.is_empty()) {
             return Err(ConfigError("fingerprint_fields: name at least one field, or leave it unset for the whole body".into()));
         }
@@ -267,11 +367,30 @@ impl<D: Driver> Builder<D> {
                 scope,
                 operation: self.operation,
                 body_limit: self.body_limit,
+                response_limit: ResponseLimit { set: self.response_limit, server: OnceCell::new() },
                 fields: self.fields,
                 stored_headers,
                 policy: self.policy,
                 log_keys: self.log_keys,
             }),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::memory_setting;
+
+    #[test]
+    fn memory_settings_as_postgres_shows_them() {
+        assert_eq!(memory_setting("1MB"), Some(1 << 20));
+        assert_eq!(memory_setting("4kB"), Some(4096));
+        assert_eq!(memory_setting("1500B"), Some(1500));
+        assert_eq!(memory_setting(" 2 GB "), Some(2 << 30));
+        assert_eq!(memory_setting("1048576"), Some(1 << 20));
+        assert_eq!(memory_setting("0"), Some(0));
+        assert_eq!(memory_setting("1mb"), None, "units are case-sensitive, as PostgreSQL reads them");
+        assert_eq!(memory_setting("MB"), None);
+        assert_eq!(memory_setting("-1"), None);
     }
 }

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 /// The HTTP status for an error: 409 in progress / lease lost (send `Retry-After`, see
 /// [`retry_after`]), 422 mismatch, the stored status for a failure (409 when nothing was
-/// stored), 400 invalid key, 503 store unavailable, 500 otherwise.
+/// stored), 400 invalid key, 503 store unavailable, 502 a result too large to store, 500
+/// otherwise.
 pub fn http_status<E>(error: &Error<E>) -> u16 {
     match error {
         Error::InProgress { .. } | Error::LeaseLost { .. } => 409,
@@ -20,6 +21,7 @@ pub fn http_status<E>(error: &Error<E>) -> u16 {
             .unwrap_or(409),
         Error::InvalidKey(_) => 400,
         Error::StoreUnavailable(_) => 503,
+        Error::ResponseTooLarge { .. } => crate::StoredResponse::TOO_LARGE_STATUS,
         _ => 500,
     }
 }
@@ -55,5 +57,7 @@ mod tests {
         assert_eq!(http_status(&e), 409);
         let e: Error = Error::StoreUnavailable("down".into());
         assert_eq!((http_status(&e), retry_after(&e, second)), (503, Some(second)));
+        let e: Error = Error::ResponseTooLarge { effect_stands: false, key_failed: false };
+        assert_eq!((http_status(&e), retry_after(&e, second)), (502, None));
     }
 }

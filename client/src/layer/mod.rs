@@ -15,7 +15,9 @@
 //!   the key for the retry;
 //! - the layer's own answers are problem details ([`problem::types`]): 400 no or bad key,
 //!   401 no user, 409 + `Retry-After` in progress or lease lost, 413 body over the limit,
-//!   422 mismatch, 503 store unavailable.
+//!   422 mismatch, 502 a response over the response limit ([`Builder::response_limit`]),
+//!   503 store unavailable; a 5xx never carries an error's text: its `detail` is fixed and its
+//!   `correlation_id` names the `tracing` error event that holds the error.
 //!
 //! Routes run in one of two [`Mode`]s, chosen per route (one layer per route, added with axum's
 //! `route_layer` so the matched route names the operation):
@@ -79,7 +81,7 @@ mod service;
 mod transaction;
 
 pub use http::{http_status, retry_after};
-pub use config::{default_status_policy, Builder, ConfigError, UserFn, ANONYMOUS_USER};
+pub use config::{default_status_policy, Builder, ConfigError, UserFn, ANONYMOUS_USER, DEFAULT_RESPONSE_LIMIT};
 pub use service::IdempotencyService;
 pub use transaction::Transaction;
 

@@ -1,10 +1,15 @@
 //! The layer's own answers: RFC 9457 problem details (`application/problem+json`) whose `type`
 //! is stable, one per situation, so clients can branch on it.
+//!
+//! A 5xx answer never carries an error's text (a driver's message, a host, an OS error, a
+//! panic's message): its `detail` is fixed, and its `correlation_id` member names the `tracing`
+//! error event (field `correlation_id`) that holds the real error.
 
 use bytes::Bytes;
 use http::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use http::{Response, StatusCode};
-use serde_json::json;
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 /// The `type` of every problem the layer answers with.
@@ -38,6 +43,26 @@ pub mod types {
     pub const NO_TRANSACTION: &str = "urn:idempotency:problem:no-transaction";
     /// 500: anything else (a database or protocol error).
     pub const INTERNAL: &str = "urn:idempotency:problem:internal";
+    /// 502: the route's response is larger than the layer's response limit or the server's
+    /// `idempotency.max_response_bytes`, so it was neither stored nor sent. In-transaction its
+    /// writes were rolled back and the failure counted towards `max_retries`; two-phase its
+    /// effect stands and this answer is stored for the key (the marker
+    /// [`crate::StoredResponse::too_large`]) and replayed to every retry.
+    pub const RESPONSE_TOO_LARGE: &str = crate::StoredResponse::TOO_LARGE_TYPE;
+}
+
+/// The fixed `detail` of each 5xx answer (the real error is in the log, under the answer's
+/// `correlation_id`).
+pub(crate) mod details {
+    /// 503 `store-unavailable`.
+    pub(crate) const STORE_UNAVAILABLE: &str = "the idempotency store cannot be used right now; nothing ran; retry later";
+    /// 500 `handler-failed`: a panic or a response body that failed.
+    pub(crate) const HANDLER_FAILED: &str = "the handler failed and its response was not recorded; a retry runs it again unless the key's retries ran out";
+    /// 500 `internal`.
+    pub(crate) const INTERNAL: &str = "an internal error; the server's log has it under this correlation_id";
+    /// 502 `response-too-large`, in-transaction (two-phase answers the marker's detail).
+    pub(crate) const TOO_LARGE_ROLLED_BACK: &str =
+        "the response is larger than the idempotency store's limit, so it was not stored and the request's writes were rolled back";
 }
 
 /// A problem answer under construction.
@@ -48,17 +73,26 @@ pub(crate) struct Problem {
     title: &'static str,
     detail: String,
     retry_after: Option<Duration>,
+    correlation_id: Option<String>,
 }
 
 impl Problem {
+    /// An answer whose detail is client-facing (a 4xx's rule). A 5xx made here gets a
+    /// correlation id and an error event of its own (its detail must be fixed text: use
+    /// [`Problem::failure`] for an error's).
     pub(crate) fn new(status: u16, kind: &'static str, title: &'static str, detail: impl Into<String>) -> Self {
-        Problem {
-            status: StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
-            kind,
-            title,
-            detail: detail.into(),
-            retry_after: None,
-        }
+        let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let detail = detail.into();
+        let correlation_id = status.is_server_error().then(|| logged(status, kind, &detail));
+        Problem { status, kind, title, detail, retry_after: None, correlation_id }
+    }
+
+    /// A 5xx answer for `error`: the fixed `detail` and a correlation id; `error` goes only to
+    /// the `tracing` error event that carries the same id.
+    pub(crate) fn failure(status: u16, kind: &'static str, title: &'static str, detail: &'static str, error: &dyn std::fmt::Display) -> Self {
+        let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let correlation_id = Some(logged(status, kind, error));
+        Problem { status, kind, title, detail: detail.to_owned(), retry_after: None, correlation_id }
     }
 
     /// Adds `Retry-After` (whole seconds, at least 1).
@@ -73,7 +107,10 @@ impl Problem {
 
     /// The response, with any body type built from bytes.
     pub(crate) fn into_response<B: From<Bytes>>(self) -> Response<B> {
-        let body = json!({"type": self.kind, "title": self.title, "status": self.status.as_u16(), "detail": self.detail});
+        let mut body = crate::response::problem_body(self.kind, self.title, self.status.as_u16(), &self.detail);
+        if let (Some(id), Some(members)) = (self.correlation_id, body.as_object_mut()) {
+            members.insert("correlation_id".to_owned(), id.into());
+        }
         let mut response = Response::new(B::from(Bytes::from(body.to_string())));
         *response.status_mut() = self.status;
         let headers = response.headers_mut();
@@ -82,5 +119,45 @@ impl Problem {
             headers.insert(RETRY_AFTER, HeaderValue::from(after.as_secs().max(1)));
         }
         response
+    }
+}
+
+/// Logs the error behind a 5xx answer under a new correlation id, and returns the id.
+fn logged(status: StatusCode, kind: &'static str, error: &dyn std::fmt::Display) -> String {
+    let id = correlation_id();
+    tracing::error!(correlation_id = id.as_str(), status = status.as_u16(), problem = kind, error = %error, "idempotency answered a server error");
+    id
+}
+
+/// 16 hex digits, different for every answer: a process-wide counter hashed with a randomly
+/// keyed hasher (so ids do not repeat across processes or restarts, and say nothing).
+fn correlation_id() -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    format!("{:016x}", std::collections::hash_map::RandomState::new().hash_one(n))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn body(problem: Problem) -> serde_json::Value {
+        let response: Response<Bytes> = problem.into_response();
+        serde_json::from_slice(response.body()).unwrap()
+    }
+
+    #[test]
+    fn server_errors_carry_a_fixed_detail_and_a_correlation_id() {
+        let secret = "connection refused by 10.0.0.7:5432";
+        let answer = body(Problem::failure(503, types::STORE_UNAVAILABLE, "Store unavailable", details::STORE_UNAVAILABLE, &secret));
+        assert_eq!(answer["detail"], details::STORE_UNAVAILABLE);
+        assert!(!answer.to_string().contains("10.0.0.7"), "{answer}");
+        let id = answer["correlation_id"].as_str().unwrap().to_owned();
+        assert!(id.len() == 16 && id.bytes().all(|b| b.is_ascii_hexdigit()), "{id}");
+        let again = body(Problem::failure(503, types::STORE_UNAVAILABLE, "Store unavailable", details::STORE_UNAVAILABLE, &secret));
+        assert_ne!(again["correlation_id"].as_str(), Some(id.as_str()), "one id per answer");
+        // A 5xx made with `new` gets one too; a 4xx none.
+        assert!(body(Problem::new(500, types::NO_TRANSACTION, "No transaction", "fixed")).get("correlation_id").is_some());
+        assert!(body(Problem::new(422, types::MISMATCH, "Mismatch", "rule")).get("correlation_id").is_none());
     }
 }

@@ -5,12 +5,12 @@ use super::config::Config;
 use super::key_header::{self, KeyHeader};
 use super::observe::Observed;
 use crate::Decision as Seen;
-use super::problem::{types, Problem};
+use super::problem::{details, types, Problem};
 use super::record::HttpRecord;
 use super::transaction::Transaction;
 use super::Mode;
 use crate::driver::{DefaultDriver, Driver};
-use crate::{Error, Fingerprint, HandlerError, Key, Outcome, TxFuture};
+use crate::{Disposition, Error, Fingerprint, HandlerError, Key, Outcome, StoredResponse, TxFuture};
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
@@ -143,7 +143,7 @@ where
     let answer = match tokio::spawn(run).await {
         Ok(answer) => answer,
         Err(e) => {
-            let problem = Problem::new(500, types::INTERNAL, "Internal error", format!("the idempotency task failed: {e}"));
+            let problem = Problem::failure(500, types::INTERNAL, "Internal error", details::INTERNAL, &format_args!("the idempotency task failed: {e}"));
             Answer::Respond(problem.into_response(), Seen::Error)
         }
     };
@@ -177,6 +177,9 @@ enum Failure<SE> {
     Service(SE),
     Panicked(String),
     Body(BoxError),
+    /// The response body is longer than the response limit (`limit` bytes); `effect_stands`
+    /// in two-phase.
+    TooLarge { limit: usize, effect_stands: bool },
 }
 
 impl<SE> std::fmt::Display for Failure<SE> {
@@ -185,15 +188,25 @@ impl<SE> std::fmt::Display for Failure<SE> {
             Failure::Service(_) => f.write_str("the route's service failed"),
             Failure::Panicked(message) => write!(f, "the handler panicked: {message}"),
             Failure::Body(e) => write!(f, "the response body failed: {e}"),
+            Failure::TooLarge { limit, .. } => write!(f, "the response body is larger than the response limit ({limit} bytes)"),
         }
     }
 }
 
-/// Every route failure is transient: the key is released and the client's retry runs again.
-impl<SE> HandlerError for Failure<SE> {}
+/// Every route failure is transient (the key is released and the client's retry runs again),
+/// but a two-phase response over the limit: its effect happened, so the key is completed with
+/// the too-large marker, replayed to every retry.
+impl<SE> HandlerError for Failure<SE> {
+    fn disposition(&self) -> Disposition {
+        match self {
+            Failure::TooLarge { effect_stands: true, .. } => Disposition::Permanent(serde_json::to_value(StoredResponse::too_large()).ok()),
+            _ => Disposition::Transient,
+        }
+    }
+}
 
-/// Calls the route and reads its whole response, catching a panic.
-async fn produce<S, B, R, D: Driver>(config: &Config<D>, mut inner: S, req: Request<B>) -> Result<HttpRecord, Failure<S::Error>>
+/// Calls the route and reads its response up to `limit` bytes, catching a panic.
+async fn produce<S, B, R, D: Driver>(config: &Config<D>, mut inner: S, req: Request<B>, limit: usize) -> Result<HttpRecord, Failure<S::Error>>
 where
     S: Service<Request<B>, Response = Response<R>>,
     R: Body,
@@ -202,7 +215,13 @@ where
     let run = async {
         let response = inner.call(req).await.map_err(Failure::Service)?;
         let (parts, body) = response.into_parts();
-        let bytes = body.collect().await.map_err(|e| Failure::Body(e.into()))?.to_bytes();
+        let bytes = match Limited::new(body, limit).collect().await {
+            Ok(collected) => collected.to_bytes(),
+            Err(e) if e.is::<LengthLimitError>() => {
+                return Err(Failure::TooLarge { limit, effect_stands: config.mode == Mode::TwoPhase });
+            }
+            Err(e) => return Err(Failure::Body(e)),
+        };
         let verdict = (config.policy)(parts.status.as_u16());
         Ok(HttpRecord::new(parts.status, parts.headers, bytes, &config.stored_headers, verdict))
     };
@@ -242,12 +261,13 @@ where
 {
     let route = config.clone();
     let work = work_fn::<D, _, _, _>(move |tx: &mut D::Tx| {
-        let shared = D::share(tx);
-        let mut req = Request::from_parts(parts.clone(), B::from(bytes.clone()));
-        req.extensions_mut().insert(Transaction::<D>(shared.clone()));
-        let (config, inner) = (route.clone(), inner.clone());
+        let (config, inner, parts, bytes) = (route.clone(), inner.clone(), parts.clone(), bytes.clone());
         Box::pin(async move {
-            let produced = produce(&config, inner, req).await;
+            let limit = config.response_limit.on::<D>(tx).await;
+            let shared = D::share(tx);
+            let mut req = Request::from_parts(parts, B::from(bytes));
+            req.extensions_mut().insert(Transaction::<D>(shared.clone()));
+            let produced = produce(&config, inner, req, limit).await;
             D::unshare(tx, shared);
             produced
         }) as TxFuture<'_, HttpRecord, Failure<S::Error>>
@@ -271,7 +291,11 @@ where
     R::Data: Send,
     R::Error: Into<BoxError>,
 {
-    let result = config.idem.run_external(&key, &fingerprint, produce(config, inner, req), nothing_local).await;
+    let call = async {
+        let limit = config.response_limit.pooled(config.idem.driver()).await;
+        produce(config, inner, req, limit).await
+    };
+    let result = config.idem.run_external(&key, &fingerprint, call, nothing_local).await;
     answer_of(config, result)
 }
 
@@ -295,46 +319,105 @@ fn error_answer<R: From<Bytes>, SE, D: Driver>(config: &Config<D>, e: Error<Fail
     let status = super::http::http_status(&e);
     let after = super::http::retry_after(&e, config.idem.settings().retry_after);
     let outcome = e.decision();
-    let (kind, title, detail) = match e {
+    let problem = match e {
         Error::Failed { response: Some(stored) } => match serde_json::from_value::<HttpRecord>(stored) {
             Ok(record) => return Answer::Respond(record.into_response(), outcome),
             Err(e) => {
-                let problem = Problem::new(500, types::INTERNAL, "Internal error", format!("the stored response does not decode: {e}"));
+                let cause = format_args!("the stored response does not decode: {e}");
+                let problem = Problem::failure(500, types::INTERNAL, "Internal error", details::INTERNAL, &cause);
                 return Answer::Respond(problem.into_response(), Seen::Error);
             }
         },
-        Error::Failed { response: None } => (types::FAILED, "Request failed", "an earlier attempt with this key failed for good".to_owned()),
-        Error::InProgress { .. } => (types::IN_PROGRESS, "Request in progress", "another request with this key is being processed".to_owned()),
-        Error::Mismatch => (types::MISMATCH, "Idempotency key reused", "this key was used with a different request".to_owned()),
-        Error::LeaseLost { .. } => (types::LEASE_LOST, "Lease lost", "this attempt lost its hold on the key; retry".to_owned()),
-        Error::StoreUnavailable(source) => (types::STORE_UNAVAILABLE, "Idempotency store unavailable", source.to_string()),
-        Error::Handler { error } | Error::Poisoned { error } => {
-            let detail = match error {
-                Failure::Service(e) => return Answer::ServiceError(e, outcome),
-                Failure::Panicked(message) => format!("the handler panicked: {message}"),
-                Failure::Body(e) => format!("the response body failed: {e}"),
-            };
-            (types::HANDLER_FAILED, "Handler failed", detail)
+        Error::Failed { response: None } => Problem::new(status, types::FAILED, "Request failed", "an earlier attempt with this key failed for good"),
+        Error::InProgress { .. } => Problem::new(status, types::IN_PROGRESS, "Request in progress", "another request with this key is being processed"),
+        Error::Mismatch => Problem::new(status, types::MISMATCH, "Idempotency key reused", "this key was used with a different request"),
+        Error::LeaseLost { .. } => Problem::new(status, types::LEASE_LOST, "Lease lost", "this attempt lost its hold on the key; retry"),
+        Error::StoreUnavailable(source) => {
+            let cause = Chain(source.as_ref());
+            Problem::failure(status, types::STORE_UNAVAILABLE, "Idempotency store unavailable", details::STORE_UNAVAILABLE, &cause)
         }
-        Error::RecordFailed { response, key_completed, .. } => {
+        Error::Handler { error } | Error::Poisoned { error } => match error {
+            Failure::Service(e) => return Answer::ServiceError(e, outcome),
+            Failure::TooLarge { effect_stands, .. } => return too_large(effect_stands, outcome, &error),
+            failure => Problem::failure(500, types::HANDLER_FAILED, "Handler failed", details::HANDLER_FAILED, &failure),
+        },
+        Error::ResponseTooLarge { effect_stands, .. } => return too_large(effect_stands, outcome, &e),
+        Error::RecordFailed { response, key_completed, error } => {
             // The route ran and its effect happened; its response stands (and is replayed when
             // the key holds it).
-            tracing::error!(key_completed, "the two-phase response could not be recorded with the local transaction");
+            tracing::error!(key_completed, error = %error, "the two-phase response could not be recorded with the local transaction");
             match serde_json::from_value::<HttpRecord>(response) {
                 Ok(record) => {
                     let mut response: Response<R> = record.into_response();
                     response.headers_mut().remove("idempotent-replayed"); // this attempt ran it
                     return Answer::Respond(response, Seen::Error);
                 }
-                Err(e) => (types::INTERNAL, "Internal error", e.to_string()),
+                Err(e) => Problem::failure(500, types::INTERNAL, "Internal error", details::INTERNAL, &e),
             }
         }
-        other => (types::INTERNAL, "Internal error", other.to_string()),
+        other => {
+            let cause = described(&other);
+            Problem::failure(500, types::INTERNAL, "Internal error", details::INTERNAL, &cause)
+        }
     };
-    let mut problem = Problem::new(status, kind, title, detail);
-    if let Some(after) = after {
-        problem = problem.retry_after(after);
+    let problem = match after {
+        Some(after) => problem.retry_after(after),
+        None => problem,
+    };
+    if problem.status() < 500 {
+        tracing::warn!(status = problem.status(), "idempotency answered with a problem");
     }
-    tracing::warn!(status = problem.status(), "idempotency answered with a problem");
     Answer::Respond(problem.into_response(), outcome)
+}
+
+/// The answer to a response over the limit: in-transaction (rolled back, counted) a 502 that
+/// says so; two-phase (the effect stands, the key holds the marker) the marker's problem, with
+/// this attempt's correlation id.
+fn too_large<R: From<Bytes>, SE>(effect_stands: bool, outcome: Seen, cause: &dyn std::fmt::Display) -> Answer<R, SE> {
+    let (detail, outcome) = match effect_stands {
+        true => (StoredResponse::TOO_LARGE_DETAIL, Seen::Error),
+        false => (details::TOO_LARGE_ROLLED_BACK, outcome),
+    };
+    let status = StoredResponse::TOO_LARGE_STATUS;
+    let problem = Problem::failure(status, types::RESPONSE_TOO_LARGE, StoredResponse::TOO_LARGE_TITLE, detail, cause);
+    Answer::Respond(problem.into_response(), outcome)
+}
+
+/// An error of the flow with its sources, for the log only.
+fn described<SE>(e: &Error<Failure<SE>>) -> String {
+    let source: Option<&(dyn std::error::Error + 'static)> = match e {
+        Error::Database(db) => Some(db),
+        Error::StoreUnavailable(s) => Some(s.as_ref()),
+        Error::IncompatibleExtension { source: Some(s), .. } | Error::Configuration { source: Some(s), .. } | Error::Protocol { source: Some(s), .. } => {
+            Some(s.as_ref())
+        }
+        Error::Decode(d) => Some(d),
+        _ => None,
+    };
+    let mut text = e.to_string();
+    if let Some(source) = source {
+        text.push_str(": ");
+        text.push_str(&Chain(source).to_string());
+    }
+    text
+}
+
+/// An error and its sources, `: `-separated (a source that repeats its error's text is skipped).
+struct Chain<'a>(&'a (dyn std::error::Error + 'static));
+
+impl std::fmt::Display for Chain<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut last = self.0.to_string();
+        f.write_str(&last)?;
+        let mut next = self.0.source();
+        while let Some(e) = next {
+            let text = e.to_string();
+            if text != last {
+                write!(f, ": {text}")?;
+            }
+            last = text;
+            next = e.source();
+        }
+        Ok(())
+    }
 }
