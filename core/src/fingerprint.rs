@@ -11,16 +11,46 @@
 //!
 //! This module is the only implementation: the extension's `idem_fingerprint(jsonb)` calls
 //! [`canonical_json`] on the `jsonb` text, so the client and the server always agree.
+//!
+//! # Cost
+//!
+//! Time and memory are linear in the text's length (sorting an object's keys adds its
+//! `log(members)` factor). Only a number can make the canonical form longer than its text
+//! (`1e6` is `1000000`; strings, whitespace and duplicate keys only shorten it), so the canonical
+//! form is bounded by the text's length: at most [`CANONICAL_BYTES_PER_BYTE`] bytes per byte of
+//! the text plus [`CANONICAL_EXTRA_BYTES`] ([`max_canonical_len`]). Each number's exact length is
+//! computed from its digits and exponent before anything is written, and the text is refused
+//! with [`FingerprintError::TooLarge`] as soon as its numbers would take the canonical form past
+//! the bound (a number's expansion is counted in full even when a duplicate key drops it, and a
+//! number written shorter than its text gives no credit to the others). The bound keeps every
+//! `f64` (at most 326 digits) and numbers up to 10^32000 written alone, and caps a 1 MiB request
+//! at 16 MiB of canonical text, which costs about what canonicalising an ordinary 1 MiB request
+//! costs (docs/performance.md has the measured figures).
+//!
+//! [`Fingerprint::of_json_text`] never holds the canonical form: it hashes it as it is written,
+//! and a long run of zeros is hashed from a constant buffer, so its memory is that of the parse.
 
 use sha2::{Digest, Sha256};
 use std::fmt;
+use std::ops::Range;
 
 /// Objects and arrays nested deeper than this are refused rather than risking the stack.
 pub const MAX_DEPTH: usize = 1024;
 
-/// The canonical text may grow past its input only through exponents (`1e100000`); past this many
-/// bytes it is refused, so a small hostile document cannot make the hasher work for minutes.
-pub const MAX_CANONICAL_BYTES: usize = 64 << 20;
+/// The canonical form may be at most this many bytes per byte of its text, plus
+/// [`CANONICAL_EXTRA_BYTES`]: see [`max_canonical_len`].
+pub const CANONICAL_BYTES_PER_BYTE: usize = 16;
+
+/// What the canonical form may hold beyond [`CANONICAL_BYTES_PER_BYTE`] per byte of its text, so
+/// a short text may still carry a number such as `1e30000`.
+pub const CANONICAL_EXTRA_BYTES: usize = 32 << 10;
+
+/// The longest canonical form a JSON text of `text_len` bytes may have:
+/// `16 × text_len + 32768`. A text whose numbers, written out in full, would exceed it is refused
+/// with [`FingerprintError::TooLarge`] before they are written.
+pub const fn max_canonical_len(text_len: usize) -> usize {
+    text_len.saturating_mul(CANONICAL_BYTES_PER_BYTE).saturating_add(CANONICAL_EXTRA_BYTES)
+}
 
 /// Why a JSON text has no fingerprint.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -36,9 +66,19 @@ pub enum FingerprintError {
     /// Objects and arrays nest deeper than [`MAX_DEPTH`].
     #[error("request nests objects and arrays deeper than {MAX_DEPTH} levels")]
     TooDeep,
-    /// The canonical form would exceed [`MAX_CANONICAL_BYTES`] (a number with a huge exponent).
-    #[error("request's canonical form would exceed {MAX_CANONICAL_BYTES} bytes")]
-    TooLarge,
+    /// The canonical form would be longer than [`max_canonical_len`] of the text: a number with
+    /// a large exponent (`1e60000000`), or many of them.
+    #[error(
+        "request's canonical form would exceed {limit} bytes, the limit for a {text_len}-byte text \
+         ({CANONICAL_BYTES_PER_BYTE} bytes per byte plus {CANONICAL_EXTRA_BYTES}): its numbers' exponents \
+         write out too many digits"
+    )]
+    TooLarge {
+        /// The text's length in bytes.
+        text_len: usize,
+        /// [`max_canonical_len`] of that length.
+        limit: usize,
+    },
     /// The value could not be serialised to JSON at all (a map with non-string keys, say).
     #[error("request cannot be serialised as JSON: {0}")]
     Serialize(String),
@@ -51,12 +91,17 @@ pub struct Fingerprint(String);
 impl Fingerprint {
     /// The SHA-256 of raw bytes; equals `idem_fingerprint(bytea)`.
     pub fn of_bytes(bytes: &[u8]) -> Self {
-        Fingerprint(hex_sha256(bytes))
+        Fingerprint(hex(Sha256::digest(bytes).as_slice()))
     }
 
     /// The SHA-256 of the canonical form of a JSON text; equals `idem_fingerprint(text::jsonb)`.
+    /// The canonical form is hashed as it is written, never held whole.
     pub fn of_json_text(text: &str) -> Result<Self, FingerprintError> {
-        Ok(Self::of_bytes(canonical_json(text)?.as_bytes()))
+        let parsed = Parsed::parse(text)?;
+        let mut sink = HashSink { sha: Sha256::new(), pending: Vec::with_capacity(HASH_CHUNK) };
+        parsed.emit(&mut sink);
+        sink.flush();
+        Ok(Fingerprint(hex(sink.sha.finalize().as_slice())))
     }
 
     /// The fingerprint of any serialisable value, as `serde_json` writes it.
@@ -84,35 +129,186 @@ impl AsRef<str> for Fingerprint {
     }
 }
 
-fn hex_sha256(bytes: &[u8]) -> String {
+fn hex(digest: &[u8]) -> String {
     const HEX: &[u8; 16] = b"0123456789abcdef";
-    let digest = Sha256::digest(bytes);
-    let mut out = String::with_capacity(64);
-    for b in digest {
+    let mut out = String::with_capacity(2 * digest.len());
+    for &b in digest {
         out.push(HEX[usize::from(b >> 4)] as char);
         out.push(HEX[usize::from(b & 15)] as char);
     }
     out
 }
 
-/// The canonical serialisation of a JSON text (see the module docs for the rules).
+/// The canonical serialisation of a JSON text (see the module docs for the rules and the bound).
 pub fn canonical_json(text: &str) -> Result<String, FingerprintError> {
-    let mut parser = Parser { input: text.as_bytes(), pos: 0, budget: MAX_CANONICAL_BYTES };
-    let mut out = String::with_capacity(text.len());
-    parser.skip_whitespace();
-    parser.value(&mut out, 0)?;
-    parser.skip_whitespace();
-    if parser.pos != parser.input.len() {
-        return Err(parser.invalid("trailing characters after the value"));
+    let parsed = Parsed::parse(text)?;
+    if parsed.marks.is_empty() {
+        // No object to reorder and no run of zeros left out: the text is already canonical.
+        return utf8(parsed.text);
     }
-    Ok(out)
+    let mut out = Vec::with_capacity(parsed.text.len());
+    parsed.emit(&mut out);
+    utf8(out)
+}
+
+fn utf8(bytes: Vec<u8>) -> Result<String, FingerprintError> {
+    // Everything written is copied from the &str input, escaped by serde_json, or ASCII.
+    String::from_utf8(bytes).map_err(|e| FingerprintError::Serialize(e.to_string()))
+}
+
+/// Where the canonical form goes: a buffer, or the hash.
+trait Sink {
+    fn put(&mut self, bytes: &[u8]);
+    fn zeros(&mut self, count: usize);
+}
+
+impl Sink for Vec<u8> {
+    fn put(&mut self, bytes: &[u8]) {
+        self.extend_from_slice(bytes);
+    }
+
+    fn zeros(&mut self, count: usize) {
+        self.resize(self.len() + count, b'0');
+    }
+}
+
+const HASH_CHUNK: usize = 8 << 10;
+static ZEROS: [u8; HASH_CHUNK] = [b'0'; HASH_CHUNK];
+
+/// Hashes the canonical form in chunks, so the many small pieces of a document cost one
+/// `update` per chunk.
+struct HashSink {
+    sha: Sha256,
+    pending: Vec<u8>,
+}
+
+impl HashSink {
+    fn flush(&mut self) {
+        self.sha.update(&self.pending);
+        self.pending.clear();
+    }
+}
+
+impl Sink for HashSink {
+    fn put(&mut self, bytes: &[u8]) {
+        if self.pending.len() + bytes.len() > HASH_CHUNK {
+            self.flush();
+            if bytes.len() >= HASH_CHUNK {
+                self.sha.update(bytes);
+                return;
+            }
+        }
+        self.pending.extend_from_slice(bytes);
+    }
+
+    fn zeros(&mut self, mut count: usize) {
+        while count > 0 {
+            let n = count.min(HASH_CHUNK);
+            self.put(&ZEROS[..n]);
+            count -= n;
+        }
+    }
+}
+
+/// A run of zeros at most this long is written into the text; a longer one is left out and
+/// marked, and written (or hashed) only when the canonical form is emitted.
+const INLINE_ZEROS: usize = 32;
+
+/// A position in [`Parsed::text`] where emission does something other than copy.
+enum Mark {
+    /// `count` zeros go here.
+    Zeros { at: usize, count: usize },
+    /// An object: its members are `text[at..end]` in input order; emission writes them sorted,
+    /// separated by commas, in braces. `next` is the first mark after the object's own.
+    Object { at: usize, end: usize, members: Range<usize>, next: usize },
+}
+
+/// An object member: its escaped key, `:` and its canonical value, with the value's marks.
+struct Member {
+    /// The decoded key in `Parser::keys`, while the object is open.
+    key: Range<usize>,
+    text: Range<usize>,
+    marks: Range<usize>,
+    /// False for a duplicated key but the last (jsonb keeps the last).
+    keep: bool,
+}
+
+/// A parsed text: its canonical pieces, in input order, and how to put them in canonical order.
+/// Every byte of `text` is emitted at most once, so emission is linear in the input too.
+struct Parsed {
+    text: Vec<u8>,
+    marks: Vec<Mark>,
+    members: Vec<Member>,
+}
+
+impl Parsed {
+    fn parse(input: &str) -> Result<Self, FingerprintError> {
+        let mut parser = Parser {
+            input: input.as_bytes(),
+            pos: 0,
+            budget: max_canonical_len(input.len()) - input.len(),
+            out: Parsed { text: Vec::with_capacity(input.len()), marks: Vec::new(), members: Vec::new() },
+            open: Vec::new(),
+            keys: Vec::new(),
+            scratch: String::new(),
+        };
+        parser.skip_whitespace();
+        parser.value(0)?;
+        parser.skip_whitespace();
+        if parser.pos != parser.input.len() {
+            return Err(parser.invalid("trailing characters after the value"));
+        }
+        Ok(parser.out)
+    }
+
+    fn emit(&self, sink: &mut impl Sink) {
+        self.emit_range(sink, 0..self.text.len(), 0..self.marks.len());
+    }
+
+    fn emit_range(&self, sink: &mut impl Sink, text: Range<usize>, marks: Range<usize>) {
+        let mut pos = text.start;
+        let mut m = marks.start;
+        while m < marks.end {
+            match &self.marks[m] {
+                Mark::Zeros { at, count } => {
+                    sink.put(&self.text[pos..*at]);
+                    sink.zeros(*count);
+                    pos = *at;
+                    m += 1;
+                }
+                Mark::Object { at, end, members, next } => {
+                    sink.put(&self.text[pos..*at]);
+                    sink.put(b"{");
+                    let mut first = true;
+                    for member in self.members[members.clone()].iter().filter(|m| m.keep) {
+                        if !first {
+                            sink.put(b",");
+                        }
+                        first = false;
+                        self.emit_range(sink, member.text.clone(), member.marks.clone());
+                    }
+                    sink.put(b"}");
+                    pos = *end;
+                    m = *next;
+                }
+            }
+        }
+        sink.put(&self.text[pos..text.end]);
+    }
 }
 
 struct Parser<'a> {
     input: &'a [u8],
     pos: usize,
-    /// Bytes the output may still grow by beyond the input's own length (exponent expansion).
+    /// Bytes the output may still grow by beyond the input's own length (number expansion).
     budget: usize,
+    out: Parsed,
+    /// The members of the open objects, innermost last.
+    open: Vec<Member>,
+    /// The decoded keys of the open objects' members.
+    keys: Vec<u8>,
+    /// The string being decoded.
+    scratch: String,
 }
 
 impl Parser<'_> {
@@ -139,58 +335,54 @@ impl Parser<'_> {
         }
     }
 
-    fn value(&mut self, out: &mut String, depth: usize) -> Result<(), FingerprintError> {
+    fn value(&mut self, depth: usize) -> Result<(), FingerprintError> {
         match self.peek() {
-            Some(b'{') => self.object(out, depth + 1),
-            Some(b'[') => self.array(out, depth + 1),
-            Some(b'"') => {
-                let s = self.string()?;
-                write_string(out, &s);
-                Ok(())
-            }
-            Some(b'-' | b'0'..=b'9') => self.number(out),
-            Some(b't') => self.literal(out, "true"),
-            Some(b'f') => self.literal(out, "false"),
-            Some(b'n') => self.literal(out, "null"),
+            Some(b'{') => self.object(depth + 1),
+            Some(b'[') => self.array(depth + 1),
+            Some(b'"') => self.string(false),
+            Some(b'-' | b'0'..=b'9') => self.number(),
+            Some(b't') => self.literal("true"),
+            Some(b'f') => self.literal("false"),
+            Some(b'n') => self.literal("null"),
             Some(_) => Err(self.invalid("expected a value")),
             None => Err(self.invalid("unexpected end of input")),
         }
     }
 
-    fn literal(&mut self, out: &mut String, word: &'static str) -> Result<(), FingerprintError> {
+    fn literal(&mut self, word: &'static str) -> Result<(), FingerprintError> {
         if self.input[self.pos..].starts_with(word.as_bytes()) {
             self.pos += word.len();
-            out.push_str(word);
+            self.out.text.extend_from_slice(word.as_bytes());
             Ok(())
         } else {
             Err(self.invalid("expected true, false or null"))
         }
     }
 
-    fn array(&mut self, out: &mut String, depth: usize) -> Result<(), FingerprintError> {
+    fn array(&mut self, depth: usize) -> Result<(), FingerprintError> {
         if depth > MAX_DEPTH {
             return Err(FingerprintError::TooDeep);
         }
         self.pos += 1; // '['
-        out.push('[');
+        self.out.text.push(b'[');
         self.skip_whitespace();
         if self.peek() == Some(b']') {
             self.pos += 1;
-            out.push(']');
+            self.out.text.push(b']');
             return Ok(());
         }
         loop {
             self.skip_whitespace();
-            self.value(out, depth)?;
+            self.value(depth)?;
             self.skip_whitespace();
             match self.peek() {
                 Some(b',') => {
                     self.pos += 1;
-                    out.push(',');
+                    self.out.text.push(b',');
                 }
                 Some(b']') => {
                     self.pos += 1;
-                    out.push(']');
+                    self.out.text.push(b']');
                     return Ok(());
                 }
                 _ => return Err(self.invalid("expected ',' or ']' in an array")),
@@ -198,12 +390,16 @@ impl Parser<'_> {
         }
     }
 
-    fn object(&mut self, out: &mut String, depth: usize) -> Result<(), FingerprintError> {
+    fn object(&mut self, depth: usize) -> Result<(), FingerprintError> {
         if depth > MAX_DEPTH {
             return Err(FingerprintError::TooDeep);
         }
         self.pos += 1; // '{'
-        let mut members: Vec<(String, String)> = Vec::new();
+        let mark = self.out.marks.len();
+        let at = self.out.text.len();
+        self.out.marks.push(Mark::Object { at, end: at, members: 0..0, next: mark + 1 });
+        let open_from = self.open.len();
+        let keys_from = self.keys.len();
         self.skip_whitespace();
         if self.peek() == Some(b'}') {
             self.pos += 1;
@@ -213,13 +409,18 @@ impl Parser<'_> {
                 if self.peek() != Some(b'"') {
                     return Err(self.invalid("expected a string key in an object"));
                 }
-                let key = self.string()?;
+                let text_from = self.out.text.len();
+                let marks_from = self.out.marks.len();
+                let key_from = self.keys.len();
+                self.string(true)?;
+                let key = key_from..self.keys.len();
                 self.skip_whitespace();
                 self.expect(b':', "expected ':' after an object key")?;
+                self.out.text.push(b':');
                 self.skip_whitespace();
-                let mut value = String::new();
-                self.value(&mut value, depth)?;
-                members.push((key, value));
+                self.value(depth)?;
+                let (text, marks) = (text_from..self.out.text.len(), marks_from..self.out.marks.len());
+                self.open.push(Member { key, text, marks, keep: true });
                 self.skip_whitespace();
                 match self.peek() {
                     Some(b',') => self.pos += 1,
@@ -232,29 +433,41 @@ impl Parser<'_> {
             }
         }
         // A stable sort keeps duplicates in input order; the last of each run wins, as in jsonb.
-        members.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
-        out.push('{');
-        let mut first = true;
-        for (i, (key, value)) in members.iter().enumerate() {
-            if members.get(i + 1).is_some_and(|next| next.0 == *key) {
-                continue;
+        let keys = &self.keys;
+        let members = &mut self.open[open_from..];
+        members.sort_by(|a, b| keys[a.key.clone()].cmp(&keys[b.key.clone()]));
+        for i in 1..members.len() {
+            if keys[members[i - 1].key.clone()] == keys[members[i].key.clone()] {
+                members[i - 1].keep = false;
             }
-            if !first {
-                out.push(',');
-            }
-            first = false;
-            write_string(out, key);
-            out.push(':');
-            out.push_str(value);
         }
-        out.push('}');
+        // This object's keys (and its closed children's) are the last ones: no longer needed.
+        self.keys.truncate(keys_from);
+        let first = self.out.members.len();
+        self.out.members.extend(self.open.drain(open_from..));
+        let end = self.out.text.len();
+        self.out.marks[mark] = Mark::Object { at, end, members: first..self.out.members.len(), next: self.out.marks.len() };
         Ok(())
     }
 
-    /// A string token, decoded. The cursor is on the opening quote.
-    fn string(&mut self) -> Result<String, FingerprintError> {
+    /// A string token, decoded into `scratch`, then written as serde_json escapes it (and, for a
+    /// key, kept decoded for sorting). The cursor is on the opening quote.
+    fn string(&mut self, key: bool) -> Result<(), FingerprintError> {
+        let mut s = std::mem::take(&mut self.scratch);
+        s.clear();
+        let decoded = self.decode_string(&mut s);
+        let written = decoded.and_then(|()| {
+            serde_json::to_writer(&mut self.out.text, s.as_str()).map_err(|e| FingerprintError::Serialize(e.to_string()))
+        });
+        if key {
+            self.keys.extend_from_slice(s.as_bytes());
+        }
+        self.scratch = s;
+        written
+    }
+
+    fn decode_string(&mut self, s: &mut String) -> Result<(), FingerprintError> {
         self.pos += 1;
-        let mut s = String::new();
         loop {
             let start = self.pos;
             while let Some(b) = self.peek() {
@@ -268,18 +481,17 @@ impl Parser<'_> {
             match self.peek() {
                 Some(b'"') => {
                     self.pos += 1;
-                    return Ok(s);
+                    return Ok(());
                 }
                 Some(b'\\') => {
                     self.pos += 1;
-                    self.escape(&mut s)?;
+                    self.escape(s)?;
                 }
                 Some(_) => return Err(self.invalid("control character in a string")),
                 None => return Err(self.invalid("unterminated string")),
             }
         }
     }
-
     fn escape(&mut self, s: &mut String) -> Result<(), FingerprintError> {
         let c = self.peek().ok_or_else(|| self.invalid("unterminated escape"))?;
         self.pos += 1;
@@ -328,35 +540,36 @@ impl Parser<'_> {
         Ok(v)
     }
 
-    /// A number token, written as its exact value in plain decimal.
-    fn number(&mut self, out: &mut String) -> Result<(), FingerprintError> {
+    /// A number token, written as its exact value in plain decimal. Its length is computed, and
+    /// charged to the budget, before a digit is written.
+    fn number(&mut self) -> Result<(), FingerprintError> {
         let negative = self.peek() == Some(b'-');
         if negative {
             self.pos += 1;
         }
-        // All significant digits, integer part then fraction; value = digits × 10^exponent.
-        let mut digits = Vec::new();
+        // The significant digits are the integer part then the fraction:
+        // value = digits × 10^exponent.
         let int_start = self.pos;
-        while let Some(d @ b'0'..=b'9') = self.peek() {
-            digits.push(d);
+        while let Some(b'0'..=b'9') = self.peek() {
             self.pos += 1;
         }
-        let int_len = self.pos - int_start;
-        if int_len == 0 || (int_len > 1 && self.input[int_start] == b'0') {
+        let int = int_start..self.pos;
+        if int.is_empty() || (int.len() > 1 && self.input[int_start] == b'0') {
             return Err(self.invalid("invalid number"));
         }
+        let mut frac = self.pos..self.pos;
         let mut exponent: i64 = 0;
         if self.peek() == Some(b'.') {
             self.pos += 1;
             let frac_start = self.pos;
-            while let Some(d @ b'0'..=b'9') = self.peek() {
-                digits.push(d);
+            while let Some(b'0'..=b'9') = self.peek() {
                 self.pos += 1;
             }
             if self.pos == frac_start {
                 return Err(self.invalid("invalid number"));
             }
-            exponent = -((self.pos - frac_start) as i64);
+            frac = frac_start..self.pos;
+            exponent = -(frac.len() as i64);
         }
         if matches!(self.peek(), Some(b'e' | b'E')) {
             self.pos += 1;
@@ -385,58 +598,87 @@ impl Parser<'_> {
         }
         let token_len = self.pos - int_start + usize::from(negative);
 
-        // Strip leading and trailing zeros of the significand.
-        let first = digits.iter().position(|&d| d != b'0');
-        let Some(first) = first else {
-            out.push('0');
+        // Strip leading and trailing zeros of the significand (digit i of int ++ frac).
+        let input = self.input;
+        let digits = Digits { int: &input[int], frac: &input[frac] };
+        let Some(first) = (0..digits.len()).find(|&i| digits.at(i) != b'0') else {
+            self.out.text.push(b'0');
             return Ok(());
         };
-        let last = digits.iter().rposition(|&d| d != b'0').unwrap_or(first);
+        let last = (first..digits.len()).rev().find(|&i| digits.at(i) != b'0').unwrap_or(first);
         exponent = exponent.saturating_add((digits.len() - 1 - last) as i64);
-        let sig = &digits[first..=last];
+        let sig_len = (last + 1 - first) as i64;
 
-        let sig_len = sig.len() as i64;
-        let plain_len = if exponent >= 0 {
+        // The written length, sign included (the token's length includes it too).
+        let plain_len = i64::from(negative).saturating_add(if exponent >= 0 {
             sig_len.saturating_add(exponent)
         } else if sig_len + exponent > 0 {
             sig_len + 1
         } else {
             2i64.saturating_add(exponent.saturating_neg())
-        };
+        });
         let growth = usize::try_from(plain_len).unwrap_or(usize::MAX).saturating_sub(token_len);
         if growth > self.budget {
-            return Err(FingerprintError::TooLarge);
+            let text_len = self.input.len();
+            return Err(FingerprintError::TooLarge { text_len, limit: max_canonical_len(text_len) });
         }
         self.budget -= growth;
 
+        // Within the budget, every count below fits in usize.
         if negative {
-            out.push('-');
+            self.out.text.push(b'-');
         }
-        let sig = std::str::from_utf8(sig).map_err(|_| self.invalid("invalid number"))?;
         if exponent >= 0 {
-            out.push_str(sig);
-            out.extend(std::iter::repeat_n('0', exponent as usize));
+            digits.write(&mut self.out.text, first..last + 1);
+            self.zeros(exponent as usize);
         } else {
             let point = sig_len + exponent; // digits before the decimal point
             if point > 0 {
-                out.push_str(&sig[..point as usize]);
-                out.push('.');
-                out.push_str(&sig[point as usize..]);
+                let point = first + point as usize;
+                digits.write(&mut self.out.text, first..point);
+                self.out.text.push(b'.');
+                digits.write(&mut self.out.text, point..last + 1);
             } else {
-                out.push_str("0.");
-                out.extend(std::iter::repeat_n('0', (-point) as usize));
-                out.push_str(sig);
+                self.out.text.extend_from_slice(b"0.");
+                self.zeros(point.unsigned_abs() as usize);
+                digits.write(&mut self.out.text, first..last + 1);
             }
         }
         Ok(())
     }
+
+    /// `count` zeros: written now when few, else marked and written at emission.
+    fn zeros(&mut self, count: usize) {
+        if count <= INLINE_ZEROS {
+            self.out.text.resize(self.out.text.len() + count, b'0');
+        } else {
+            self.out.marks.push(Mark::Zeros { at: self.out.text.len(), count });
+        }
+    }
 }
 
-fn write_string(out: &mut String, s: &str) {
-    // serde_json's escaping, by construction: serialising a &str cannot fail.
-    match serde_json::to_string(s) {
-        Ok(quoted) => out.push_str(&quoted),
-        Err(_) => unreachable!("serialising a string to JSON cannot fail"),
+/// A number's digits before and after its decimal point, read as one string.
+struct Digits<'a> {
+    int: &'a [u8],
+    frac: &'a [u8],
+}
+
+impl Digits<'_> {
+    fn len(&self) -> usize {
+        self.int.len() + self.frac.len()
+    }
+
+    fn at(&self, i: usize) -> u8 {
+        match self.int.get(i) {
+            Some(&d) => d,
+            None => self.frac[i - self.int.len()],
+        }
+    }
+
+    fn write(&self, out: &mut Vec<u8>, range: Range<usize>) {
+        let split = self.int.len();
+        out.extend_from_slice(&self.int[range.start.min(split)..range.end.min(split)]);
+        out.extend_from_slice(&self.frac[range.start.max(split) - split..range.end.max(split) - split]);
     }
 }
 
@@ -516,13 +758,144 @@ mod tests {
     }
 
     #[test]
-    fn limits_are_errors_not_crashes() {
+    fn nesting_deeper_than_the_limit_is_an_error_not_a_crash() {
         let deep = "[".repeat(MAX_DEPTH + 1) + &"]".repeat(MAX_DEPTH + 1);
         assert_eq!(canonical_json(&deep), Err(FingerprintError::TooDeep));
         let ok = "[".repeat(MAX_DEPTH) + &"]".repeat(MAX_DEPTH);
         assert!(canonical_json(&ok).is_ok());
-        assert_eq!(canonical_json("1e999999999999999999999"), Err(FingerprintError::TooLarge));
-        assert_eq!(canonical_json("1e-999999999999999999999"), Err(FingerprintError::TooLarge));
-        assert_eq!(canon("1e1000").len(), 1001);
+        let deep = "{\"a\":".repeat(MAX_DEPTH + 1) + "1" + &"}".repeat(MAX_DEPTH + 1);
+        assert_eq!(canonical_json(&deep), Err(FingerprintError::TooDeep));
+    }
+
+    fn too_large(text: &str) -> FingerprintError {
+        FingerprintError::TooLarge { text_len: text.len(), limit: 16 * text.len() + 32768 }
+    }
+
+    #[test]
+    fn the_bound_is_16_bytes_per_byte_plus_32_kib() {
+        assert_eq!(max_canonical_len(0), 32768);
+        assert_eq!(max_canonical_len(1 << 20), (16 << 20) + 32768);
+        assert_eq!(max_canonical_len(usize::MAX), usize::MAX);
+        let e = too_large("1e60000000");
+        assert_eq!(
+            e.to_string(),
+            "request's canonical form would exceed 32928 bytes, the limit for a 10-byte text \
+             (16 bytes per byte plus 32768): its numbers' exponents write out too many digits"
+        );
+    }
+
+    #[test]
+    fn adversarial_numbers_are_refused_before_they_are_written() {
+        for text in [
+            "1e60000000",
+            "-1e-60000000",
+            "1.5e999999999",
+            "{\"a\":1e60000000}",
+            "1e999999999999999999999",
+            "1e-999999999999999999999",
+            "[0.1e-99999999999999999999999999999999]",
+        ] {
+            assert_eq!(canonical_json(text), Err(too_large(text)), "{text}");
+            assert_eq!(Fingerprint::of_json_text(text), Err(too_large(text)), "{text}");
+        }
+        // Zeros never count, however written.
+        assert_eq!(canon("0e999999999999999999999"), "0");
+        assert_eq!(canon("-0.000e-60000000"), "0");
+    }
+
+    #[test]
+    fn the_edge_of_the_bound_on_both_sides() {
+        // 1eN is N+1 digits from a 2+digits(N)-byte text.
+        let edge = max_canonical_len(7) - 1; // 32879: a 7-byte text, exactly the limit
+        let at = format!("1e{edge}");
+        assert_eq!(canon(&at).len(), max_canonical_len(at.len()));
+        let over = format!("1e{}", edge + 1);
+        assert_eq!(canonical_json(&over), Err(too_large(&over)));
+        // The same in a document, a negative exponent: "[-0.", N-1 zeros, "1]" from "[-1e-N]".
+        let fits = |e: usize| {
+            let t = format!("[-1e-{e}]");
+            (t.clone(), e + 5 <= max_canonical_len(t.len()))
+        };
+        let mut e = 30000;
+        while fits(e + 1).1 {
+            e += 1;
+        }
+        let (at, _) = fits(e);
+        assert_eq!(canon(&at).len(), max_canonical_len(at.len()), "{at}");
+        let (over, _) = fits(e + 1);
+        assert_eq!(canonical_json(&over), Err(too_large(&over)));
+        // A long text may carry a proportionally long number: 16 bytes per byte.
+        let pad = "x".repeat(100_000);
+        let allowed = format!("[\"{pad}\",1e1500000]");
+        assert_eq!(canon(&allowed).len(), pad.len() + 3 + 1_500_001 + 2);
+        let refused = format!("[\"{pad}\",1e1700000]");
+        assert_eq!(canonical_json(&refused), Err(too_large(&refused)));
+    }
+
+    #[test]
+    fn many_numbers_share_one_bound() {
+        // Each alone is allowed; together they exceed the document's bound.
+        assert_eq!(canon("[1e30000]").len(), 30003);
+        assert_eq!(canonical_json("[1e30000,1e30000]"), Err(too_large("[1e30000,1e30000]")));
+        // 1e90 grows by 87 bytes from 5 (with its comma): more than 15 per byte, so enough of
+        // them exceed the bound, each near its own share.
+        let many = format!("[{}]", vec!["1e90"; 10_000].join(","));
+        assert_eq!(canonical_json(&many), Err(too_large(&many)));
+        // 1e60 grows by 57: within 15 per byte, so any number of them is allowed.
+        let many = format!("[{}]", vec!["1e60"; 100_000].join(","));
+        assert_eq!(canon(&many).len(), 2 + 100_000 * 61 + 99_999);
+        // f64 in any spelling: at most 326 digits each.
+        assert_eq!(canon("[5e-324]").len(), 2 + 2 + 323 + 1);
+        // 200 of the longest doubles in 3 kB are allowed (64 kB written out); 2,000 are not.
+        let doubles = format!("[{}]", vec!["1.7976931348623157e308,5e-324"; 100].join(","));
+        assert_eq!(canon(&doubles).len(), 2 + 100 * (309 + 1 + 326) + 99);
+        let doubles = format!("[{}]", vec!["1.7976931348623157e308,5e-324"; 1000].join(","));
+        assert_eq!(canonical_json(&doubles), Err(too_large(&doubles)));
+    }
+
+    #[test]
+    fn long_digit_strings_are_copied_not_expanded() {
+        let digits = "123456789".repeat(100_000);
+        assert_eq!(canon(&digits), digits);
+        let fraction = format!("0.{}1", "0".repeat(1_000_000));
+        assert_eq!(canon(&fraction), fraction);
+        let trailing = format!("1.{}", "0".repeat(1_000_000));
+        assert_eq!(canon(&trailing), "1");
+        let shifted = format!("{digits}e-900000");
+        assert_eq!(canon(&shifted), format!("0.{digits}"));
+        let shifted = format!("{digits}e-899999");
+        assert_eq!(canon(&shifted), format!("1.{}", &digits[1..]));
+    }
+
+    #[test]
+    fn nested_objects_are_sorted_at_every_level_with_their_numbers_in_place() {
+        let text = r#"{"b": {"d": 1e40, "c": [1e-40, {"f": 2, "e": 1e33}]}, "a": -1.5e34, "b": {"y": 1e35, "x": {}}}"#;
+        let want = format!(
+            r#"{{"a":-15{},"b":{{"x":{{}},"y":1{}}}}}"#,
+            "0".repeat(33),
+            "0".repeat(35)
+        );
+        assert_eq!(canon(text), want);
+        // The dropped duplicate's numbers and objects are not written.
+        assert!(!canon(text).contains("\"d\""));
+        let text = r#"[{"z": 1e50, "a": [{"k": 1e-45, "j": 0}]}, 7e40]"#;
+        let want = format!(r#"[{{"a":[{{"j":0,"k":0.{}1}}],"z":1{}}},7{}]"#, "0".repeat(44), "0".repeat(50), "0".repeat(40));
+        assert_eq!(canon(text), want);
+    }
+
+    #[test]
+    fn the_hash_of_the_written_form_equals_the_streamed_hash() {
+        let long_zeros = format!("{{\"b\": [1e20000, {{\"y\": 1e-9000, \"x\": \"{}\"}}], \"a\": 1e100}}", "é\\n".repeat(5000));
+        for text in [r#"{"b": 1, "a": [1, 2.50, {"d": null, "c": "\u00e9"}]}"#, "1e30000", long_zeros.as_str(), "[]", "\"\""] {
+            let streamed = Fingerprint::of_json_text(text).unwrap();
+            assert_eq!(streamed, Fingerprint::of_bytes(canon(text).as_bytes()), "{}", &text[..text.len().min(40)]);
+        }
+    }
+
+    #[test]
+    fn strings_never_grow() {
+        // Every escape, raw unicode and surrogate pairs: the canonical form is never longer.
+        let text = format!("\"{}\"", r#"\n\u00e9\"\\\/\ud83d\ude00\u001f é😀"#.repeat(10_000));
+        assert!(canon(&text).len() <= text.len());
     }
 }

@@ -1,7 +1,8 @@
 //! Fingerprints pinned across versions: each expected value below was computed by the
-//! canonicaliser of 0.5.0 (before the canonical form was bounded by its input's length) and
-//! committed unchanged, so an upgrade keeps the fingerprint of every key in flight. Numbers with
-//! large but allowed exponents are among them.
+//! canonicaliser of 0.5.0 (before the canonical form was bounded by its input's length, and
+//! before it was rewritten to cost time and memory linear in it) and committed unchanged, so an
+//! upgrade keeps the fingerprint of every key in flight. Numbers with large exponents that the
+//! bound still allows are among them, one exactly at the bound.
 
 use idempotency_core::fingerprint::{canonical_json, Fingerprint};
 
@@ -14,6 +15,8 @@ enum Input {
     PaddedExponents,
     /// Every escape, 100 times.
     Escapes,
+    /// A 100,000-byte string and a number of 1,500,001 digits.
+    LongPadded,
     /// 1,024 nested objects, the deepest allowed.
     DeepObject,
     /// 1,024 nested arrays.
@@ -33,6 +36,7 @@ impl Input {
                 let esc = "\\n\\u00e9\\\"\\\\\\/\\ud83d\\ude00\\u001f".repeat(100);
                 format!(r#"{{"s": "{esc}", "k\u0000": [true, false, null, {{}}, []]}}"#)
             }
+            Input::LongPadded => format!(r#"{{"pad": "{}", "n": 1e1500000, "m": -3e-20000}}"#, "x".repeat(100_000)),
             Input::DeepObject => "{\"a\":".repeat(1024) + "1" + &"}".repeat(1024),
             Input::DeepArray => "[".repeat(1024) + &"]".repeat(1024),
         }
@@ -55,8 +59,11 @@ const PINNED: &[(Input, usize, &str)] = &[
     (Input::Text("1e5000"), 5001, "d4e22924ae5b055f946dfeea48d109a17a5aa86b2edbc2340fcdb5361c19ed90"),
     (Input::Text("-1.5e-5000"), 5004, "b17415a5d89693193699030cee474ca874525d3861021ce4f5bca131f36dc0f9"),
     (Input::Text("9.99e999"), 1000, "6aa5668b789a16432c4a6f95a1d6c3ffcc1d1a117e1bf7626790f0fe572ec7ca"),
-    (Input::Text("1e60000"), 60001, "919be650c1a5c74da675c88fdfa813a58f32c27ec3928400a0ff832775995fde"),
-    (Input::Text("-7e-60000"), 60003, "9fdad07d6926abfe3724accd6e16652d241665a5acd07d4c4beed10a8150a995"),
+    (Input::Text("1e30000"), 30001, "4fdac3d4c34b0d1632fcb653b932a4d74da047a0714152d52dc368a705fa6b34"),
+    (Input::Text("-7e-30000"), 30003, "ea602ff5c08fe1c00311dd144133af40a915f64092f6ad69ab9d4756bec2bfd6"),
+    // Exactly at the bound: 16 × 7 + 32768 bytes.
+    (Input::Text("1e32879"), 32880, "6199e2237f2c9c891a0c46400d02741b04c867b7b4240bd52cd9be0288bca311"),
+    (Input::LongPadded, 1620024, "c81b6ef7b90c65c3781c9ffaa87bc1b19f9a62ba11ee078cfeeadf8c024e777b"),
     (Input::Text("[1e300, 1e-300, 5e-324, 1.7976931348623157e308]"), 1243, "600b2c439db608cd1cfb13ea0d2c85c30d33d00ec078edcf66e9e553b8f219fb"),
     (Input::ManyExponents, 40793, "a88b1ff50eb7d520bb9cfce575aceac02342d11331da8775c0713b9a5db7d0f0"),
     (Input::PaddedExponents, 15025, "64afa2c1559fbb827854fc74517b620daeb6f268ed8e7de9665b37d6cbae322c"),
