@@ -166,5 +166,5 @@ pub use idempotency_core::{Decision, Fingerprint, FingerprintError, Key, KeyErro
 pub use one_statement::OneStatement;
 pub use outcome::{decision, Outcome};
 pub use response::{Body, Json, Replayable, StoredResponse, Verdict};
-pub use settings::{Isolation, Settings};
+pub use settings::{Elapsed, Isolation, Settings};
 pub use sql::Schema;

@@ -60,6 +60,45 @@ pub struct Settings {
     /// `run_external` and the layer (None, the default: every call goes to the database). See
     /// [`ReplayCache`] for what it trades.
     pub replay_cache: Option<ReplayCache>,
+    /// The deadline of every call of the handle (`run`, `run_batch`, `run_statement`,
+    /// `check_extension`, `schema`, and the layer's calls): when it passes, the call ends in
+    /// [`crate::Error::StoreUnavailable`] whose source is an [`crate::Elapsed`] naming this
+    /// setting, and its future is dropped (a connection dropped mid-request is closed, so the
+    /// server rolls its transaction back and the key is free again). For `run` it covers your
+    /// closure too. `run_external` (and the layer's two-phase mode) does not cut the outside call
+    /// once it started: the bound applies to the database steps before it, and afresh to those
+    /// after it ended. Default 30 s: longer than any call on a healthy store with the other
+    /// defaults (a pool wait and a connect of 5 s each, a few round trips), shorter than an
+    /// HTTP client's usual patience; `None` waits as long as the server and the network let it
+    /// (see [`Settings::keepalives_idle`]).
+    pub call_timeout: Option<Duration>,
+    /// For a pool made by a constructor ([`crate::Idempotency::connect_with`], `connect_sqlx_with`):
+    /// how long a call waits for a free connection when every one is busy, then
+    /// [`crate::Error::StoreUnavailable`]. Default 5 s.
+    pub pool_timeout: Duration,
+    /// For a pool made by a constructor: how long opening a connection may take (the URL's
+    /// `connect_timeout`, in seconds, when it names one), then
+    /// [`crate::Error::StoreUnavailable`]. Default 5 s. The sqlx driver bounds the wait for a
+    /// connection and the opening of one together: its pool's acquire timeout is the sum of this
+    /// and [`Settings::pool_timeout`].
+    pub connect_timeout: Duration,
+    /// For a pool made by the tokio-postgres constructor: TCP keepalives on its connections,
+    /// the first probe after this much silence, then every 10 s, and 3 unanswered probes close
+    /// the connection (so a server that stopped answering at the TCP level is noticed 90 s
+    /// after the silence began, even in the middle of a call). The URL's `keepalives` (0 or 1),
+    /// `keepalives_idle`, `keepalives_interval` and `keepalives_retries` (seconds, counts), when
+    /// it names them, win. `None`: no keepalives. Default 60 s. The sqlx driver opens its
+    /// sockets itself and has no keepalive option: this setting does not apply to it, and a URL
+    /// naming keepalives is refused with [`crate::Error::Configuration`] (its calls are bounded
+    /// by [`Settings::call_timeout`]).
+    pub keepalives_idle: Option<Duration>,
+    /// For a pool made by a constructor (either driver): the server's `statement_timeout` on
+    /// its connections, sent when connecting (`-c statement_timeout=..`), which bounds every
+    /// statement (yours in a closure included): the server cancels one that runs longer, and
+    /// the call fails with its error (SQLSTATE 57014). A URL whose `options` set
+    /// `statement_timeout` wins. Default `None`: the server's own setting (0, no bound, unless
+    /// configured there).
+    pub statement_timeout: Option<Duration>,
 }
 
 impl Default for Settings {
@@ -74,6 +113,11 @@ impl Default for Settings {
             serialization_retries: 5,
             isolation: None,
             replay_cache: None,
+            call_timeout: Some(DEFAULT_CALL_TIMEOUT),
+            pool_timeout: DEFAULT_POOL_TIMEOUT,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            keepalives_idle: Some(DEFAULT_KEEPALIVES_IDLE),
+            statement_timeout: None,
         }
     }
 }
@@ -145,24 +189,119 @@ impl Settings {
         self.replay_cache = Some(cache);
         self
     }
+
+    /// See [`Settings::call_timeout`] (`None`: no deadline).
+    pub fn call_timeout(mut self, deadline: Option<Duration>) -> Self {
+        self.call_timeout = deadline;
+        self
+    }
+
+    /// See [`Settings::pool_timeout`].
+    pub fn pool_timeout(mut self, wait: Duration) -> Self {
+        self.pool_timeout = wait;
+        self
+    }
+
+    /// See [`Settings::connect_timeout`].
+    pub fn connect_timeout(mut self, bound: Duration) -> Self {
+        self.connect_timeout = bound;
+        self
+    }
+
+    /// See [`Settings::keepalives_idle`] (`None`: no keepalives).
+    pub fn keepalives_idle(mut self, idle: Option<Duration>) -> Self {
+        self.keepalives_idle = idle;
+        self
+    }
+
+    /// See [`Settings::statement_timeout`] (`None`: the server's setting).
+    pub fn statement_timeout(mut self, bound: Option<Duration>) -> Self {
+        self.statement_timeout = bound;
+        self
+    }
 }
 
 /// The lease `run_external` sends when [`Settings::lease`] is not set.
 pub(crate) const DEFAULT_EXTERNAL_LEASE: Duration = Duration::from_secs(60);
 
-/// The bound of every wait of a pool made by the convenience constructors
-/// ([`crate::Idempotency::connect`], `connect_sqlx`): for a free connection, to connect, to
-/// recycle.
-#[cfg_attr(not(any(feature = "postgres", feature = "sqlx")), allow(dead_code))]
-pub(crate) const POOL_TIMEOUT: Duration = Duration::from_secs(5);
+/// [`Settings::call_timeout`]'s default.
+pub(crate) const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(30);
+/// [`Settings::pool_timeout`]'s default.
+pub(crate) const DEFAULT_POOL_TIMEOUT: Duration = Duration::from_secs(5);
+/// [`Settings::connect_timeout`]'s default.
+pub(crate) const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// [`Settings::keepalives_idle`]'s default.
+pub(crate) const DEFAULT_KEEPALIVES_IDLE: Duration = Duration::from_secs(60);
+/// The keepalive probes after the idle time, unless the URL says otherwise: one every
+/// `KEEPALIVES_INTERVAL`, the connection closed after `KEEPALIVES_RETRIES` unanswered ones.
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+pub(crate) const KEEPALIVES_INTERVAL: Duration = Duration::from_secs(10);
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+pub(crate) const KEEPALIVES_RETRIES: u32 = 3;
 
 impl Settings {
-    /// What a constructor checks before it builds a pool: a configured schema name is valid.
+    /// What a constructor checks before it builds a pool: a configured schema name is valid,
+    /// and no bound is zero (a zero wait would fail every call).
     #[cfg_attr(not(any(feature = "postgres", feature = "sqlx")), allow(dead_code))]
     pub(crate) fn check(&self) -> Result<(), crate::error::Error> {
+        let bounds = [
+            ("call_timeout", self.call_timeout),
+            ("pool_timeout", Some(self.pool_timeout)),
+            ("connect_timeout", Some(self.connect_timeout)),
+            ("keepalives_idle", self.keepalives_idle),
+            ("statement_timeout", self.statement_timeout),
+        ];
+        for (name, bound) in bounds {
+            if bound.is_some_and(|d| d.is_zero()) {
+                return Err(crate::error::Error::Configuration {
+                    reason: format!("Settings::{name} must be longer than zero (None, where it is an Option, turns it off)"),
+                    source: None,
+                });
+            }
+        }
         match &self.schema {
             Some(name) => crate::sql::Schema::named(name.as_str()).map(drop),
             None => Ok(()),
         }
     }
 }
+
+/// Which bound of the [`Settings`] fired: the source of the [`crate::Error::StoreUnavailable`]
+/// a call ends with when its [`Settings::call_timeout`] passes (downcast it from the error's
+/// `source()`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Elapsed {
+    setting: &'static str,
+    limit: Duration,
+    call: &'static str,
+}
+
+impl Elapsed {
+    pub(crate) fn call_timeout(call: &'static str, limit: Duration) -> Self {
+        Elapsed { setting: "call_timeout", limit, call }
+    }
+
+    /// The setting whose bound fired (`"call_timeout"`).
+    pub fn setting(&self) -> &'static str {
+        self.setting
+    }
+
+    /// The bound.
+    pub fn limit(&self) -> Duration {
+        self.limit
+    }
+
+    /// The call it cut (`"run"`, `"run_batch"`, `"run_statement"`, `"run_external"`,
+    /// `"check_extension"`, `"schema"`).
+    pub fn call(&self) -> &'static str {
+        self.call
+    }
+}
+
+impl std::fmt::Display for Elapsed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} did not end within Settings::{} ({:?}); it was abandoned", self.call, self.setting, self.limit)
+    }
+}
+
+impl std::error::Error for Elapsed {}

@@ -45,8 +45,11 @@ impl<D: Driver> Idempotency<D> {
         for item in items {
             Key::new(operation, user_id, item.key.as_str())?;
         }
-        let schema = self.schema().await.map_err(Error::widen)?;
-        let out = flow::batch::run(&self.context(&schema), operation, user_id, items, work).await;
+        let call = async {
+            let schema = self.resolve_schema().await.map_err(Error::widen)?;
+            flow::batch::run(&self.context(&schema), operation, user_id, items, work).await
+        };
+        let out = super::deadline::bounded("run_batch", self.settings().call_timeout, call).await;
         // The batch functions came with 0.4.0: against an older extension (which the other
         // flows speak) say so, naming the installed version, not "not installed".
         if let Err(Error::IncompatibleExtension { source, .. }) = out {

@@ -3,6 +3,7 @@
 //! in their modules; the constructors of each driver's handle in `postgres` and `sqlx`).
 
 mod batch;
+mod deadline;
 mod one_statement;
 #[cfg(feature = "postgres")]
 mod postgres;
@@ -29,9 +30,14 @@ use tokio::sync::OnceCell;
 /// connection is closed rather than returned mid-transaction, and the server rolls back).
 /// `run_external` holds none while the outside call runs: one for the reservation, one per
 /// heartbeat, one for the final transaction. When every connection is busy, a call waits for one
-/// at most the pool's wait timeout (5 s for a pool made by [`Idempotency::connect`]) and then
-/// fails with [`Error::StoreUnavailable`], whose source is the pool's timeout error; nothing was
-/// reserved, so the client's retry is safe.
+/// at most the pool's wait timeout ([`Settings::pool_timeout`], 5 s by default, for a pool made
+/// by [`Idempotency::connect`]) and then fails with [`Error::StoreUnavailable`], whose source is
+/// the pool's timeout error; nothing was reserved, so the client's retry is safe.
+///
+/// **The deadline.** Every call ends within [`Settings::call_timeout`] (30 s by default): one
+/// still running then is dropped and answers [`Error::StoreUnavailable`] whose source is an
+/// [`crate::Elapsed`]; its connection is closed, so the server rolls back what it had begun and
+/// the key is free for a retry. `run_external`'s outside call is not cut (see there).
 #[derive(Clone)]
 pub struct Idempotency<D: Driver = DefaultDriver> {
     driver: D,
@@ -70,6 +76,11 @@ impl<D: Driver> Idempotency<D> {
     /// The extension's schema: [`Settings::schema`], or looked up once in `pg_extension` (and
     /// its version checked) on first use.
     pub async fn schema(&self) -> Result<Schema, Error> {
+        deadline::bounded("schema", self.settings.call_timeout, self.resolve_schema()).await
+    }
+
+    /// [`Idempotency::schema`] without a deadline of its own, for the calls that have one.
+    async fn resolve_schema(&self) -> Result<Schema, Error> {
         self.schema
             .get_or_try_init(|| async {
                 match &self.settings.schema {
@@ -89,6 +100,10 @@ impl<D: Driver> Idempotency<D> {
     /// client speaks (0.1 up to its own); returns the version. [`Error::IncompatibleExtension`]
     /// otherwise. One lookup: a handle whose schema was not yet resolved keeps the one found.
     pub async fn check_extension(&self) -> Result<String, Error> {
+        deadline::bounded("check_extension", self.settings.call_timeout, self.check_extension_unbounded()).await
+    }
+
+    async fn check_extension_unbounded(&self) -> Result<String, Error> {
         let (installed_in, version) = flow::calls::installed(&self.driver).await?;
         crate::sql::check_version(&version)?;
         let schema = self
@@ -160,14 +175,14 @@ impl<D: Driver> Idempotency<D> {
         E: HandlerError + Send,
         F: for<'t> FnMut(&'t mut D::Tx) -> TxFuture<'t, T, E> + Send,
     {
-        crate::trace::call("run", key, async {
+        let call = async {
             if let Some(hit) = crate::cache::hit(self.settings.replay_cache.as_ref(), key, fingerprint) {
                 return hit;
             }
-            let schema = self.schema().await.map_err(Error::widen)?;
+            let schema = self.resolve_schema().await.map_err(Error::widen)?;
             flow::in_transaction::run(&self.context(&schema), key, fingerprint, work).await
-        })
-        .await
+        };
+        crate::trace::call("run", key, deadline::bounded("run", self.settings.call_timeout, call)).await
     }
 
     /// The two-phase flow, for a side effect outside the database: reserve (its own
@@ -185,6 +200,15 @@ impl<D: Driver> Idempotency<D> {
     /// still fails, the key is completed with `call`'s result on its own, so a retry replays it
     /// and never calls out again, and [`Error::RecordFailed`] hands you the result to reconcile
     /// your local state. The heartbeat stops on every exit path.
+    ///
+    /// [`Settings::call_timeout`] bounds the database steps before `call` (the schema lookup,
+    /// the reservation), and afresh those after it ended (release or `record` and completion,
+    /// with their retries); `call` itself, once started, is never cut (bound it yourself, e.g.
+    /// with `tokio::time::timeout`, and return a transient error). When the bound fires after
+    /// `call` succeeded, the key is left `PROCESSING` as a crash would leave it (never
+    /// released, so `call` is not made again for it): the answer is
+    /// [`Error::StoreUnavailable`], and the key is settled by `idem_recover_stuck` once its
+    /// lease has expired.
     pub async fn run_external<T, E, C, R>(
         &self,
         key: &Key,
@@ -198,14 +222,16 @@ impl<D: Driver> Idempotency<D> {
         C: std::future::Future<Output = Result<T, E>> + Send,
         R: for<'t> FnMut(&'t mut D::Conn, &'t T) -> TxFuture<'t, (), E> + Send,
     {
-        crate::trace::call("run_external", key, async {
+        let outside = deadline::Outside::default();
+        let call = outside.wrap(call);
+        let flow = async {
             if let Some(hit) = crate::cache::hit(self.settings.replay_cache.as_ref(), key, fingerprint) {
                 return hit;
             }
-            let schema = self.schema().await.map_err(Error::widen)?;
+            let schema = self.resolve_schema().await.map_err(Error::widen)?;
             flow::two_phase::run(&self.context(&schema), key, fingerprint, call, record).await
-        })
-        .await
+        };
+        crate::trace::call("run_external", key, deadline::around_outside("run_external", self.settings.call_timeout, outside, flow)).await
     }
 }
 

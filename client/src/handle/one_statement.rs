@@ -25,16 +25,17 @@ impl<D: Driver> Idempotency<D> {
     /// counted in a second request, as `run` counts a transient failure: [`Error::Handler`] with
     /// the database error, or [`Error::Poisoned`] when that was the key's `max_retries`-th.
     /// 40001 / 40P01 retry the statement without counting; a lost connection is
-    /// [`Error::StoreUnavailable`] (the statement may have committed: a retry replays it then).
+    /// [`Error::StoreUnavailable`] (the statement may have committed: a retry replays it then),
+    /// and so is a call cut by [`crate::Settings::call_timeout`].
     pub async fn run_statement<T>(&self, key: &Key, fingerprint: &Fingerprint, write: &OneStatement<'_>) -> Result<Outcome<T>, Error<DatabaseError>>
     where
         T: Replayable + Send,
     {
         write.check()?;
-        crate::trace::call("run_statement", key, async {
-            let schema = self.schema().await.map_err(Error::widen)?;
+        let call = async {
+            let schema = self.resolve_schema().await.map_err(Error::widen)?;
             flow::one_statement::run(&self.context(&schema), key, fingerprint, write).await
-        })
-        .await
+        };
+        crate::trace::call("run_statement", key, super::deadline::bounded("run_statement", self.settings().call_timeout, call)).await
     }
 }

@@ -21,11 +21,16 @@ impl Idempotency<Postgres> {
         Self::connect_with(url, pool_size, Settings::default())
     }
 
-    /// A pool of `pool_size` connections to `url` whose waits are bounded (5 s to get a
-    /// connection, to connect, to recycle), so an unreachable or exhausted store is a
-    /// [`Error::StoreUnavailable`] error, never a hang. Nothing is connected yet (call
-    /// [`Idempotency::check_extension`] to fail fast); a malformed URL or schema name is a
-    /// [`Error::Configuration`] error.
+    /// A pool of `pool_size` connections to `url` whose waits are bounded by `settings`
+    /// ([`Settings::pool_timeout`] for a free connection, [`Settings::connect_timeout`] to open
+    /// or recycle one, 5 s each by default; the URL's `connect_timeout` wins), with TCP
+    /// keepalives ([`Settings::keepalives_idle`]; the URL's `keepalives`, `keepalives_idle`,
+    /// `keepalives_interval`, `keepalives_retries` win) and, if set, a server
+    /// [`Settings::statement_timeout`] (a `statement_timeout` in the URL's `options` wins), so an
+    /// unreachable or exhausted store is a [`Error::StoreUnavailable`] error, never a hang; every
+    /// call is bounded besides by [`Settings::call_timeout`]. Nothing is connected yet (call
+    /// [`Idempotency::check_extension`] to fail fast); a malformed URL or schema name, or a zero
+    /// bound, is a [`Error::Configuration`] error.
     ///
     /// The URL's `sslmode` is honoured (`disable`, `prefer` — the default —, `require`,
     /// `verify-ca`, `verify-full`, with `sslrootcert`; see [`crate::tls`]): the encrypting modes
@@ -33,7 +38,7 @@ impl Idempotency<Postgres> {
     /// [`Error::Configuration`] error naming the feature.
     pub fn connect_with(url: &str, pool_size: usize, settings: Settings) -> Result<Self, Error> {
         settings.check()?;
-        Ok(Self::new(connect::pool(url, pool_size)?, settings))
+        Ok(Self::new(connect::pool(url, pool_size, &settings)?, settings))
     }
 
     /// The pool.

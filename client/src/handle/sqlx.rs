@@ -21,11 +21,19 @@ impl Idempotency<Sqlx> {
         Self::connect_sqlx_with(url, pool_size, Settings::default())
     }
 
-    /// A sqlx pool of `pool_size` connections to `url` whose waits are bounded (5 s to get a
-    /// connection, connecting included), so an unreachable or exhausted store is a
-    /// [`Error::StoreUnavailable`] error, never a hang. Nothing is connected yet (call
-    /// [`Idempotency::check_extension`] to fail fast); call it inside a tokio runtime. A
-    /// malformed URL or schema name is a [`Error::Configuration`] error. The URL is sqlx's URL
+    /// A sqlx pool of `pool_size` connections to `url` whose waits are bounded by `settings`:
+    /// sqlx bounds the wait for a free connection and the opening of a new one together, by
+    /// [`Settings::pool_timeout`] plus [`Settings::connect_timeout`] (10 s by default; the URL's
+    /// `connect_timeout`, in seconds, replaces the second), and a server
+    /// [`Settings::statement_timeout`] is sent when connecting if set (a `statement_timeout` in
+    /// the URL's `options` wins), so an unreachable or exhausted store is a
+    /// [`Error::StoreUnavailable`] error, never a hang; every call is bounded besides by
+    /// [`Settings::call_timeout`]. sqlx sets no TCP keepalive and has no option for one: a URL
+    /// naming `keepalives` (other than `keepalives=0`), `keepalives_idle`,
+    /// `keepalives_interval` or `keepalives_retries` is a [`Error::Configuration`] error. Nothing
+    /// is connected yet (call [`Idempotency::check_extension`] to fail fast); call it inside a
+    /// tokio runtime. A malformed URL or schema name, or a zero bound, is a
+    /// [`Error::Configuration`] error. The URL is sqlx's URL
     /// form (`postgres://...`; sqlx reads no key=value string), with one host: a host list
     /// (`postgresql://a,b/db`, for failover) is a [`Error::Configuration`] error naming the alternatives.
     ///
@@ -44,7 +52,7 @@ impl Idempotency<Sqlx> {
     /// `PGSSLKEY`) from the environment. `sslcert`, `sslkey` are refused, as for tokio-postgres.
     pub fn connect_sqlx_with(url: &str, pool_size: u32, settings: Settings) -> Result<Self, Error> {
         settings.check()?;
-        Ok(Self::from_sqlx(connect::pool(url, pool_size)?, settings))
+        Ok(Self::from_sqlx(connect::pool(url, pool_size, &settings)?, settings))
     }
 
     /// The pool.

@@ -1,17 +1,23 @@
 //! The sqlx pool a handle makes from a URL (`Idempotency::connect_sqlx_with`): one host, its
-//! TLS options read as the tokio-postgres pool reads them, every wait bounded by
-//! [`POOL_TIMEOUT`].
+//! TLS options read as the tokio-postgres pool reads them, its waits bounded and its
+//! `statement_timeout` set by the [`Settings`] where the URL does not name them. sqlx reads
+//! neither `connect_timeout` nor the keepalives: the first is taken out of the URL and read
+//! here, the others are refused (sqlx opens its sockets with no keepalive option).
 
 use crate::error::Error;
-use crate::settings::POOL_TIMEOUT;
+use crate::settings::Settings;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;
 use std::str::FromStr;
+use std::time::Duration;
+
+/// The keepalive options of libpq, which sqlx cannot honour.
+const KEEPALIVES: [&str; 4] = ["keepalives", "keepalives_idle", "keepalives_interval", "keepalives_retries"];
 
 /// A pool of `pool_size` connections to `url`, nothing connected yet (call it inside a tokio
-/// runtime); a malformed URL, a host list or an `sslmode` this build cannot honour is a
-/// [`Error::Configuration`] error.
-pub(crate) fn pool(url: &str, pool_size: u32) -> Result<PgPool, Error> {
+/// runtime); a malformed URL, a host list, an `sslmode` this build cannot honour or a
+/// keepalive option is a [`Error::Configuration`] error.
+pub(crate) fn pool(url: &str, pool_size: u32, settings: &Settings) -> Result<PgPool, Error> {
     use crate::tls::{RootCerts, SslMode, SslParams};
     use sqlx::postgres::PgSslMode;
     // A host list (failover) is refused with its reason, not sqlx's "invalid port number".
@@ -19,7 +25,8 @@ pub(crate) fn pool(url: &str, pool_size: u32) -> Result<PgPool, Error> {
     let ssl = SslParams::parse(url)
         .and_then(|ssl| ssl.check().map(|()| ssl))
         .map_err(|reason| Error::Configuration { reason, source: None })?;
-    let mut options = PgConnectOptions::from_str(&ssl.rest).map_err(|e| Error::Configuration {
+    let (rest, connect) = bounds(&ssl.rest, settings).map_err(|reason| Error::Configuration { reason, source: None })?;
+    let mut options = PgConnectOptions::from_str(&rest).map_err(|e| Error::Configuration {
         reason: format!("cannot read the connection URL: {e}"),
         source: Some(Box::new(e)),
     })?;
@@ -33,13 +40,48 @@ pub(crate) fn pool(url: &str, pool_size: u32) -> Result<PgPool, Error> {
     if let RootCerts::File(path) = &ssl.roots {
         options = options.ssl_root_cert(path);
     }
-    // No test on acquire: sqlx already checks every connection when it is given back.
+    if let Some(limit) = settings.statement_timeout {
+        if !options.get_options().unwrap_or("").contains("statement_timeout") {
+            options = options.options([("statement_timeout", limit.as_millis())]);
+        }
+    }
+    // No test on acquire: sqlx already checks every connection when it is given back. sqlx
+    // bounds the wait for a free connection and the opening of a new one together.
     let pool = PgPoolOptions::new()
         .max_connections(pool_size)
-        .acquire_timeout(POOL_TIMEOUT)
+        .acquire_timeout(settings.pool_timeout + connect)
         .test_before_acquire(false)
         .connect_lazy_with(options);
     Ok(pool)
+}
+
+/// The URL without `connect_timeout` (sqlx does not read it) and the bound of opening a
+/// connection: the URL's `connect_timeout` (whole seconds, as libpq reads it), else the
+/// settings'. A keepalive option other than `keepalives=0` is refused with its reason.
+fn bounds(url: &str, settings: &Settings) -> Result<(String, Duration), String> {
+    let Some((base, query)) = url.split_once('?') else { return Ok((url.to_owned(), settings.connect_timeout)) };
+    let mut connect = settings.connect_timeout;
+    let mut kept = Vec::new();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        if name == "connect_timeout" {
+            let secs: u64 = value.parse().map_err(|_| format!("connect_timeout must be a whole number of seconds, got {value:?}"))?;
+            // libpq: zero (or nothing) waits for ever; a bound is kept here, as for tokio-postgres.
+            if secs > 0 {
+                connect = Duration::from_secs(secs);
+            }
+        } else if KEEPALIVES.contains(&name) && !(name == "keepalives" && value == "0") {
+            return Err(format!(
+                "{name} is not supported by the sqlx driver: sqlx opens its connections with no TCP keepalive and has \
+                 no option for one; remove it (Settings::call_timeout bounds every call on a server that stopped \
+                 answering) or use the tokio-postgres driver (Idempotency::connect_with), which honours it"
+            ));
+        } else if name != "keepalives" {
+            kept.push(pair);
+        }
+    }
+    let rest = if kept.is_empty() { base.to_owned() } else { format!("{base}?{}", kept.join("&")) };
+    Ok((rest, connect))
 }
 
 #[cfg(test)]
@@ -50,7 +92,7 @@ mod tests {
 
     /// The configuration error's reason, or a panic naming what came instead.
     fn refusal(url: &str) -> String {
-        match pool(url, 1) {
+        match pool(url, 1, &Settings::default()) {
             Err(Error::Configuration { reason, .. }) => reason,
             Err(other) => panic!("{url}: not a configuration error: {other:?}"),
             Ok(_) => panic!("{url}: accepted"),
@@ -108,11 +150,41 @@ mod tests {
             ]);
         }
         for (url, mode) in cases {
-            let pool = pool(url, 1).unwrap_or_else(|e| panic!("{url}: {e:?}"));
+            let pool = pool(url, 1, &Settings::default()).unwrap_or_else(|e| panic!("{url}: {e:?}"));
             let options = pool.connect_options();
             // PgSslMode has no PartialEq: compared by name.
             let got = (format!("{:?}", options.get_ssl_mode()), options.get_host(), options.get_database());
             assert_eq!(got, (format!("{mode:?}"), "db", Some("x")), "{url}");
         }
+    }
+
+    #[tokio::test]
+    async fn the_bounds_are_the_urls_or_the_settings() {
+        let settings = Settings::builder()
+            .pool_timeout(Duration::from_secs(2))
+            .connect_timeout(Duration::from_secs(3))
+            .statement_timeout(Some(Duration::from_millis(1500)));
+        let p = pool("postgres://db/x?application_name=a", 1, &settings).expect("a pool");
+        assert_eq!(p.options().get_acquire_timeout(), Duration::from_secs(5));
+        assert_eq!(p.connect_options().get_options(), Some("-c statement_timeout=1500"));
+        // The URL's connect_timeout and statement_timeout win; keepalives=0 is what sqlx does.
+        let p = pool("postgres://db/x?connect_timeout=9&keepalives=0&options=-c%20statement_timeout%3D3s", 1, &settings).expect("a pool");
+        assert_eq!(p.options().get_acquire_timeout(), Duration::from_secs(11));
+        assert_eq!(p.connect_options().get_options(), Some("-c statement_timeout=3s"));
+        // The defaults: 5 s + 5 s, the server's statement_timeout.
+        let p = pool("postgres://db/x", 1, &Settings::default()).expect("a pool");
+        assert_eq!(p.options().get_acquire_timeout(), Duration::from_secs(10));
+        assert_eq!(p.connect_options().get_options(), None);
+    }
+
+    #[test]
+    fn keepalives_and_a_bad_connect_timeout_are_refused_by_name() {
+        for option in ["keepalives=1", "keepalives_idle=30", "keepalives_interval=5", "keepalives_retries=3"] {
+            let e = refusal(&format!("postgres://db/x?{option}"));
+            let name = option.split('=').next().unwrap_or_default();
+            assert!(e.starts_with(&format!("{name} is not supported by the sqlx driver")) && e.contains("call_timeout"), "{e}");
+        }
+        let e = refusal("postgres://db/x?connect_timeout=2.5");
+        assert!(e.starts_with("connect_timeout must be a whole number of seconds"), "{e}");
     }
 }
