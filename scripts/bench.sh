@@ -12,12 +12,17 @@ set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 mkdir -p target/bench
-bash scripts/setup.sh
 export PG_CONFIG=${PG_CONFIG:-$(scripts/pg-env.sh config "$(scripts/pg-env.sh default)")}
 major=$(scripts/pg-env.sh major "$PG_CONFIG")
-(cd extension && cargo pgrx install --release --pg-config "$PG_CONFIG" --no-default-features --features "pg$major") >target/bench/build.log 2>&1 \
+bash scripts/setup.sh --majors "$major"
+# The release build (fat LTO) that ships, in the major's build directory (the package layer's).
+(cd extension && CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$root/target/build-pg$major} \
+    cargo pgrx install --release --pg-config "$PG_CONFIG" --no-default-features --features "pg$major") >target/bench/build.log 2>&1 \
     || { tail -30 target/bench/build.log; exit 1; }
 cargo build --release -q -p idempotency-bench --bin bench >>target/bench/build.log 2>&1 || { tail -30 target/bench/build.log; exit 1; }
+# fsync on for every server of the benchmark (a test server runs with it off), so the figures are
+# a real server's; a cluster running without it is restarted.
+export IDEM_PG_DURABLE=1
 cargo run -q -p xtask -- pg start >/dev/null
 trap 'cargo run -q -p xtask -- pg stop' EXIT
 "$root/target/release/bench" "$@"

@@ -2,11 +2,22 @@
 # Installs what the tests, the demo and the benchmarks need, when it is missing; cheap when
 # everything is already there: Debian's PostgreSQL 15, a relocatable tree of every other supported
 # major (scripts/pg-env.sh), cargo-pgrx registered with all of them, pgspot, psycopg. Debian 12, as root.
+#
+#   scripts/setup.sh                  every supported major
+#   scripts/setup.sh --majors "15"    only these majors' PostgreSQL (the demo: Debian's 15, no
+#                                     download); pgrx keeps every major it already knew
 set -euo pipefail
 
 PGRX_VERSION=0.18.1
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 env_sh=$repo/scripts/pg-env.sh
+
+majors=$("$env_sh" majors)
+case "${1:-}" in
+"") ;;
+--majors) majors=${2:?setup.sh --majors: give a list such as \"15\"} ;;
+*) echo "usage: scripts/setup.sh [--majors \"15 17\"]" >&2; exit 2 ;;
+esac
 
 say() { printf '[setup] %s\n' "$*"; }
 root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
@@ -30,23 +41,34 @@ if ! cargo pgrx --version 2>/dev/null | grep -q " $PGRX_VERSION\$"; then
     cargo install cargo-pgrx --version "$PGRX_VERSION" --locked --quiet
 fi
 
-# Every supported major, registered with pgrx at once (`cargo pgrx init` rewrites its config with
-# only the majors it is given). PG_CONFIG, when set, stands for its own major; the others come from
-# scripts/pg-env.sh (Debian's 15, relocatable trees for the rest, downloaded once into target/).
+# The majors asked for (every supported one by default), registered with pgrx, together with
+# those it already knows: `cargo pgrx init` rewrites its config with only the majors it is given,
+# so a run that needs a major the config lacks (the test command after the demo) registers it with
+# the others again. PG_CONFIG, when set, stands for its own major; the others come from
+# scripts/pg-env.sh (Debian's 15, relocatable trees for the rest, downloaded on first use into
+# target/).
 default_major=$("$env_sh" major "${PG_CONFIG:-$("$env_sh" config "$("$env_sh" default)")}")
+config_toml=${PGRX_HOME:-$HOME/.pgrx}/config.toml
+have=$(grep -E '^pg[0-9]+ = ' "$config_toml" 2>/dev/null | sort || true)
 init=()
-want=
+missing=
 for major in $("$env_sh" majors); do
+    asked=
+    for m in $majors; do [ "$m" = "$major" ] && asked=1; done
+    known=$(printf '%s\n' "$have" | sed -n "s/^pg$major = \"\(.*\)\"$/\1/p")
+    [ -z "$known" ] || [ -x "$known" ] || known= # a tree removed since: forgotten
+    [ -n "$asked" ] || [ -n "$known" ] || continue
     if [ -n "${PG_CONFIG:-}" ] && [ "$major" = "$default_major" ]; then
         config=$PG_CONFIG
+    elif [ -z "$asked" ]; then
+        config=$known # registered earlier, not needed now: kept as it is
     else
         config=$("$env_sh" config "$major")
     fi
     init+=("--pg$major" "$config")
-    want+="pg$major = \"$config\""$'\n'
+    [ -z "$asked" ] || [ "$known" = "$config" ] || missing+=" $major"
 done
-have=$(grep -E '^pg[0-9]+ = ' "${PGRX_HOME:-$HOME/.pgrx}/config.toml" 2>/dev/null | sort || true)
-if [ "$have" != "$(printf '%s' "$want" | sort)" ]; then
+if [ -n "$missing" ] || [ ! -f "$config_toml" ]; then
     say "pgrx: init ${init[*]}"
     cargo pgrx init "${init[@]}" >/dev/null
 fi

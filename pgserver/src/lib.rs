@@ -11,10 +11,20 @@
 //!
 //! PostgreSQL refuses to run as root: run as root, every server program runs as the `postgres`
 //! OS user (through `sudo -u postgres`), and the server's directory is handed to that user.
+//!
+//! Test servers are disposable: `initdb --no-sync`, and started with `fsync = off` (the crash
+//! tests kill processes, not the machine: what a killed server wrote is in the kernel's page
+//! cache, and crash recovery reads it back; `synchronous_commit` keeps its default, so a commit
+//! still waits for its WAL write and for a synchronous standby). With `IDEM_PG_DURABLE=1` every
+//! server starts with `fsync = on` (scripts/bench.sh: the benchmark's figures are a real
+//! server's); [`Server::ensure_started`] restarts a running one started the other way. A server value that is dropped stops its server and
+//! deletes its directory, unless the thread is panicking (a failed test) or [`Server::keep`] was
+//! called: then the directory stays, and stderr says where.
 
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 /// The workspace root.
@@ -46,16 +56,20 @@ pub struct Server {
     port: u16,
     /// Left running when the value is dropped (the shared private cluster).
     persistent: bool,
+    /// Started with `fsync = on` (else off): `IDEM_PG_DURABLE=1`.
+    durable: bool,
+    /// Its directory is kept when the value is dropped (see [`Server::keep`]).
+    kept: AtomicBool,
 }
 
 /// The settings of the shared private cluster, beyond every server's own: room for the
 /// concurrency tests, prepared transactions for the two-phase tests, and pg_stat_statements
 /// preloaded so the benchmark and the tests can count the statements the server runs (tracking
-/// off until a session turns it on).
+/// off until a session turns it on). `fsync` is no setting of the file: each start says it
+/// (off, or on with `IDEM_PG_DURABLE=1`).
 pub const PRIVATE_SETTINGS: &str = "max_connections = 200
 max_prepared_transactions = 10
 shared_buffers = 256MB
-fsync = on
 log_min_messages = warning
 shared_preload_libraries = 'pg_stat_statements'
 pg_stat_statements.track = none
@@ -201,6 +215,25 @@ impl Server {
             dir: root().join("target/servers").join(name),
             port,
             persistent: false,
+            durable: std::env::var_os("IDEM_PG_DURABLE").is_some_and(|v| v == "1"),
+            kept: AtomicBool::new(false),
+        }
+    }
+
+    /// Keeps the server's directory when the value is dropped (a failed check outside a panic),
+    /// and says where on stderr.
+    pub fn keep(&self) {
+        if !self.kept.swap(true, Ordering::Relaxed) {
+            eprintln!("kept {} for inspection (server log: {})", self.dir.display(), self.dir.join("server.log").display());
+        }
+    }
+
+    /// The `-c fsync=...` this server starts with.
+    fn fsync_option(&self) -> &'static str {
+        if self.durable {
+            "-c fsync=on"
+        } else {
+            "-c fsync=off"
         }
     }
 
@@ -219,15 +252,22 @@ impl Server {
     }
 
     /// Creates the cluster with [`PRIVATE_SETTINGS`] when it does not exist yet, and starts it
-    /// when it is not running.
+    /// when it is not running (restarts it when it runs with the other `fsync`: the options of
+    /// its start are in `postmaster.opts`).
     pub fn ensure_started(&self) {
         if !self.data().join("PG_VERSION").is_file() {
             self.initdb(&[]);
             self.configure(PRIVATE_SETTINGS);
         }
-        if !self.is_running() {
-            self.start();
+        if self.is_running() {
+            let opts = fs::read_to_string(self.data().join("postmaster.opts")).unwrap_or_default();
+            let want = if self.durable { "fsync=on" } else { "fsync=off" };
+            if opts.contains(want) {
+                return;
+            }
+            self.stop(Stop::Fast);
         }
+        self.start();
     }
 
     /// Stops the server if it runs and deletes its directory.
@@ -310,14 +350,18 @@ impl Server {
     }
 
     /// Creates a new cluster (trust authentication, UTF-8, the C.UTF-8 locale, superuser
-    /// `postgres`) with the extra `initdb` arguments `args` (`--no-data-checksums`, ...), and
-    /// writes the settings every private server has: 127.0.0.1 only, its port, its own socket
-    /// directory, a log line prefix with the process type.
+    /// `postgres`, `--no-sync`: a test server need not survive the machine) with the extra
+    /// `initdb` arguments `args` (`--no-data-checksums`, ...), and writes the settings every
+    /// private server has: 127.0.0.1 only, its port, its own socket directory, a log line prefix
+    /// with the process type.
     pub fn initdb(&self, args: &[&str]) {
         self.fresh_dir();
         let data = self.data();
         let data = data.to_str().expect("UTF-8 path");
         let mut all = vec!["-D", data, "-U", "postgres", "--auth=trust", "--encoding=UTF8", "--locale=C.UTF-8"];
+        if !args.contains(&"--no-sync") {
+            all.push("--no-sync");
+        }
         all.extend_from_slice(args);
         self.run("initdb", &all);
         self.configure(&self.base_settings());
@@ -359,12 +403,13 @@ impl Server {
         let data = data.to_str().expect("UTF-8 path");
         let log = self.dir.join("server.log");
         let log = log.to_str().expect("UTF-8 path");
-        let port = format!("-p {}", self.port);
+        let port = format!("-p {} {}", self.port, self.fsync_option());
         let started = Instant::now();
         loop {
             let before = self.log().len();
             // The port on the command line too: a data directory made earlier for another port
-            // (the private cluster's, IDEM_PG_PORT changed) listens where this server says.
+            // (the private cluster's, IDEM_PG_PORT changed) listens where this server says; and
+            // fsync (see the module docs).
             let out = self.run_in(&self.bindir.clone(), "pg_ctl", &["-D", data, "-l", log, "-o", &port, "-w", "-t", "120", "start"]);
             if out.status.success() {
                 return;
@@ -402,7 +447,7 @@ impl Server {
         let port = primary.port.to_string();
         standby.run(
             "pg_basebackup",
-            &["-D", data.to_str().expect("UTF-8 path"), "-h", "127.0.0.1", "-p", &port, "-U", "postgres", "-R", "-X", "stream", "-c", "fast"],
+            &["-D", data.to_str().expect("UTF-8 path"), "-h", "127.0.0.1", "-p", &port, "-U", "postgres", "-R", "-X", "stream", "-c", "fast", "--no-sync"],
         );
         standby.configure(&format!("{}cluster_name = '{name}'\n", standby.base_settings()));
         // pg_basebackup -R writes every option its libpq knows into primary_conninfo; the
@@ -424,12 +469,26 @@ impl Server {
 }
 
 impl Drop for Server {
-    /// A server left running by a failed test is stopped, so the next run can reuse its port.
+    /// A server still running is stopped, so the next run can reuse its port; then its directory
+    /// is deleted, unless this thread is panicking (a failed test) or [`Server::keep`] was called:
+    /// then it stays for inspection, and stderr says where. The shared private cluster is left
+    /// as it is.
     fn drop(&mut self) {
-        if !self.persistent && self.data().join("PG_VERSION").is_file() {
+        if self.persistent {
+            return;
+        }
+        if self.data().join("PG_VERSION").is_file() {
             let data = self.data();
             // Never panics (a drop while panicking would abort): the outcome is not needed.
             let _ = self.run_in(&self.bindir.clone(), "pg_ctl", &["-D", data.to_str().unwrap_or_default(), "-m", "immediate", "-w", "stop"]);
+        }
+        if std::thread::panicking() {
+            self.keep();
+        }
+        if !self.kept.load(Ordering::Relaxed) && self.dir.exists() {
+            if let Err(e) = fs::remove_dir_all(&self.dir) {
+                eprintln!("cannot delete {}: {e}", self.dir.display());
+            }
         }
     }
 }

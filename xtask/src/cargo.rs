@@ -6,7 +6,8 @@ use std::process::Command;
 
 /// Runs `cargo ARGS` (a `cargo test` or `cargo pgrx test`) in `dir` with `envs`, its output
 /// appended to the layer's log, and adds every test it ran to `checks`: the sum of libtest's
-/// `test result:` lines, each failing test printed. A failed run that counted no failure (a
+/// `test result:` lines, each failing test printed, and each test's name (`BINARY::TEST`, the
+/// binary from cargo's `Running` and `Doc-tests` lines). A failed run that counted no failure (a
 /// build error, a crash) is one failure.
 pub(crate) fn test(checks: &mut Checks, dir: &Path, args: &[&str], envs: &[(&str, &str)]) {
     let mut cmd = Command::new("cargo");
@@ -17,7 +18,13 @@ pub(crate) fn test(checks: &mut Checks, dir: &Path, args: &[&str], envs: &[(&str
     let log = checks.log_path().to_owned();
     let (ok, text) = crate::sh::to_log_text(&mut cmd, &log);
     let (mut passed, mut failed) = (0, 0);
+    let mut binary = String::new();
     for line in text.lines() {
+        if let Some(b) = binary_of(line) {
+            binary = b;
+        } else if let Some(name) = test_name(line) {
+            checks.named(format!("{binary}::{name}"));
+        }
         if let Some(rest) = line.strip_prefix("test result: ") {
             passed += count_before(rest, "passed");
             failed += count_before(rest, "failed");
@@ -38,6 +45,26 @@ pub(crate) fn test(checks: &mut Checks, dir: &Path, args: &[&str], envs: &[(&str
     checks.add(passed, failed);
 }
 
+/// The test binary a line of cargo's begins: `Running tests/checklist.rs
+/// (target/debug/deps/checklist-0a1b)` → `checklist`, `Doc-tests idempotency_core` →
+/// `doc idempotency_core`.
+fn binary_of(line: &str) -> Option<String> {
+    let line = line.trim_start();
+    if let Some(rest) = line.strip_prefix("Running ") {
+        let path = rest.rsplit_once('(').map_or(rest, |(_, p)| p.trim_end_matches(')'));
+        let file = path.rsplit('/').next().unwrap_or(path);
+        return Some(file.rsplit_once('-').map_or(file, |(name, _)| name).to_owned());
+    }
+    line.strip_prefix("Doc-tests ").map(|crate_name| format!("doc {}", crate_name.trim()))
+}
+
+/// The name of a test libtest ran (`test NAME ... ok` or `... FAILED`; with `--nocapture` the
+/// result may follow on a later line), not of one it ignored.
+fn test_name(line: &str) -> Option<&str> {
+    let (name, result) = line.strip_prefix("test ")?.split_once(" ... ")?;
+    (!result.trim_start().starts_with("ignored") && !name.is_empty()).then_some(name)
+}
+
 /// `12` in `ok. 12 passed; 0 failed; ...` for `word` = `passed`.
 fn count_before(summary: &str, word: &str) -> u32 {
     let words: Vec<&str> = summary.split(|c: char| c.is_whitespace() || c == ';').filter(|w| !w.is_empty()).collect();
@@ -46,11 +73,23 @@ fn count_before(summary: &str, word: &str) -> u32 {
 
 #[cfg(test)]
 mod tests {
-    use super::count_before;
+    use super::{binary_of, count_before, test_name};
 
     #[test]
     fn reads_libtest_summaries() {
         let line = "ok. 12 passed; 3 failed; 1 ignored; 0 measured; 0 filtered out; finished in 0.01s";
         assert_eq!((count_before(line, "passed"), count_before(line, "failed")), (12, 3));
+    }
+
+    #[test]
+    fn reads_binaries_and_test_names() {
+        assert_eq!(binary_of("     Running tests/checklist.rs (target/debug/deps/checklist-0a1b2c)").as_deref(), Some("checklist"));
+        assert_eq!(binary_of("     Running unittests src/lib.rs (target/debug/deps/idempotency_core-9f)").as_deref(), Some("idempotency_core"));
+        assert_eq!(binary_of("   Doc-tests idempotency_client").as_deref(), Some("doc idempotency_client"));
+        assert_eq!(test_name("test duplicate_replays ... ok"), Some("duplicate_replays"));
+        assert_eq!(test_name("test tls::refuses ... FAILED"), Some("tls::refuses"));
+        assert_eq!(test_name("test failover ... "), Some("failover"));
+        assert_eq!(test_name("test pg_upgrade ... ignored, its own layer"), None);
+        assert_eq!(test_name("test result: ok. 3 passed"), None);
     }
 }

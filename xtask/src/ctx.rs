@@ -23,6 +23,18 @@ pub(crate) struct Ctx {
     pub(crate) logs: PathBuf,
     /// The workspace version (Cargo.toml).
     pub(crate) version: String,
+    /// `--quick`: the inner loop (one e2e pass: no rerun with the replay cache).
+    pub(crate) quick: bool,
+    /// `--test NAME [-- FILTER...]`: the one suite (and its tests) to run.
+    pub(crate) focus: Option<Focus>,
+}
+
+/// `--test NAME [-- FILTER...]`: an e2e test binary (tests/tests/NAME.rs) with libtest's filter
+/// arguments, or `regress` / `isolation` with the files or specs to run.
+#[derive(Debug, Clone)]
+pub(crate) struct Focus {
+    pub(crate) suite: String,
+    pub(crate) filter: Vec<String>,
 }
 
 impl Ctx {
@@ -36,6 +48,13 @@ impl Ctx {
         idempotency_pgserver::pg_config_value(&self.config, flag)
     }
 
+    /// The build directory of the extension for this major (`CARGO_TARGET_DIR` of every cargo
+    /// pgrx command: pg_test, install, package): `target/build-pgNN`, removed after the major in
+    /// CI (the harness), so only one major's build is on disk at a time.
+    pub(crate) fn build_dir(&self) -> PathBuf {
+        build_dir(self.major)
+    }
+
     /// The major's extension directory.
     pub(crate) fn extdir(&self) -> PathBuf {
         PathBuf::from(self.value("--sharedir")).join("extension")
@@ -45,4 +64,9 @@ impl Ctx {
     pub(crate) fn psql(&self, port: u16) -> crate::psql::Psql {
         crate::psql::Psql::new(&PathBuf::from(self.value("--bindir")), port)
     }
+}
+
+/// [`Ctx::build_dir`] of major `major` (absolute: cargo pgrx runs in extension/).
+pub(crate) fn build_dir(major: u32) -> PathBuf {
+    idempotency_pgserver::root().join(format!("target/build-pg{major}"))
 }

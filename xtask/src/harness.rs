@@ -1,14 +1,18 @@
 //! The run: the layers of the table (`layers::LAYERS`) on each major in order, the private
 //! cluster around those that run on it, one result per layer, the summary and the closing line.
 
-use crate::ctx::Ctx;
-use crate::layers::{Layer, Run, Scope, LAYERS};
+use crate::ctx::{Ctx, Focus};
+use crate::layers::{with_needs, Layer, Run, Scope, LAYERS};
 use crate::report::{Checks, Outcome};
 use idempotency_pgserver::{config, default_major, major_of, majors, Server, Stop};
+use std::collections::BTreeSet;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::time::Instant;
+
+/// The layers of `--quick`, the inner loop (on the default major).
+pub(crate) const QUICK: &[&str] = &["unit", "lint", "install", "regress", "isolation", "e2e"];
 
 /// `test`'s options.
 #[derive(Debug, Default)]
@@ -16,16 +20,35 @@ pub(crate) struct Options {
     all_majors: bool,
     majors: Option<Vec<u32>>,
     layers: Option<Vec<String>>,
+    quick: bool,
+    focus: Option<Focus>,
 }
 
 impl Options {
-    /// `--all-majors`, `--majors "14 17"`, `--layers "regress upgrade"`.
+    /// `--all-majors`, `--majors "14 17"`, `--layers "regress upgrade"` (with the layers they
+    /// need), `--quick` (the layers of [`QUICK`] on the default major, one e2e pass), `--test NAME
+    /// [-- FILTER...]` (one e2e test binary, or `regress` / `isolation`, with the layers it
+    /// needs, on the default major; the words after `--` go to libtest, or name the regress
+    /// files or isolation specs).
     pub(crate) fn parse(args: &[String]) -> Result<Options, String> {
         let mut o = Options::default();
         let mut it = args.iter();
         while let Some(a) = it.next() {
             match a.as_str() {
                 "--all-majors" => o.all_majors = true,
+                "--quick" => o.quick = true,
+                "--test" => {
+                    let suite = it.next().ok_or("--test needs a test binary of tests/tests (checklist), or regress or isolation")?;
+                    let known = ["regress", "isolation"].contains(&suite.as_str()) || Path::new(&format!("tests/tests/{suite}.rs")).is_file();
+                    if !known {
+                        return Err(format!("--test: {suite} is not regress, isolation or a file tests/tests/{suite}.rs"));
+                    }
+                    o.focus = Some(Focus { suite: suite.clone(), filter: vec![] });
+                }
+                "--" => {
+                    let focus = o.focus.as_mut().ok_or("`--` comes after --test NAME")?;
+                    focus.filter = it.by_ref().cloned().collect();
+                }
                 "--majors" => {
                     let list = it.next().ok_or("--majors needs a list such as \"14 17\"")?;
                     let supported = majors();
@@ -50,8 +73,30 @@ impl Options {
                 other => return Err(format!("unknown argument '{other}'")),
             }
         }
+        if o.quick && o.focus.is_some() {
+            return Err("--quick and --test: choose one".into());
+        }
+        if o.layers.is_some() && (o.quick || o.focus.is_some()) {
+            return Err("--layers with --quick or --test: they choose the layers".into());
+        }
+        let chosen = if o.quick {
+            Some(QUICK.iter().map(|l| (*l).to_owned()).collect())
+        } else if let Some(f) = &o.focus {
+            Some(vec![if f.suite == "regress" || f.suite == "isolation" { f.suite.clone() } else { "e2e".to_owned() }])
+        } else {
+            o.layers.take()
+        };
+        o.layers = chosen.map(|names| with_needs(&names));
+        if (o.quick || o.focus.is_some()) && o.majors.is_none() {
+            o.majors = Some(vec![default_major_of_run()]);
+        }
         Ok(o)
     }
+}
+
+/// The default major of this run: PG_CONFIG's, else scripts/pg-env.sh's.
+fn default_major_of_run() -> u32 {
+    std::env::var_os("PG_CONFIG").map_or_else(default_major, |c| major_of(Path::new(&c)))
 }
 
 /// The results so far.
@@ -63,6 +108,16 @@ pub(crate) struct Harness {
     total: Totals,
     major: Totals,
     failed_layers: u32,
+    /// The names of every check run (the same on every major, driver and install).
+    names: BTreeSet<String>,
+    /// Whether the e2e suites ran over each driver (tokio-postgres, sqlx) and against each
+    /// install (extension, portable).
+    drivers: BTreeSet<&'static str>,
+    installs: BTreeSet<&'static str>,
+    majors_run: BTreeSet<u32>,
+    /// Server directories the run deleted after their layer passed, and kept after it failed.
+    servers_deleted: u32,
+    servers_kept: Vec<String>,
 }
 
 /// Checks passed, failed and skipped.
@@ -96,15 +151,46 @@ impl Harness {
 
     /// Runs layer `name`: its checks in target/test-logs/pgNN/NAME.log, a panic in it is one
     /// failure; records its result.
+    /// Server directories under target/servers made by the layer (there after it, not before)
+    /// are deleted when it passed, once stopped (the private cluster is never one of them), and
+    /// kept when it failed, the log saying where.
     fn layer(&mut self, ctx: &Ctx, name: &str, f: &mut dyn FnMut(&Ctx, &mut Checks)) -> Outcome {
         println!("\n== {} {name}", ctx.label);
         let started = Instant::now();
         let log = ctx.logs.join(format!("{name}.log"));
-        let mut checks = Checks::new(&log);
+        let before = server_dirs();
+        let mut checks = Checks::new(name, &log);
         if let Err(panic) = catch_unwind(AssertUnwindSafe(|| f(ctx, &mut checks))) {
             checks.fail(&format!("{name}: the layer stopped"), &panic_text(&*panic));
         }
+        let made: Vec<PathBuf> = server_dirs().into_iter().filter(|d| !before.contains(d)).collect();
+        if checks.failed() > 0 {
+            for d in &made {
+                let d = d.strip_prefix(idempotency_pgserver::root()).unwrap_or(d).display().to_string();
+                checks.note(&format!("kept {d} (the layer failed)"));
+                self.servers_kept.push(d);
+            }
+        } else {
+            for d in made.iter().filter(|d| !d.join("data/postmaster.pid").exists()) {
+                if std::fs::remove_dir_all(d).is_ok() {
+                    self.servers_deleted += 1;
+                }
+            }
+        }
         let outcome = checks.outcome();
+        if outcome.passed + outcome.failed > 0 {
+            match name {
+                "e2e" | "e2e_portable" | "e2e_sqlx" | "failover" => {
+                    self.drivers.insert(if name == "e2e_sqlx" { "sqlx" } else { "tokio-postgres" });
+                    self.installs.insert(if name == "e2e_portable" { "portable" } else { "extension" });
+                }
+                _ => {}
+            }
+            if ctx.label != "all" {
+                self.majors_run.insert(ctx.major);
+            }
+        }
+        self.names.extend(outcome.names.iter().cloned());
         self.record(ctx, name, &outcome, started, &log);
         outcome
     }
@@ -114,7 +200,7 @@ impl Harness {
         self.only.as_ref().is_none_or(|l| l.iter().any(|n| n == name))
     }
 
-    fn record(&mut self, ctx: &Ctx, name: &str, o: &Outcome, started: Instant, log: &std::path::Path) {
+    fn record(&mut self, ctx: &Ctx, name: &str, o: &Outcome, started: Instant, log: &Path) {
         let secs = started.elapsed().as_secs();
         let log = log.strip_prefix(idempotency_pgserver::root()).unwrap_or(log).display().to_string();
         let skipped = u32::try_from(o.skipped.len()).unwrap_or(u32::MAX);
@@ -141,6 +227,12 @@ impl Harness {
     }
 }
 
+/// The server directories under target/servers now.
+fn server_dirs() -> BTreeSet<PathBuf> {
+    let dir = idempotency_pgserver::root().join("target/servers");
+    std::fs::read_dir(dir).map(|d| d.filter_map(Result::ok).map(|e| e.path()).filter(|p| p.is_dir()).collect()).unwrap_or_default()
+}
+
 /// The text of a caught panic.
 fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
     panic.downcast_ref::<String>().cloned().or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned())).unwrap_or_default()
@@ -160,8 +252,19 @@ pub(crate) fn run(options: &Options) -> ExitCode {
     let mut order: Vec<u32> = chosen.iter().copied().filter(|m| *m == default).collect();
     order.extend(chosen.iter().copied().filter(|m| *m != default));
 
-    println!("[xtask] bash scripts/setup.sh");
-    if std::env::var_os("IDEM_SETUP_DONE").is_none() && !Command::new("bash").arg("scripts/setup.sh").status().is_ok_and(|s| s.success()) {
+    // The majors the run needs (registered with pgrx, the trees downloaded): setup.sh fetches a
+    // major's tree when a run first needs it (the demo sets up only the default major).
+    let mut needed: Vec<String> = order.iter().map(u32::to_string).collect();
+    for layer in LAYERS {
+        if let Scope::Across(across) = layer.scope {
+            if options.layers.as_ref().is_none_or(|l| l.iter().any(|n| n == layer.name)) && across.iter().all(|m| chosen.contains(m)) {
+                needed.extend(across.iter().map(u32::to_string).filter(|m| !needed.contains(m)).collect::<Vec<_>>());
+            }
+        }
+    }
+    let needed = needed.join(" ");
+    println!("[xtask] bash scripts/setup.sh --majors \"{needed}\"");
+    if std::env::var_os("IDEM_SETUP_DONE").is_none() && !Command::new("bash").args(["scripts/setup.sh", "--majors", &needed]).status().is_ok_and(|s| s.success()) {
         println!("setup failed");
         return ExitCode::FAILURE;
     }
@@ -179,7 +282,18 @@ pub(crate) fn run(options: &Options) -> ExitCode {
             _ => 55400 + u16::try_from(major).expect("a major below 100"),
         };
         let full = is_default || options.all_majors;
-        let ctx = Ctx { label: format!("pg{major}"), major, config, full, is_default, port, logs: PathBuf::from(format!("target/test-logs/pg{major}")), version: version.clone() };
+        let ctx = Ctx {
+            label: format!("pg{major}"),
+            major,
+            config,
+            full,
+            is_default,
+            port,
+            logs: PathBuf::from(format!("target/test-logs/pg{major}")),
+            version: version.clone(),
+            quick: options.quick,
+            focus: options.focus.clone(),
+        };
         // The test kit and the scripts the layers run read these.
         std::env::set_var("PG_CONFIG", &ctx.config);
         std::env::set_var("IDEM_PG_PORT", port.to_string());
@@ -194,6 +308,9 @@ pub(crate) fn run(options: &Options) -> ExitCode {
             default_ctx = Some(ctx.clone());
         }
         h.per_major.push(format!("pg{major}: {} ({} layers, {}s)", h.major, if full { "all" } else { "core" }, started.elapsed().as_secs()));
+        if std::env::var("CI").as_deref() == Ok("true") {
+            ci_cleanup(&ctx, h.major.failed == 0);
+        }
     }
 
     // Across majors, once every major's tree it needs has had its install layer.
@@ -223,11 +340,46 @@ pub(crate) fn run(options: &Options) -> ExitCode {
     for l in h.summary.iter().chain(&h.per_major) {
         println!("{l}");
     }
-    println!("{}", h.total);
+    println!("servers: {} directories deleted after their layer passed, {} kept{}", h.servers_deleted, h.servers_kept.len(), if h.servers_kept.is_empty() { String::new() } else { format!(": {}", h.servers_kept.join(", ")) });
+    println!("{}", closing_line(&h));
     if h.total.failed == 0 && h.failed_layers == 0 {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
+    }
+}
+
+/// `N passed, N failed, N skipped (N distinct checks over N majors, N drivers and N installs)`:
+/// the checks counted, then the distinct names behind them (a test run on five majors, over two
+/// drivers or against two installs is one distinct check).
+fn closing_line(h: &Harness) -> String {
+    let plural = |n: usize, word: &str| format!("{n} {word}{}", if n == 1 { "" } else { "s" });
+    let mut over = vec![plural(h.majors_run.len(), "major")];
+    if !h.drivers.is_empty() {
+        over.push(plural(h.drivers.len(), "driver"));
+    }
+    if !h.installs.is_empty() {
+        over.push(plural(h.installs.len(), "install"));
+    }
+    let over = match over.split_last() {
+        Some((last, rest)) if !rest.is_empty() => format!("{} and {last}", rest.join(", ")),
+        _ => over.join(""),
+    };
+    format!("{} ({} distinct checks over {over})", h.total, h.names.len())
+}
+
+/// In CI (CI=true), after a major: its build directory (target/build-pgNN: the dev and release
+/// builds of the extension for that major, gigabytes) is removed, and, when the major passed,
+/// its private cluster; the disk holds one major's builds at a time.
+fn ci_cleanup(ctx: &Ctx, passed: bool) {
+    let build = ctx.build_dir();
+    let size = crate::sh::capture(Command::new("du").arg("-sh").arg(&build)).unwrap_or_default();
+    if std::fs::remove_dir_all(&build).is_ok() {
+        println!("[xtask] CI: removed {}", size.replace('\t', " "));
+    }
+    if passed {
+        let _ = catch_unwind(AssertUnwindSafe(|| Server::private(&ctx.config).destroy()));
+        let _ = std::fs::remove_dir_all(idempotency_pgserver::root().join(format!("target/pgrx-test-data/{}", ctx.major)));
     }
 }
 

@@ -6,9 +6,17 @@
 //!   cargo run -p xtask -- test --majors "14 17"   only these majors (every layer on the default
 //!                                                 one, if given)
 //!   cargo run -p xtask -- test --layers "regress upgrade"
-//!                                                 only these layers (on the majors chosen)
+//!                                                 only these layers (on the majors chosen), and
+//!                                                 the layers they need (install)
+//!   cargo run -p xtask -- test --quick            the inner loop: unit, lint, install, regress,
+//!                                                 isolation and one e2e pass, default major
+//!   cargo run -p xtask -- test --test checklist -- NAME
+//!                                                 one e2e test binary with libtest's filter
+//!                                                 (or --test regress|isolation -- FILE...),
+//!                                                 after the install, default major
 //!   cargo run -p xtask -- pg start|stop [immediate]|url|psql ARGS|destroy
 //!                                                 the private cluster of PG_CONFIG's major
+//!                                                 (fsync off; on with IDEM_PG_DURABLE=1)
 //!
 //! The test run ends with `N passed, N failed, N skipped` over every layer and major (skipped:
 //! what legitimately could not run, such as the Citus layer without Citus); it exits non-zero if
@@ -29,6 +37,7 @@ use idempotency_pgserver::{pg_config, Server, Stop};
 use std::process::ExitCode;
 
 const USAGE: &str = "usage: cargo run -p xtask -- test [--all-majors] [--majors \"14 17\"] [--layers \"regress upgrade\"]
+       cargo run -p xtask -- test --quick | --test NAME [-- FILTER...]
        cargo run -p xtask -- pg start|stop [immediate]|url|psql ARGS...|destroy";
 
 fn main() -> ExitCode {

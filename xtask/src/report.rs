@@ -1,16 +1,19 @@
 //! One way to report a check, and one result type per layer.
 
+use std::collections::BTreeSet;
 use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
 /// What a layer found: its checks passed and failed, and what it legitimately could not run
-/// (each one skipped, with why; a layer with nothing else did not run at all).
+/// (each one skipped, with why; a layer with nothing else did not run at all); and the names of
+/// its checks, for the count of distinct ones (see [`Checks::named`]).
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Outcome {
     pub(crate) passed: u32,
     pub(crate) failed: u32,
     pub(crate) skipped: Vec<String>,
+    pub(crate) names: BTreeSet<String>,
 }
 
 impl Outcome {
@@ -23,21 +26,41 @@ impl Outcome {
 /// The checks of one layer: each is one line `ok     LABEL` or `FAILED LABEL` (with its detail
 /// indented below) in the layer's log; failures and notes are printed as well.
 pub(crate) struct Checks {
+    layer: String,
     passed: u32,
     failed: u32,
     skipped: Vec<String>,
+    names: BTreeSet<String>,
     log: File,
     path: PathBuf,
 }
 
 impl Checks {
-    /// The checks of a layer logging to `log` (created anew).
-    pub(crate) fn new(log: &Path) -> Checks {
+    /// The checks of layer `layer` logging to `log` (created anew).
+    pub(crate) fn new(layer: &str, log: &Path) -> Checks {
         if let Some(dir) = log.parent() {
             std::fs::create_dir_all(dir).unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
         }
         let file = File::create(log).unwrap_or_else(|e| panic!("cannot create {}: {e}", log.display()));
-        Checks { passed: 0, failed: 0, skipped: vec![], log: file, path: log.to_owned() }
+        Checks { layer: layer.to_owned(), passed: 0, failed: 0, skipped: vec![], names: BTreeSet::new(), log: file, path: log.to_owned() }
+    }
+
+    /// Failures so far.
+    pub(crate) fn failed(&self) -> u32 {
+        self.failed
+    }
+
+    /// The name of a check a test program ran (`checklist::duplicate_replays`, `regress: reserve`),
+    /// the same on every major, driver and install: the closing line counts the distinct names.
+    pub(crate) fn named(&mut self, name: String) {
+        self.names.insert(name);
+    }
+
+    /// A check of the harness's own, named by its layer and its label without the parenthesized
+    /// details (counts, messages), which may differ between runs.
+    fn own(&mut self, label: &str) {
+        let name = format!("{}: {}", self.layer, without_details(label));
+        self.names.insert(name);
     }
 
     /// The layer's log file (for the child processes a layer runs).
@@ -55,12 +78,14 @@ impl Checks {
     /// A check that passed.
     pub(crate) fn pass(&mut self, label: &str) {
         self.passed += 1;
+        self.own(label);
         self.line(&format!("ok     {label}"), false);
     }
 
     /// A check that failed, with what was seen.
     pub(crate) fn fail(&mut self, label: &str, detail: &str) {
         self.failed += 1;
+        self.own(label);
         self.line(&format!("FAILED {label}"), true);
         for l in detail.lines().take(60) {
             self.line(&format!("       {l}"), true);
@@ -92,7 +117,7 @@ impl Checks {
     }
 
     /// Tests counted by a test program (a cargo test binary, pg_regress, check.py): each one a
-    /// check of this layer.
+    /// check of this layer (their names through [`Checks::named`]).
     pub(crate) fn add(&mut self, passed: u32, failed: u32) {
         self.passed += passed;
         self.failed += failed;
@@ -112,8 +137,23 @@ impl Checks {
             self.fail("the layer counted no test", "");
         }
         self.line(&format!("{} passed, {} failed, {} skipped", self.passed, self.failed, self.skipped.len()), false);
-        Outcome { passed: self.passed, failed: self.failed, skipped: self.skipped }
+        Outcome { passed: self.passed, failed: self.failed, skipped: self.skipped, names: self.names }
     }
+}
+
+/// `label` without its parenthesized parts, spaces folded.
+fn without_details(label: &str) -> String {
+    let mut out = String::new();
+    let mut depth = 0u32;
+    for c in label.chars() {
+        match c {
+            '(' => depth += 1,
+            ')' if depth > 0 => depth -= 1,
+            _ if depth == 0 => out.push(c),
+            _ => {}
+        }
+    }
+    out.split_whitespace().collect::<Vec<_>>().join(" ").replace(" ,", ",")
 }
 
 /// `Ok` when `got` equals `want`, else what was expected and seen.
@@ -141,5 +181,16 @@ pub(crate) fn ensure(cond: bool, why: impl Into<String>) -> Result<(), String> {
         Ok(())
     } else {
         Err(why.into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::without_details;
+
+    #[test]
+    fn a_label_without_its_details() {
+        assert_eq!(without_details("8 clients ran through the update (1234 transactions)"), "8 clients ran through the update");
+        assert_eq!(without_details("refused (ERROR: x (y)), nothing changed"), "refused, nothing changed");
     }
 }

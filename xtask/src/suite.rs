@@ -68,6 +68,11 @@ pub(crate) fn run(checks: &mut Checks, run: &Run<'_>, log: &Path) -> (u32, u32) 
         } else if tap_not_ok || dots_then(line, "FAILED") || dots_then(line, "failed") {
             failed += 1;
             println!("{line}");
+        } else {
+            continue;
+        }
+        if let Some(name) = suite_test_name(line) {
+            checks.named(format!("{}: {name}", run.input));
         }
     }
     if !ok {
@@ -83,6 +88,21 @@ pub(crate) fn run(checks: &mut Checks, run: &Run<'_>, log: &Path) -> (u32, u32) 
     (passed, failed)
 }
 
+/// The test a result line names: `test install ... ok`, `     reserve ... FAILED`, `ok 1 -
+/// install 12 ms`, `not ok 3 + reserve` (a parallel group's member).
+fn suite_test_name(line: &str) -> Option<&str> {
+    if let Some((head, _)) = line.split_once("...") {
+        let head = head.trim();
+        return head.strip_prefix("test ").unwrap_or(head).split_whitespace().next();
+    }
+    let rest = line.strip_prefix("not ok ").or_else(|| line.strip_prefix("ok "))?;
+    let mut words = rest.split_whitespace().skip(1);
+    match words.next()? {
+        "-" | "+" => words.next(),
+        other => Some(other),
+    }
+}
+
 fn starts_numbered(rest: &str) -> bool {
     rest.split(' ').next().is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())) && rest.contains(' ')
 }
@@ -94,7 +114,7 @@ fn dots_then(line: &str, word: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::{dots_then, starts_numbered};
+    use super::{dots_then, starts_numbered, suite_test_name};
 
     #[test]
     fn reads_both_output_forms() {
@@ -103,5 +123,9 @@ mod tests {
         assert!(!dots_then("test install ... okay", "FAILED"));
         assert!(starts_numbered("1         - install    12 ms"));
         assert!(!starts_numbered("- install"));
+        assert_eq!(suite_test_name("test install                   ... ok           12 ms"), Some("install"));
+        assert_eq!(suite_test_name("     reserve                  ... FAILED       30 ms"), Some("reserve"));
+        assert_eq!(suite_test_name("ok 1         - install                                    12 ms"), Some("install"));
+        assert_eq!(suite_test_name("not ok 3     + reserve                                    30 ms"), Some("reserve"));
     }
 }

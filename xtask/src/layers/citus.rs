@@ -20,7 +20,7 @@
 use crate::ctx::Ctx;
 use crate::psql::{Named, Psql};
 use crate::report::{ensure, eq, Checks};
-use idempotency_pgserver::{Server, Stop};
+use idempotency_pgserver::Server;
 use std::path::{Path, PathBuf};
 use std::process::Child;
 use std::time::{Duration, Instant};
@@ -130,8 +130,8 @@ pub(crate) fn run(ctx: &Ctx, checks: &mut Checks) {
     tokens(checks, &k, &u1);
     maintenance(checks, &k, &u1, &nodes[0]);
     shard_move(checks, &k);
-    for n in &nodes {
-        n.stop(Stop::Fast);
+    for n in nodes {
+        super::finish(n, checks);
     }
 }
 

@@ -63,6 +63,9 @@ pub(crate) struct Layer {
     /// such layer (when one of them is to run) and stops it after the last (always: the next
     /// layers use its port).
     pub(crate) private: bool,
+    /// The layers it needs to have run before it on the same major (`--layers` and `--test`
+    /// add them): the install layer for every layer that tests the installed extension.
+    pub(crate) needs: &'static [&'static str],
     /// What it runs.
     pub(crate) run: Run,
 }
@@ -79,37 +82,58 @@ impl Layer {
     }
 }
 
-const fn layer(name: &'static str, scope: Scope, private: bool, run: fn(&Ctx, &mut Checks)) -> Layer {
-    Layer { name, scope, private, run: Run::Checks(run) }
+const fn layer(name: &'static str, scope: Scope, private: bool, needs: &'static [&'static str], run: fn(&Ctx, &mut Checks)) -> Layer {
+    Layer { name, scope, private, needs, run: Run::Checks(run) }
+}
+
+/// What a layer that tests the installed extension needs first.
+const INSTALLED: &[&str] = &["install"];
+
+/// The layers `names` with every layer they need, in no particular order (the table's order is
+/// the run's).
+pub(crate) fn with_needs(names: &[String]) -> Vec<String> {
+    let mut all: Vec<String> = names.to_vec();
+    let mut i = 0;
+    while i < all.len() {
+        if let Some(l) = LAYERS.iter().find(|l| l.name == all[i]) {
+            for n in l.needs {
+                if !all.iter().any(|a| a == n) {
+                    all.push((*n).to_owned());
+                }
+            }
+        }
+        i += 1;
+    }
+    all
 }
 
 /// Every layer, in the order a major runs them (the install before the suites, the suites on
 /// the private cluster before the layers that use its port for servers of their own): the one
 /// list that the harness runs, `--layers` is checked against and CONTRIBUTING.md's test-layer
-/// lists are tested against.
+/// lists are tested against. A layer across majors needs its layers on each major of the run.
 pub(crate) const LAYERS: &[Layer] = {
     use e2e::{Driver::*, Install::*};
     use Scope::*;
     &[
-        layer("unit", Default, false, unit::run),
-        layer("lint", Default, false, lint::run),
-        layer("pg_test", Core, false, pg_test::run),
-        Layer { name: "package", scope: Core, private: false, run: Run::Family(package::run) },
-        layer("install", Core, false, install::run),
-        layer("regress", Core, true, regress::run),
-        layer("isolation", Core, true, isolation::run),
-        layer("e2e", Core, true, |c, k| e2e::run(c, k, Extension, TokioPostgres)),
-        layer("e2e_portable", Core, true, |c, k| e2e::run(c, k, Portable, TokioPostgres)),
-        layer("e2e_sqlx", Core, true, |c, k| e2e::run(c, k, Extension, Sqlx)),
-        layer("bench", Full, true, bench::run),
-        layer("failover", Core, false, failover::run),
-        layer("upgrade", Core, false, upgrade::run),
-        layer("portable", Core, false, portable::run),
-        layer("python", Core, false, python::run),
-        layer("ops", Full, false, ops::run),
-        layer("citus", Full, false, citus::run),
-        layer("pgspot", Full, false, pgspot::run),
-        layer("pg_upgrade", Across(&[14, 15, 17, 18]), false, pg_upgrade::run),
+        layer("unit", Default, false, &[], unit::run),
+        layer("lint", Default, false, &[], lint::run),
+        layer("pg_test", Core, false, &[], pg_test::run),
+        Layer { name: "package", scope: Core, private: false, needs: &[], run: Run::Family(package::run) },
+        layer("install", Core, false, &[], install::run),
+        layer("regress", Core, true, INSTALLED, regress::run),
+        layer("isolation", Core, true, INSTALLED, isolation::run),
+        layer("e2e", Core, true, INSTALLED, |c, k| e2e::run(c, k, Extension, TokioPostgres)),
+        layer("e2e_portable", Core, true, INSTALLED, |c, k| e2e::run(c, k, Portable, TokioPostgres)),
+        layer("e2e_sqlx", Core, true, INSTALLED, |c, k| e2e::run(c, k, Extension, Sqlx)),
+        layer("bench", Full, true, INSTALLED, bench::run),
+        layer("failover", Core, false, INSTALLED, failover::run),
+        layer("upgrade", Core, false, INSTALLED, upgrade::run),
+        layer("portable", Core, false, INSTALLED, portable::run),
+        layer("python", Core, false, INSTALLED, python::run),
+        layer("ops", Full, false, INSTALLED, ops::run),
+        layer("citus", Full, false, INSTALLED, citus::run),
+        layer("pgspot", Full, false, INSTALLED, pgspot::run),
+        layer("pg_upgrade", Across(&[14, 15, 17, 18]), false, INSTALLED, pg_upgrade::run),
     ]
 };
 
@@ -117,6 +141,16 @@ pub(crate) const LAYERS: &[Layer] = {
 /// server has plus `settings`, started.
 pub(crate) fn throwaway(ctx: &Ctx, name: &str, port: u16, settings: &str) -> Server {
     throwaway_of(&ctx.config, &format!("{name}-{}", ctx.major), port, settings)
+}
+
+/// Stops a throwaway server at the end of its layer; its directory is deleted when the layer
+/// has no failure so far, else kept, and the log says where.
+pub(crate) fn finish(server: Server, checks: &mut Checks) {
+    server.stop(idempotency_pgserver::Stop::Fast);
+    if checks.failed() > 0 {
+        checks.note(&format!("kept {} (a check failed)", server.dir().display()));
+        server.keep();
+    }
 }
 
 /// [`throwaway`] of the PostgreSQL of `pg_config` (not necessarily the major under test),

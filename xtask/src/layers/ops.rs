@@ -293,6 +293,7 @@ max_worker_processes = 16",
     for l in server.log().lines().filter(|l| l.contains("idempotency maintenance")).take(40) {
         checks.log(&format!("        {}", l.split_once(' ').map_or(l, |(_, r)| r)));
     }
+    super::finish(server, checks);
 }
 
 fn pg_cron(ctx: &Ctx, checks: &mut Checks, sql: &Named, config: &Path, rows: i64) {
@@ -336,7 +337,7 @@ fn pg_cron(ctx: &Ctx, checks: &mut Checks, sql: &Named, config: &Path, rows: i64
     checks.note(&format!("     drained in ~{secs} s after scheduling (the job starts on the next minute); {} xids", xid_after - xid_before));
     checks.note(&format!("     log: {}", line.split_once(": ").map_or("", |(_, r)| r)));
     checks.check("the procedure logs its summary with the batch transactions", ge(transactions_in(&line), rows / 10000));
-    server.stop(Stop::Fast);
+    super::finish(server, checks);
 }
 
 #[cfg(test)]

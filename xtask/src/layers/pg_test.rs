@@ -1,5 +1,7 @@
 //! Layer pg_test: `cargo pgrx test` of the major, the Rust that runs inside PostgreSQL (its data
-//! directory under target/pgrx-test-data/NN; as the postgres OS user when run as root).
+//! directory under target/pgrx-test-data/NN, deleted when every test passed; as the postgres OS
+//! user when run as root). Built in the major's build directory (`target/build-pgNN`, dev
+//! profile): the install layer's build shares every dependency with it.
 
 use crate::ctx::Ctx;
 use crate::report::Checks;
@@ -21,5 +23,12 @@ pub(crate) fn run(ctx: &Ctx, checks: &mut Checks) {
         args.extend(["--runas", "postgres"]);
     }
     args.extend(["--pgdata", &data]);
-    crate::cargo::test(checks, Path::new("extension"), &args, &[]);
+    let build = ctx.build_dir();
+    crate::cargo::test(checks, Path::new("extension"), &args, &[("CARGO_TARGET_DIR", build.to_str().expect("UTF-8 path"))]);
+    // Its cluster is disposable: deleted when every test passed, else kept for inspection.
+    if checks.failed() == 0 {
+        let _ = std::fs::remove_dir_all(&data);
+    } else {
+        checks.note(&format!("kept {data} (a test failed)"));
+    }
 }

@@ -2,39 +2,18 @@
 //! tests/pg_upgrade.rs (ignored by the plain e2e run), pg_upgrade between the relocatable trees
 //! of 14 -> 18 and 15 -> 17 with records in every state and a two-phase reservation in flight.
 //! The other majors' trees got the extension from their install layer; the default major's tree
-//! gets it here (its layers used Debian's own directories). Ports from 56000
-//! (`IDEM_SERVERS_PORT` overrides).
+//! gets here the files its install layer installed into Debian's own directories (the same
+//! build: no second one; the package layer proved a build against Debian's headers in a copy of
+//! the tree). Ports from 56000 (`IDEM_SERVERS_PORT` overrides).
 
 use crate::ctx::Ctx;
 use crate::report::Checks;
 use idempotency_pgserver::tree;
-use std::path::Path;
-use std::process::Command;
+use std::path::{Path, PathBuf};
 
 /// Runs the layer; `ctx` is the default major's.
 pub(crate) fn run(ctx: &Ctx, checks: &mut Checks) {
-    let log = checks.log_path().to_owned();
-    let installed = tree(ctx.major).and_then(|tree| {
-        let pg = format!("pg{}", ctx.major);
-        let ok = crate::sh::to_log(
-            Command::new("cargo")
-                .current_dir("extension")
-                .args(["pgrx", "install", "--release", "--pg-config"])
-                .arg(&tree)
-                .args(["--no-default-features", "--features", &pg]),
-            &log,
-        ) && crate::sh::to_log(
-            Command::new("python3")
-                .args(["scripts/sqlbuild.py", "install-files"])
-                .arg(Path::new(&idempotency_pgserver::pg_config_value(&tree, "--sharedir")).join("extension")),
-            &log,
-        );
-        if ok {
-            Ok(tree)
-        } else {
-            Err(crate::sh::tail(&std::fs::read_to_string(&log).unwrap_or_default(), 20))
-        }
-    });
+    let installed = tree(ctx.major).and_then(|tree| copy_installed(&ctx.config, &tree).map(|()| tree));
     if let Err(e) = installed {
         checks.fail(&format!("the extension installed into the relocatable tree of {}", ctx.major), &e);
         return;
@@ -42,4 +21,28 @@ pub(crate) fn run(ctx: &Ctx, checks: &mut Checks) {
     let base = std::env::var("IDEM_SERVERS_PORT").unwrap_or_else(|_| "56000".into());
     let args = ["test", "--no-fail-fast", "-p", "idempotency-tests", "--test", "pg_upgrade", "--", "--ignored"];
     crate::cargo::test(checks, Path::new("."), &args, &[("IDEM_SERVERS_PORT", &base)]);
+}
+
+/// Copies the extension installed in `from`'s directories (its library, control file and every
+/// script) into `to`'s.
+fn copy_installed(from: &Path, to: &Path) -> Result<(), String> {
+    if from == to {
+        return Ok(());
+    }
+    let dir = |config: &Path, flag: &str| PathBuf::from(idempotency_pgserver::pg_config_value(config, flag));
+    let copy = |a: PathBuf, b: PathBuf| std::fs::copy(&a, &b).map(drop).map_err(|e| format!("copy {} to {}: {e}", a.display(), b.display()));
+    copy(dir(from, "--pkglibdir").join("idempotency.so"), dir(to, "--pkglibdir").join("idempotency.so"))?;
+    let (src, dst) = (dir(from, "--sharedir").join("extension"), dir(to, "--sharedir").join("extension"));
+    let entries = std::fs::read_dir(&src).map_err(|e| format!("{}: {e}", src.display()))?;
+    let mut n = 0;
+    for entry in entries.filter_map(Result::ok) {
+        if entry.file_name().to_string_lossy().starts_with("idempotency") {
+            copy(entry.path(), dst.join(entry.file_name()))?;
+            n += 1;
+        }
+    }
+    if n == 0 {
+        return Err(format!("no idempotency* file in {}: the install layer has not run", src.display()));
+    }
+    Ok(())
 }

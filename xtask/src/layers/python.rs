@@ -34,7 +34,7 @@ pub(crate) fn run(ctx: &Ctx, checks: &mut Checks) {
         }
         check_py(checks, &psql.db(&db).url(), kind);
     }
-    server.stop(idempotency_pgserver::Stop::Fast);
+    super::finish(server, checks);
 }
 
 /// check.py's checks: its lines logged, its closing `N passed, N failed` line read (a run
@@ -48,6 +48,11 @@ fn check_py(checks: &mut Checks, url: &str, label: &str) {
     let last = text.lines().last().unwrap_or_default();
     let counts = last.split_once(" passed, ").and_then(|(p, rest)| Some((p.parse::<u32>().ok()?, rest.strip_suffix(" failed")?.parse::<u32>().ok()?)));
     for l in text.lines().filter(|l| *l != last) {
+        // `ok     LABEL: name` / `FAILED LABEL: name`: the name is the same for both installs.
+        let result = l.strip_prefix("ok     ").or_else(|| l.strip_prefix("FAILED "));
+        if let Some(name) = result.and_then(|r| r.strip_prefix(label)).and_then(|r| r.strip_prefix(": ")) {
+            checks.named(format!("check.py: {name}"));
+        }
         if l.starts_with("FAILED") || l.starts_with("  ") {
             checks.note(l);
         } else {

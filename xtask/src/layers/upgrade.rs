@@ -117,13 +117,18 @@ pub(crate) fn run(ctx: &Ctx, checks: &mut Checks) {
         }
     }
 
+    // The one rerun of the suites this layer keeps: on a database the update scripts made,
+    // under this build's library. The schema comparison above reads the catalog's description;
+    // this runs every function of the updated install (the update chain's C symbols, sequences
+    // and the extension's membership as the suites use them). The portable layer runs them on
+    // a fresh portable install; no other layer reruns them.
     let prepare = |db: &str| psql.db(db).q(&format!("CREATE EXTENSION idempotency VERSION '{oldest}'; ALTER EXTENSION idempotency UPDATE")).map(drop);
     suites(checks, ctx, &psql, &format!("updated-from-{oldest}"), Path::new("tests/regress/schedule"), &[], &prepare);
 
     if oldest != current {
         load(ctx, checks, &psql, &oldest, &current);
     }
-    server.stop(idempotency_pgserver::Stop::Fast);
+    super::finish(server, checks);
 }
 
 /// Clients reserve and complete through the update (pgbench, tests/upgrade/load.pgbench).
