@@ -18,14 +18,19 @@
 //! `log(members)` factor). Only a number can make the canonical form longer than its text
 //! (`1e6` is `1000000`; strings, whitespace and duplicate keys only shorten it), so the canonical
 //! form is bounded by the text's length: at most [`CANONICAL_BYTES_PER_BYTE`] bytes per byte of
-//! the text plus [`CANONICAL_EXTRA_BYTES`] ([`max_canonical_len`]). Each number's exact length is
-//! computed from its digits and exponent before anything is written, and the text is refused
-//! with [`FingerprintError::TooLarge`] as soon as its numbers would take the canonical form past
-//! the bound (a number's expansion is counted in full even when a duplicate key drops it, and a
-//! number written shorter than its text gives no credit to the others). The bound keeps every
-//! `f64` (at most 326 digits) and numbers up to 10^32000 written alone, and caps a 1 MiB request
-//! at 16 MiB of canonical text, which costs about what canonicalising an ordinary 1 MiB request
-//! costs (docs/performance.md has the measured figures).
+//! the text plus [`CANONICAL_EXTRA_BYTES`] ([`max_canonical_len`]).
+//!
+//! Each number's written length (sign included) is computed from its digits and exponent before
+//! a digit is written and charged against that bound; a number's expansion counts even when a
+//! duplicate key drops it, and a number written shorter than its text gives no credit to the
+//! others. Once the numbers would pass the bound nothing more is written, the text is read to its
+//! end, and it is refused with [`FingerprintError::TooLarge`] if it is JSON (a text that is not
+//! is [`FingerprintError::InvalidJson`], one nested too deep [`FingerprintError::TooDeep`], as
+//! without the bound).
+//!
+//! The bound keeps every `f64` in any spelling (at most 326 digits) and numbers up to 10^32000
+//! alone, and caps a 1 MiB request at 16 MiB of canonical text, which costs about what an
+//! ordinary 1 MiB request costs (docs/performance.md has the measured figures).
 //!
 //! [`Fingerprint::of_json_text`] never holds the canonical form: it hashes it as it is written,
 //! and a long run of zeros is hashed from a constant buffer, so its memory is that of the parse.
@@ -69,7 +74,7 @@ pub enum FingerprintError {
     /// The canonical form would be longer than [`max_canonical_len`] of the text: a number with
     /// a large exponent (`1e60000000`), or many of them.
     #[error(
-        "request's canonical form would exceed {limit} bytes, the limit for a {text_len}-byte text \
+        "request's canonical form would exceed {limit} bytes, the limit for a text of {text_len} bytes \
          ({CANONICAL_BYTES_PER_BYTE} bytes per byte plus {CANONICAL_EXTRA_BYTES}): its numbers' exponents \
          write out too many digits"
     )]
@@ -247,6 +252,7 @@ impl Parsed {
             input: input.as_bytes(),
             pos: 0,
             budget: max_canonical_len(input.len()) - input.len(),
+            over: false,
             out: Parsed { text: Vec::with_capacity(input.len()), marks: Vec::new(), members: Vec::new() },
             open: Vec::new(),
             keys: Vec::new(),
@@ -257,6 +263,9 @@ impl Parsed {
         parser.skip_whitespace();
         if parser.pos != parser.input.len() {
             return Err(parser.invalid("trailing characters after the value"));
+        }
+        if parser.over {
+            return Err(FingerprintError::TooLarge { text_len: input.len(), limit: max_canonical_len(input.len()) });
         }
         Ok(parser.out)
     }
@@ -302,6 +311,9 @@ struct Parser<'a> {
     pos: usize,
     /// Bytes the output may still grow by beyond the input's own length (number expansion).
     budget: usize,
+    /// The budget was exceeded: the text is refused with [`FingerprintError::TooLarge`] once it
+    /// is read to its end and found to be JSON.
+    over: bool,
     out: Parsed,
     /// The members of the open objects, innermost last.
     open: Vec<Member>,
@@ -618,9 +630,11 @@ impl Parser<'_> {
             2i64.saturating_add(exponent.saturating_neg())
         });
         let growth = usize::try_from(plain_len).unwrap_or(usize::MAX).saturating_sub(token_len);
-        if growth > self.budget {
-            let text_len = self.input.len();
-            return Err(FingerprintError::TooLarge { text_len, limit: max_canonical_len(text_len) });
+        if self.over || growth > self.budget {
+            // Nothing more is written; the rest is still read, so that a text that is not JSON
+            // is reported as such.
+            self.over = true;
+            return Ok(());
         }
         self.budget -= growth;
 
@@ -779,7 +793,7 @@ mod tests {
         let e = too_large("1e60000000");
         assert_eq!(
             e.to_string(),
-            "request's canonical form would exceed 32928 bytes, the limit for a 10-byte text \
+            "request's canonical form would exceed 32928 bytes, the limit for a text of 10 bytes \
              (16 bytes per byte plus 32768): its numbers' exponents write out too many digits"
         );
     }
@@ -798,6 +812,11 @@ mod tests {
             assert_eq!(canonical_json(text), Err(too_large(text)), "{text}");
             assert_eq!(Fingerprint::of_json_text(text), Err(too_large(text)), "{text}");
         }
+        // Only JSON is refused for its size: a text that is not JSON is reported as such.
+        assert!(matches!(canonical_json("{\"a\":1e60000000,}"), Err(FingerprintError::InvalidJson { offset: 16, .. })));
+        assert!(matches!(canonical_json("[1e60000000"), Err(FingerprintError::InvalidJson { offset: 11, .. })));
+        let deep = "[1e60000000,".to_owned() + &"[".repeat(MAX_DEPTH) + &"]".repeat(MAX_DEPTH + 1);
+        assert_eq!(canonical_json(&deep), Err(FingerprintError::TooDeep));
         // Zeros never count, however written.
         assert_eq!(canon("0e999999999999999999999"), "0");
         assert_eq!(canon("-0.000e-60000000"), "0");

@@ -43,7 +43,9 @@ fn _idem_fingerprint_jsonb(request: JsonbText) -> String {
 fn fingerprint_json(text: &str) -> String {
     match Fingerprint::of_json_text(text) {
         Ok(fingerprint) => fingerprint.to_string(),
-        Err(e @ (FingerprintError::TooDeep | FingerprintError::TooLarge)) => {
+        // The limits (depth, and the canonical form's length against the text's): 54000,
+        // raised before the canonical form is written.
+        Err(e @ (FingerprintError::TooDeep | FingerprintError::TooLarge { .. })) => {
             ereport!(ERROR, PgSqlErrorCode::ERRCODE_PROGRAM_LIMIT_EXCEEDED, e.to_string());
         }
         // Only the text form can get here: a jsonb value is always valid JSON.

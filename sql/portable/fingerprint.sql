@@ -2,8 +2,12 @@
 -- LANGUAGE c functions of the same signatures (scripts/portable.sh substitutes them; the
 -- COMMENT and privilege statements of sql/ apply unchanged).
 --
--- A statement-by-statement port of the canonicaliser in client/src/fingerprint.rs (the one the
+-- A statement-by-statement port of the canonicaliser in core/src/fingerprint.rs (the one the
 -- extension calls): same rules, same limits, same error messages with the same byte offsets.
+-- The canonical form is bounded by the text's length as there: at most 16 bytes per byte plus
+-- 32768 (max_canonical_len), each number's written length computed from its exponent and
+-- charged before its digits are written, so '1e60000000' never writes its digits (the text is
+-- read to its end and then refused, 54000, if it is JSON).
 -- It is iterative, with an explicit stack, so 1024 levels of nesting cost no call depth.
 
 CREATE FUNCTION @extschema@.idem_fingerprint(request text) RETURNS text
@@ -15,7 +19,9 @@ DECLARE
     b        bytea   := convert_to(request, 'UTF8');
     n        integer := length(b);
     pos      integer := 0;                            -- byte offset, as in the Rust errors
-    budget   bigint  := 67108864;                     -- fingerprint.rs MAX_CANONICAL_BYTES
+    -- What numbers may add to the text's own length: max_canonical_len(n) - n in fingerprint.rs.
+    budget   bigint  := 15::bigint * n + 32768;
+    over     boolean := false;                        -- the numbers passed the bound
     reason   text;
     c        integer;
     v        bytea;                                   -- the value just read, canonical
@@ -259,20 +265,24 @@ BEGIN
                 expo := expo + (length(sig) - length(trimmed));
                 sig := trimmed;
                 sig_len := length(sig);
-                plain := CASE WHEN expo >= 0 THEN sig_len + expo
-                              WHEN sig_len + expo > 0 THEN sig_len + 1
-                              ELSE 2 - expo END;
+                plain := CASE WHEN neg THEN 1 ELSE 0 END   -- the written length, sign included
+                         + CASE WHEN expo >= 0 THEN sig_len + expo
+                                WHEN sig_len + expo > 0 THEN sig_len + 1
+                                ELSE 2 - expo END;
                 growth := greatest(plain - (pos - start + CASE WHEN neg THEN 1 ELSE 0 END), 0);
-                IF growth > budget THEN
-                    RAISE EXCEPTION 'request''s canonical form would exceed % bytes', 67108864
-                        USING ERRCODE = '54000';
+                IF over OR growth > budget THEN
+                    -- Nothing more is written; the rest is read, so a text that is not JSON is
+                    -- reported as such (the refusal is raised at the end).
+                    over := true;
+                    v := ''::bytea;
+                ELSE
+                    budget := budget - growth;
+                    point := sig_len + expo;
+                    v := convert_to(CASE WHEN neg THEN '-' ELSE '' END || CASE
+                             WHEN expo >= 0 THEN sig || repeat('0', expo::integer)
+                             WHEN point > 0 THEN substr(sig, 1, point::integer) || '.' || substr(sig, point::integer + 1)
+                             ELSE '0.' || repeat('0', (-point)::integer) || sig END, 'UTF8');
                 END IF;
-                budget := budget - growth;
-                point := sig_len + expo;
-                v := convert_to(CASE WHEN neg THEN '-' ELSE '' END || CASE
-                         WHEN expo >= 0 THEN sig || repeat('0', expo::integer)
-                         WHEN point > 0 THEN substr(sig, 1, point::integer) || '.' || substr(sig, point::integer + 1)
-                         ELSE '0.' || repeat('0', (-point)::integer) || sig END, 'UTF8');
             END IF;
 
         ELSIF c IN (116, 102, 110) THEN                 -- true false null
@@ -303,6 +313,11 @@ BEGIN
                 IF pos <> n THEN
                     reason := 'trailing characters after the value';
                     EXIT main;
+                END IF;
+                IF over THEN
+                    RAISE EXCEPTION 'request''s canonical form would exceed % bytes, the limit for a text of % bytes (16 bytes per byte plus 32768): its numbers'' exponents write out too many digits',
+                        16::bigint * n + 32768, n
+                        USING ERRCODE = '54000';
                 END IF;
                 RETURN encode(sha256(v), 'hex');
             END IF;
