@@ -37,74 +37,62 @@ impl DatabaseError {
 /// Everything a call can end with other than its result. `E` is the error type of your closure
 /// (for [`crate::Idempotency::run`] and [`crate::Idempotency::run_external`]); calls that run
 /// no closure use `Error<Infallible>`, the default.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug)]
 #[non_exhaustive]
 pub enum Error<E = Infallible> {
     /// Another attempt holds the key (a live `PROCESSING` record, or an uncommitted reservation).
-    #[error("another attempt holds this idempotency key; retry after {retry_after:?}")]
     InProgress {
         /// The `Retry-After` hint ([`crate::Settings::retry_after`]).
         retry_after: Duration,
     },
     /// The key was used before with a different request.
-    #[error("idempotency key reused with a different request")]
     Mismatch,
     /// The key's attempt failed for good: a stored failure response (replay it), or none when
     /// the key was poisoned by retries or recovered after a crash.
-    #[error("the request failed permanently{}", if response.is_some() { " (stored response)" } else { "" })]
     Failed {
         /// The stored failure response, if one was stored.
         response: Option<serde_json::Value>,
     },
     /// This attempt lost its lease (recovered or taken over); its work was rolled back.
-    #[error("the attempt lost its lease on the idempotency key; its work was rolled back")]
     LeaseLost {
         /// The `Retry-After` hint ([`crate::Settings::retry_after`]).
         retry_after: Duration,
     },
     /// The key breaks the input rules; nothing was sent to the database.
-    #[error("invalid idempotency key: {0}")]
-    InvalidKey(#[from] KeyError),
+    InvalidKey(KeyError),
     /// The pool or the connection failed or timed out, or the server cannot take writes (a
     /// standby after a failover): the store could not be used. Retrying is safe; the source is
     /// the pool's or the driver's error.
-    #[error("idempotency store unavailable")]
-    StoreUnavailable(#[source] Source),
+    StoreUnavailable(Source),
     /// No usable install of the extension: not installed in the configured schema, or at a
     /// version this client does not speak (only this crate's own statements report it; an
     /// undefined function in your own SQL is a [`Error::Database`] error).
-    #[error("{reason}")]
     IncompatibleExtension {
         /// What is missing or skewed, in words.
         reason: String,
         /// The database error, when a statement failed.
-        #[source]
         source: Option<Source>,
     },
     /// The client was configured wrongly: a malformed connection URL, an invalid schema name.
-    #[error("configuration: {reason}")]
     Configuration {
         /// What is wrong, in words.
         reason: String,
         /// The underlying error, if any.
-        #[source]
         source: Option<Source>,
     },
     /// Your closure (or the outside call of `run_external`) failed, and what happened to the
     /// key follows its [`crate::HandlerError::disposition`]: a transient error released it (a
     /// retry runs again); a permanent one stored it as `FAILED` with its response.
-    #[error("handler failed: {error}")]
     Handler {
-        /// Your error.
+        /// Your error; also the `source()` (see [`crate::HandlerError::as_error`]).
         error: E,
     },
     /// Your closure failed transiently and that was the key's `max_retries`-th transient
     /// failure: its writes were undone and the key is now `FAILED`, so a retry gets
     /// [`Error::Failed`] instead of running again (the error twin of
     /// [`crate::Outcome::Poisoned`]).
-    #[error("handler failed, and the key is poisoned: {error}")]
     Poisoned {
-        /// Your error.
+        /// Your error; also the `source()` (see [`crate::HandlerError::as_error`]).
         error: E,
     },
     /// `run_external`: the outside call succeeded but its local transaction (your `record`
@@ -113,13 +101,13 @@ pub enum Error<E = Infallible> {
     /// `key_completed`, the key holds the outside result (a retry replays it) although your local
     /// write is missing; otherwise the key stays `PROCESSING` until `idem_recover_stuck`. In both
     /// cases reconcile your local state from `response`.
-    #[error("the outside call succeeded but its result could not be recorded locally (key completed: {key_completed})")]
     RecordFailed {
         /// The outside call's result, as stored in the key.
         response: serde_json::Value,
         /// Whether the key now holds `response`.
         key_completed: bool,
-        /// The last error of the local transaction.
+        /// The last error of the local transaction; also the `source()` (and when `record`
+        /// failed, an [`Error::Handler`] whose source is its error).
         error: Box<Error<E>>,
     },
     /// The result's stored form is larger than the server's `idempotency.max_response_bytes`
@@ -131,7 +119,6 @@ pub enum Error<E = Infallible> {
     /// effect happened (`effect_stands`), so the key was completed `FAILED` with the marker
     /// [`crate::StoredResponse::too_large`] (your `record` closure ran again, in the transaction
     /// that stored the marker) and every retry gets [`Error::Failed`] with the marker.
-    #[error("the result is larger than idempotency.max_response_bytes and was not stored ({})", too_large_fate(*effect_stands, *key_failed))]
     ResponseTooLarge {
         /// Two-phase: the outside effect happened and the key holds the marker. In-transaction:
         /// false, the work was rolled back.
@@ -142,21 +129,78 @@ pub enum Error<E = Infallible> {
     },
     /// A stored response does not deserialise as the caller's type (or a result does not
     /// serialise to JSON).
-    #[error("stored response does not match the response type")]
-    Decode(#[source] serde_json::Error),
+    Decode(serde_json::Error),
     /// The server answered something this client does not expect (a missing column, an unknown
     /// outcome): a client and extension version skew, or a bug.
-    #[error("unexpected answer from the idempotency extension: {reason}")]
     Protocol {
         /// What was unexpected.
         reason: String,
         /// The decoding error, if any.
-        #[source]
         source: Option<Source>,
     },
     /// Any other database error (see [`Error::sqlstate`]).
-    #[error("database error")]
-    Database(#[source] DatabaseError),
+    Database(DatabaseError),
+}
+
+impl<E: std::fmt::Display> std::fmt::Display for Error<E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Error::InProgress { retry_after } => write!(f, "another attempt holds this idempotency key; retry after {retry_after:?}"),
+            Error::Mismatch => f.write_str("idempotency key reused with a different request"),
+            Error::Failed { response } => {
+                write!(f, "the request failed permanently{}", if response.is_some() { " (stored response)" } else { "" })
+            }
+            Error::LeaseLost { .. } => f.write_str("the attempt lost its lease on the idempotency key; its work was rolled back"),
+            Error::InvalidKey(e) => write!(f, "invalid idempotency key: {e}"),
+            Error::StoreUnavailable(_) => f.write_str("idempotency store unavailable"),
+            Error::IncompatibleExtension { reason, .. } => f.write_str(reason),
+            Error::Configuration { reason, .. } => write!(f, "configuration: {reason}"),
+            Error::Handler { error } => write!(f, "handler failed: {error}"),
+            Error::Poisoned { error } => write!(f, "handler failed, and the key is poisoned: {error}"),
+            Error::RecordFailed { key_completed, .. } => {
+                write!(f, "the outside call succeeded but its result could not be recorded locally (key completed: {key_completed})")
+            }
+            Error::ResponseTooLarge { effect_stands, key_failed } => write!(
+                f,
+                "the result is larger than idempotency.max_response_bytes and was not stored ({})",
+                too_large_fate(*effect_stands, *key_failed)
+            ),
+            Error::Decode(_) => f.write_str("stored response does not match the response type"),
+            Error::Protocol { reason, .. } => write!(f, "unexpected answer from the idempotency extension: {reason}"),
+            Error::Database(_) => f.write_str("database error"),
+        }
+    }
+}
+
+/// The sources: the driver's or the pool's error, the key's rule, the JSON error, and your
+/// closure's error for [`Error::Handler`] and [`Error::Poisoned`] (when its
+/// [`crate::HandlerError::as_error`] gives it: every error type but `String` and `&str`), the
+/// local transaction's error for [`Error::RecordFailed`] (whose own source is your `record`
+/// closure's error when that is what failed).
+impl<E> std::error::Error for Error<E>
+where
+    E: crate::handler_error::HandlerError + std::fmt::Debug + std::fmt::Display + 'static,
+{
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::InvalidKey(e) => Some(e),
+            Error::StoreUnavailable(source) => Some(source.as_ref()),
+            Error::IncompatibleExtension { source, .. } | Error::Configuration { source, .. } | Error::Protocol { source, .. } => {
+                source.as_ref().map(|s| s.as_ref() as _)
+            }
+            Error::Handler { error } | Error::Poisoned { error } => error.as_error(),
+            Error::RecordFailed { error, .. } => Some(error.as_ref()),
+            Error::Decode(e) => Some(e),
+            Error::Database(e) => Some(e),
+            Error::InProgress { .. } | Error::Mismatch | Error::Failed { .. } | Error::LeaseLost { .. } | Error::ResponseTooLarge { .. } => None,
+        }
+    }
+}
+
+impl<E> From<KeyError> for Error<E> {
+    fn from(e: KeyError) -> Self {
+        Error::InvalidKey(e)
+    }
 }
 
 /// The words of [`Error::ResponseTooLarge`] for what happened to the work and the key.
@@ -203,5 +247,105 @@ impl Error<Infallible> {
             Error::Protocol { reason, source } => Error::Protocol { reason, source },
             Error::Database(e) => Error::Database(e),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::error::Error as _;
+
+    #[derive(Debug)]
+    struct Declined(std::io::Error);
+
+    impl std::fmt::Display for Declined {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("card declined")
+        }
+    }
+
+    impl std::error::Error for Declined {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    impl crate::HandlerError for Declined {
+        fn as_error(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(self)
+        }
+    }
+
+    /// The messages of `e`'s source chain, `e` excluded.
+    fn chain(e: &dyn std::error::Error) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut next = e.source();
+        while let Some(e) = next {
+            out.push(e.to_string());
+            next = e.source();
+        }
+        out
+    }
+
+    fn declined() -> Declined {
+        Declined(std::io::Error::other("gateway said 402"))
+    }
+
+    #[test]
+    fn the_handlers_error_is_the_source_of_handler_poisoned_and_record_failed() {
+        let handler = Error::Handler { error: declined() };
+        assert_eq!(chain(&handler), ["card declined", "gateway said 402"]);
+        assert!(handler.source().and_then(|s| s.downcast_ref::<Declined>()).is_some());
+        let poisoned = Error::Poisoned { error: declined() };
+        assert_eq!(chain(&poisoned), ["card declined", "gateway said 402"]);
+        let failed = Error::RecordFailed { response: serde_json::json!({}), key_completed: true, error: Box::new(Error::Handler { error: declined() }) };
+        assert_eq!(chain(&failed), ["handler failed: card declined", "card declined", "gateway said 402"]);
+        // A boxed error, an io::Error: their own chains follow.
+        let boxed: Box<dyn std::error::Error + Send + Sync> = Box::new(declined());
+        assert_eq!(chain(&Error::Handler { error: boxed }), ["card declined", "gateway said 402"]);
+        assert_eq!(chain(&Error::Handler { error: std::io::Error::other("disk") }), ["disk"]);
+        // A message has no source: its text is the error's own.
+        let message = Error::Handler { error: String::from("no stock") };
+        assert_eq!((message.to_string(), chain(&message).len()), ("handler failed: no stock".to_owned(), 0));
+    }
+
+    #[test]
+    fn the_other_variants_keep_their_sources() {
+        let unavailable: Error = Error::StoreUnavailable(Box::new(std::io::Error::other("reset")));
+        assert_eq!(chain(&unavailable), ["reset"]);
+        let config: Error = Error::Configuration { reason: "r".into(), source: Some(Box::new(std::io::Error::other("parse"))) };
+        assert_eq!(chain(&config), ["parse"]);
+        let key: Error = idempotency_core::Key::new("", "u", "k").map(drop).map_err(Error::from).unwrap_err();
+        assert!(matches!(key, Error::InvalidKey(_)) && chain(&key).len() == 1, "{key:?}");
+        assert!(Error::<Declined>::Mismatch.source().is_none());
+    }
+
+    #[cfg(feature = "anyhow")]
+    #[test]
+    fn an_anyhow_error_is_a_handler_error_and_the_source() {
+        use crate::{Disposition, HandlerError};
+        let error = anyhow::Error::new(declined()).context("charging order 7");
+        assert_eq!((error.disposition(), error.sqlstate(), error.store_unavailable()), (Disposition::Transient, None, false));
+        let e = Error::Poisoned { error };
+        assert_eq!(chain(&e), ["charging order 7", "card declined", "gateway said 402"]);
+    }
+
+    #[cfg(all(feature = "anyhow", feature = "sqlx"))]
+    #[test]
+    fn a_lost_connection_in_an_anyhow_chain_is_read_as_one() {
+        use crate::HandlerError;
+        let lost = sqlx::Error::Io(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
+        assert!(anyhow::Error::new(lost).context("recording the charge").store_unavailable());
+        assert!(!anyhow::anyhow!("recording the charge").store_unavailable());
+    }
+
+    #[cfg(feature = "eyre")]
+    #[test]
+    fn an_eyre_report_is_a_handler_error_and_the_source() {
+        use crate::{Disposition, HandlerError};
+        let error = eyre::Report::new(declined()).wrap_err("charging order 7");
+        assert_eq!((error.disposition(), error.sqlstate(), error.store_unavailable()), (Disposition::Transient, None, false));
+        let e = Error::Handler { error };
+        assert_eq!(chain(&e), ["charging order 7", "card declined", "gateway said 402"]);
     }
 }

@@ -22,7 +22,45 @@ pub enum Disposition {
 /// transaction is retried and nothing is counted. The client recognises it through
 /// [`HandlerError::sqlstate`]; implement it when your error type wraps a database error
 /// (it is implemented for `tokio_postgres::Error`, for `sqlx::Error` with the `sqlx` feature,
-/// and for boxed errors whose source chain holds one).
+/// and for boxed errors, `anyhow::Error` (feature `anyhow`) and `eyre::Report` (feature
+/// `eyre`) whose source chain holds one).
+///
+/// Your error is the `source()` of [`crate::Error::Handler`] and [`crate::Error::Poisoned`]
+/// (and, through the local transaction's error, of [`crate::Error::RecordFailed`]) when
+/// [`HandlerError::as_error`] gives it as a `std::error::Error`: implement that as `Some(self)`
+/// for an error type of your own.
+///
+/// ```
+/// use idempotency_client::{Disposition, HandlerError};
+///
+/// #[derive(Debug)]
+/// enum ChargeError { Declined, Gateway(std::io::Error) }
+///
+/// impl std::fmt::Display for ChargeError {
+///     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+///         f.write_str(match self { ChargeError::Declined => "card declined", ChargeError::Gateway(_) => "gateway failed" })
+///     }
+/// }
+///
+/// impl std::error::Error for ChargeError {
+///     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+///         match self { ChargeError::Gateway(e) => Some(e), ChargeError::Declined => None }
+///     }
+/// }
+///
+/// impl HandlerError for ChargeError {
+///     fn disposition(&self) -> Disposition {
+///         match self {
+///             ChargeError::Declined => Disposition::Permanent(Some(serde_json::json!({"error": "declined"}))),
+///             ChargeError::Gateway(_) => Disposition::Transient,
+///         }
+///     }
+///
+///     fn as_error(&self) -> Option<&(dyn std::error::Error + 'static)> {
+///         Some(self)
+///     }
+/// }
+/// ```
 pub trait HandlerError {
     /// How this error is recorded.
     fn disposition(&self) -> Disposition {
@@ -39,6 +77,13 @@ pub trait HandlerError {
     fn store_unavailable(&self) -> bool {
         false
     }
+
+    /// This error as a `std::error::Error`, to be the `source()` of [`crate::Error::Handler`]
+    /// and [`crate::Error::Poisoned`]; `None` (the default, and for `String` and `&str`, whose
+    /// text is in the error's message): no source.
+    fn as_error(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        None
+    }
 }
 
 impl HandlerError for Box<dyn std::error::Error + Send + Sync> {
@@ -49,6 +94,47 @@ impl HandlerError for Box<dyn std::error::Error + Send + Sync> {
 
     fn store_unavailable(&self) -> bool {
         first_database_error(self.as_ref()).is_some_and(|db| db.store_unavailable())
+    }
+
+    fn as_error(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(self.as_ref())
+    }
+}
+
+/// Transient, as every error by default; the SQLSTATE (40001 / 40P01 retry the transaction) and
+/// a lost connection are read from the first database error of either driver in its chain
+/// (`anyhow::Error::chain`), as for a boxed error.
+#[cfg(feature = "anyhow")]
+#[cfg_attr(docsrs, doc(cfg(feature = "anyhow")))]
+impl HandlerError for anyhow::Error {
+    fn sqlstate(&self) -> Option<&str> {
+        first_database_error(AsRef::<dyn std::error::Error + Send + Sync>::as_ref(self)).and_then(|db| db.sqlstate())
+    }
+
+    fn store_unavailable(&self) -> bool {
+        first_database_error(AsRef::<dyn std::error::Error + Send + Sync>::as_ref(self)).is_some_and(|db| db.store_unavailable())
+    }
+
+    fn as_error(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(AsRef::<dyn std::error::Error>::as_ref(self))
+    }
+}
+
+/// As for `anyhow::Error`: transient, the SQLSTATE and a lost connection read from the first
+/// database error in its chain.
+#[cfg(feature = "eyre")]
+#[cfg_attr(docsrs, doc(cfg(feature = "eyre")))]
+impl HandlerError for eyre::Report {
+    fn sqlstate(&self) -> Option<&str> {
+        first_database_error(AsRef::<dyn std::error::Error + Send + Sync>::as_ref(self)).and_then(|db| db.sqlstate())
+    }
+
+    fn store_unavailable(&self) -> bool {
+        first_database_error(AsRef::<dyn std::error::Error + Send + Sync>::as_ref(self)).is_some_and(|db| db.store_unavailable())
+    }
+
+    fn as_error(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(AsRef::<dyn std::error::Error>::as_ref(self))
     }
 }
 
@@ -73,8 +159,18 @@ impl HandlerError for crate::error::DatabaseError {
     fn sqlstate(&self) -> Option<&str> {
         crate::error::DatabaseError::sqlstate(self)
     }
+
+    fn as_error(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(self)
+    }
 }
 
-impl HandlerError for std::io::Error {}
+impl HandlerError for std::io::Error {
+    fn as_error(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(self)
+    }
+}
 impl HandlerError for String {}
 impl HandlerError for &'static str {}
+/// The error of calls that run no closure (`Error<Infallible>`, the default): never made.
+impl HandlerError for std::convert::Infallible {}

@@ -78,4 +78,8 @@ impl HandlerError for tokio_postgres::Error {
     fn store_unavailable(&self) -> bool {
         classify::unavailable(self)
     }
+
+    fn as_error(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(self)
+    }
 }

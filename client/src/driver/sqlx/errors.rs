@@ -61,4 +61,8 @@ impl HandlerError for sqlx::Error {
     fn store_unavailable(&self) -> bool {
         classify::unavailable(self)
     }
+
+    fn as_error(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(self)
+    }
 }
