@@ -24,6 +24,9 @@ pub mod types {
     pub const BODY_TOO_LARGE: &str = "urn:idempotency:problem:body-too-large";
     /// 400: the request body could not be read.
     pub const BODY_UNREADABLE: &str = "urn:idempotency:problem:body-unreadable";
+    /// 422: the JSON body's canonical form would exceed its bound (16 bytes per byte of the body
+    /// plus 32 KiB: numbers with huge exponents), so it has no fingerprint; nothing was reserved.
+    pub const FINGERPRINT_LIMIT: &str = "urn:idempotency:problem:fingerprint-limit";
     /// 409 + `Retry-After`: another request with this key is being processed.
     pub const IN_PROGRESS: &str = "urn:idempotency:problem:in-progress";
     /// 409 + `Retry-After`: this request lost its hold on the key (it ran too long); its work

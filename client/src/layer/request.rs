@@ -1,8 +1,9 @@
 //! What the layer reads from a request: its operation, its user and its fingerprint.
 
 use super::config::{Config, Scope, ANONYMOUS_USER};
+use super::problem::{types, Problem};
 use crate::driver::Driver;
-use idempotency_core::fingerprint::{canonical_json, Fingerprint};
+use idempotency_core::fingerprint::{canonical_json, Fingerprint, FingerprintError};
 use http::header::CONTENT_TYPE;
 use http::request::Parts;
 
@@ -38,10 +39,16 @@ fn is_json(parts: &Parts) -> bool {
 
 /// The fingerprint of the method, the path (with its query) and the body: the canonical JSON of
 /// a JSON body (or of its selected top-level fields), the exact bytes of any other body (or of a
-/// JSON body that does not parse).
-pub(crate) fn fingerprint<D: Driver>(config: &Config<D>, parts: &Parts, body: &[u8]) -> Fingerprint {
+/// JSON body that does not parse, or nests deeper than the canonicaliser's 1,024 levels).
+///
+/// A JSON body whose canonical form would exceed its bound (16 bytes per byte of the text plus
+/// 32 KiB: numbers with huge exponents, such as `{"a":1e60000000}`) is refused with a 422
+/// problem ([`types::FINGERPRINT_LIMIT`]), before anything is written out: its fingerprint would
+/// cost far more than the body, and no key is reserved for it. The canonicaliser runs in time
+/// linear in the body (at most the layer's `body_limit`), on the executor.
+pub(crate) fn fingerprint<D: Driver>(config: &Config<D>, parts: &Parts, body: &[u8]) -> Result<Fingerprint, Problem> {
     let target = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
-    let canonical = if is_json(parts) { canonical_body(config.fields.as_deref(), body) } else { None };
+    let canonical = if is_json(parts) { canonical_body(config.fields.as_deref(), body)? } else { None };
     let mut input = format!("{} {}\n", parts.method, target).into_bytes();
     match canonical {
         Some(text) => {
@@ -53,29 +60,41 @@ pub(crate) fn fingerprint<D: Driver>(config: &Config<D>, parts: &Parts, body: &[
             input.extend_from_slice(body);
         }
     }
-    Fingerprint::of_bytes(&input)
+    Ok(Fingerprint::of_bytes(&input))
 }
 
-fn canonical_body(fields: Option<&[String]>, body: &[u8]) -> Option<String> {
-    let text = std::str::from_utf8(body).ok()?;
-    match fields {
-        None => canonical_json(text).ok(),
+/// The canonical JSON of the body (or of its selected fields); `None` when it is not JSON (its
+/// bytes are hashed instead), a problem when it is over the canonical form's bound.
+fn canonical_body(fields: Option<&[String]>, body: &[u8]) -> Result<Option<String>, Problem> {
+    let Ok(text) = std::str::from_utf8(body) else { return Ok(None) };
+    let canonical = match fields {
+        None => canonical_json(text),
         Some(fields) => {
             // The selected members' own text, never a parsed value: numbers keep every digit
             // (serde_json's Value would round them to f64), and canonical_json sees them exactly.
-            let object: std::collections::HashMap<String, Box<serde_json::value::RawValue>> = serde_json::from_str(text).ok()?;
+            let Ok(object) = serde_json::from_str::<std::collections::HashMap<String, Box<serde_json::value::RawValue>>>(text) else {
+                return Ok(None);
+            };
             let mut selected = String::from("{");
             for (name, value) in fields.iter().filter_map(|f| object.get(f).map(|v| (f, v))) {
                 if selected.len() > 1 {
                     selected.push(',');
                 }
-                selected.push_str(&serde_json::to_string(name).ok()?);
+                let Ok(name) = serde_json::to_string(name) else { return Ok(None) };
+                selected.push_str(&name);
                 selected.push(':');
                 selected.push_str(value.get());
             }
             selected.push('}');
-            canonical_json(&selected).ok()
+            canonical_json(&selected)
         }
+    };
+    match canonical {
+        Ok(text) => Ok(Some(text)),
+        Err(e @ FingerprintError::TooLarge { .. }) => {
+            Err(Problem::new(422, types::FINGERPRINT_LIMIT, "Request body over the fingerprint limit", e.to_string()))
+        }
+        Err(_) => Ok(None),
     }
 }
 
@@ -94,6 +113,20 @@ mod tests {
         builder.build().unwrap().config
     }
 
+    fn fp(config: &Config, parts: &Parts, body: &[u8]) -> Fingerprint {
+        fingerprint(config, parts, body).unwrap_or_else(|p| panic!("refused: {p:?}"))
+    }
+
+    /// The refusal's status and problem type.
+    fn refusal(config: &Config, parts: &Parts, body: &[u8]) -> (u16, String) {
+        let Err(problem) = fingerprint(config, parts, body) else { panic!("not refused") };
+        let response = problem.into_response::<bytes::Bytes>();
+        assert_eq!(response.headers()[CONTENT_TYPE], "application/problem+json");
+        let body: serde_json::Value = serde_json::from_slice(response.body()).expect("problem+json");
+        assert!(body["detail"].as_str().is_some_and(|d| d.contains("the limit for a text of")), "{body}");
+        (response.status().as_u16(), body["type"].as_str().unwrap_or_default().to_owned())
+    }
+
     fn parts(method: &str, uri: &str, json: bool) -> Parts {
         let mut req = http::Request::builder().method(method).uri(uri);
         if json {
@@ -106,30 +139,30 @@ mod tests {
     fn json_bodies_are_canonical_other_bodies_exact() {
         let c = config(None);
         let post = parts("POST", "/charges", true);
-        let a = fingerprint(&c, &post, br#"{"a": 1, "b": [1, 2]}"#);
-        assert_eq!(a, fingerprint(&c, &post, br#"{"b":[1,2],"a":1}"#));
-        assert_ne!(a, fingerprint(&c, &post, br#"{"a": 2, "b": [1, 2]}"#));
+        let a = fp(&c, &post, br#"{"a": 1, "b": [1, 2]}"#);
+        assert_eq!(a, fp(&c, &post, br#"{"b":[1,2],"a":1}"#));
+        assert_ne!(a, fp(&c, &post, br#"{"a": 2, "b": [1, 2]}"#));
         let raw = parts("POST", "/charges", false);
-        assert_ne!(fingerprint(&c, &raw, b"{\"a\":1}"), fingerprint(&c, &raw, b"{ \"a\":1}"));
+        assert_ne!(fp(&c, &raw, b"{\"a\":1}"), fp(&c, &raw, b"{ \"a\":1}"));
     }
 
     #[test]
     fn method_and_path_count() {
         let c = config(None);
         let body = br#"{"a": 1}"#;
-        let a = fingerprint(&c, &parts("POST", "/charges", true), body);
-        assert_ne!(a, fingerprint(&c, &parts("PATCH", "/charges", true), body));
-        assert_ne!(a, fingerprint(&c, &parts("POST", "/refunds", true), body));
-        assert_ne!(a, fingerprint(&c, &parts("POST", "/charges?x=1", true), body));
+        let a = fp(&c, &parts("POST", "/charges", true), body);
+        assert_ne!(a, fp(&c, &parts("PATCH", "/charges", true), body));
+        assert_ne!(a, fp(&c, &parts("POST", "/refunds", true), body));
+        assert_ne!(a, fp(&c, &parts("POST", "/charges?x=1", true), body));
     }
 
     #[test]
     fn selected_fields_only() {
         let c = config(Some(&["amount"]));
         let post = parts("POST", "/charges", true);
-        let a = fingerprint(&c, &post, br#"{"amount": 1, "trace": "x"}"#);
-        assert_eq!(a, fingerprint(&c, &post, br#"{"trace": "y", "amount": 1}"#));
-        assert_ne!(a, fingerprint(&c, &post, br#"{"amount": 2, "trace": "x"}"#));
+        let a = fp(&c, &post, br#"{"amount": 1, "trace": "x"}"#);
+        assert_eq!(a, fp(&c, &post, br#"{"trace": "y", "amount": 1}"#));
+        assert_ne!(a, fp(&c, &post, br#"{"amount": 2, "trace": "x"}"#));
     }
 
     #[test]
@@ -137,14 +170,43 @@ mod tests {
         // Equal as f64, different as numbers: two requests, never one fingerprint.
         let c = config(Some(&["amount"]));
         let post = parts("POST", "/charges", true);
-        let a = fingerprint(&c, &post, br#"{"amount": 10000000000000000001, "trace": "x"}"#);
-        assert_ne!(a, fingerprint(&c, &post, br#"{"amount": 10000000000000000000, "trace": "x"}"#));
+        let a = fp(&c, &post, br#"{"amount": 10000000000000000001, "trace": "x"}"#);
+        assert_ne!(a, fp(&c, &post, br#"{"amount": 10000000000000000000, "trace": "x"}"#));
         assert_ne!(
-            fingerprint(&c, &post, br#"{"amount": 0.10000000000000000001}"#),
-            fingerprint(&c, &post, br#"{"amount": 0.1}"#)
+            fp(&c, &post, br#"{"amount": 0.10000000000000000001}"#),
+            fp(&c, &post, br#"{"amount": 0.1}"#)
         );
         // Still canonical: the same number spelled another way, nested objects in another order.
-        assert_eq!(fingerprint(&c, &post, br#"{"amount": 1.50}"#), fingerprint(&c, &post, br#"{"amount": 15e-1}"#));
-        assert_eq!(fingerprint(&c, &post, br#"{"amount": {"b": 1, "a": 2}}"#), fingerprint(&c, &post, br#"{"amount": {"a": 2, "b": 1}}"#));
+        assert_eq!(fp(&c, &post, br#"{"amount": 1.50}"#), fp(&c, &post, br#"{"amount": 15e-1}"#));
+        assert_eq!(fp(&c, &post, br#"{"amount": {"b": 1, "a": 2}}"#), fp(&c, &post, br#"{"amount": {"a": 2, "b": 1}}"#));
+    }
+
+    #[test]
+    fn a_body_over_the_canonical_bound_is_a_422_problem() {
+        let c = config(None);
+        let post = parts("POST", "/charges", true);
+        let limit = (422, types::FINGERPRINT_LIMIT.to_owned());
+        assert_eq!(refusal(&c, &post, br#"{"a":1e60000000}"#), limit);
+        assert_eq!(refusal(&c, &post, br#"[1e30000,1e30000]"#), limit);
+        // Within the bound: a fingerprint.
+        assert_eq!(fp(&c, &post, br#"{"a":1e30000}"#), fp(&c, &post, format!("{{\"a\":1{}}}", "0".repeat(30000)).as_bytes()));
+        // Not JSON by its content type: its bytes, as before.
+        let raw = parts("POST", "/charges", false);
+        assert_ne!(fp(&c, &raw, br#"{"a":1e60000000}"#), fp(&c, &raw, br#"{"a":1e60000001}"#));
+        // Selected fields: only what is selected counts.
+        let c = config(Some(&["amount"]));
+        assert_eq!(refusal(&c, &post, br#"{"amount": 1e60000000, "trace": 1}"#), limit);
+        let c = config(Some(&["trace"]));
+        assert_eq!(fp(&c, &post, br#"{"amount": 1e60000000, "trace": 1}"#), fp(&c, &post, br#"{"trace": 1}"#));
+    }
+
+    #[test]
+    fn invalid_or_too_deep_json_bodies_are_hashed_as_bytes_as_before() {
+        let c = config(None);
+        let (json, raw) = (parts("POST", "/charges", true), parts("POST", "/charges", false));
+        let deep = "[".repeat(1100) + &"]".repeat(1100);
+        for body in [&b"{\"a\": 1,}"[..], b"\xff\xfe", deep.as_bytes()] {
+            assert_eq!(fp(&c, &json, body), fp(&c, &raw, body));
+        }
     }
 }

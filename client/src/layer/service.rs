@@ -9,7 +9,7 @@ use super::problem::{details, types, Problem};
 use super::record::HttpRecord;
 use super::transaction::Transaction;
 use super::Mode;
-use crate::driver::{DefaultDriver, Driver};
+use crate::driver::{postgres_by_default, Driver};
 use crate::{Disposition, Error, Fingerprint, HandlerError, Key, Outcome, StoredResponse, TxFuture};
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
@@ -25,10 +25,12 @@ use tracing::Instrument;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
+postgres_by_default! {
 /// An idempotent route: the service [`super::IdempotencyLayer`] makes.
-pub struct IdempotencyService<S, D: Driver = DefaultDriver> {
+pub struct IdempotencyService<S, D: Driver = Postgres> {
     pub(crate) inner: S,
     pub(crate) config: Arc<Config<D>>,
+}
 }
 
 impl<S: Clone, D: Driver> Clone for IdempotencyService<S, D> {
@@ -123,7 +125,10 @@ where
         }
         Err(e) => return Ok(observed.reject(Problem::new(400, types::BODY_UNREADABLE, "Request body unreadable", e.to_string()))),
     };
-    let fingerprint = super::request::fingerprint(&config, &parts, &bytes);
+    let fingerprint = match super::request::fingerprint(&config, &parts, &bytes) {
+        Ok(fingerprint) => fingerprint,
+        Err(problem) => return Ok(observed.reject(problem)),
+    };
 
     // The route runs to its end in a task of its own, so a client that disconnects does not
     // cancel it half-way: the key is completed (or released) and the client's retry replays.
