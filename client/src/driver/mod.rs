@@ -26,14 +26,27 @@ pub use self::sqlx::{SharedConnection, Sqlx, SqlxTx};
 #[cfg(not(any(feature = "postgres", feature = "sqlx")))]
 compile_error!("idempotency-client needs a driver: its feature `postgres` (the default, tokio-postgres) or `sqlx`");
 
-/// The driver a handle, a layer and a `Transaction` name when none is given: [`Postgres`] with
-/// the `postgres` feature (the default), else `Sqlx`.
-#[cfg(feature = "postgres")]
-pub type DefaultDriver = Postgres;
-/// The driver a handle, a layer and a `Transaction` name when none is given: [`Postgres`] with
-/// the `postgres` feature (the default), else [`Sqlx`].
-#[cfg(all(feature = "sqlx", not(feature = "postgres")))]
-pub type DefaultDriver = Sqlx;
+/// Declares a struct whose driver parameter, written `D: Driver = Postgres`, defaults to
+/// [`Postgres`] with the `postgres` feature and has no default without it: a plain
+/// `Idempotency` (a layer, a `Transaction`) is the tokio-postgres one whatever features the
+/// other crates of a build turn on, and sqlx users name `Idempotency<Sqlx>`. (Features are
+/// additive: a default that moved with them would change the type of code written for sqlx
+/// when some other dependency turned `postgres` on.)
+macro_rules! postgres_by_default {
+    (@scan [$($done:tt)*] = Postgres $($rest:tt)*) => {
+        #[cfg(feature = "postgres")]
+        $($done)* = $crate::driver::Postgres $($rest)*
+        #[cfg(not(feature = "postgres"))]
+        $($done)* $($rest)*
+    };
+    (@scan [$($done:tt)*] $next:tt $($rest:tt)*) => {
+        $crate::driver::postgres_by_default!(@scan [$($done)* $next] $($rest)*);
+    };
+    ($(#[$meta:meta])* $vis:vis struct $name:ident < $($rest:tt)*) => {
+        $crate::driver::postgres_by_default!(@scan [$(#[$meta])* $vis struct $name <] $($rest)*);
+    };
+}
+pub(crate) use postgres_by_default;
 
 use crate::error::Error;
 use crate::row::Row;

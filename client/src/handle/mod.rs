@@ -10,7 +10,7 @@ mod postgres;
 #[cfg(feature = "sqlx")]
 mod sqlx;
 
-use crate::driver::{DefaultDriver, Driver};
+use crate::driver::{postgres_by_default, Driver};
 use crate::error::Error;
 use crate::flow::{self, Context, TxFuture};
 use crate::handler_error::HandlerError;
@@ -22,8 +22,14 @@ use idempotency_core::{Fingerprint, Key};
 use std::sync::Arc;
 use tokio::sync::OnceCell;
 
+postgres_by_default! {
 /// A cloneable handle: a driver (for `Postgres`, a `deadpool_postgres::Pool`), the
 /// [`Settings`] of every call and the extension's [`Schema`].
+///
+/// **The driver.** `D` is [`crate::Postgres`] when left out (with the `postgres` feature, the
+/// default), whatever other features the build turns on: a plain `Idempotency` is always the
+/// tokio-postgres handle. Over sqlx, name it: `Idempotency<Sqlx>` (without the `postgres`
+/// feature `D` has no default).
 ///
 /// **The pool.** `run` holds one pooled connection for the length of its transaction (your
 /// closure included) and gives it back on every exit, even when its future is dropped (then the
@@ -39,10 +45,11 @@ use tokio::sync::OnceCell;
 /// [`crate::Elapsed`]; its connection is closed, so the server rolls back what it had begun and
 /// the key is free for a retry. `run_external`'s outside call is not cut (see there).
 #[derive(Clone)]
-pub struct Idempotency<D: Driver = DefaultDriver> {
+pub struct Idempotency<D: Driver = Postgres> {
     driver: D,
     settings: Arc<Settings>,
     schema: Arc<OnceCell<Schema>>,
+}
 }
 
 impl<D: Driver> std::fmt::Debug for Idempotency<D> {

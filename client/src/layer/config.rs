@@ -2,7 +2,7 @@
 
 use super::{IdempotencyLayer, Mode};
 use crate::response::{Replayable, StoredResponse, Verdict};
-use crate::driver::{DefaultDriver, Driver, Step};
+use crate::driver::{postgres_by_default, Driver, Step};
 use crate::row::{only, Row};
 use crate::sql::MAX_RESPONSE_BYTES_SQL;
 use crate::{Error, Idempotency};
@@ -33,8 +33,9 @@ pub const ANONYMOUS_USER: &str = "anonymous";
 #[error("idempotency layer: {0}")]
 pub struct ConfigError(String);
 
+postgres_by_default! {
 /// The frozen configuration every request of a layer reads.
-pub(crate) struct Config<D: Driver = DefaultDriver> {
+pub(crate) struct Config<D: Driver = Postgres> {
     pub(crate) idem: Idempotency<D>,
     pub(crate) mode: Mode,
     pub(crate) header: HeaderName,
@@ -48,6 +49,7 @@ pub(crate) struct Config<D: Driver = DefaultDriver> {
     pub(crate) stored_headers: Vec<HeaderName>,
     pub(crate) policy: fn(u16) -> Verdict,
     pub(crate) log_keys: bool,
+}
 }
 
 /// The default of [`Builder::response_limit`] where the server's `idempotency.max_response_bytes`
@@ -125,6 +127,7 @@ fn memory_setting(text: &str) -> Option<usize> {
     number.parse::<usize>().ok()?.checked_mul(scale)
 }
 
+postgres_by_default! {
 /// Builds an [`IdempotencyLayer`]; start from [`IdempotencyLayer::builder`].
 ///
 /// | setting | default |
@@ -146,7 +149,7 @@ fn memory_setting(text: &str) -> Option<usize> {
 /// | [`status_policy`](Builder::status_policy) | 2xx–4xx stored except 408, 409, 425, 429 |
 /// | [`log_keys`](Builder::log_keys) | `false`: spans carry a hash of the key |
 #[must_use]
-pub struct Builder<D: Driver = DefaultDriver> {
+pub struct Builder<D: Driver = Postgres> {
     idem: Idempotency<D>,
     mode: Mode,
     header: HeaderName,
@@ -165,6 +168,7 @@ pub struct Builder<D: Driver = DefaultDriver> {
     stored_headers: Vec<HeaderName>,
     policy: fn(u16) -> Verdict,
     log_keys: bool,
+}
 }
 
 /// The default status policy: the contract's, as [`StoredResponse`] applies it.

@@ -85,7 +85,7 @@ pub use config::{default_status_policy, Builder, ConfigError, UserFn, ANONYMOUS_
 pub use service::IdempotencyService;
 pub use transaction::Transaction;
 
-use crate::driver::{DefaultDriver, Driver};
+use crate::driver::{postgres_by_default, Driver};
 use crate::Idempotency;
 use std::sync::Arc;
 
@@ -108,9 +108,11 @@ impl Mode {
     }
 }
 
+postgres_by_default! {
 /// Makes a tower HTTP service idempotent; see the [module documentation](self).
-pub struct IdempotencyLayer<D: Driver = DefaultDriver> {
+pub struct IdempotencyLayer<D: Driver = Postgres> {
     pub(crate) config: Arc<config::Config<D>>,
+}
 }
 
 impl<D: Driver> Clone for IdempotencyLayer<D> {

@@ -9,7 +9,7 @@ use super::problem::{details, types, Problem};
 use super::record::HttpRecord;
 use super::transaction::Transaction;
 use super::Mode;
-use crate::driver::{DefaultDriver, Driver};
+use crate::driver::{postgres_by_default, Driver};
 use crate::{Disposition, Error, Fingerprint, HandlerError, Key, Outcome, StoredResponse, TxFuture};
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
@@ -25,10 +25,12 @@ use tracing::Instrument;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
+postgres_by_default! {
 /// An idempotent route: the service [`super::IdempotencyLayer`] makes.
-pub struct IdempotencyService<S, D: Driver = DefaultDriver> {
+pub struct IdempotencyService<S, D: Driver = Postgres> {
     pub(crate) inner: S,
     pub(crate) config: Arc<Config<D>>,
+}
 }
 
 impl<S: Clone, D: Driver> Clone for IdempotencyService<S, D> {

@@ -1,8 +1,9 @@
 //! The transaction an in-transaction route's handler writes through.
 
-use crate::driver::{DefaultDriver, Driver};
+use crate::driver::{postgres_by_default, Driver};
 use std::ops::Deref;
 
+postgres_by_default! {
 /// The transaction that holds the request's reservation, for an in-transaction route's handler.
 /// It dereferences to the driver's [`crate::Lent`] guard, whose `lock().await` is the connection
 /// inside the transaction: over [`crate::Postgres`] the pooled `deadpool_postgres::Client`
@@ -15,7 +16,8 @@ use std::ops::Deref;
 ///
 /// With the `axum` feature it is an extractor; any other tower service finds it in the request's
 /// extensions.
-pub struct Transaction<D: Driver = DefaultDriver>(pub(crate) D::Shared);
+pub struct Transaction<D: Driver = Postgres>(pub(crate) D::Shared);
+}
 
 impl<D: Driver> Clone for Transaction<D> {
     fn clone(&self) -> Self {
