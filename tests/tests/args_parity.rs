@@ -2,9 +2,18 @@
 //! on the client crate's key rules) and in PL/pgSQL for the portable install
 //! (sql/portable/args.sql). On thousands of generated inputs both answer the same value, or
 //! raise the same SQLSTATE with the same message.
+//!
+//! The native side is always the extension, in a database of its own (`CREATE EXTENSION
+//! idempotency`, whatever `IDEM_INSTALL` says). The portable side is, with the extension
+//! (`IDEM_INSTALL` unset), sql/portable/args.sql loaded from the sources into a schema of that
+//! database; with the portable install (`IDEM_INSTALL=portable`), the rules of the live portable
+//! install in the test database, as its users have them. Each side's language is checked first
+//! (C on the native side, SQL or PL/pgSQL on the other), so the test can never compare one
+//! implementation with itself.
 
-use idempotency_testkit::{admin, root};
+use idempotency_testkit::{admin, admin_at, cluster_url, database_url, root};
 use rand::rngs::StdRng;
+use std::collections::BTreeSet;
 use rand::{Rng, SeedableRng};
 
 const CASES: usize = 3000;
@@ -47,28 +56,80 @@ async fn answer(db: &deadpool_postgres::Client, sql: &str, params: &[&(dyn tokio
     }
 }
 
+/// The names of the rules compared (the `_idem_` functions of sql/portable/args.sql).
+const RULES: [&str; 6] = ["_idem_check_scope", "_idem_check_request_hash", "_idem_require", "_idem_ttl", "_idem_lease", "_idem_max_retries"];
+
+/// The language of each rule in `schema`, as `name=language`.
+async fn languages(db: &deadpool_postgres::Client, schema: &str) -> BTreeSet<String> {
+    let rows = db
+        .query(
+            "SELECT p.proname || '=' || l.lanname FROM pg_catalog.pg_proc AS p
+               JOIN pg_catalog.pg_language AS l ON l.oid = p.prolang
+              WHERE p.pronamespace = $1::text::regnamespace AND p.proname = ANY ($2)",
+            &[&schema, &RULES.to_vec()],
+        )
+        .await
+        .expect("the rules' languages");
+    rows.iter().map(|r| r.get(0)).collect()
+}
+
+/// A database of its own with the extension installed (always the extension: the native side).
+async fn native_database() -> deadpool_postgres::Client {
+    let name = "idem_args_native";
+    let (cluster, conn) = tokio_postgres::connect(cluster_url(), tokio_postgres::NoTls).await.expect("connect to the private cluster");
+    tokio::spawn(conn);
+    for sql in [format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"), format!("CREATE DATABASE {name}")] {
+        cluster.batch_execute(&sql).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+    let db = admin_at(&database_url(name)).await;
+    db.batch_execute("CREATE EXTENSION idempotency")
+        .await
+        .expect("CREATE EXTENSION idempotency (the native side needs the extension installed, also under IDEM_INSTALL=portable)");
+    db
+}
+
 #[tokio::test]
 async fn native_and_portable_argument_rules_agree() {
-    let db = admin().await;
-    let portable = std::fs::read_to_string(root().join("sql/portable/args.sql")).expect("sql/portable/args.sql");
-    db.batch_execute(&format!(
-        "DROP SCHEMA IF EXISTS portable_args CASCADE; CREATE SCHEMA portable_args; {}",
-        // The twins go into their own schema; the PL/pgSQL helpers they call are the extension's
-        // (sql/internal.sql, loaded by the portable install too).
-        portable.replace("CREATE FUNCTION @extschema@.", "CREATE FUNCTION portable_args.").replace("@extschema@", "public")
-    ))
-    .await
-    .expect("load the portable argument rules");
+    let native = native_database().await;
+    let native_languages = languages(&native, "public").await;
+    let all_c: BTreeSet<String> = RULES.iter().map(|r| format!("{r}=c")).collect();
+    assert_eq!(native_languages, all_c, "the native side is the extension's C");
+
+    // The portable side, and the schema its rules are called in.
+    let live_portable = std::env::var("IDEM_INSTALL").as_deref() == Ok("portable");
+    let (portable, schema) = if live_portable {
+        (admin().await, "public")
+    } else {
+        let source = std::fs::read_to_string(root().join("sql/portable/args.sql")).expect("sql/portable/args.sql");
+        native
+            .batch_execute(&format!(
+                "DROP SCHEMA IF EXISTS portable_args CASCADE; CREATE SCHEMA portable_args; {}",
+                // The twins go into their own schema; the PL/pgSQL helpers they call are the
+                // extension's (sql/internal.sql, loaded by the portable install too).
+                source.replace("CREATE FUNCTION @extschema@.", "CREATE FUNCTION portable_args.").replace("@extschema@", "public")
+            ))
+            .await
+            .expect("load the portable argument rules");
+        (admin_at(&database_url("idem_args_native")).await, "portable_args")
+    };
+    let portable_languages = languages(&portable, schema).await;
+    assert_eq!(portable_languages.len(), RULES.len(), "every rule on the portable side: {portable_languages:?}");
+    assert!(
+        portable_languages.iter().all(|l| l.ends_with("=sql") || l.ends_with("=plpgsql")),
+        "the portable side is SQL and PL/pgSQL, not the extension's C: {portable_languages:?}"
+    );
+    let prefix = if schema == "public" { String::new() } else { format!("{schema}.") };
 
     let mut rng = StdRng::seed_from_u64(0xa895);
     let (mut same_ok, mut same_err) = (0, 0);
     for case in 0..CASES {
-        // Settings change now and then: set, emptied, reset.
+        // Settings change now and then: set, emptied, reset (on both sides).
         if case % 200 == 0 {
             let setting = ["SET idempotency.ttl = '36h'", "SET idempotency.lease = '90s'", "SET idempotency.ttl = '2d'",
                            "RESET idempotency.ttl", "RESET idempotency.lease", "SET idempotency.max_retries = 7",
                            "RESET idempotency.max_retries"][case / 200 % 7];
-            db.batch_execute(setting).await.expect(setting);
+            native.batch_execute(setting).await.expect(setting);
+            portable.batch_execute(setting).await.expect(setting);
         }
         let (a, b, c, h) = (text(&mut rng), text(&mut rng), text(&mut rng), text(&mut rng));
         let (ttl, lease) = (interval(&mut rng), interval(&mut rng));
@@ -84,10 +145,10 @@ async fn native_and_portable_argument_rules_agree() {
             ("_idem_max_retries($1)::text", vec![&retries]),
         ];
         for (call, params) in calls {
-            let native = answer(&db, &format!("SELECT {call}"), &params).await;
-            let plpgsql = answer(&db, &format!("SELECT {}", call.replace("_idem_", "portable_args._idem_")), &params).await;
-            assert_eq!(native, plpgsql, "{call} with {params:?}");
-            if native.contains(": ") { same_err += 1 } else { same_ok += 1 }
+            let native_answer = answer(&native, &format!("SELECT {call}"), &params).await;
+            let portable_answer = answer(&portable, &format!("SELECT {}", call.replace("_idem_", &format!("{prefix}_idem_"))), &params).await;
+            assert_eq!(native_answer, portable_answer, "{call} with {params:?}");
+            if native_answer.contains(": ") { same_err += 1 } else { same_ok += 1 }
         }
     }
     // Both sides of every rule were reached.
