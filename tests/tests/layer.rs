@@ -1,6 +1,6 @@
 //! `IdempotencyLayer` over real HTTP on loopback, in both modes: every answer, replayed headers,
-//! 64 concurrent duplicates, a panicking handler, a client that disconnects mid-request, a body
-//! over the limit, and users sharing a key.
+//! 64 concurrent duplicates (63 answered while the first holds the key), a panicking handler, a
+//! client that disconnects mid-request, a body over the limit, and users sharing a key.
 
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderName, StatusCode};
@@ -282,31 +282,43 @@ async fn store_down_answers_503_in_both_modes() {
     store_down(Mode::TwoPhase).await;
 }
 
+/// 64 concurrent duplicates, started together: the one that reaches the handler holds the key
+/// (its handler waits for the gate) until the 63 others have been answered, so they overlap it by
+/// construction: requests served one after another would never answer the 63 (the deadline
+/// fails the test), and each must be in progress, never a second run or a replay.
 async fn duplicates(mode: Mode) {
     let served = Arc::new(serve(handle(Settings::default()).await, mode, |b| b).await);
     let u = user("dup64", mode);
-    let mut tasks = Vec::new();
+    let start = Arc::new(tokio::sync::Barrier::new(64));
+    let (done, mut answers) = mpsc::unbounded_channel();
     for _ in 0..64 {
-        let (served, u) = (served.clone(), u.clone());
-        tasks.push(tokio::spawn(async move { send(&served.url, Some("k-64"), Some(&u), json!({"amount": 64})).await }));
+        let (served, u, start, done) = (served.clone(), u.clone(), start.clone(), done.clone());
+        tokio::spawn(async move {
+            start.wait().await;
+            let _ = done.send(send(&served.url, Some("k-64"), Some(&u), json!({"amount": 64, "hold": true})).await);
+        });
     }
-    let (mut executed, mut replayed, mut busy) = (0, 0, 0);
-    for task in tasks {
-        let answer = task.await.unwrap();
-        match (answer.status.as_u16(), answer.replayed()) {
-            (201, false) => executed += 1,
-            (201, true) => replayed += 1,
-            (409, _) => {
-                answer.problem(409, types::IN_PROGRESS);
-                busy += 1;
-            }
-            other => panic!("unexpected answer {other:?}: {}", answer.body),
-        }
+    drop(done);
+    let deadline = std::time::Duration::from_secs(60);
+    for n in 0..63 {
+        let answer = tokio::time::timeout(deadline, answers.recv())
+            .await
+            .unwrap_or_else(|_| panic!("{n} of 63 duplicates answered while the key was held"))
+            .expect("an answer");
+        answer.problem(409, types::IN_PROGRESS);
     }
-    assert_eq!(executed, 1, "exactly one executed ({replayed} replayed, {busy} in progress)");
+    assert_eq!(served.app.runs.load(Ordering::SeqCst), 1, "one handler holds the key; no duplicate reached it");
+    served.app.gate.add_permits(1);
+    let holder = tokio::time::timeout(deadline, answers.recv()).await.expect("the holder finishes").expect("an answer");
+    assert_eq!((holder.status, holder.replayed()), (StatusCode::CREATED, false), "{}", holder.body);
     assert_eq!(served.app.runs.load(Ordering::SeqCst), 1, "the handler ran once");
     assert_eq!(rows(&u, "k-64").await, 1, "one business row");
-    assert!(send(&served.url, Some("k-64"), Some(&u), json!({"amount": 64})).await.replayed());
+    // (A retry that reached the handler would wait for the gate: the deadline would say so.)
+    let retry = tokio::time::timeout(deadline, send(&served.url, Some("k-64"), Some(&u), json!({"amount": 64, "hold": true})))
+        .await
+        .expect("the retry is answered without the handler");
+    assert!(retry.replayed(), "{}", retry.body);
+    assert_eq!(retry.body, holder.body);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

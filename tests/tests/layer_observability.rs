@@ -7,7 +7,7 @@ use axum::Router;
 use idempotency_client::layer::{IdempotencyLayer, Transaction};
 use idempotency_client::{Fingerprint, Key, Settings};
 use idempotency_testkit::driver::{exec_in, try_connect_with};
-use idempotency_testkit::{admin, handle, test_database, DbError, TestDriver};
+use idempotency_testkit::{handle, test_database, DbError, TestDriver};
 use metrics::{SharedString, Unit};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use metrics_util::CompositeKey;
@@ -87,21 +87,28 @@ async fn spans_and_metrics_for_every_decision() {
     recorder.install().unwrap();
 
     let idem = handle(Settings::default()).await;
-    // The handler writes a row; `status` picks its answer, `sleep` holds its transaction open,
-    // `steal` moves the key's record to another token (so its completion finds the key lost).
-    let route = post(|tx: Transaction<TestDriver>, headers: axum::http::HeaderMap, body: String| async move {
-        let request: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
-        exec_in(&tx, "INSERT INTO charges (user_id, amount, k) VALUES ('obs', 1, 'obs')", &[]).await.unwrap();
-        if let Some(secs) = request["sleep"].as_f64() {
-            exec_in(&tx, "SELECT pg_sleep($1::text::float8)", &[&secs.to_string()]).await.unwrap();
+    // The handler writes a row; `status` picks its answer, `hold` holds its transaction open
+    // (it says it started, then waits for the gate), `steal` moves the key's record to another
+    // token (so its completion finds the key lost).
+    let (started, gate) = (Arc::new(tokio::sync::Notify::new()), Arc::new(tokio::sync::Semaphore::new(0)));
+    let (held_started, held_gate) = (started.clone(), gate.clone());
+    let route = post(move |tx: Transaction<TestDriver>, headers: axum::http::HeaderMap, body: String| {
+        let (held_started, held_gate) = (held_started.clone(), held_gate.clone());
+        async move {
+            let request: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+            exec_in(&tx, "INSERT INTO charges (user_id, amount, k) VALUES ('obs', 1, 'obs')", &[]).await.unwrap();
+            if request["hold"] == json!(true) {
+                held_started.notify_one();
+                held_gate.acquire().await.expect("the gate").forget();
+            }
+            if request["steal"] == json!(true) {
+                let key = headers.get("idempotency-key").and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
+                exec_in(&tx, "SELECT FROM idem_lookup('POST /obs', 'anonymous', $1)", &[&key]).await.unwrap();
+                exec_in(&tx, "UPDATE idem_records SET token = token + 1000000 WHERE key = $1", &[&key]).await.unwrap();
+            }
+            let status = request["status"].as_u64().map_or(StatusCode::CREATED, |s| StatusCode::from_u16(s as u16).unwrap());
+            (status, body)
         }
-        if request["steal"] == json!(true) {
-            let key = headers.get("idempotency-key").and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
-            exec_in(&tx, "SELECT FROM idem_lookup('POST /obs', 'anonymous', $1)", &[&key]).await.unwrap();
-            exec_in(&tx, "UPDATE idem_records SET token = token + 1000000 WHERE key = $1", &[&key]).await.unwrap();
-        }
-        let status = request["status"].as_u64().map_or(StatusCode::CREATED, |s| StatusCode::from_u16(s as u16).unwrap());
-        (status, body)
     });
     let idem_direct = idem.clone();
     let hashed = IdempotencyLayer::builder(idem.clone()).anonymous().max_retries(2).build().unwrap();
@@ -135,16 +142,14 @@ async fn spans_and_metrics_for_every_decision() {
     assert_eq!(post("/obs", Some("obs-secret-2"), json!({"status": 503})).await, 409, "the poisoned key failed");
     assert_eq!(post("/obs", None, json!({})).await, 400);
     assert_eq!(post("/obs", Some("obs-secret-3"), json!({"steal": true})).await, 409, "the lease was lost");
-    // In progress: a second request while the first holds the key in its open transaction.
-    let holder = tokio::spawn(post("/obs", Some("obs-secret-4"), json!({"sleep": 2})));
-    let admin = admin().await;
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    let sleeping = "SELECT count(*) AS n FROM pg_stat_activity WHERE query LIKE 'SELECT pg_sleep%' AND state = 'active'";
-    while admin.query_one(sleeping, &[]).await.unwrap().get::<_, i64>("n") == 0 {
-        assert!(std::time::Instant::now() < deadline, "the holder never started its handler");
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
-    assert_eq!(post("/obs", Some("obs-secret-4"), json!({"sleep": 2})).await, 409, "in progress");
+    // In progress: a second request while the first holds the key in its open transaction (its
+    // handler started and waits for the gate, which opens only after the second was answered).
+    let holder = tokio::spawn(post("/obs", Some("obs-secret-4"), json!({"hold": true})));
+    tokio::time::timeout(std::time::Duration::from_secs(60), started.notified()).await.expect("the holder's handler starts");
+    // (Were the duplicate run, its handler would wait for the gate too: the deadline says so.)
+    let duplicate = tokio::time::timeout(std::time::Duration::from_secs(60), post("/obs", Some("obs-secret-4"), json!({"hold": true})));
+    assert_eq!(duplicate.await.expect("the duplicate is answered while the key is held, without running"), 409, "in progress");
+    gate.add_permits(1);
     assert_eq!(holder.await.unwrap(), 201);
     assert_eq!(post("/down", Some("obs-down-1"), json!({})).await, 503);
     assert_eq!(post("/broken", Some("obs-broken-1"), json!({})).await, 500);
