@@ -75,13 +75,14 @@ async fn a_replay_from_memory_costs_no_round_trip_and_no_connection() {
     assert_eq!(second.value(), first.value(), "the stored response");
     assert_eq!(second.decision().as_str(), "replayed", "as a replay from the database is labelled");
 
-    // The pool's one connection is held elsewhere: a hit does not wait for it.
+    // The pool's one connection is held elsewhere, and stays held until the hit has answered: a
+    // hit that wanted a connection could only fail (the pool's wait ends in StoreUnavailable) or
+    // never answer (the deadline, a hang guard far above the pool's wait, fails the test).
     let held = hold_the_connection(&idem).await;
-    let third = tokio::time::timeout(Duration::from_secs(2), idem.run(&key, &body, Charge::of(&key).handler::<Failure>(&runs)))
-        .await
-        .expect("a hit takes no pooled connection")
-        .unwrap();
+    let (third, trips) = counted(&proxy, tokio::time::timeout(Duration::from_secs(60), idem.run(&key, &body, Charge::of(&key).handler::<Failure>(&runs)))).await;
+    let third = third.expect("a hit answers while the pool's one connection is held").expect("a hit takes no pooled connection");
     assert!(third.is_replayed());
+    assert_eq!(trips, 0, "nor a round trip");
     drop(held);
     assert_eq!(runs.load(Ordering::SeqCst), 1);
     assert_eq!(charges_for(&admin().await, &key).await, 1);
@@ -330,10 +331,29 @@ async fn the_layer_inherits_the_cache_in_both_modes() {
     }
 }
 
+/// Waits (at most 60 s) until `n` sessions are blocked, directly or behind one another, by the
+/// backend `pid`, as the server sees them (pg_blocking_pids): the checklist's overlap proof.
+async fn blocked_behind(pid: i64, n: i64) {
+    let admin = admin().await;
+    let sql = "WITH RECURSIVE blocked (pid) AS (
+                   SELECT a.pid FROM pg_catalog.pg_stat_activity a WHERE $1::int8::int4 = ANY (pg_catalog.pg_blocking_pids(a.pid))
+                   UNION
+                   SELECT a.pid FROM pg_catalog.pg_stat_activity a, blocked b WHERE b.pid = ANY (pg_catalog.pg_blocking_pids(a.pid)))
+               SELECT count(*) FROM blocked";
+    eventually(&format!("{n} duplicates blocked behind backend {pid}"), Duration::from_secs(60), || async {
+        let seen: i64 = admin.query_one(sql, &[&pid]).await.map_err(|e| e.to_string())?.get(0);
+        if seen >= n { Ok(()) } else { Err(format!("{seen} blocked")) }
+    })
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_duplicates_run_once_with_the_cache_on() {
-    // The checklist's 64 waiting duplicates, with a cache: one runs, the others replay (from the
-    // database, which fills the cache), then a late duplicate is answered from memory.
+    // The checklist's 64 waiting duplicates, with a cache: the one that gets the key holds it (its
+    // row written, its transaction open) until the 63 others are blocked behind its backend, so
+    // they overlap it (served one after another, they never would: the deadline fails the test);
+    // one runs, the others replay (from the database, which fills the cache), then a late
+    // duplicate is answered from memory.
     let (cache, settings) = cached(1_000, Duration::from_secs(60));
     let (idem, proxy) = through_proxy(settings.wait(true), 64).await;
     let key = unique_key("cache.concurrent");
@@ -344,8 +364,19 @@ async fn concurrent_duplicates_run_once_with_the_cache_on() {
         let (idem, key, runs, start) = (idem.clone(), key.clone(), runs.clone(), start.clone());
         tasks.push(tokio::spawn(async move {
             start.wait().await;
-            let slow = Charge::of(&key).delay(Duration::from_millis(200)).handler::<Failure>(&runs);
-            idem.run(&key, &fp(json!({"amount": 100})), slow).await
+            let tag = key.to_string();
+            idem.run(&key, &fp(json!({"amount": 100})), move |tx| {
+                let (runs, tag) = (runs.clone(), tag.clone());
+                Box::pin(async move {
+                    let n = runs.fetch_add(1, Ordering::SeqCst) + 1;
+                    let insert = "INSERT INTO charges (user_id, amount, k) VALUES ('u', 100, $1)";
+                    idempotency_testkit::exec(tx, insert, &[&tag]).await?;
+                    let pid = idempotency_testkit::query_i64(tx, "SELECT pg_backend_pid()::int8", &[]).await?;
+                    blocked_behind(pid, 63).await;
+                    Ok::<_, Failure>(StoredResponse::json(201, json!({"run": n, "pid": pid})))
+                })
+            })
+            .await
         }));
     }
     let mut results = Vec::new();

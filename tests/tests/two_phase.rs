@@ -4,7 +4,7 @@
 use idempotency_client::ops::{self, RecoverAction};
 use idempotency_client::{Error, Fingerprint, Idempotency, Key, Outcome, Settings, StoredResponse, TxFuture};
 use idempotency_testkit::server::eventually;
-use idempotency_testkit::{charges_for, exec, handle_in, unique_key, until_passed, Conn, DbError, Idem, Passed};
+use idempotency_testkit::{charges_for, exec, handle_in, unique_key, Conn, DbError, Idem};
 use serde_json::json;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -31,52 +31,54 @@ fn record(tag: String) -> impl for<'t> FnMut(&'t mut Conn, &'t StoredResponse) -
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn heartbeat_keeps_the_key_through_a_call_longer_than_the_lease() {
-    // Heartbeats a third of a lease apart leave two spare beats before the lease could end.
-    let lease = Duration::from_secs(1);
+    // A lease that cannot run out on its own while the test looks (15 s; heartbeats 5 s apart):
+    // the call outlives its lease by the operator's hand, not by the clock. Twice, the operator
+    // ends the lease (lease_expires_at in the past, as after a lease with no beat); a heartbeat
+    // renews it (awaited: only a beat writes the record meanwhile); then recovery takes nothing
+    // and a duplicate is told the key is in progress, with no second call.
+    let lease = Duration::from_secs(15);
     let (idem, operator) = private("idem_two_phase_heartbeat", lease).await;
     let key = unique_key("external.long");
     let fp = Fingerprint::of_json(&json!({"a": 1})).unwrap();
     let calls = Arc::new(AtomicUsize::new(0));
-
-    // An operator recovers stuck keys every 100 ms during the call.
     let recovered = Arc::new(AtomicUsize::new(0));
     let schema = idem.schema().await.unwrap();
-    let stop = Arc::new(tokio::sync::Notify::new());
-    let recoverer = {
-        let (pool, recovered, stop, schema) = (operator.clone(), recovered.clone(), stop.clone(), schema.clone());
-        tokio::spawn(async move {
-            let client = pool.get().await.unwrap();
-            loop {
-                tokio::select! {
-                    _ = stop.notified() => return,
-                    _ = tokio::time::sleep(Duration::from_millis(100)) => {
-                        let n = ops::recover_stuck(&client, &schema, 100, RecoverAction::Fail, None).await.unwrap();
-                        recovered.fetch_add(n as usize, Ordering::SeqCst);
-                    }
-                }
-            }
-        })
-    };
 
     let call = {
-        let (idem, key, fp, calls, operator, schema) = (idem.clone(), key.clone(), fp.clone(), calls.clone(), operator.clone(), schema.clone());
+        let (idem, key, fp, calls, recovered, operator, schema) =
+            (idem.clone(), key.clone(), fp.clone(), calls.clone(), recovered.clone(), operator.clone(), schema.clone());
         async move {
             calls.fetch_add(1, Ordering::SeqCst);
             let client = operator.get().await.unwrap();
-            // Past its first lease (on the database's clock), a duplicate is told the key is in
-            // progress, with no second call.
-            until_passed(&client, &schema, &key, Passed::Created(lease)).await;
-            let dup = idem
-                .run_external(&key, &fp, async { Ok::<_, DbError>(StoredResponse::json(201, json!({}))) }, record("dup".into()))
+            eventually("the call's reservation is recorded", Duration::from_secs(60), || async {
+                match ops::lookup(&client, &schema, &key).await {
+                    Ok(Some(r)) if r.status == ops::Status::Processing => Ok(()),
+                    other => Err(format!("{other:?}")),
+                }
+            })
+            .await;
+            let live = "SELECT lease_expires_at > clock_timestamp() FROM idem_records WHERE key = $1";
+            for round in 1..=2 {
+                let ended = "UPDATE idem_records SET lease_expires_at = clock_timestamp() - interval '1 second' WHERE key = $1";
+                assert_eq!(client.execute(ended, &[&key.key()]).await.unwrap(), 1);
+                assert!(!client.query_one(live, &[&key.key()]).await.unwrap().get::<_, bool>(0), "round {round}: the lease ended");
+                eventually(&format!("round {round}: a heartbeat renews the ended lease"), Duration::from_secs(60), || async {
+                    let renewed: bool = client.query_one(live, &[&key.key()]).await.map_err(|e| e.to_string())?.get(0);
+                    if renewed { Ok(()) } else { Err("the lease is still over".into()) }
+                })
                 .await;
-            assert!(matches!(dup, Err(Error::InProgress { .. })), "{dup:?}");
-            until_passed(&client, &schema, &key, Passed::Created(3 * lease)).await; // over 3 leases in all
+                let n = ops::recover_stuck(&client, &schema, 100, RecoverAction::Fail, None).await.unwrap();
+                recovered.fetch_add(n as usize, Ordering::SeqCst);
+                // (Boxed, as the call below: a flow's future inside another's is large for a test
+                // thread's stack in a debug build.)
+                let dup = Box::pin(idem.run_external(&key, &fp, async { Ok::<_, DbError>(StoredResponse::json(201, json!({}))) }, record("dup".into())))
+                    .await;
+                assert!(matches!(dup, Err(Error::InProgress { .. })), "round {round}: {dup:?}");
+            }
             Ok::<_, DbError>(StoredResponse::json(201, json!({"network_ref": "ch_1"})))
         }
     };
-    let outcome = idem.run_external(&key, &fp, call, record(key.to_string())).await.unwrap();
-    stop.notify_one();
-    recoverer.await.unwrap();
+    let outcome = Box::pin(idem.run_external(&key, &fp, Box::pin(call), record(key.to_string()))).await.unwrap();
 
     assert!(matches!(&outcome, Outcome::Executed(r) if r.body_json().unwrap_or_default()["network_ref"] == "ch_1"));
     assert_eq!(recovered.load(Ordering::SeqCst), 0, "a heartbeating key is never recovered");
