@@ -8,8 +8,8 @@ use idempotency_client::{Error, Fingerprint, HandlerError, Idempotency, Key, Out
 use idempotency_testkit::proxy::{Cut, Proxy};
 use idempotency_testkit::server::eventually;
 use idempotency_testkit::{
-    batch, charges_for, cluster_addr, connect_with, database_url, exec, fresh_database, handle_in, query_i64, unique_key, until_passed, Charge, Conn,
-    DbError, Idem, Passed,
+    batch, charges_for, cluster_addr, connect_with, database_url, exec, fresh_database, handle_in, query_i64, unique_key, Charge, Conn, DbError,
+    Idem,
 };
 use serde_json::json;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -53,7 +53,7 @@ async fn lost_commit_acknowledgement_replays_on_retry_and_never_runs_twice() {
     assert!(matches!(first, Err(Error::StoreUnavailable(_)) | Err(Error::Database(_))), "the client cannot know: {first:?}");
     // The client retries with the same key (honouring 409 + Retry-After while the server is
     // still finishing the cut-off transaction): the commit did happen, so it replays.
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + Duration::from_secs(60);
     let retry = loop {
         match direct.run(&key, &fp(), charge(&runs, &key, Duration::ZERO)).await {
             Err(Error::InProgress { .. }) if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(20)).await,
@@ -76,7 +76,7 @@ async fn connection_lost_before_commit_executes_once_on_retry() {
     // Nothing committed, nothing left behind: the retry executes.
     let client = operator("idem_fault_before_commit").get().await.unwrap();
     let schema = direct.schema().await.unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + Duration::from_secs(60);
     while ops::lookup(&client, &schema, &key).await.unwrap().is_some() {
         assert!(Instant::now() < deadline, "the aborted reservation never went away");
         tokio::time::sleep(Duration::from_millis(20)).await; // the backend is still rolling back
@@ -109,7 +109,7 @@ async fn a_terminated_holder_lets_a_waiting_duplicate_run_once() {
                     if let Some(p) = pid_tx {
                         let _ = p.send(pid);
                     }
-                    tokio::time::sleep(Duration::from_secs(30)).await; // stuck until terminated
+                    tokio::time::sleep(Duration::from_secs(600)).await; // stuck until terminated
                     Ok::<_, DbError>(StoredResponse::json(201, json!({"by": "holder"})))
                 }) as TxFuture<'_, _, _>
             })
@@ -135,7 +135,7 @@ async fn a_terminated_holder_lets_a_waiting_duplicate_run_once() {
     let killed: bool = admin.query_one("SELECT pg_terminate_backend($1::int8::int4) AS ok", &[&pid]).await.unwrap().get("ok");
     assert!(killed);
     holder.abort(); // its connection is gone; the task would sleep on
-    let out = tokio::time::timeout(Duration::from_secs(10), waiter).await.expect("waiter finished").unwrap().unwrap();
+    let out = tokio::time::timeout(Duration::from_secs(60), waiter).await.expect("waiter finished").unwrap().unwrap();
     assert!(matches!(out, Outcome::Executed(_)), "{out:?}");
     assert_eq!(runs.load(Ordering::SeqCst), 2);
     assert_eq!(charges_for(&admin, &key).await, 1, "the holder's write died with it; the waiter's committed");
@@ -145,10 +145,12 @@ async fn a_terminated_holder_lets_a_waiting_duplicate_run_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_killed_two_phase_worker_is_recovered_and_fenced() {
-    // Long enough that a slow machine still heartbeats (a third of a lease apart) in time.
-    let lease = Duration::from_secs(1);
+    // A lease that cannot run out on its own during the test (30 s): the lease ends by the
+    // operator's hand once the worker is dead, not by the clock.
+    let lease = Duration::from_secs(30);
     let idem = handle_in("idem_fault_killed_worker", Settings::builder().lease(lease)).await;
-    let admin = operator("idem_fault_killed_worker").get().await.unwrap();
+    let pool = operator("idem_fault_killed_worker");
+    let admin = pool.get().await.unwrap();
     let schema = idem.schema().await.unwrap();
     let mut tokens: Vec<(Key, Token)> = Vec::new();
     for (name, action) in [("fault.killed.fail", RecoverAction::Fail), ("fault.killed.release", RecoverAction::Release)] {
@@ -157,23 +159,32 @@ async fn a_killed_two_phase_worker_is_recovered_and_fenced() {
             let (idem, key) = (idem.clone(), key.clone());
             tokio::spawn(async move {
                 let call = async {
-                    tokio::time::sleep(Duration::from_secs(60)).await; // the card network, forever
+                    tokio::time::sleep(Duration::from_secs(600)).await; // the card network, forever
                     Ok::<_, DbError>(StoredResponse::json(201, json!({})))
                 };
                 idem.run_external(&key, &fp(), call, |_, _| Box::pin(async { Ok(()) })).await
             })
         };
-        // Let it reserve and outlive its first lease on heartbeats (the database's clock past
-        // the reservation's lease end), then kill it.
-        until_passed(&admin, &schema, &key, Passed::Created(lease)).await;
-        let record = ops::lookup(&admin, &schema, &key).await.unwrap().expect("reserved");
-        assert_eq!(record.status, Status::Processing);
-        assert_eq!(ops::recover_stuck(&admin, &schema, 100, RecoverAction::Fail, None).await.unwrap(), 0, "heartbeats keep it live");
+        // Let it reserve (its reservation committed, the call under way), then kill it.
+        let record = eventually("the worker's reservation is recorded", Duration::from_secs(60), || async {
+            match ops::lookup(&admin, &schema, &key).await {
+                Ok(Some(r)) if r.status == Status::Processing => Ok(r),
+                other => Err(format!("{other:?}")),
+            }
+        })
+        .await;
+        assert_eq!(ops::recover_stuck(&admin, &schema, 100, RecoverAction::Fail, None).await.unwrap(), 0, "a live lease is not recovered");
         worker.abort();
         let _ = worker.await;
-        // Its heartbeat stopped with it: once the lease passes, recovery takes the key.
-        until_passed(&admin, &schema, &key, Passed::Lease).await;
-        assert_eq!(ops::recover_stuck(&admin, &schema, 100, action, None).await.unwrap(), 1);
+        // Its lease ends (by hand, in the transaction that recovers, so no beat still on its way
+        // from the dead worker can renew it in between: it would wait for the row and then find
+        // the key no longer PROCESSING); recovery takes the key.
+        let mut client = pool.get().await.unwrap();
+        let tx = client.transaction().await.unwrap();
+        let ended = "UPDATE idem_records SET lease_expires_at = clock_timestamp() - interval '1 second' WHERE key = $1";
+        assert_eq!(tx.execute(ended, &[&key.key()]).await.unwrap(), 1);
+        assert_eq!(ops::recover_stuck(&tx, &schema, 100, action, None).await.unwrap(), 1);
+        tx.commit().await.unwrap();
         tokens.push((key, record.token));
     }
     let runs = Arc::new(AtomicUsize::new(0));
@@ -197,10 +208,12 @@ async fn pool_exhaustion_is_a_bounded_store_unavailable() {
     let (idem, held) = idempotency_testkit::driver::exhausted(&url, Duration::from_millis(300)).await;
     let key = unique_key("fault.pool");
     let runs = Arc::new(AtomicUsize::new(0));
-    // The pool's 300 ms wait bounds it; a deadline on the awaited answer proves it ends.
-    let err = tokio::time::timeout(Duration::from_secs(3), idem.run(&key, &fp(), charge(&runs, &key, Duration::ZERO)))
+    // The one connection stays held until the answer: only the pool's own wait (300 ms) can end
+    // the call. The deadline is a hang guard far above that wait (a pool that waited forever
+    // would meet it and fail the test), not a measured speed.
+    let err = tokio::time::timeout(Duration::from_secs(60), idem.run(&key, &fp(), charge(&runs, &key, Duration::ZERO)))
         .await
-        .expect("an exhausted pool answers within its wait timeout, not never")
+        .expect("an exhausted pool answers at the end of its wait, not never")
         .unwrap_err();
     assert!(matches!(err, Error::StoreUnavailable(_)), "{err:?}");
     drop(held);
@@ -268,7 +281,9 @@ async fn timeouts_are_typed_errors_and_leave_no_reservation_behind() {
     let tx = waiter_client.transaction().await.unwrap();
     tx.batch_execute("SET LOCAL statement_timeout = '200ms'").await.unwrap();
     let wait = ReserveOptions { wait: true, ..ReserveOptions::default() };
-    let err = tokio::time::timeout(Duration::from_secs(3), ops::reserve(&tx, &schema, &key, &fp(), &wait))
+    // The holder stays uncommitted until the answer: only the statement timeout can end the wait
+    // (the deadline is a hang guard, far above it, not a measured speed).
+    let err = tokio::time::timeout(Duration::from_secs(60), ops::reserve(&tx, &schema, &key, &fp(), &wait))
         .await
         .expect("the statement timeout ends the wait")
         .unwrap_err();
