@@ -9,6 +9,12 @@
 -- charged before its digits are written, so '1e60000000' never writes its digits (the text is
 -- read to its end and then refused, 54000, if it is JSON).
 -- It is iterative, with an explicit stack, so 1024 levels of nesting cost no call depth.
+--
+-- Time and memory are linear in the text, as in Rust: the canonical pieces (strings, numbers,
+-- punctuation, each object member's key) are appended once to an array in input order, and each
+-- object keeps only its members' piece ranges, sorted when it closes; the canonical form is
+-- assembled once at the end by walking the pieces, each object in its sorted order. Nothing is
+-- concatenated onto a growing value (a string's escapes are collected as pieces too).
 
 CREATE FUNCTION @extschema@.idem_fingerprint(request text) RETURNS text
     LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
@@ -24,23 +30,70 @@ DECLARE
     over     boolean := false;                        -- the numbers passed the bound
     reason   text;
     c        integer;
-    v        bytea;                                   -- the value just read, canonical
-    -- Open containers: kind ('a'/'o'), array output so far, first member index, pending key.
+    v        bytea;                                   -- the piece just read (NULL: none)
+    -- The canonical pieces in input order.
+    txt      bytea[] := '{}';
+    np       integer := 0;
+    -- Objects, numbered as they open: their pieces txt[o_at .. o_end] (the members in input
+    -- order), their sorted members s_*[o_mfirst .. o_mlast], the number of the first object
+    -- after them.
+    no       integer := 0;
+    o_at     integer[] := '{}';
+    o_end    integer[] := '{}';
+    o_mfirst integer[] := '{}';
+    o_mlast  integer[] := '{}';
+    o_next   integer[] := '{}';
+    -- Sorted members of the closed objects, duplicates dropped: their pieces txt[s_st .. s_en]
+    -- (key, ':' and value) and the objects within them, numbers s_ob up to s_obend.
+    ns       integer := 0;
+    s_st     integer[] := '{}';
+    s_en     integer[] := '{}';
+    s_ob     integer[] := '{}';
+    s_obend  integer[] := '{}';
+    -- Open containers: kind ('a'/'o'), object number, first pending member, the pending
+    -- member's decoded key, first piece and first object.
     top      integer := 0;
     f_kind   text[]  := '{}';
-    f_out    bytea[] := '{}';
+    f_obj    integer[] := '{}';
     f_first  integer[] := '{}';
     f_kdec   bytea[] := '{}';
-    f_kenc   bytea[] := '{}';
-    -- Members of the open objects, innermost last: decoded key, canonical key, canonical value.
+    f_mst    integer[] := '{}';
+    f_mob    integer[] := '{}';
+    -- Members of the open objects, innermost last.
     m_dec    bytea[] := '{}';
-    m_enc    bytea[] := '{}';
-    m_val    bytea[] := '{}';
+    m_st     integer[] := '{}';
+    m_en     integer[] := '{}';
+    m_ob     integer[] := '{}';
+    m_obend  integer[] := '{}';
     mcount   integer := 0;
     want_key boolean := false;
-    -- Strings
+    -- Closing an object: its members, then sorted.
+    t_dec    bytea[];
+    t_st     integer[];
+    t_en     integer[];
+    t_ob     integer[];
+    t_obend  integer[];
+    k        integer;
+    -- Assembly: a stack of ranges ('r': pieces pos .. endp with the objects m .. mend) and
+    -- objects ('o': the next sorted member cur).
+    e_kind   text[]  := '{}';
+    e_pos    integer[] := '{}';
+    e_endp   integer[] := '{}';
+    e_m      integer[] := '{}';
+    e_mend   integer[] := '{}';
+    e_obj    integer[] := '{}';
+    e_cur    integer[] := '{}';
+    sp       integer;
+    id       integer;
+    outp     bytea[] := '{}';
+    nout     integer := 0;
+    canonical bytea;
+    -- Strings: the decoded and the escaped text, as pieces when there are escapes.
     dec      bytea;
     enc      bytea;
+    d_parts  bytea[];
+    e_parts  bytea[];
+    nparts   integer;
     start    integer;
     code     integer;
     lo       integer;
@@ -79,8 +132,15 @@ BEGIN
             pos := pos + 1;
             top := top + 1;
             f_kind[top] := CASE c WHEN 123 THEN 'o' ELSE 'a' END;
-            f_out[top] := decode('5b', 'hex');
             f_first[top] := mcount + 1;
+            IF c = 123 THEN
+                no := no + 1;
+                f_obj[top] := no;
+                o_at[no] := np + 1;
+            ELSE
+                np := np + 1;
+                txt[np] := decode('5b', 'hex');
+            END IF;
             LOOP
                 c := CASE WHEN pos < n THEN get_byte(b, pos) ELSE -1 END;
                 EXIT WHEN c NOT IN (32, 9, 10, 13);
@@ -88,7 +148,17 @@ BEGIN
             END LOOP;
             IF (f_kind[top] = 'o' AND c = 125) OR (f_kind[top] = 'a' AND c = 93) THEN
                 pos := pos + 1;
-                v := CASE f_kind[top] WHEN 'o' THEN decode('7b7d', 'hex') ELSE decode('5b5d', 'hex') END;
+                IF c = 125 THEN                         -- {}: an object without members
+                    id := f_obj[top];
+                    o_end[id] := np;
+                    o_mfirst[id] := ns + 1;
+                    o_mlast[id] := ns;
+                    o_next[id] := no + 1;
+                ELSE
+                    np := np + 1;
+                    txt[np] := decode('5d', 'hex');
+                END IF;
+                v := NULL;
                 top := top - 1;
             ELSE
                 want_key := f_kind[top] = 'o';
@@ -97,8 +167,9 @@ BEGIN
 
         ELSIF c = 34 THEN                               -- a string: decoded and re-escaped
             pos := pos + 1;
-            dec := ''::bytea;
-            enc := ''::bytea;
+            nparts := 0;
+            d_parts := '{}';
+            e_parts := '{}';
             LOOP
                 start := pos;
                 LOOP
@@ -107,8 +178,9 @@ BEGIN
                     pos := pos + 1;
                 END LOOP;
                 IF pos > start THEN
-                    dec := dec || substring(b FROM start + 1 FOR pos - start);
-                    enc := enc || substring(b FROM start + 1 FOR pos - start);
+                    nparts := nparts + 1;
+                    d_parts[nparts] := substring(b FROM start + 1 FOR pos - start);
+                    e_parts[nparts] := d_parts[nparts];
                 END IF;
                 IF c = 34 THEN
                     pos := pos + 1;
@@ -174,8 +246,9 @@ BEGIN
                                            || to_hex(128 + code % 64)
                     ELSE to_hex(240 + code / 262144) || to_hex(128 + code / 4096 % 64)
                          || to_hex(128 + code / 64 % 64) || to_hex(128 + code % 64) END, 'hex');
-                dec := dec || v;
-                enc := enc || CASE code
+                nparts := nparts + 1;
+                d_parts[nparts] := v;
+                e_parts[nparts] := CASE code
                     WHEN 34 THEN decode('5c22', 'hex') WHEN 92 THEN decode('5c5c', 'hex')
                     WHEN 8 THEN decode('5c62', 'hex') WHEN 12 THEN decode('5c66', 'hex')
                     WHEN 10 THEN decode('5c6e', 'hex') WHEN 13 THEN decode('5c72', 'hex')
@@ -183,9 +256,16 @@ BEGIN
                     ELSE CASE WHEN code < 32 THEN convert_to('\u00' || lpad(to_hex(code), 2, '0'), 'UTF8')
                               ELSE v END END;
             END LOOP;
+            IF nparts <= 1 THEN
+                dec := coalesce(d_parts[1], ''::bytea);
+                enc := coalesce(e_parts[1], ''::bytea);
+            ELSE
+                SELECT string_agg(x.d, ''::bytea ORDER BY x.i), string_agg(x.e, ''::bytea ORDER BY x.i)
+                  INTO dec, enc
+                  FROM unnest(d_parts, e_parts) WITH ORDINALITY AS x(d, e, i);
+            END IF;
             IF want_key THEN
                 f_kdec[top] := dec;
-                f_kenc[top] := decode('22', 'hex') || enc || decode('22', 'hex');
                 want_key := false;
                 LOOP
                     c := CASE WHEN pos < n THEN get_byte(b, pos) ELSE -1 END;
@@ -197,6 +277,11 @@ BEGIN
                     EXIT main;
                 END IF;
                 pos := pos + 1;
+                -- The member's first piece: its key and ':'.
+                np := np + 1;
+                txt[np] := decode('22', 'hex') || enc || decode('223a', 'hex');
+                f_mst[top] := np;
+                f_mob[top] := no + 1;
                 CONTINUE main;
             END IF;
             v := decode('22', 'hex') || enc || decode('22', 'hex');
@@ -274,7 +359,7 @@ BEGIN
                     -- Nothing more is written; the rest is read, so a text that is not JSON is
                     -- reported as such (the refusal is raised at the end).
                     over := true;
-                    v := ''::bytea;
+                    v := NULL;
                 ELSE
                     budget := budget - growth;
                     point := sig_len + expo;
@@ -302,7 +387,11 @@ BEGIN
             EXIT main;
         END IF;
 
-        -- v is complete: hand it to its container, closing every container that ends here.
+        -- v is complete: append it, then close every container that ends here.
+        IF v IS NOT NULL THEN
+            np := np + 1;
+            txt[np] := v;
+        END IF;
         LOOP
             IF top = 0 THEN
                 LOOP
@@ -319,16 +408,60 @@ BEGIN
                         16::bigint * n + 32768, n
                         USING ERRCODE = '54000';
                 END IF;
-                RETURN encode(sha256(v), 'hex');
+                -- Assembly: the pieces in order, each object's members in their sorted order.
+                sp := 1;
+                e_kind[1] := 'r'; e_pos[1] := 1; e_endp[1] := np; e_m[1] := 1; e_mend[1] := no + 1;
+                WHILE sp > 0 LOOP
+                    IF e_kind[sp] = 'r' THEN
+                        IF e_m[sp] < e_mend[sp] THEN           -- the next object in the range
+                            id := e_m[sp];
+                            FOR i IN e_pos[sp] .. o_at[id] - 1 LOOP
+                                nout := nout + 1;
+                                outp[nout] := txt[i];
+                            END LOOP;
+                            e_pos[sp] := o_end[id] + 1;
+                            e_m[sp] := o_next[id];
+                            nout := nout + 1;
+                            outp[nout] := decode('7b', 'hex');
+                            sp := sp + 1;
+                            e_kind[sp] := 'o'; e_obj[sp] := id; e_cur[sp] := o_mfirst[id];
+                        ELSE
+                            FOR i IN e_pos[sp] .. e_endp[sp] LOOP
+                                nout := nout + 1;
+                                outp[nout] := txt[i];
+                            END LOOP;
+                            sp := sp - 1;
+                        END IF;
+                    ELSE
+                        id := e_obj[sp];
+                        k := e_cur[sp];
+                        IF k <= o_mlast[id] THEN               -- the next member, sorted
+                            IF k > o_mfirst[id] THEN
+                                nout := nout + 1;
+                                outp[nout] := decode('2c', 'hex');
+                            END IF;
+                            e_cur[sp] := k + 1;
+                            sp := sp + 1;
+                            e_kind[sp] := 'r'; e_pos[sp] := s_st[k]; e_endp[sp] := s_en[k];
+                            e_m[sp] := s_ob[k]; e_mend[sp] := s_obend[k];
+                        ELSE
+                            nout := nout + 1;
+                            outp[nout] := decode('7d', 'hex');
+                            sp := sp - 1;
+                        END IF;
+                    END IF;
+                END LOOP;
+                SELECT string_agg(x.p, ''::bytea ORDER BY x.i) INTO canonical
+                  FROM unnest(outp) WITH ORDINALITY AS x(p, i);
+                RETURN encode(sha256(coalesce(canonical, ''::bytea)), 'hex');
             END IF;
-            IF f_kind[top] = 'a' THEN
-                f_out[top] := f_out[top] || CASE WHEN length(f_out[top]) = 1 THEN ''::bytea
-                                                 ELSE decode('2c', 'hex') END || v;
-            ELSE
+            IF f_kind[top] = 'o' THEN                   -- the member is complete
                 mcount := mcount + 1;
                 m_dec[mcount] := f_kdec[top];
-                m_enc[mcount] := f_kenc[top];
-                m_val[mcount] := v;
+                m_st[mcount] := f_mst[top];
+                m_en[mcount] := np;
+                m_ob[mcount] := f_mob[top];
+                m_obend[mcount] := no + 1;
             END IF;
             LOOP
                 c := CASE WHEN pos < n THEN get_byte(b, pos) ELSE -1 END;
@@ -337,21 +470,40 @@ BEGIN
             END LOOP;
             IF c = 44 THEN                              -- ,
                 pos := pos + 1;
+                IF f_kind[top] = 'a' THEN
+                    np := np + 1;
+                    txt[np] := decode('2c', 'hex');
+                END IF;
                 want_key := f_kind[top] = 'o';
                 CONTINUE main;
             ELSIF f_kind[top] = 'a' AND c = 93 THEN     -- ]
                 pos := pos + 1;
-                v := f_out[top] || decode('5d', 'hex');
+                np := np + 1;
+                txt[np] := decode('5d', 'hex');
             ELSIF f_kind[top] = 'o' AND c = 125 THEN    -- }: keys in byte order, the last duplicate wins
                 pos := pos + 1;
-                SELECT decode('7b', 'hex')
-                       || string_agg(u.k || decode('3a', 'hex') || u.val, decode('2c', 'hex') ORDER BY u.d)
-                       || decode('7d', 'hex')
-                  INTO v
-                  FROM (SELECT DISTINCT ON (m.d) m.d, m.k, m.val
-                          FROM unnest(m_dec[f_first[top]:mcount], m_enc[f_first[top]:mcount],
-                                      m_val[f_first[top]:mcount]) WITH ORDINALITY AS m(d, k, val, i)
+                -- This object's members, copied one by one (never a slice of the whole stack).
+                t_dec := '{}'; t_st := '{}'; t_en := '{}'; t_ob := '{}'; t_obend := '{}';
+                FOR i IN f_first[top] .. mcount LOOP
+                    k := i - f_first[top] + 1;
+                    t_dec[k] := m_dec[i]; t_st[k] := m_st[i]; t_en[k] := m_en[i];
+                    t_ob[k] := m_ob[i]; t_obend[k] := m_obend[i];
+                END LOOP;
+                SELECT coalesce(array_agg(u.st ORDER BY u.d), '{}'), coalesce(array_agg(u.en ORDER BY u.d), '{}'),
+                       coalesce(array_agg(u.ob ORDER BY u.d), '{}'), coalesce(array_agg(u.obend ORDER BY u.d), '{}')
+                  INTO t_st, t_en, t_ob, t_obend
+                  FROM (SELECT DISTINCT ON (m.d) m.d, m.st, m.en, m.ob, m.obend
+                          FROM unnest(t_dec, t_st, t_en, t_ob, t_obend) WITH ORDINALITY AS m(d, st, en, ob, obend, i)
                          ORDER BY m.d, m.i DESC) AS u;
+                id := f_obj[top];
+                o_end[id] := np;
+                o_mfirst[id] := ns + 1;
+                FOR i IN 1 .. coalesce(array_length(t_st, 1), 0) LOOP
+                    ns := ns + 1;
+                    s_st[ns] := t_st[i]; s_en[ns] := t_en[i]; s_ob[ns] := t_ob[i]; s_obend[ns] := t_obend[i];
+                END LOOP;
+                o_mlast[id] := ns;
+                o_next[id] := no + 1;
                 mcount := f_first[top] - 1;
             ELSE
                 reason := CASE f_kind[top] WHEN 'a' THEN 'expected '','' or '']'' in an array'
