@@ -4,6 +4,11 @@
 //! the server reports, and can cut the first connection that sends `COMMIT`, to make a commit's
 //! outcome unknown to the client.
 //!
+//! [`Proxy::stall`] makes it a server that stopped answering: from then until [`Proxy::resume`],
+//! every chunk a client sends is held (read, so a client that closes its connection is still
+//! seen, and the server's side closed with it; never forwarded), on every connection, new ones
+//! included. A stall begun by a call's own closure stalls that call mid-transaction.
+//!
 //! [`Proxy::delayed`] also holds back every chunk, in each direction, for half a set round trip,
 //! so that one round trip through it costs that much more than over loopback: a database in the
 //! same zone (0.2 ms) or another one (1 ms), for the benchmark's latency rows. tokio's timer has
@@ -52,6 +57,10 @@ pub struct Proxy {
     /// How long each chunk is held, in ns (half the delay, less what [`Proxy::set_hold`] takes
     /// off for the proxy's own cost).
     hold: Arc<AtomicU64>,
+    /// Whether client chunks are held ([`Proxy::stall`]).
+    stalled: Arc<tokio::sync::watch::Sender<bool>>,
+    /// Client chunks held by a stall so far.
+    held: Arc<AtomicU64>,
 }
 
 impl Proxy {
@@ -70,7 +79,16 @@ impl Proxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind the proxy");
         let addr = listener.local_addr().expect("proxy address");
         let hold = Arc::new(AtomicU64::new(u64::try_from(delay.as_nanos() / 2).unwrap_or(u64::MAX)));
-        let proxy = Proxy { addr, round_trips: Arc::default(), cuts: Arc::default(), serialization_failures: Arc::default(), delay, hold };
+        let proxy = Proxy {
+            addr,
+            round_trips: Arc::default(),
+            cuts: Arc::default(),
+            serialization_failures: Arc::default(),
+            delay,
+            hold,
+            stalled: Arc::new(tokio::sync::watch::Sender::new(false)),
+            held: Arc::default(),
+        };
         let armed = Arc::new(AtomicBool::new(cut.is_some()));
         let shared = proxy.clone();
         tokio::spawn(async move {
@@ -107,6 +125,26 @@ impl Proxy {
     /// Sets [`Proxy::hold`] for every chunk read from now on, on every connection.
     pub fn set_hold(&self, round_trip: Duration) {
         self.hold.store(u64::try_from(round_trip.as_nanos() / 2).unwrap_or(u64::MAX), Ordering::Relaxed);
+    }
+
+    /// From now on, every chunk a client sends is held, on every connection, until
+    /// [`Proxy::resume`]: the server sees nothing more and so answers nothing (a server that
+    /// stopped answering, its TCP connections still up). A client that closes its connection
+    /// meanwhile closes the proxy's connection to the server too. Not for [`Proxy::delayed`]'s
+    /// proxies.
+    pub fn stall(&self) {
+        assert!(self.delay.is_zero(), "a delayed proxy does not stall");
+        self.stalled.send_replace(true);
+    }
+
+    /// Ends [`Proxy::stall`]: the held chunks are forwarded, in order, and what follows too.
+    pub fn resume(&self) {
+        self.stalled.send_replace(false);
+    }
+
+    /// Client chunks held by stalls so far.
+    pub fn held(&self) -> u64 {
+        self.held.load(Ordering::SeqCst)
     }
 
     /// Round trips so far, over all connections: client writes that followed a server answer.
@@ -146,12 +184,32 @@ impl Proxy {
             }
         });
         let mut buf = vec![0u8; 64 * 1024];
+        let mut stall = self.stalled.subscribe();
+        // What a stall held, forwarded when it ends.
+        let mut held: Vec<u8> = Vec::new();
         loop {
-            let n = match cr.read(&mut buf).await {
+            let read = tokio::select! {
+                read = cr.read(&mut buf) => read,
+                changed = stall.changed(), if !held.is_empty() => {
+                    if changed.is_err() || (!*stall.borrow_and_update() && sw.write_all(&std::mem::take(&mut held)).await.is_err()) {
+                        break;
+                    }
+                    continue;
+                }
+            };
+            let n = match read {
                 Ok(0) | Err(_) => break,
                 Ok(n) => n,
             };
             let chunk = &buf[..n];
+            if *stall.borrow_and_update() {
+                self.held.fetch_add(1, Ordering::SeqCst);
+                held.extend_from_slice(chunk);
+                continue;
+            }
+            if !held.is_empty() && sw.write_all(&std::mem::take(&mut held)).await.is_err() {
+                break;
+            }
             tally.request();
             if let Some(cut) = cut {
                 if chunk.windows(COMMIT.len()).any(|w| w == COMMIT) && armed.swap(false, Ordering::SeqCst) {

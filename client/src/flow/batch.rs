@@ -8,20 +8,24 @@
 //! `COMMIT`, a lost key aborting them). A batch
 //! that created no key ends after the reservations, its `ROLLBACK` queued without waiting.
 //!
-//! There is no savepoint here either, so a batch commits or rolls back as a whole: a closure
-//! error (or a key whose lease was lost) rolls the whole batch back and reserves nothing (the
-//! queue redelivers it; no failure is counted), and 40001 / 40P01 retry the whole batch.
+//! There is no savepoint here either, so a batch commits or rolls back as a whole: 40001 / 40P01
+//! retry the whole batch; a key whose lease was lost rolls it back and counts nothing; a closure
+//! error rolls it back and then, as `run` does, counts a failure for every key the batch had
+//! created in one more request (each reserved again and released towards `max_retries`, or
+//! completed `FAILED` with a permanent error's response), so a batch that can never succeed (a
+//! poison-pill message) ends with its keys `FAILED` instead of being redelivered for ever.
 
 use super::{rollback, Context, TxFuture};
 use crate::batch::{BatchItem, BatchOutcome};
+use crate::classify::retryable_sqlstate;
 use crate::driver::{Driver, Step};
 use crate::error::Error;
-use crate::handler_error::HandlerError;
+use crate::handler_error::{Disposition, HandlerError};
 use crate::response::{Replayable, Verdict};
 use crate::row::{required, Row};
-use crate::sql::Param;
-use crate::types::{secs, ReserveOutcome, Reservation};
-use idempotency_core::Status;
+use crate::sql::{reserve_params, Param};
+use crate::types::{release_answer, secs, ReleaseOutcome, ReserveOptions, ReserveOutcome, Reservation};
+use idempotency_core::{Key, Status};
 use serde_json::Value;
 
 /// The flow, retried whole after 40001 / 40P01 wherever they arise (the closure included).
@@ -91,9 +95,15 @@ where
     let created_keys: Vec<String> = created.iter().map(|(k, _)| k.clone()).collect();
     let results = match work(D::conn(&mut tx), &created_keys).await {
         Ok(results) => results,
-        Err(error) => {
+        Err(error) if retryable_sqlstate(error.sqlstate()) => {
+            // Not a failure of the keys: the whole batch is retried by `run`.
             rollback::<D>(&mut tx).await;
             return Err(Error::Handler { error });
+        }
+        Err(error) => {
+            // The created keys, with their requests' fingerprints (the answers follow the items).
+            let created_items = items.iter().zip(&answers).filter(|(_, (_, outcome))| matches!(outcome, ReserveOutcome::Created(_))).map(|(item, _)| item);
+            return Err(count(cx, &mut tx, operation, user_id, created_items, &options, error).await);
         }
     };
     let transient = results.iter().any(|r| r.verdict() == Verdict::Transient);
@@ -154,6 +164,73 @@ where
             other => Ok((key, answered(other)?)),
         })
         .collect()
+}
+
+/// A closure error: rolls the batch back, then in a fresh transaction (the same request) takes
+/// every key the batch had created again and releases it, counting a failure towards
+/// `max_retries` (a transient error), or completes it `FAILED` with the error's response (a
+/// permanent one), as `run` does for its one key. A key another attempt took in between is not
+/// counted. The answer: [`Error::Poisoned`] when that failure was the `max_retries`-th of at
+/// least one key (it is `FAILED` now; a redelivered batch answers [`BatchOutcome::Failed`] for
+/// it without calling the closure), else [`Error::Handler`].
+async fn count<'a, D, E>(
+    cx: &Context<'_, D>,
+    tx: &mut D::Tx,
+    operation: &str,
+    user_id: &str,
+    created: impl Iterator<Item = &'a BatchItem>,
+    options: &ReserveOptions,
+    error: E,
+) -> Error<E>
+where
+    D: Driver,
+    E: HandlerError,
+{
+    let disposition = error.disposition();
+    let options = ReserveOptions { wait: false, ..options.clone() };
+    let (sql, last) = match &disposition {
+        Disposition::Transient => (&cx.schema.sql().reserve_and_release, Param::int4_or_null(cx.settings.max_retries)),
+        Disposition::Permanent(response) => (&cx.schema.sql().reserve_and_fail, Param::Json(response.as_ref())),
+    };
+    let mut keys = Vec::new();
+    for item in created {
+        match Key::new(operation, user_id, item.key.as_str()) {
+            Ok(key) => keys.push((key, &item.fingerprint)),
+            Err(e) => {
+                rollback::<D>(tx).await;
+                return e.into();
+            }
+        }
+    }
+    let mut steps = vec![Step::Rollback, Step::Begin(None)];
+    for (key, fingerprint) in &keys {
+        let mut params = reserve_params(key, fingerprint, &options);
+        params.push(last.clone());
+        steps.push(Step::Query(sql, params));
+    }
+    steps.push(Step::Commit);
+    let rows = match D::send(tx, &steps).await {
+        Ok(rows) => rows,
+        Err(e) => {
+            rollback::<D>(tx).await;
+            return cx.ours(e);
+        }
+    };
+    if matches!(disposition, Disposition::Permanent(_)) {
+        return Error::Handler { error };
+    }
+    let mut poisoned = false;
+    for row in &rows {
+        match release_answer(row, "answer") {
+            Ok(answer) => poisoned |= answer == Some(ReleaseOutcome::Poisoned),
+            Err(e) => return e.widen(),
+        }
+    }
+    if poisoned {
+        Error::Poisoned { error }
+    } else {
+        Error::Handler { error }
+    }
 }
 
 /// A row of `reserve_many`: the key and what its reservation answered.

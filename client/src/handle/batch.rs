@@ -20,10 +20,19 @@ impl<D: Driver> Idempotency<D> {
     /// A result's [`Replayable::verdict`] decides how its key is recorded: `Success` and
     /// `Failure` as `run` does; `Transient` is refused (a batch takes no savepoint, so it cannot
     /// undo one key's writes alone): return an error to roll the whole batch back instead.
-    /// An error of `work`, a refused result or a key whose lease was lost
-    /// ([`Error::LeaseLost`]) roll the whole batch back, reservations included, and count no
-    /// failure (the queue redelivers the batch); 40001 / 40P01 retry the whole batch, up to
-    /// [`crate::Settings::serialization_retries`] times.
+    /// A refused result or a key whose lease was lost ([`Error::LeaseLost`]) roll the whole
+    /// batch back, reservations included, and count no failure; 40001 / 40P01 (from our
+    /// statements or from `work`) retry the whole batch, up to
+    /// [`crate::Settings::serialization_retries`] times. Any other error of `work` rolls the
+    /// batch back and, as `run` does for its key, counts a failure for every key the batch had
+    /// created (one more round trip): a transient error releases each towards
+    /// [`crate::Settings::max_retries`] and answers [`Error::Handler`], or [`Error::Poisoned`]
+    /// when that was the last failure allowed for at least one of them (it is `FAILED` now, and
+    /// a redelivered batch answers [`BatchOutcome::Failed`] for it without calling `work`); a
+    /// permanent error completes each `FAILED` with its response. So a batch that can never
+    /// succeed (a poison-pill message) is not redelivered for ever. The batch cannot tell
+    /// which message failed: every key it created is counted, so to keep a poison pill from
+    /// failing the messages that came with it, retry a failed batch's messages one at a time.
     ///
     /// Round trips, for a closure of one statement: three per batch on either driver (`BEGIN`
     /// with the reservations, the closure's statement, the completions with `COMMIT`; over sqlx
