@@ -74,11 +74,23 @@ SELECT idem_reserve('live', 'u', 'q' || i, 'h') FROM generate_series(1, 5) AS i;
 -- [analyze]
 ANALYZE idem_records;
 
--- [seq_scans]
-SELECT seq_scan FROM pg_stat_user_tables WHERE relname = 'idem_records';
+-- [stuck_passed] how many of live_stuck's leases have run out on the database's clock
+SELECT count(*) FROM idem_records WHERE operation = 'live' AND key LIKE 'p%' AND lease_expires_at < clock_timestamp();
 
--- [stats]
+-- [stats_scans] idem_stats(), the sequential scans of idem_records its transaction made so far,
+-- the rows, and the scans again after a count(*) made to scan (the control): all in one
+-- transaction of a new session, read from pg_stat_xact_user_tables (this backend's own counts,
+-- which need no statistics flush)
+BEGIN;
 SELECT processing, stuck, expired, success, failed FROM idem_stats();
+SELECT seq_scan FROM pg_stat_xact_user_tables WHERE relname = 'idem_records';
+SET LOCAL enable_indexscan = off;
+SET LOCAL enable_indexonlyscan = off;
+SET LOCAL enable_bitmapscan = off;
+SET LOCAL max_parallel_workers_per_gather = 0;
+SELECT count(*) FROM idem_records;
+SELECT seq_scan FROM pg_stat_xact_user_tables WHERE relname = 'idem_records';
+COMMIT;
 
 -- [all_metrics]
 SELECT string_agg(name || '=' || value, ' ' ORDER BY name) FROM idem_metrics();

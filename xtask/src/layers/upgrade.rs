@@ -44,6 +44,27 @@ SELECT 'lock', l.mode, 'on', count(*),
   FROM pg_locks AS l WHERE l.pid = pg_backend_pid() AND l.granted AND l.locktype <> 'virtualxid'
  GROUP BY l.locktype, l.mode, l.classid ORDER BY 2, 5;
 SELECT 'waiting_clients', count(*) FROM pg_stat_activity WHERE datname = 'idem_load' AND wait_event_type = 'Lock';
+-- The load overlaps the update: while the update's transaction is open, clients commit new keys
+-- (each poll's statement sees what committed since) or wait on its locks (pg_blocking_pids).
+-- Awaited, for at most 60 s; `overlap COMMITTED BLOCKED` says what was seen.
+SELECT 'load_keys', set_config('idem_load.before', count(*)::text, true) FROM idem_records WHERE operation = 'load';
+DO $$
+DECLARE
+    before    bigint := current_setting('idem_load.before')::bigint;
+    deadline  timestamptz := clock_timestamp() + interval '60 seconds';
+    committed bigint;
+    blocked   bigint;
+BEGIN
+    LOOP
+        SELECT count(*) - before INTO committed FROM idem_records WHERE operation = 'load';
+        SELECT count(*) INTO blocked FROM pg_stat_activity WHERE pg_backend_pid() = ANY (pg_blocking_pids(pid));
+        EXIT WHEN committed > 0 OR blocked > 0 OR clock_timestamp() > deadline;
+        PERFORM pg_sleep(0.05);
+    END LOOP;
+    PERFORM set_config('idem_load.overlap', committed || ' ' || blocked, true);
+END
+$$;
+SELECT 'overlap', current_setting('idem_load.overlap');
 SELECT 'update_done', clock_timestamp();
 COMMIT;
 SELECT 'committed', clock_timestamp();
@@ -148,11 +169,21 @@ fn load(ctx: &Ctx, checks: &mut Checks, psql: &crate::psql::Psql, oldest: &str, 
         .stdin(Stdio::null())
         .spawn()
         .expect("start pgbench");
-    std::thread::sleep(std::time::Duration::from_secs(3));
+    // The load is under way (awaited: keys committed), then the update runs.
+    let started = p.until_script_equal(60, "SELECT count(*) >= 100 FROM idem_records WHERE operation = 'load'", &[], "t");
+    checks.check("the load commits keys before the update", started);
     let locks = p.stdin(LOCKS_SQL, &["-F", " "]).unwrap_or_else(|e| e);
     std::fs::write(ctx.logs.join("upgrade-lock.log"), &locks).expect("write the lock log");
     let committed = locks.lines().find_map(|l| l.strip_prefix("committed ")).map(str::to_owned);
     checks.check("ALTER EXTENSION idempotency UPDATE under load", ensure(committed.is_some(), crate::sh::tail(&locks, 10)));
+    // Overlap, seen by the server while the update's transaction was open.
+    let overlap = locks.lines().find_map(|l| l.strip_prefix("overlap ")).unwrap_or("? ?").to_owned();
+    let seen: Vec<i64> = overlap.split(' ').filter_map(|n| n.parse().ok()).collect();
+    checks.check(
+        "the load overlapped the update (clients committed keys, or waited on its locks, while its transaction was open)",
+        ensure(seen.len() == 2 && (seen[0] > 0 || seen[1] > 0), format!("overlap [{overlap}] (committed, waiting): nothing seen within 60 s")),
+    );
+    checks.note(&format!("  while the update's transaction was open: keys committed, clients waiting on its locks = {overlap}"));
     let status = bench.wait().expect("wait for pgbench");
     let text = std::fs::read_to_string(&load_log).unwrap_or_default();
     let label = format!("{clients} clients ran through the update without an error or a wrong answer");
