@@ -18,7 +18,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::Router;
 use futures_util::StreamExt;
-use idempotency_client::layer::{problem::types, Builder, IdempotencyLayer, Mode, Transaction};
+use idempotency_client::layer::{problem::types, Builder, IdempotencyLayer, Mode, Transaction, DEFAULT_RESPONSE_LIMIT};
 use idempotency_client::{Body, Error, Fingerprint, Settings, StoredResponse, TxFuture};
 use idempotency_testkit::driver::{exec_in, try_connect_with};
 use idempotency_testkit::{admin, exec, handle, test_database, unique_key, Conn, DbError, Idem, TestDriver};
@@ -312,6 +312,19 @@ async fn a_configured_response_limit_refuses_below_the_servers() {
     send(&served.url, "limit-over", json!({"size": 1001})).await.problem(409, types::FAILED);
     assert_eq!((rows("limit-fits").await, rows("limit-over").await), (1, 0));
     assert!(IdempotencyLayer::builder(idem(Settings::default()).await).anonymous().response_limit(0).build().is_err());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_setting_the_limit_is_the_documented_default() {
+    // A database that sets no idempotency.max_response_bytes: the extension shows its default,
+    // 1MB; the portable install shows nothing, and the layer takes the documented default.
+    let url = idempotency_testkit::fresh_database("idem_layer_edges_unset").await;
+    let idem = idempotency_testkit::connect_with(&url, 4, Settings::default());
+    let served = serve(idem, Mode::InTransaction, |b| b).await;
+    let over = send(&served.url, "default-over", json!({"size": DEFAULT_RESPONSE_LIMIT + 1})).await;
+    let body = over.problem(502, types::RESPONSE_TOO_LARGE);
+    let logged = logged_error(&body);
+    assert!(logged.contains(&format!("larger than the response limit ({DEFAULT_RESPONSE_LIMIT} bytes)")), "{logged}");
 }
 
 /// A `StoredResponse` whose stored form is over the server's 8kB.
