@@ -15,6 +15,9 @@ mod imp {
     pub type DbError = tokio_postgres::Error;
     /// The driver's name, for messages.
     pub const NAME: &str = "tokio-postgres";
+    /// Whether a call dropped mid-request asks the server to cancel its statement (a cancel
+    /// request) besides closing the connection.
+    pub const CANCELS_ON_DROP: bool = true;
 
     pub(crate) fn try_connect_with(url: &str, pool_size: usize, settings: Settings) -> Result<Idempotency<TestDriver>, idempotency_client::Error> {
         Idempotency::connect_with(url, pool_size, settings)
@@ -99,6 +102,9 @@ mod imp {
     pub type DbError = sqlx::Error;
     /// The driver's name, for messages.
     pub const NAME: &str = "sqlx";
+    /// Whether a call dropped mid-request asks the server to cancel its statement (sqlx has no
+    /// cancel request: the connection is closed, and the server notices after the statement).
+    pub const CANCELS_ON_DROP: bool = false;
 
     pub(crate) fn try_connect_with(url: &str, pool_size: usize, settings: Settings) -> Result<Idempotency<TestDriver>, idempotency_client::Error> {
         let size = u32::try_from(pool_size).expect("a pool size that fits u32");
@@ -168,7 +174,7 @@ mod imp {
     }
 }
 
-pub use imp::{batch, error_of, exec, exec_in, exhausted, pool_idle, pooled_in_transaction, query_i64, query_i64_in, DbError, TestDriver, NAME};
+pub use imp::{batch, error_of, exec, CANCELS_ON_DROP, exec_in, exhausted, pool_idle, pooled_in_transaction, query_i64, query_i64_in, DbError, TestDriver, NAME};
 
 /// Until the pool of `idem` has taken back every connection (sqlx checks one given back, a round
 /// trip the call did not wait for and that must not be counted against the next call), within

@@ -59,7 +59,7 @@ async fn create_charge(tx: Transaction<Sqlx>, headers: HeaderMap, body: String) 
                 .fetch_one(&mut *conn)
                 .await
         }
-        Err(e) => Err(e),
+        Err(e) => Err(e.into()),
     };
     match inserted {
         Ok(id) => {
