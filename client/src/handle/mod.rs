@@ -32,8 +32,16 @@ postgres_by_default! {
 /// feature `D` has no default).
 ///
 /// **The pool.** `run` holds one pooled connection for the length of its transaction (your
-/// closure included) and gives it back on every exit, even when its future is dropped (then the
-/// connection is closed rather than returned mid-transaction, and the server rolls back).
+/// closure included) and gives it back on every exit.
+///
+/// **Dropped futures.** Every entry point is cancellation safe: a future dropped at any await (a
+/// timeout, a `select!`) never leaves a pooled connection inside a transaction, since the guard
+/// records that a transaction may be open before its `BEGIN` leaves and closes a connection it
+/// cannot vouch for (over tokio-postgres after a cancel request), so the server rolls back and no
+/// other call can commit what the dropped one began. In the in-transaction flows the key is free
+/// for the next attempt (or completed, when the dropped call's own `COMMIT` had already left);
+/// `run_external` says what it keeps (the repository's docs/rust-client.md, "When a call is
+/// dropped", has the table of every entry point).
 /// `run_external` holds none while the outside call runs: one for the reservation, one per
 /// heartbeat, one for the final transaction. When every connection is busy, a call waits for one
 /// at most the pool's wait timeout ([`Settings::pool_timeout`], 5 s by default, for a pool made
@@ -207,6 +215,13 @@ impl<D: Driver> Idempotency<D> {
     /// still fails, the key is completed with `call`'s result on its own, so a retry replays it
     /// and never calls out again, and [`Error::RecordFailed`] hands you the result to reconcile
     /// your local state. The heartbeat stops on every exit path.
+    ///
+    /// Dropped before `call` started (while the reservation is in flight), it leaves nothing: the
+    /// reservation runs in a task of its own, which releases the key if it created it after the
+    /// caller was gone (`idem_release`, counted as a transient failure). Dropped once `call` may
+    /// have started, it keeps the key: the heartbeat stops, the record stays `PROCESSING` until its
+    /// lease ends, and then `idem_recover_stuck` handles it per its `action` (`fail` by default,
+    /// since the outside effect may have happened).
     ///
     /// [`Settings::call_timeout`] bounds the database steps before `call` (the schema lookup,
     /// the reservation), and afresh those after it ended (release or `record` and completion,
