@@ -563,3 +563,29 @@ async fn in_transaction_layer_dropped_in_its_handler_finishes_its_flow() {
 async fn two_phase_layer_dropped_at_its_reservation_finishes_its_flow() {
     layer_dropped_at(Mode::TwoPhase, At::Reservation, "idem_cancel_layer_two_phase").await;
 }
+
+/// A handler that keeps its `Transaction` past its request (a clone sent to a task that outlives
+/// it) reaches no connection with it: the layer took the connection back when the request ended,
+/// and the kept copy's `lock` is `TransactionEnded`.
+#[tokio::test]
+async fn a_transaction_kept_past_its_request_reaches_no_connection() {
+    let stage = Stage::new("idem_cancel_kept_tx", waiting()).await;
+    let kept: Arc<std::sync::Mutex<Option<Transaction<TestDriver>>>> = Arc::default();
+    let layer = IdempotencyLayer::builder(stage.idem.clone()).anonymous().build().expect("layer");
+    let handler = {
+        let kept = kept.clone();
+        post(move |tx: Transaction<TestDriver>, body: String| async move {
+            exec_in(&tx, "INSERT INTO charges (user_id, amount, k) VALUES ('layer', 1, $1)", &[&body]).await.unwrap();
+            *kept.lock().unwrap() = Some(tx.clone());
+            (StatusCode::CREATED, "charged").into_response()
+        })
+    };
+    let app = Router::new().route("/charges", handler).route_layer(layer);
+    let answer = app.oneshot(request("k-kept")).await.unwrap();
+    assert_eq!(answer.status(), StatusCode::CREATED, "{NAME}");
+    let tx = kept.lock().unwrap().take().expect("the handler kept its transaction");
+    assert!(matches!(tx.lock().await, Err(idempotency_client::TransactionEnded)), "{NAME}: the kept transaction still reaches a connection");
+    stage.settled().await;
+    let n: i64 = stage.admin.query_one("SELECT count(*) FROM charges", &[]).await.unwrap().get(0);
+    assert_eq!(n, 1, "{NAME}");
+}

@@ -18,6 +18,14 @@ use std::ops::Deref;
 /// pool: it asks the server to cancel what the connection is running and closes it, so the
 /// server rolls the transaction back and nobody ever gets a connection in the middle of someone
 /// else's transaction.
+///
+/// A closure cannot keep it past its future: it is lent as `&mut Tx` and cannot be cloned.
+///
+/// ```compile_fail
+/// fn keep(tx: &mut idempotency_client::Tx) -> idempotency_client::Tx {
+///     tx.clone()
+/// }
+/// ```
 pub struct Tx {
     pub(super) client: Option<Client>,
     /// A transaction may be open: its BEGIN was sent and its end not yet seen.
