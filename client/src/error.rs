@@ -172,31 +172,6 @@ impl<E: std::fmt::Display> std::fmt::Display for Error<E> {
     }
 }
 
-/// The sources: the driver's or the pool's error, the key's rule, the JSON error, and your
-/// closure's error for [`Error::Handler`] and [`Error::Poisoned`] (when its
-/// [`crate::HandlerError::as_error`] gives it: every error type but `String` and `&str`), the
-/// local transaction's error for [`Error::RecordFailed`] (whose own source is your `record`
-/// closure's error when that is what failed).
-impl<E> std::error::Error for Error<E>
-where
-    E: crate::handler_error::HandlerError + std::fmt::Debug + std::fmt::Display + 'static,
-{
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            Error::InvalidKey(e) => Some(e),
-            Error::StoreUnavailable(source) => Some(source.as_ref()),
-            Error::IncompatibleExtension { source, .. } | Error::Configuration { source, .. } | Error::Protocol { source, .. } => {
-                source.as_ref().map(|s| s.as_ref() as _)
-            }
-            Error::Handler { error } | Error::Poisoned { error } => error.as_error(),
-            Error::RecordFailed { error, .. } => Some(error.as_ref()),
-            Error::Decode(e) => Some(e),
-            Error::Database(e) => Some(e),
-            Error::InProgress { .. } | Error::Mismatch | Error::Failed { .. } | Error::LeaseLost { .. } | Error::ResponseTooLarge { .. } => None,
-        }
-    }
-}
-
 impl<E> From<KeyError> for Error<E> {
     fn from(e: KeyError) -> Self {
         Error::InvalidKey(e)

@@ -1,6 +1,7 @@
 //! How the client treats the errors of your closures: [`HandlerError`] and its
 //! [`Disposition`] (the impls for each driver's error type are in the driver's `errors.rs`).
 
+use crate::error::Error;
 use serde_json::Value;
 
 /// How a closure error is recorded.
@@ -135,6 +136,31 @@ impl HandlerError for eyre::Report {
 
     fn as_error(&self) -> Option<&(dyn std::error::Error + 'static)> {
         Some(AsRef::<dyn std::error::Error>::as_ref(self))
+    }
+}
+
+/// The sources: the driver's or the pool's error, the key's rule, the JSON error, and your
+/// closure's error for [`Error::Handler`] and [`Error::Poisoned`] (when its
+/// [`HandlerError::as_error`] gives it: every error type but `String` and `&str`), the
+/// local transaction's error for [`Error::RecordFailed`] (whose own source is your `record`
+/// closure's error when that is what failed).
+impl<E> std::error::Error for Error<E>
+where
+    E: HandlerError + std::fmt::Debug + std::fmt::Display + 'static,
+{
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::InvalidKey(e) => Some(e),
+            Error::StoreUnavailable(source) => Some(source.as_ref()),
+            Error::IncompatibleExtension { source, .. } | Error::Configuration { source, .. } | Error::Protocol { source, .. } => {
+                source.as_ref().map(|s| s.as_ref() as _)
+            }
+            Error::Handler { error } | Error::Poisoned { error } => error.as_error(),
+            Error::RecordFailed { error, .. } => Some(error.as_ref()),
+            Error::Decode(e) => Some(e),
+            Error::Database(e) => Some(e),
+            Error::InProgress { .. } | Error::Mismatch | Error::Failed { .. } | Error::LeaseLost { .. } | Error::ResponseTooLarge { .. } => None,
+        }
     }
 }
 

@@ -72,7 +72,7 @@ pub struct Settings {
     /// HTTP client's usual patience; `None` waits as long as the server and the network let it
     /// (see [`Settings::keepalives_idle`]).
     pub call_timeout: Option<Duration>,
-    /// For a pool made by a constructor ([`crate::Idempotency::connect_with`], `connect_sqlx_with`):
+    /// For a pool made by a constructor (`Idempotency::connect_with`, `connect_sqlx_with`):
     /// how long a call waits for a free connection when every one is busy, then
     /// [`crate::Error::StoreUnavailable`]. Default 5 s.
     pub pool_timeout: Duration,

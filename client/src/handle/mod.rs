@@ -26,7 +26,7 @@ postgres_by_default! {
 /// A cloneable handle: a driver (for `Postgres`, a `deadpool_postgres::Pool`), the
 /// [`Settings`] of every call and the extension's [`Schema`].
 ///
-/// **The driver.** `D` is [`crate::Postgres`] when left out (with the `postgres` feature, the
+/// **The driver.** `D` is `Postgres` when left out (with the `postgres` feature, the
 /// default), whatever other features the build turns on: a plain `Idempotency` is always the
 /// tokio-postgres handle. Over sqlx, name it: `Idempotency<Sqlx>` (without the `postgres`
 /// feature `D` has no default).
@@ -45,7 +45,7 @@ postgres_by_default! {
 /// `run_external` holds none while the outside call runs: one for the reservation, one per
 /// heartbeat, one for the final transaction. When every connection is busy, a call waits for one
 /// at most the pool's wait timeout ([`Settings::pool_timeout`], 5 s by default, for a pool made
-/// by [`Idempotency::connect`]) and then fails with [`Error::StoreUnavailable`], whose source is
+/// by `Idempotency::connect`) and then fails with [`Error::StoreUnavailable`], whose source is
 /// the pool's timeout error; nothing was reserved, so the client's retry is safe.
 ///
 /// **The deadline.** Every call ends within [`Settings::call_timeout`] (30 s by default): one
