@@ -106,11 +106,25 @@
 //!     .await;
 //! ```
 //!
+//! A plain `Idempotency` is always `Idempotency<Postgres>`, whatever features the build turns on
+//! (without the `postgres` feature it has no default): over sqlx, name the driver,
+//! `Idempotency<Sqlx>`, `layer::Transaction<Sqlx>`.
+//!
 //! Outcomes and errors are the same types; a sqlx error is the source of [`Error::Database`] or
 //! [`Error::StoreUnavailable`] as a tokio-postgres one is. sqlx does not pipeline, so the
 //! statements of one round trip travel as one simple query: the same closure costs the same
 //! three round trips (`BEGIN` with the reservation, your statement, the completion with
 //! `COMMIT`), and a replay one.
+//!
+//! # Bounded waits and errors
+//!
+//! Every call ends within [`Settings::call_timeout`] (30 s by default): a call still waiting
+//! then (a server that stopped answering) is dropped, its connection closed, and it answers
+//! [`Error::StoreUnavailable`] whose source is an [`Elapsed`]. The pools the constructors make
+//! also bound the wait for a connection, the connect, and (tokio-postgres) keep TCP keepalives;
+//! see [`Settings`] and `docs/rust-client.md`. [`Error`] is a `std::error::Error` whose
+//! `source()` chain holds the driver's error, or your closure's (see [`HandlerError::as_error`];
+//! the `anyhow` and `eyre` features let a closure return `anyhow::Result` / `eyre::Result`).
 //!
 //! # Web services
 //!
