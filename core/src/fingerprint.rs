@@ -28,7 +28,7 @@
 //! is [`FingerprintError::InvalidJson`], one nested too deep [`FingerprintError::TooDeep`], as
 //! without the bound).
 //!
-//! The bound keeps every `f64` in any spelling (at most 326 digits) and numbers up to 10^32000
+//! The bound keeps every `f64` in any spelling (at most 326 digits) and numbers up to 10^8000
 //! alone, and caps a 1 MiB request at 16 MiB of canonical text, which costs about what an
 //! ordinary 1 MiB request costs (docs/performance.md has the measured figures).
 //!
@@ -47,11 +47,11 @@ pub const MAX_DEPTH: usize = 1024;
 pub const CANONICAL_BYTES_PER_BYTE: usize = 16;
 
 /// What the canonical form may hold beyond [`CANONICAL_BYTES_PER_BYTE`] per byte of its text, so
-/// a short text may still carry a number such as `1e30000`.
-pub const CANONICAL_EXTRA_BYTES: usize = 32 << 10;
+/// a short text may still carry a number such as `1e8000`.
+pub const CANONICAL_EXTRA_BYTES: usize = 8 << 10;
 
 /// The longest canonical form a JSON text of `text_len` bytes may have:
-/// `16 × text_len + 32768`. A text whose numbers, written out in full, would exceed it is refused
+/// `16 × text_len + 8192`. A text whose numbers, written out in full, would exceed it is refused
 /// with [`FingerprintError::TooLarge`] before they are written.
 pub const fn max_canonical_len(text_len: usize) -> usize {
     text_len.saturating_mul(CANONICAL_BYTES_PER_BYTE).saturating_add(CANONICAL_EXTRA_BYTES)
@@ -782,19 +782,19 @@ mod tests {
     }
 
     fn too_large(text: &str) -> FingerprintError {
-        FingerprintError::TooLarge { text_len: text.len(), limit: 16 * text.len() + 32768 }
+        FingerprintError::TooLarge { text_len: text.len(), limit: 16 * text.len() + 8192 }
     }
 
     #[test]
-    fn the_bound_is_16_bytes_per_byte_plus_32_kib() {
-        assert_eq!(max_canonical_len(0), 32768);
-        assert_eq!(max_canonical_len(1 << 20), (16 << 20) + 32768);
+    fn the_bound_is_16_bytes_per_byte_plus_8_kib() {
+        assert_eq!(max_canonical_len(0), 8192);
+        assert_eq!(max_canonical_len(1 << 20), (16 << 20) + 8192);
         assert_eq!(max_canonical_len(usize::MAX), usize::MAX);
         let e = too_large("1e60000000");
         assert_eq!(
             e.to_string(),
-            "request's canonical form would exceed 32928 bytes, the limit for a text of 10 bytes \
-             (16 bytes per byte plus 32768): its numbers' exponents write out too many digits"
+            "request's canonical form would exceed 8352 bytes, the limit for a text of 10 bytes \
+             (16 bytes per byte plus 8192): its numbers' exponents write out too many digits"
         );
     }
 
@@ -825,7 +825,7 @@ mod tests {
     #[test]
     fn the_edge_of_the_bound_on_both_sides() {
         // 1eN is N+1 digits from a 2+digits(N)-byte text.
-        let edge = max_canonical_len(7) - 1; // 32879: a 7-byte text, exactly the limit
+        let edge = max_canonical_len(6) - 1; // 8287: a 6-byte text, exactly the limit
         let at = format!("1e{edge}");
         assert_eq!(canon(&at).len(), max_canonical_len(at.len()));
         let over = format!("1e{}", edge + 1);
@@ -835,7 +835,7 @@ mod tests {
             let t = format!("[-1e-{e}]");
             (t.clone(), e + 5 <= max_canonical_len(t.len()))
         };
-        let mut e = 30000;
+        let mut e = 8000;
         while fits(e + 1).1 {
             e += 1;
         }
@@ -854,8 +854,8 @@ mod tests {
     #[test]
     fn many_numbers_share_one_bound() {
         // Each alone is allowed; together they exceed the document's bound.
-        assert_eq!(canon("[1e30000]").len(), 30003);
-        assert_eq!(canonical_json("[1e30000,1e30000]"), Err(too_large("[1e30000,1e30000]")));
+        assert_eq!(canon("[1e8000]").len(), 8003);
+        assert_eq!(canonical_json("[1e8000,1e8000]"), Err(too_large("[1e8000,1e8000]")));
         // 1e90 grows by 87 bytes from 5 (with its comma): more than 15 per byte, so enough of
         // them exceed the bound, each near its own share.
         let many = format!("[{}]", vec!["1e90"; 10_000].join(","));
@@ -865,10 +865,14 @@ mod tests {
         assert_eq!(canon(&many).len(), 2 + 100_000 * 61 + 99_999);
         // f64 in any spelling: at most 326 digits each.
         assert_eq!(canon("[5e-324]").len(), 2 + 2 + 323 + 1);
-        // 200 of the longest doubles in 3 kB are allowed (64 kB written out); 2,000 are not.
+        // The longest doubles written in full precision are within 16 per byte, any number of
+        // them; the shortest spelling of the smallest, 5e-324, is not: 50 pairs of the two
+        // extremes (1.5 kB, 32 kB written out) are allowed, 100 are not.
+        let doubles = format!("[{}]", vec!["1.7976931348623157e308"; 10_000].join(","));
+        assert_eq!(canon(&doubles).len(), 2 + 10_000 * 309 + 9_999);
+        let doubles = format!("[{}]", vec!["1.7976931348623157e308,5e-324"; 50].join(","));
+        assert_eq!(canon(&doubles).len(), 2 + 50 * (309 + 1 + 326) + 49);
         let doubles = format!("[{}]", vec!["1.7976931348623157e308,5e-324"; 100].join(","));
-        assert_eq!(canon(&doubles).len(), 2 + 100 * (309 + 1 + 326) + 99);
-        let doubles = format!("[{}]", vec!["1.7976931348623157e308,5e-324"; 1000].join(","));
         assert_eq!(canonical_json(&doubles), Err(too_large(&doubles)));
     }
 
@@ -905,7 +909,7 @@ mod tests {
     #[test]
     fn the_hash_of_the_written_form_equals_the_streamed_hash() {
         let long_zeros = format!("{{\"b\": [1e20000, {{\"y\": 1e-9000, \"x\": \"{}\"}}], \"a\": 1e100}}", "é\\n".repeat(5000));
-        for text in [r#"{"b": 1, "a": [1, 2.50, {"d": null, "c": "\u00e9"}]}"#, "1e30000", long_zeros.as_str(), "[]", "\"\""] {
+        for text in [r#"{"b": 1, "a": [1, 2.50, {"d": null, "c": "\u00e9"}]}"#, "1e8000", long_zeros.as_str(), "[]", "\"\""] {
             let streamed = Fingerprint::of_json_text(text).unwrap();
             assert_eq!(streamed, Fingerprint::of_bytes(canon(text).as_bytes()), "{}", &text[..text.len().min(40)]);
         }
