@@ -5,7 +5,7 @@
 -- A statement-by-statement port of the canonicaliser in core/src/fingerprint.rs (the one the
 -- extension calls): same rules, same limits, same error messages with the same byte offsets.
 -- The canonical form is bounded by the text's length as there: at most 16 bytes per byte plus
--- 32768 (max_canonical_len), each number's written length computed from its exponent and
+-- 8192 (max_canonical_len), each number's written length computed from its exponent and
 -- charged before its digits are written, so '1e60000000' never writes its digits (the text is
 -- read to its end and then refused, 54000, if it is JSON).
 -- It is iterative, with an explicit stack, so 1024 levels of nesting cost no call depth.
@@ -26,7 +26,7 @@ DECLARE
     n        integer := length(b);
     pos      integer := 0;                            -- byte offset, as in the Rust errors
     -- What numbers may add to the text's own length: max_canonical_len(n) - n in fingerprint.rs.
-    budget   bigint  := 15::bigint * n + 32768;
+    budget   bigint  := 15::bigint * n + 8192;
     over     boolean := false;                        -- the numbers passed the bound
     reason   text;
     c        integer;
@@ -404,8 +404,8 @@ BEGIN
                     EXIT main;
                 END IF;
                 IF over THEN
-                    RAISE EXCEPTION 'request''s canonical form would exceed % bytes, the limit for a text of % bytes (16 bytes per byte plus 32768): its numbers'' exponents write out too many digits',
-                        16::bigint * n + 32768, n
+                    RAISE EXCEPTION 'request''s canonical form would exceed % bytes, the limit for a text of % bytes (16 bytes per byte plus 8192): its numbers'' exponents write out too many digits',
+                        16::bigint * n + 8192, n
                         USING ERRCODE = '54000';
                 END IF;
                 -- Assembly: the pieces in order, each object's members in their sorted order.
