@@ -39,7 +39,7 @@ async fn through_the_handle(url: &str) -> Result<bool, String> {
 }
 
 /// The error's kind, then its text and its sources' (the TLS reason is in the source chain).
-fn explain<E: std::error::Error + 'static>(e: &Error<E>) -> String {
+fn explain<E: idempotency_client::HandlerError + std::error::Error + 'static>(e: &Error<E>) -> String {
     let kind = match e {
         Error::Configuration { .. } => "Configuration",
         Error::StoreUnavailable(_) => "StoreUnavailable",
