@@ -14,7 +14,8 @@
 -- punctuation, each object member's key) are appended once to an array in input order, and each
 -- object keeps only its members' piece ranges, sorted when it closes; the canonical form is
 -- assembled once at the end by walking the pieces, each object in its sorted order. Nothing is
--- concatenated onto a growing value (a string's escapes are collected as pieces too).
+-- concatenated onto a growing value but a piece under 256 bytes (a member's key and its number,
+-- an array of small values), and a string's escapes are collected as pieces.
 
 CREATE FUNCTION @extschema@.idem_fingerprint(request text) RETURNS text
     LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
@@ -34,6 +35,9 @@ DECLARE
     -- The canonical pieces in input order.
     txt      bytea[] := '{}';
     np       integer := 0;
+    -- The last piece may be extended (by up to 256 bytes) with the next one: false at an
+    -- object's start and end, whose pieces bound its members.
+    glue     boolean := false;
     -- Objects, numbered as they open: their pieces txt[o_at .. o_end] (the members in input
     -- order), their sorted members s_*[o_mfirst .. o_mlast], the number of the first object
     -- after them.
@@ -67,12 +71,9 @@ DECLARE
     m_obend  integer[] := '{}';
     mcount   integer := 0;
     want_key boolean := false;
-    -- Closing an object: its members, then sorted.
+    -- Closing an object: its keys, then its members' order.
     t_dec    bytea[];
     t_st     integer[];
-    t_en     integer[];
-    t_ob     integer[];
-    t_obend  integer[];
     k        integer;
     -- Assembly: a stack of ranges ('r': pieces pos .. endp with the objects m .. mend) and
     -- objects ('o': the next sorted member cur).
@@ -137,9 +138,15 @@ BEGIN
                 no := no + 1;
                 f_obj[top] := no;
                 o_at[no] := np + 1;
+                glue := false;                          -- its members start pieces of their own
             ELSE
-                np := np + 1;
-                txt[np] := decode('5b', 'hex');
+                IF glue AND octet_length(txt[np]) < 256 THEN
+                    txt[np] := txt[np] || decode('5b', 'hex');
+                ELSE
+                    np := np + 1;
+                    txt[np] := decode('5b', 'hex');
+                END IF;
+                glue := true;
             END IF;
             LOOP
                 c := CASE WHEN pos < n THEN get_byte(b, pos) ELSE -1 END;
@@ -154,9 +161,15 @@ BEGIN
                     o_mfirst[id] := ns + 1;
                     o_mlast[id] := ns;
                     o_next[id] := no + 1;
+                    glue := false;
                 ELSE
-                    np := np + 1;
-                    txt[np] := decode('5d', 'hex');
+                    IF glue AND octet_length(txt[np]) < 256 THEN
+                        txt[np] := txt[np] || decode('5d', 'hex');
+                    ELSE
+                        np := np + 1;
+                        txt[np] := decode('5d', 'hex');
+                    END IF;
+                    glue := true;
                 END IF;
                 v := NULL;
                 top := top - 1;
@@ -280,6 +293,7 @@ BEGIN
                 -- The member's first piece: its key and ':'.
                 np := np + 1;
                 txt[np] := decode('22', 'hex') || enc || decode('223a', 'hex');
+                glue := true;
                 f_mst[top] := np;
                 f_mob[top] := no + 1;
                 CONTINUE main;
@@ -389,8 +403,13 @@ BEGIN
 
         -- v is complete: append it, then close every container that ends here.
         IF v IS NOT NULL THEN
-            np := np + 1;
-            txt[np] := v;
+            IF glue AND octet_length(txt[np]) < 256 THEN
+                txt[np] := txt[np] || v;
+            ELSE
+                np := np + 1;
+                txt[np] := v;
+            END IF;
+            glue := true;
         END IF;
         LOOP
             IF top = 0 THEN
@@ -471,40 +490,49 @@ BEGIN
             IF c = 44 THEN                              -- ,
                 pos := pos + 1;
                 IF f_kind[top] = 'a' THEN
-                    np := np + 1;
-                    txt[np] := decode('2c', 'hex');
+                    IF glue AND octet_length(txt[np]) < 256 THEN
+                        txt[np] := txt[np] || decode('2c', 'hex');
+                    ELSE
+                        np := np + 1;
+                        txt[np] := decode('2c', 'hex');
+                    END IF;
+                    glue := true;
                 END IF;
                 want_key := f_kind[top] = 'o';
                 CONTINUE main;
             ELSIF f_kind[top] = 'a' AND c = 93 THEN     -- ]
                 pos := pos + 1;
-                np := np + 1;
-                txt[np] := decode('5d', 'hex');
+                IF glue AND octet_length(txt[np]) < 256 THEN
+                    txt[np] := txt[np] || decode('5d', 'hex');
+                ELSE
+                    np := np + 1;
+                    txt[np] := decode('5d', 'hex');
+                END IF;
+                glue := true;
             ELSIF f_kind[top] = 'o' AND c = 125 THEN    -- }: keys in byte order, the last duplicate wins
                 pos := pos + 1;
-                -- This object's members, copied one by one (never a slice of the whole stack).
-                t_dec := '{}'; t_st := '{}'; t_en := '{}'; t_ob := '{}'; t_obend := '{}';
+                -- This object's keys, copied one by one (never a slice of the whole stack), and
+                -- the order of its members: by key, the last of equal keys only.
+                t_dec := '{}';
                 FOR i IN f_first[top] .. mcount LOOP
-                    k := i - f_first[top] + 1;
-                    t_dec[k] := m_dec[i]; t_st[k] := m_st[i]; t_en[k] := m_en[i];
-                    t_ob[k] := m_ob[i]; t_obend[k] := m_obend[i];
+                    t_dec[i - f_first[top] + 1] := m_dec[i];
                 END LOOP;
-                SELECT coalesce(array_agg(u.st ORDER BY u.d), '{}'), coalesce(array_agg(u.en ORDER BY u.d), '{}'),
-                       coalesce(array_agg(u.ob ORDER BY u.d), '{}'), coalesce(array_agg(u.obend ORDER BY u.d), '{}')
-                  INTO t_st, t_en, t_ob, t_obend
-                  FROM (SELECT DISTINCT ON (m.d) m.d, m.st, m.en, m.ob, m.obend
-                          FROM unnest(t_dec, t_st, t_en, t_ob, t_obend) WITH ORDINALITY AS m(d, st, en, ob, obend, i)
+                SELECT coalesce(array_agg(u.i ORDER BY u.d), '{}') INTO t_st
+                  FROM (SELECT DISTINCT ON (m.d) m.d, m.i
+                          FROM unnest(t_dec) WITH ORDINALITY AS m(d, i)
                          ORDER BY m.d, m.i DESC) AS u;
                 id := f_obj[top];
                 o_end[id] := np;
                 o_mfirst[id] := ns + 1;
                 FOR i IN 1 .. coalesce(array_length(t_st, 1), 0) LOOP
+                    k := f_first[top] - 1 + t_st[i];
                     ns := ns + 1;
-                    s_st[ns] := t_st[i]; s_en[ns] := t_en[i]; s_ob[ns] := t_ob[i]; s_obend[ns] := t_obend[i];
+                    s_st[ns] := m_st[k]; s_en[ns] := m_en[k]; s_ob[ns] := m_ob[k]; s_obend[ns] := m_obend[k];
                 END LOOP;
                 o_mlast[id] := ns;
                 o_next[id] := no + 1;
                 mcount := f_first[top] - 1;
+                glue := false;                          -- its last piece ends it
             ELSE
                 reason := CASE f_kind[top] WHEN 'a' THEN 'expected '','' or '']'' in an array'
                                            ELSE 'expected '','' or ''}'' in an object' END;

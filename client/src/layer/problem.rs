@@ -25,7 +25,7 @@ pub mod types {
     /// 400: the request body could not be read.
     pub const BODY_UNREADABLE: &str = "urn:idempotency:problem:body-unreadable";
     /// 422: the JSON body's canonical form would exceed its bound (16 bytes per byte of the body
-    /// plus 32 KiB: numbers with huge exponents), so it has no fingerprint; nothing was reserved.
+    /// plus 8 KiB: numbers with huge exponents), so it has no fingerprint; nothing was reserved.
     pub const FINGERPRINT_LIMIT: &str = "urn:idempotency:problem:fingerprint-limit";
     /// 409 + `Retry-After`: another request with this key is being processed.
     pub const IN_PROGRESS: &str = "urn:idempotency:problem:in-progress";
