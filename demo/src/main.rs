@@ -125,8 +125,12 @@ async fn charge(tx: Transaction, State(app): State<Arc<App>>, headers: HeaderMap
     let key = headers.get("idempotency-key").and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
     let amount = serde_json::from_str::<Value>(&body).ok().and_then(|v| v["amount"].as_i64()).unwrap_or(0);
     let insert = "INSERT INTO charges (user_id, amount, k) VALUES ('idempotency', $1, $2)";
-    if let Err(e) = tx.execute(insert, &[&amount, &key]).await {
-        return (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response();
+    let written = match tx.lock().await {
+        Ok(conn) => conn.execute(insert, &[&amount, &key]).await.map_err(|e| e.to_string()),
+        Err(e) => Err(e.to_string()),
+    };
+    if let Err(e) = written {
+        return (StatusCode::INTERNAL_SERVER_ERROR, e).into_response();
     }
     tokio::time::sleep(Duration::from_millis(50)).await; // the card network
     if app.network_down.swap(false, Ordering::SeqCst) {

@@ -1,7 +1,7 @@
 //! The shared private cluster ([`Server::private`]) and fresh databases on it.
 
 use idempotency_client::ops;
-use idempotency_client::{Idempotency, Key, Schema, Settings};
+use idempotency_client::{Idempotency, Key, Schema};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::Command;
@@ -136,18 +136,6 @@ pub async fn test_database() -> &'static str {
         fresh_database(&format!("idem_{stem}")).await
     })
     .await
-}
-
-/// A handle of the driver under test with `settings` on the database of this test process
-/// (shared by its tests).
-pub async fn handle(settings: Settings) -> crate::Idem {
-    crate::connect_with(test_database().await, 100, settings)
-}
-
-/// A handle of the driver under test with `settings` on a fresh database `name` of its own (for
-/// tests that change the server or count everything in a database).
-pub async fn handle_in(name: &str, settings: Settings) -> crate::Idem {
-    crate::connect_with(&fresh_database(name).await, 32, settings)
 }
 
 /// A pooled superuser connection to the test database, for assertions and direct `ops` calls

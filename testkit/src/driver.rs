@@ -1,42 +1,82 @@
-//! The client driver under test, one per build: tokio-postgres by default, sqlx when the test
-//! kit is built with its `sqlx` feature (`cargo test -p idempotency-tests --features sqlx`).
-//! The suites are written once against these names: [`TestDriver`], the handle [`Idem`], the
-//! connection a closure gets ([`Conn`]), the driver's error ([`DbError`]) and a few statements
-//! run the same way on either ([`exec`], [`query_i64`], [`batch`], [`pooled_in_transaction`]).
+//! The client drivers under test, both in every build: [`over_postgres`] (tokio-postgres) and
+//! [`over_sqlx`] export the same names (the driver [`TestDriver`](over_postgres::TestDriver), its
+//! handle `Idem`, the connection a closure gets `Conn`, its error `DbError`, the test kit's
+//! handles and handler over it, and a few statements run the same way on either: `exec`,
+//! `query_i64`, `batch`, `pooled_in_transaction`), so a suite is written once and instantiated
+//! per driver in one test binary by [`crate::for_each_driver`]: its tests are named
+//! `over_postgres::...` and `over_sqlx::...`, and a filter picks a driver at run time.
+//!
+//! What differs between the drivers is the [`Kit`] trait, one impl per driver; the two modules
+//! are written once, by a macro, over it.
 
-use idempotency_client::{Driver, Idempotency, Settings};
+use idempotency_client::layer::Transaction;
+use idempotency_client::{Driver, Idempotency, Postgres, Settings, Sqlx};
+use std::future::Future;
+use std::time::Duration;
 
-#[cfg(not(feature = "sqlx"))]
-mod imp {
-    use idempotency_client::{Idempotency, Settings};
-    /// The driver under test.
-    pub type TestDriver = idempotency_client::Postgres;
+/// What the test kit needs of a driver, beyond the client's [`Driver`].
+pub trait Kit: Driver {
     /// The driver's error type.
-    pub type DbError = tokio_postgres::Error;
+    type DbError: std::error::Error + Send + Sync + 'static;
     /// The driver's name, for messages.
-    pub const NAME: &str = "tokio-postgres";
+    const NAME: &'static str;
     /// Whether a call dropped mid-request asks the server to cancel its statement (a cancel
     /// request) besides closing the connection.
-    pub const CANCELS_ON_DROP: bool = true;
+    const CANCELS_ON_DROP: bool;
 
-    pub(crate) fn try_connect_with(url: &str, pool_size: usize, settings: Settings) -> Result<Idempotency<TestDriver>, idempotency_client::Error> {
+    /// A handle on `url` with a pool of `pool_size` connections.
+    fn try_connect(url: &str, pool_size: usize, settings: Settings) -> Result<Idempotency<Self>, idempotency_client::Error>;
+
+    /// The driver's error for `sql` run on a connection of its own to `url`.
+    fn error_of(url: &str, sql: &str) -> impl Future<Output = Self::DbError> + Send;
+
+    /// A handle on `url` whose pool has one connection, waited for at most `wait`, and that
+    /// connection, held: the pool is exhausted until the second value is dropped.
+    fn exhausted(url: &str, wait: Duration) -> impl Future<Output = (Idempotency<Self>, Box<dyn std::any::Any + Send>)> + Send;
+
+    /// Runs `sql` with text arguments; the rows it affected.
+    fn exec<'a>(conn: &'a mut Self::Conn, sql: &'a str, args: &'a [&'a str]) -> impl Future<Output = Result<u64, Self::DbError>> + Send + 'a;
+
+    /// The first column (a bigint) of the one row `sql` answers.
+    fn query_i64<'a>(conn: &'a mut Self::Conn, sql: &'a str, args: &'a [&'a str]) -> impl Future<Output = Result<i64, Self::DbError>> + Send + 'a;
+
+    /// `sql` (one or more statements, no arguments) as a simple query.
+    fn batch<'a>(conn: &'a mut Self::Conn, sql: &'a str) -> impl Future<Output = Result<(), Self::DbError>> + Send + 'a;
+
+    /// [`Kit::query_i64`] through the request's transaction of an in-transaction layer.
+    fn query_i64_in<'a>(tx: &'a Transaction<Self>, sql: &'a str, args: &'a [&'a str]) -> impl Future<Output = Result<i64, Self::DbError>> + Send + 'a;
+
+    /// [`Kit::exec`] through the request's transaction of an in-transaction layer.
+    fn exec_in<'a>(tx: &'a Transaction<Self>, sql: &'a str, args: &'a [&'a str]) -> impl Future<Output = Result<u64, Self::DbError>> + Send + 'a;
+
+    /// Every connection of `idem`'s pool is idle in it (none being given back).
+    fn pool_idle(idem: &Idempotency<Self>) -> bool;
+
+    /// Whether the next connection of `idem`'s pool is inside a transaction block (a savepoint
+    /// can only be set in one): a flow must never give one back mid-transaction.
+    fn pooled_in_transaction(idem: &Idempotency<Self>) -> impl Future<Output = bool> + Send + '_;
+}
+
+fn params<'a>(args: &'a [&'a str]) -> Vec<&'a (dyn tokio_postgres::types::ToSql + Sync)> {
+    args.iter().map(|a| a as &(dyn tokio_postgres::types::ToSql + Sync)).collect()
+}
+
+impl Kit for Postgres {
+    type DbError = tokio_postgres::Error;
+    const NAME: &'static str = "tokio-postgres";
+    const CANCELS_ON_DROP: bool = true;
+
+    fn try_connect(url: &str, pool_size: usize, settings: Settings) -> Result<Idempotency<Self>, idempotency_client::Error> {
         Idempotency::connect_with(url, pool_size, settings)
     }
 
-    /// The driver's error for `sql` run on a connection of its own to `url`.
-    pub async fn error_of(url: &str, sql: &str) -> DbError {
+    async fn error_of(url: &str, sql: &str) -> tokio_postgres::Error {
         let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await.expect("connect");
         tokio::spawn(conn);
         client.batch_execute(sql).await.expect_err("the statement fails")
     }
 
-    pub(crate) fn params<'a>(args: &'a [&'a str]) -> Vec<&'a (dyn tokio_postgres::types::ToSql + Sync)> {
-        args.iter().map(|a| a as &(dyn tokio_postgres::types::ToSql + Sync)).collect()
-    }
-
-    /// A handle on `url` whose pool has one connection, waited for at most `wait`, and that
-    /// connection, held: the pool is exhausted until the second value is dropped.
-    pub async fn exhausted(url: &str, wait: std::time::Duration) -> (Idempotency<TestDriver>, Box<dyn std::any::Any + Send>) {
+    async fn exhausted(url: &str, wait: Duration) -> (Idempotency<Self>, Box<dyn std::any::Any + Send>) {
         use deadpool_postgres::{Config, PoolConfig, Runtime, Timeouts};
         let mut cfg = Config::new();
         cfg.url = Some(url.to_owned());
@@ -47,84 +87,66 @@ mod imp {
         (idem, Box::new(held))
     }
 
-    /// Runs `sql` with text arguments; the rows it affected.
-    pub async fn exec(conn: &mut super::Conn, sql: &str, args: &[&str]) -> Result<u64, DbError> {
+    async fn exec<'a>(conn: &'a mut Self::Conn, sql: &'a str, args: &'a [&'a str]) -> Result<u64, tokio_postgres::Error> {
         let statement = conn.prepare_cached(sql).await?;
         conn.execute(&statement, &params(args)).await
     }
 
-    /// The first column (a bigint) of the one row `sql` answers.
-    pub async fn query_i64(conn: &mut super::Conn, sql: &str, args: &[&str]) -> Result<i64, DbError> {
+    async fn query_i64<'a>(conn: &'a mut Self::Conn, sql: &'a str, args: &'a [&'a str]) -> Result<i64, tokio_postgres::Error> {
         let statement = conn.prepare_cached(sql).await?;
         conn.query_one(&statement, &params(args)).await?.try_get(0)
     }
 
-    /// `sql` (one or more statements, no arguments) as a simple query.
-    pub async fn batch(conn: &mut super::Conn, sql: &str) -> Result<(), DbError> {
+    async fn batch<'a>(conn: &'a mut Self::Conn, sql: &'a str) -> Result<(), tokio_postgres::Error> {
         conn.batch_execute(sql).await
     }
 
-    /// Every connection of `idem`'s pool is idle in it (none being given back).
-    pub fn pool_idle(idem: &Idempotency<TestDriver>) -> bool {
+    async fn query_i64_in<'a>(tx: &'a Transaction<Self>, sql: &'a str, args: &'a [&'a str]) -> Result<i64, tokio_postgres::Error> {
+        let conn = tx.lock().await.expect("the request's transaction is live");
+        let statement = conn.prepare_cached(sql).await?;
+        conn.query_one(&statement, &params(args)).await?.try_get(0)
+    }
+
+    async fn exec_in<'a>(tx: &'a Transaction<Self>, sql: &'a str, args: &'a [&'a str]) -> Result<u64, tokio_postgres::Error> {
+        let conn = tx.lock().await.expect("the request's transaction is live");
+        let statement = conn.prepare_cached(sql).await?;
+        conn.execute(&statement, &params(args)).await
+    }
+
+    fn pool_idle(idem: &Idempotency<Self>) -> bool {
         let status = idem.pool().status();
         status.available == status.size
     }
 
-    /// Whether the next connection of `idem`'s pool is inside a transaction block (a savepoint
-    /// can only be set in one): a flow must never give one back mid-transaction.
-    pub async fn pooled_in_transaction(idem: &Idempotency<TestDriver>) -> bool {
+    async fn pooled_in_transaction(idem: &Idempotency<Self>) -> bool {
         let client = idem.pool().get().await.expect("a pooled connection");
         client.batch_execute("SAVEPOINT probe").await.is_ok()
     }
-
-    /// [`query_i64`] through the request's transaction of an in-transaction layer.
-    pub async fn query_i64_in(tx: &idempotency_client::layer::Transaction<TestDriver>, sql: &str, args: &[&str]) -> Result<i64, DbError> {
-        let conn = tx.lock().await.expect("the request's transaction is live");
-        let statement = conn.prepare_cached(sql).await?;
-        conn.query_one(&statement, &params(args)).await?.try_get(0)
-    }
-
-    /// [`exec`] through the request's transaction of an in-transaction layer.
-    pub async fn exec_in(tx: &idempotency_client::layer::Transaction<TestDriver>, sql: &str, args: &[&str]) -> Result<u64, DbError> {
-        let conn = tx.lock().await.expect("the request's transaction is live");
-        let statement = conn.prepare_cached(sql).await?;
-        conn.execute(&statement, &params(args)).await
-    }
 }
 
-#[cfg(feature = "sqlx")]
-mod imp {
-    use idempotency_client::{Idempotency, Settings};
-    use sqlx::AssertSqlSafe;
-    /// The driver under test.
-    pub type TestDriver = idempotency_client::Sqlx;
-    /// The driver's error type.
-    pub type DbError = sqlx::Error;
-    /// The driver's name, for messages.
-    pub const NAME: &str = "sqlx";
-    /// Whether a call dropped mid-request asks the server to cancel its statement (sqlx has no
-    /// cancel request: the connection is closed, and the server notices after the statement).
-    pub const CANCELS_ON_DROP: bool = false;
+fn bound<'q>(sql: &str, args: &'q [&'q str]) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
+    args.iter().fold(sqlx::query(sqlx::AssertSqlSafe(sql.to_owned())), |q, a| q.bind(*a))
+}
 
-    pub(crate) fn try_connect_with(url: &str, pool_size: usize, settings: Settings) -> Result<Idempotency<TestDriver>, idempotency_client::Error> {
+impl Kit for Sqlx {
+    type DbError = sqlx::Error;
+    const NAME: &'static str = "sqlx";
+    // sqlx has no cancel request: the connection is closed, and the server notices after the
+    // statement.
+    const CANCELS_ON_DROP: bool = false;
+
+    fn try_connect(url: &str, pool_size: usize, settings: Settings) -> Result<Idempotency<Self>, idempotency_client::Error> {
         let size = u32::try_from(pool_size).expect("a pool size that fits u32");
         Idempotency::connect_sqlx_with(url, size, settings)
     }
 
-    /// The driver's error for `sql` run on a connection of its own to `url`.
-    pub async fn error_of(url: &str, sql: &str) -> DbError {
+    async fn error_of(url: &str, sql: &str) -> sqlx::Error {
         use sqlx::Connection;
         let mut conn = sqlx::PgConnection::connect(url).await.expect("connect");
-        sqlx::raw_sql(AssertSqlSafe(sql.to_owned())).execute(&mut conn).await.expect_err("the statement fails")
+        sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned())).execute(&mut conn).await.expect_err("the statement fails")
     }
 
-    fn bound<'q>(sql: &str, args: &'q [&'q str]) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
-        args.iter().fold(sqlx::query(AssertSqlSafe(sql.to_owned())), |q, a| q.bind(*a))
-    }
-
-    /// A handle on `url` whose pool has one connection, waited for at most `wait`, and that
-    /// connection, held: the pool is exhausted until the second value is dropped.
-    pub async fn exhausted(url: &str, wait: std::time::Duration) -> (Idempotency<TestDriver>, Box<dyn std::any::Any + Send>) {
+    async fn exhausted(url: &str, wait: Duration) -> (Idempotency<Self>, Box<dyn std::any::Any + Send>) {
         use std::str::FromStr;
         let options = sqlx::postgres::PgConnectOptions::from_str(url).expect("url");
         let pool = sqlx::postgres::PgPoolOptions::new().max_connections(1).acquire_timeout(wait).connect_lazy_with(options);
@@ -132,76 +154,178 @@ mod imp {
         (Idempotency::from_sqlx(pool, Settings::default()), Box::new(held))
     }
 
-    /// Runs `sql` with text arguments; the rows it affected.
-    pub async fn exec(conn: &mut super::Conn, sql: &str, args: &[&str]) -> Result<u64, DbError> {
+    async fn exec<'a>(conn: &'a mut Self::Conn, sql: &'a str, args: &'a [&'a str]) -> Result<u64, sqlx::Error> {
         Ok(bound(sql, args).execute(&mut *conn).await?.rows_affected())
     }
 
-    /// The first column (a bigint) of the one row `sql` answers.
-    pub async fn query_i64(conn: &mut super::Conn, sql: &str, args: &[&str]) -> Result<i64, DbError> {
+    async fn query_i64<'a>(conn: &'a mut Self::Conn, sql: &'a str, args: &'a [&'a str]) -> Result<i64, sqlx::Error> {
         use sqlx::Row;
         bound(sql, args).fetch_one(&mut *conn).await?.try_get(0)
     }
 
-    /// [`query_i64`] through the request's transaction of an in-transaction layer.
-    pub async fn query_i64_in(tx: &idempotency_client::layer::Transaction<TestDriver>, sql: &str, args: &[&str]) -> Result<i64, DbError> {
+    async fn batch<'a>(conn: &'a mut Self::Conn, sql: &'a str) -> Result<(), sqlx::Error> {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned())).execute(&mut *conn).await.map(|_| ())
+    }
+
+    async fn query_i64_in<'a>(tx: &'a Transaction<Self>, sql: &'a str, args: &'a [&'a str]) -> Result<i64, sqlx::Error> {
         let mut conn = tx.lock().await?;
-        query_i64(&mut conn, sql, args).await
+        Self::query_i64(&mut conn, sql, args).await
     }
 
-    /// [`exec`] through the request's transaction of an in-transaction layer.
-    pub async fn exec_in(tx: &idempotency_client::layer::Transaction<TestDriver>, sql: &str, args: &[&str]) -> Result<u64, DbError> {
+    async fn exec_in<'a>(tx: &'a Transaction<Self>, sql: &'a str, args: &'a [&'a str]) -> Result<u64, sqlx::Error> {
         let mut conn = tx.lock().await?;
-        exec(&mut conn, sql, args).await
+        Self::exec(&mut conn, sql, args).await
     }
 
-    /// `sql` (one or more statements, no arguments) as a simple query.
-    pub async fn batch(conn: &mut super::Conn, sql: &str) -> Result<(), DbError> {
-        sqlx::raw_sql(AssertSqlSafe(sql.to_owned())).execute(&mut *conn).await.map(|_| ())
-    }
-
-    /// Every connection of `idem`'s pool is idle in it (none being given back: sqlx checks a
-    /// connection when it is given back, a round trip nobody waits for).
-    pub fn pool_idle(idem: &Idempotency<TestDriver>) -> bool {
+    // sqlx checks a connection when it is given back, a round trip nobody waits for.
+    fn pool_idle(idem: &Idempotency<Self>) -> bool {
         idem.pool().num_idle() == idem.pool().size() as usize
     }
 
-    /// Whether the next connection of `idem`'s pool is inside a transaction block (a savepoint
-    /// can only be set in one): a flow must never give one back mid-transaction.
-    pub async fn pooled_in_transaction(idem: &Idempotency<TestDriver>) -> bool {
+    async fn pooled_in_transaction(idem: &Idempotency<Self>) -> bool {
         let mut conn = idem.pool().acquire().await.expect("a pooled connection");
         sqlx::raw_sql("SAVEPOINT probe").execute(&mut *conn).await.is_ok()
     }
 }
 
-pub use imp::{batch, error_of, exec, CANCELS_ON_DROP, exec_in, exhausted, pool_idle, pooled_in_transaction, query_i64, query_i64_in, DbError, TestDriver, NAME};
+/// The names a suite uses, over one driver: `driver_module!(over_postgres, Postgres)`.
+macro_rules! driver_module {
+    ($module:ident, $driver:ty, $error:ty, $doc:literal) => {
+        #[doc = $doc]
+        pub mod $module {
+            use super::Kit;
+            use idempotency_client::{Driver, Idempotency, Key, Settings};
+            use std::time::Duration;
 
-/// Until the pool of `idem` has taken back every connection (sqlx checks one given back, a round
-/// trip the call did not wait for and that must not be counted against the next call), within
-/// 10 s.
-pub async fn settled(idem: &Idem) {
-    crate::server::eventually("the pool's connections are idle", std::time::Duration::from_secs(10), || async {
-        if pool_idle(idem) {
-            Ok(())
-        } else {
-            Err("a connection is being given back".to_owned())
+            /// The driver under test.
+            pub type TestDriver = $driver;
+            /// The handle of the driver under test.
+            pub type Idem = Idempotency<TestDriver>;
+            /// What a closure of `run` / `run_external` gets, as `&mut Conn`.
+            pub type Conn = <TestDriver as Driver>::Conn;
+            /// The driver's error type (named, not projected: a projection is not normalised when
+            /// a suite implements `From<DbError>` for its own error).
+            pub type DbError = $error;
+            /// The charge handler over this driver.
+            pub type Charge = crate::handler::Charge<TestDriver>;
+            /// The driver's name, for messages.
+            pub const NAME: &str = <TestDriver as Kit>::NAME;
+            /// Whether a call dropped mid-request sends a cancel request.
+            pub const CANCELS_ON_DROP: bool = <TestDriver as Kit>::CANCELS_ON_DROP;
+
+            /// A handle on `url` with a pool of `pool_size` connections (and the test kit's
+            /// replay cache when `IDEM_REPLAY_CACHE=on`).
+            pub fn connect_with(url: &str, pool_size: usize, settings: Settings) -> Idem {
+                try_connect_with(url, pool_size, settings).expect("pool")
+            }
+
+            /// [`connect_with`], or its error (a malformed URL, a bad schema name).
+            pub fn try_connect_with(url: &str, pool_size: usize, settings: Settings) -> Result<Idem, idempotency_client::Error> {
+                TestDriver::try_connect(url, pool_size, crate::replay_cache::from_env(settings))
+            }
+
+            /// A handle with `settings` on the database of this test process (shared by its
+            /// tests).
+            pub async fn handle(settings: Settings) -> Idem {
+                connect_with(crate::test_database().await, 100, settings)
+            }
+
+            /// A handle with `settings` on a fresh database `name` of its own.
+            pub async fn handle_in(name: &str, settings: Settings) -> Idem {
+                connect_with(&crate::fresh_database(name).await, 32, settings)
+            }
+
+            /// The driver's error for `sql` run on a connection of its own to `url`.
+            pub async fn error_of(url: &str, sql: &str) -> DbError {
+                TestDriver::error_of(url, sql).await
+            }
+
+            /// A handle on `url` whose pool has one held connection (see [`super::Kit::exhausted`]).
+            pub async fn exhausted(url: &str, wait: Duration) -> (Idem, Box<dyn std::any::Any + Send>) {
+                TestDriver::exhausted(url, wait).await
+            }
+
+            /// Runs `sql` with text arguments; the rows it affected.
+            pub async fn exec(conn: &mut Conn, sql: &str, args: &[&str]) -> Result<u64, DbError> {
+                TestDriver::exec(conn, sql, args).await
+            }
+
+            /// The first column (a bigint) of the one row `sql` answers.
+            pub async fn query_i64(conn: &mut Conn, sql: &str, args: &[&str]) -> Result<i64, DbError> {
+                TestDriver::query_i64(conn, sql, args).await
+            }
+
+            /// `sql` (one or more statements, no arguments) as a simple query.
+            pub async fn batch(conn: &mut Conn, sql: &str) -> Result<(), DbError> {
+                TestDriver::batch(conn, sql).await
+            }
+
+            /// [`query_i64`] through the request's transaction of an in-transaction layer.
+            pub async fn query_i64_in(tx: &idempotency_client::layer::Transaction<TestDriver>, sql: &str, args: &[&str]) -> Result<i64, DbError> {
+                TestDriver::query_i64_in(tx, sql, args).await
+            }
+
+            /// [`exec`] through the request's transaction of an in-transaction layer.
+            pub async fn exec_in(tx: &idempotency_client::layer::Transaction<TestDriver>, sql: &str, args: &[&str]) -> Result<u64, DbError> {
+                TestDriver::exec_in(tx, sql, args).await
+            }
+
+            /// Every connection of `idem`'s pool is idle in it.
+            pub fn pool_idle(idem: &Idem) -> bool {
+                TestDriver::pool_idle(idem)
+            }
+
+            /// Whether the next connection of `idem`'s pool is inside a transaction block.
+            pub async fn pooled_in_transaction(idem: &Idem) -> bool {
+                TestDriver::pooled_in_transaction(idem).await
+            }
+
+            /// Until the pool of `idem` has taken back every connection, within 10 s.
+            pub async fn settled(idem: &Idem) {
+                crate::server::eventually("the pool's connections are idle", Duration::from_secs(10), || async {
+                    if pool_idle(idem) {
+                        Ok(())
+                    } else {
+                        Err("a connection is being given back".to_owned())
+                    }
+                })
+                .await
+            }
+
+            /// 64 concurrent `run`s of `key` (see [`crate::handler::duplicates_of_a_held_key`]).
+            pub async fn duplicates_of_a_held_key(idem: &Idem, key: &Key, fingerprint: &idempotency_client::Fingerprint) -> crate::HeldRace {
+                crate::handler::duplicates_of_a_held_key(idem, key, fingerprint).await
+            }
         }
-    })
-    .await
+    };
 }
 
-/// The handle of the driver under test.
-pub type Idem = Idempotency<TestDriver>;
+driver_module!(over_postgres, idempotency_client::Postgres, tokio_postgres::Error, "The suites' names over tokio-postgres.");
+driver_module!(over_sqlx, idempotency_client::Sqlx, sqlx::Error, "The suites' names over sqlx.");
 
-/// What a closure of `run` / `run_external` gets, as `&mut Conn`.
-pub type Conn = <TestDriver as Driver>::Conn;
-
-/// A handle of the driver under test on `url`, with a pool of `pool_size` connections.
-pub fn connect_with(url: &str, pool_size: usize, settings: Settings) -> Idem {
-    try_connect_with(url, pool_size, settings).expect("pool")
+/// Instantiates a suite once per driver in one test binary: `mod over_postgres` and
+/// `mod over_sqlx`, each importing that driver's names ([`over_postgres`], [`over_sqlx`]) before
+/// the suite's items. A suite imports only driver-neutral names itself: an explicit import of a
+/// driver's name would shadow the one the macro brings.
+#[macro_export]
+macro_rules! for_each_driver {
+    ($($suite:tt)*) => {
+        mod over_postgres {
+            #[allow(unused_imports)]
+            use $crate::driver::over_postgres::*;
+            $($suite)*
+        }
+        mod over_sqlx {
+            #[allow(unused_imports)]
+            use $crate::driver::over_sqlx::*;
+            $($suite)*
+        }
+    };
 }
 
-/// [`connect_with`], or its error (a malformed URL, a bad schema name).
-pub fn try_connect_with(url: &str, pool_size: usize, settings: Settings) -> Result<Idem, idempotency_client::Error> {
-    imp::try_connect_with(url, pool_size, crate::replay_cache::from_env(settings))
-}
+/// The old one-driver-per-build names (tokio-postgres, or sqlx with the `sqlx` feature), for the
+/// suites not yet instantiated by [`crate::for_each_driver`].
+#[cfg(not(feature = "sqlx"))]
+pub use over_postgres::*;
+#[cfg(feature = "sqlx")]
+pub use over_sqlx::*;

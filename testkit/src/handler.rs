@@ -2,28 +2,36 @@
 //! tagged with the key, counting every run; its closure error ([`Failure`]); and the race the
 //! concurrency suites run it in ([`duplicates_of_a_held_key`]).
 
-use crate::{Conn, DbError, Idem};
-use idempotency_client::{Disposition, Error, Fingerprint, HandlerError, Key, Outcome, StoredResponse, TxFuture};
+use crate::driver::Kit;
+use idempotency_client::{Disposition, Driver, Error, Fingerprint, HandlerError, Idempotency, Key, Outcome, StoredResponse, TxFuture};
+use std::marker::PhantomData;
 use serde_json::json;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// What a charge does; build it with [`Charge::of`] and the setters, then take its
-/// [`handler`](Charge::handler).
-#[derive(Debug, Clone)]
-pub struct Charge {
+/// What a charge does over driver `D`; build it with [`Charge::of`] and the setters, then take
+/// its [`handler`](Charge::handler). (Each driver module names it `Charge`.)
+#[derive(Debug)]
+pub struct Charge<D> {
     tag: String,
     user: String,
     amount: i64,
     status: u16,
     delay: Duration,
+    driver: PhantomData<fn() -> D>,
 }
 
-impl Charge {
+impl<D> Clone for Charge<D> {
+    fn clone(&self) -> Self {
+        Charge { tag: self.tag.clone(), user: self.user.clone(), amount: self.amount, status: self.status, delay: self.delay, driver: PhantomData }
+    }
+}
+
+impl<D: Kit> Charge<D> {
     /// A charge of 100 for `key` (the row's `k`), answering 201 at once.
     pub fn of(key: &Key) -> Self {
-        Charge { tag: key.to_string(), user: "u".into(), amount: 100, status: 201, delay: Duration::ZERO }
+        Charge { tag: key.to_string(), user: "u".into(), amount: 100, status: 201, delay: Duration::ZERO, driver: PhantomData }
     }
 
     /// The row's `user_id` (default `u`).
@@ -52,24 +60,24 @@ impl Charge {
 
     /// The closure for `Idempotency::run`: counts the run in `runs`, writes the row, waits, then
     /// answers `{"id", "run", "charged"}` with the status.
-    pub fn handler<E>(self, runs: &Arc<AtomicUsize>) -> impl for<'t> FnMut(&'t mut Conn) -> TxFuture<'t, StoredResponse, E> + Send
+    pub fn handler<E>(self, runs: &Arc<AtomicUsize>) -> impl for<'t> FnMut(&'t mut D::Conn) -> TxFuture<'t, StoredResponse, E> + Send
     where
-        E: Send + 'static + From<DbError>,
+        E: Send + 'static + From<D::DbError>,
     {
         self.run_with(runs, None::<fn() -> E>)
     }
 
     /// [`handler`](Charge::handler), but failing with `fail` after the write.
-    pub fn failing<E>(self, runs: &Arc<AtomicUsize>, fail: E) -> impl for<'t> FnMut(&'t mut Conn) -> TxFuture<'t, StoredResponse, E> + Send
+    pub fn failing<E>(self, runs: &Arc<AtomicUsize>, fail: E) -> impl for<'t> FnMut(&'t mut D::Conn) -> TxFuture<'t, StoredResponse, E> + Send
     where
-        E: Clone + Send + Sync + 'static + From<DbError>,
+        E: Clone + Send + Sync + 'static + From<D::DbError>,
     {
         self.run_with(runs, Some(move || fail.clone()))
     }
 
-    fn run_with<E, F>(self, runs: &Arc<AtomicUsize>, fail: Option<F>) -> impl for<'t> FnMut(&'t mut Conn) -> TxFuture<'t, StoredResponse, E> + Send
+    fn run_with<E, F>(self, runs: &Arc<AtomicUsize>, fail: Option<F>) -> impl for<'t> FnMut(&'t mut D::Conn) -> TxFuture<'t, StoredResponse, E> + Send
     where
-        E: Send + 'static + From<DbError>,
+        E: Send + 'static + From<D::DbError>,
         F: Fn() -> E + Send + 'static,
     {
         let runs = runs.clone();
@@ -79,7 +87,7 @@ impl Charge {
                 let n = runs.fetch_add(1, Ordering::SeqCst) + 1;
                 let amount = charge.amount.to_string();
                 let insert = "INSERT INTO charges (user_id, amount, k) VALUES ($1, $2::text::bigint, $3) RETURNING id";
-                let id = crate::query_i64(tx, insert, &[&charge.user, &amount, &charge.tag]).await?;
+                let id = D::query_i64(tx, insert, &[&charge.user, &amount, &charge.tag]).await?;
                 tokio::time::sleep(charge.delay).await;
                 match fail {
                     Some(e) => Err(e),
@@ -95,8 +103,14 @@ impl Charge {
 #[derive(Debug, Clone)]
 pub struct Failure(pub Option<serde_json::Value>);
 
-impl From<DbError> for Failure {
-    fn from(e: DbError) -> Self {
+impl From<tokio_postgres::Error> for Failure {
+    fn from(e: tokio_postgres::Error) -> Self {
+        panic!("unexpected database error in the handler: {e}")
+    }
+}
+
+impl From<sqlx::Error> for Failure {
+    fn from(e: sqlx::Error) -> Self {
         panic!("unexpected database error in the handler: {e}")
     }
 }
@@ -130,7 +144,7 @@ pub struct HeldRace {
 /// 64 concurrent `run`s of `key` with `fingerprint`, started together: the call that gets the
 /// key writes its charge row and then holds its transaction open until the 63 others have
 /// answered (each within 30 s), then commits.
-pub async fn duplicates_of_a_held_key(idem: &Idem, key: &Key, fingerprint: &Fingerprint) -> HeldRace {
+pub async fn duplicates_of_a_held_key<D: Kit>(idem: &Idempotency<D>, key: &Key, fingerprint: &Fingerprint) -> HeldRace {
     let runs = Arc::new(AtomicUsize::new(0));
     let gate = Arc::new(tokio::sync::Semaphore::new(0));
     let start = Arc::new(tokio::sync::Barrier::new(64));
@@ -142,12 +156,12 @@ pub async fn duplicates_of_a_held_key(idem: &Idem, key: &Key, fingerprint: &Fing
             start.wait().await;
             let tag = key.to_string();
             let answer = idem
-                .run(&key, &fingerprint, move |tx| {
+                .run(&key, &fingerprint, move |tx: &mut <D as Driver>::Conn| {
                     let (runs, gate, tag) = (runs.clone(), gate.clone(), tag.clone());
                     Box::pin(async move {
                         runs.fetch_add(1, Ordering::SeqCst);
                         let insert = "INSERT INTO charges (user_id, amount, k) VALUES ('u', 100, $1)";
-                        crate::exec(tx, insert, &[&tag]).await.map_err(|_| Failure(None))?;
+                        D::exec(tx, insert, &[&tag]).await.map_err(|_| Failure(None))?;
                         gate.acquire().await.expect("gate").forget();
                         Ok::<_, Failure>(StoredResponse::json(201, json!({})))
                     })

@@ -27,9 +27,14 @@ pub mod server;
 pub mod tls_server;
 pub mod trips;
 
-pub use cluster::{admin, admin_at, charges_for, cluster_addr, cluster_url, database_url, fresh_database, fresh_database_at, handle, handle_in, private_server, test_database, unique_key, until_passed, Passed};
-pub use driver::{batch, connect_with, exec, query_i64, Conn, DbError, Idem, TestDriver};
-pub use handler::{duplicates_of_a_held_key, Charge, Failure, HeldRace};
+pub use cluster::{admin, admin_at, charges_for, cluster_addr, cluster_url, database_url, fresh_database, fresh_database_at, private_server, test_database, unique_key, until_passed, Passed};
+pub use handler::{Failure, HeldRace};
+/// The names of the driver of the old one-driver-per-build suites (tokio-postgres, or sqlx with
+/// this crate's `sqlx` feature); a suite instantiated by [`for_each_driver`] names neither.
+#[cfg(not(feature = "sqlx"))]
+pub use driver::over_postgres::{batch, connect_with, duplicates_of_a_held_key, exec, handle, handle_in, query_i64, Charge, Conn, DbError, Idem, TestDriver};
+#[cfg(feature = "sqlx")]
+pub use driver::over_sqlx::{batch, connect_with, duplicates_of_a_held_key, exec, handle, handle_in, query_i64, Charge, Conn, DbError, Idem, TestDriver};
 
 use std::path::PathBuf;
 use std::process::Command;
