@@ -20,6 +20,8 @@ pub trait Kit: Driver {
     type DbError: std::error::Error + Send + Sync + 'static;
     /// The driver's name, for messages.
     const NAME: &'static str;
+    /// A short name for the databases a suite makes per driver (`pg`, `sqlx`).
+    const SHORT: &'static str;
     /// Whether a call dropped mid-request asks the server to cancel its statement (a cancel
     /// request) besides closing the connection.
     const CANCELS_ON_DROP: bool;
@@ -64,6 +66,7 @@ fn params<'a>(args: &'a [&'a str]) -> Vec<&'a (dyn tokio_postgres::types::ToSql 
 impl Kit for Postgres {
     type DbError = tokio_postgres::Error;
     const NAME: &'static str = "tokio-postgres";
+    const SHORT: &'static str = "pg";
     const CANCELS_ON_DROP: bool = true;
 
     fn try_connect(url: &str, pool_size: usize, settings: Settings) -> Result<Idempotency<Self>, idempotency_client::Error> {
@@ -131,6 +134,7 @@ fn bound<'q>(sql: &str, args: &'q [&'q str]) -> sqlx::query::Query<'q, sqlx::Pos
 impl Kit for Sqlx {
     type DbError = sqlx::Error;
     const NAME: &'static str = "sqlx";
+    const SHORT: &'static str = "sqlx";
     // sqlx has no cancel request: the connection is closed, and the server notices after the
     // statement.
     const CANCELS_ON_DROP: bool = false;
@@ -230,9 +234,16 @@ macro_rules! driver_module {
                 connect_with(crate::test_database().await, 100, settings)
             }
 
-            /// A handle with `settings` on a fresh database `name` of its own.
+            /// A handle with `settings` on a fresh database `name` of its own (name it with
+            /// [`db`] in a suite that runs per driver).
             pub async fn handle_in(name: &str, settings: Settings) -> Idem {
                 connect_with(&crate::fresh_database(name).await, 32, settings)
+            }
+
+            /// The name of this driver's database `name` (`name_pg`, `name_sqlx`): both drivers'
+            /// instances of a suite run at once in one binary.
+            pub fn db(name: &str) -> String {
+                format!("{name}_{}", <TestDriver as Kit>::SHORT)
             }
 
             /// The driver's error for `sql` run on a connection of its own to `url`.
