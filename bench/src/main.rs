@@ -7,11 +7,14 @@
 //! `target/bench/soak.csv` and `target/bench/soak.png`. `--http` runs only the HTTP rows (see
 //! [`http`]) and writes `target/bench/http.csv`; `--soak` only the soak; `--rust` only the Rust
 //! client's rows; `--rust-case CASE TASKS SECONDS` one case of them for a profiler
-//! (bench/profile-client.sh); `--chart CSV PNG [TITLE]` draws the chart of a results CSV.
+//! (bench/profile-client.sh); `--fingerprint` only the fingerprint rows (see [`fingerprint`], no
+//! database), into `target/bench/fingerprint.csv`; `--chart CSV PNG [TITLE]` draws the chart of a
+//! results CSV.
 
 mod chart;
 mod client;
 mod client_sqlx;
+mod fingerprint;
 mod http;
 mod latency;
 mod pgbench;
@@ -221,6 +224,15 @@ async fn main() {
     let out = root().join("target/bench");
     std::fs::create_dir_all(&out).expect("output dir");
     let started = Instant::now();
+    if args.iter().any(|a| a == "--fingerprint") {
+        let rows = fingerprint::rows(s.smoke, s.reps);
+        print!("{}", render(&rows, None, &s, started.elapsed().as_secs()));
+        println!("(these rows: {} samples of {} per body, interleaved; tps are KiB fingerprinted per second)", 2 * s.reps, if s.smoke { "20 ms" } else { "1 s" });
+        std::fs::write(out.join("fingerprint.csv"), csv(&rows, None)).expect("csv");
+        check_numbers(&rows, None);
+        println!("{} cases measured; wrote target/bench/fingerprint.csv", rows.len());
+        return;
+    }
     if only_http {
         let mut rows = Vec::new();
         http_rows(&s, &mut rows, None).await;
@@ -318,6 +330,9 @@ async fn main() {
     // the tps ratio is the per-key cost ratio).
     let (singles, batch) = pair_scripts(&s, &url, &db, &singles_script(1000), &script("batch"), 1).await;
     rows.push(Row { figure: "1,000-key batch vs 1,000 single calls (per key)".into(), clients: "1".into(), baseline: "1,000 x (idem_reserve; idem_complete) in one transaction".into(), base: singles, ours: batch, goal: Some(5.0), work: None });
+
+    // 4c: the canonical fingerprint of adversarial bodies against ordinary ones (CPU only).
+    rows.extend(fingerprint::rows(s.smoke, s.reps));
 
     // 5: the Rust client against a raw tokio-postgres transaction doing the same insert.
     rust_rows(&s, &url, &db, &mut rows).await;
