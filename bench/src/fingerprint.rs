@@ -25,6 +25,9 @@ use idempotency_client::Fingerprint;
 use std::time::{Duration, Instant};
 
 const SIZES: [(usize, &str); 3] = [(1 << 10, "1 KiB"), (64 << 10, "64 KiB"), (1 << 20, "1 MiB")];
+
+/// A kind of adversarial body: its name and how to make one of a size.
+type Kind = (&'static str, fn(usize) -> String);
 const MAX_DEPTH: usize = 1024;
 
 /// An ordinary request: an array of small objects (ids, names, amounts, a nested list, flags).
@@ -140,7 +143,7 @@ fn time(body: &str, budget: Duration) -> Measure {
 /// The rows: per size, every adversarial body against the ordinary body of that size.
 pub(crate) fn rows(smoke: bool, reps: usize) -> Vec<Row> {
     let budget = Duration::from_millis(if smoke { 20 } else { 1000 });
-    let kinds: [(&str, fn(usize) -> String); 5] = [
+    let kinds: [Kind; 5] = [
         ("big exponent at the bound", big_exponent),
         ("many exponents (1e75)", many_exponents),
         ("deep nesting", deep),
