@@ -8,7 +8,8 @@
 //! with a deadline; and once the server answers again, the next attempt on the same one-connection
 //! pool executes, with exactly one business row. `run` and `run_batch` stall inside their
 //! transaction (their closure starts the stall before its statement); the others stall before
-//! their first request. Written once over the test kit's driver names: both e2e passes
+//! their first request. Besides, `Settings::statement_timeout` reaches the server, and the URL's
+//! `options` win over it. Written once over the test kit's driver names: both e2e passes
 //! (tokio-postgres, and `--features sqlx`) run it.
 
 use idempotency_client::{BatchItem, BatchOutcome, Elapsed, Error, Fingerprint, Key, OneStatement, Outcome, Settings, StoredResponse, TxFuture};
