@@ -28,9 +28,9 @@
 //! is [`FingerprintError::InvalidJson`], one nested too deep [`FingerprintError::TooDeep`], as
 //! without the bound).
 //!
-//! The bound keeps every `f64` in any spelling (at most 326 digits) and numbers up to 10^8000
-//! alone, and caps a 1 MiB request at 16 MiB of canonical text, which costs about what an
-//! ordinary 1 MiB request costs (docs/performance.md has the measured figures).
+//! The bound keeps any `f64` on its own in any spelling (at most 326 digits) and a number up to
+//! 10^8000 on its own, and caps a 1 MiB request at 16 MiB of canonical text, whose fingerprint
+//! costs about twice an ordinary 1 MiB request's (docs/performance.md has the measured figures).
 //!
 //! [`Fingerprint::of_json_text`] never holds the canonical form: it hashes it as it is written,
 //! and a long run of zeros is hashed from a constant buffer, so its memory is that of the parse.
