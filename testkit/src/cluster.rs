@@ -124,18 +124,31 @@ async fn install(url: &str, db: &tokio_postgres::Client) {
 /// The database of this test process, created once.
 pub async fn test_database() -> &'static str {
     static URL: tokio::sync::OnceCell<String> = tokio::sync::OnceCell::const_new();
-    URL.get_or_init(|| async {
-        let exe = std::env::current_exe().ok();
-        let stem = exe
-            .as_ref()
-            .and_then(|p| p.file_stem())
-            .and_then(|s| s.to_str())
-            .and_then(|s| s.split('-').next())
-            .unwrap_or("e2e")
-            .to_owned();
-        fresh_database(&format!("idem_{stem}")).await
-    })
-    .await
+    URL.get_or_init(|| async { fresh_database(&process_database(None)).await }).await
+}
+
+/// The database of this test process for one driver's instance of a suite (`short`: `pg` or
+/// `sqlx`), created once: both instances run at once in one binary, each on its own database.
+pub async fn test_database_of(short: &'static str) -> &'static str {
+    static PG: tokio::sync::OnceCell<String> = tokio::sync::OnceCell::const_new();
+    static SQLX: tokio::sync::OnceCell<String> = tokio::sync::OnceCell::const_new();
+    let cell = if short == "pg" { &PG } else { &SQLX };
+    cell.get_or_init(|| async { fresh_database(&process_database(Some(short))).await }).await
+}
+
+/// `idem_<test binary>` (and `_<short>` for one driver's instance).
+fn process_database(short: Option<&str>) -> String {
+    let exe = std::env::current_exe().ok();
+    let stem = exe
+        .as_ref()
+        .and_then(|p| p.file_stem())
+        .and_then(|s| s.to_str())
+        .and_then(|s| s.split('-').next())
+        .unwrap_or("e2e");
+    match short {
+        Some(short) => format!("idem_{stem}_{short}"),
+        None => format!("idem_{stem}"),
+    }
 }
 
 /// A pooled superuser connection to the test database, for assertions and direct `ops` calls

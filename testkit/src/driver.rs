@@ -228,10 +228,20 @@ macro_rules! driver_module {
                 TestDriver::try_connect(url, pool_size, crate::replay_cache::from_env(settings))
             }
 
-            /// A handle with `settings` on the database of this test process (shared by its
-            /// tests).
+            /// The database of this test process for this driver (shared by its tests).
+            pub async fn test_database() -> &'static str {
+                crate::cluster::test_database_of(<TestDriver as Kit>::SHORT).await
+            }
+
+            /// A pooled superuser connection (tokio-postgres) to [`test_database`], for
+            /// assertions and direct `ops` calls.
+            pub async fn admin() -> deadpool_postgres::Client {
+                crate::admin_at(test_database().await).await
+            }
+
+            /// A handle with `settings` on [`test_database`] (shared by this process's tests).
             pub async fn handle(settings: Settings) -> Idem {
-                connect_with(crate::test_database().await, 100, settings)
+                connect_with(test_database().await, 100, settings)
             }
 
             /// A handle with `settings` on a fresh database `name` of its own (name it with

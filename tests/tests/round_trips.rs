@@ -3,108 +3,110 @@
 //! drivers reach the raw transaction's count, because the statements of one round trip travel
 //! in one request (pipelined over tokio-postgres, one simple query over sqlx).
 
-use idempotency_client::{Fingerprint, Key, Settings, StoredResponse};
-use idempotency_testkit::driver::{pooled_in_transaction, settled, NAME};
-use idempotency_testkit::proxy::Proxy;
-use idempotency_testkit::{cluster_addr, connect_with, exec, fresh_database, DbError, Idem};
-use serde_json::json;
+idempotency_testkit::for_each_driver! {
+    use idempotency_client::{Fingerprint, Key, Settings, StoredResponse};
 
-const INSERT: &str = "INSERT INTO charges (user_id, amount, k) VALUES ($1, 1, $2)";
+    use idempotency_testkit::proxy::Proxy;
+    use idempotency_testkit::{cluster_addr, fresh_database};
+    use serde_json::json;
 
-fn fp() -> Fingerprint {
-    Fingerprint::of_json(&json!({"amount": 1})).unwrap()
-}
+    const INSERT: &str = "INSERT INTO charges (user_id, amount, k) VALUES ($1, 1, $2)";
 
-/// The round trips of the second of two calls (the first warms the connection and its
-/// prepared statements), from the moment the pool is settled to the call's answer.
-async fn trips_of<F, Fut>(proxy: &Proxy, idem: &Idem, mut f: F) -> u64
-where
-    F: FnMut(u64) -> Fut,
-    Fut: std::future::Future<Output = ()>,
-{
-    f(0).await;
-    settled(idem).await;
-    let before = proxy.round_trips();
-    f(1).await;
-    proxy.round_trips() - before
-}
+    fn fp() -> Fingerprint {
+        Fingerprint::of_json(&json!({"amount": 1})).unwrap()
+    }
 
-async fn run_once(idem: &Idem, key: &Key, statements: usize) -> bool {
-    let k = key.to_string();
-    let out = idem
-        .run(key, &fp(), move |conn| {
-            let k = k.clone();
-            Box::pin(async move {
-                for _ in 0..statements {
-                    exec(conn, INSERT, &["rt", &k]).await?;
-                }
-                Ok::<_, DbError>(StoredResponse::json(201, json!({})))
-            })
-        })
-        .await
-        .unwrap();
-    out.is_executed()
-}
-
-// A current-thread runtime: nothing queued in the background leaves before the count is read at
-// the moment the call returns.
-#[tokio::test]
-async fn each_flow_takes_the_round_trips_of_the_raw_transaction() {
-    let name = "idem_round_trips";
-    fresh_database(name).await;
-    let proxy = Proxy::start(cluster_addr(), None).await;
-    let idem = connect_with(&proxy.url(name), 1, Settings::default());
-    let user = "rt-user";
-
-    let one = trips_of(&proxy, &idem, |i| {
-        let idem = idem.clone();
-        async move { assert!(run_once(&idem, &Key::new("rt.one", user, format!("k{i}")).unwrap(), 1).await) }
-    })
-    .await;
-    assert_eq!(one, 3, "{NAME}: BEGIN+reserve, the INSERT, complete+COMMIT");
-
-    let empty = trips_of(&proxy, &idem, |i| {
-        let idem = idem.clone();
-        async move { assert!(run_once(&idem, &Key::new("rt.empty", user, format!("k{i}")).unwrap(), 0).await) }
-    })
-    .await;
-    assert_eq!(empty, 2, "{NAME}: BEGIN+reserve, complete+COMMIT");
-
-    // A replay answers after one round trip; its ROLLBACK leaves without being waited for.
-    settled(&idem).await;
-    let before = proxy.round_trips();
-    assert!(!run_once(&idem, &Key::new("rt.one", user, "k1").unwrap(), 1).await, "a replay");
-    assert_eq!(proxy.round_trips() - before, 1, "{NAME}: the answer path of a replay");
-    assert!(!pooled_in_transaction(&idem).await, "{NAME}: the next user of the connection is outside any transaction");
-
-    // run_external: the reservation (1); the outside call (here it lasts until the pool has
-    // taken the reservation's connection back, as any real call outlasts sqlx's check of a
-    // connection given back); then the record's INSERT with the BEGIN queued before it
-    // (tokio-postgres sends both at once; sqlx waits for the BEGIN's answer first) and
-    // complete+COMMIT.
-    let mut phases = (0, 0);
-    for i in 0..2 {
-        let key = Key::new("rt.external", user, format!("k{i}")).unwrap();
-        let k = key.to_string();
-        settled(&idem).await;
+    /// The round trips of the second of two calls (the first warms the connection and its
+    /// prepared statements), from the moment the pool is settled to the call's answer.
+    async fn trips_of<F, Fut>(proxy: &Proxy, idem: &Idem, mut f: F) -> u64
+    where
+        F: FnMut(u64) -> Fut,
+        Fut: std::future::Future<Output = ()>,
+    {
+        f(0).await;
+        settled(idem).await;
         let before = proxy.round_trips();
-        let mut called_at = (0, 0);
-        let call = async {
-            called_at.0 = proxy.round_trips();
-            settled(&idem).await;
-            called_at.1 = proxy.round_trips();
-            Ok::<_, DbError>(StoredResponse::json(201, json!({})))
-        };
+        f(1).await;
+        proxy.round_trips() - before
+    }
+
+    async fn run_once(idem: &Idem, key: &Key, statements: usize) -> bool {
+        let k = key.to_string();
         let out = idem
-            .run_external(&key, &fp(), call, move |conn, _| {
+            .run(key, &fp(), move |conn| {
                 let k = k.clone();
-                Box::pin(async move { exec(conn, INSERT, &["rt", &k]).await.map(drop) })
+                Box::pin(async move {
+                    for _ in 0..statements {
+                        exec(conn, INSERT, &["rt", &k]).await?;
+                    }
+                    Ok::<_, DbError>(StoredResponse::json(201, json!({})))
+                })
             })
             .await
             .unwrap();
-        assert!(out.is_executed());
-        phases = (called_at.0 - before, proxy.round_trips() - called_at.1);
+        out.is_executed()
     }
-    let expected = if NAME == "sqlx" { (1, 3) } else { (1, 2) };
-    assert_eq!(phases, expected, "{NAME}: (the reservation, the record) of run_external");
+
+    // A current-thread runtime: nothing queued in the background leaves before the count is read at
+    // the moment the call returns.
+    #[tokio::test]
+    async fn each_flow_takes_the_round_trips_of_the_raw_transaction() {
+        let name = &db("idem_round_trips");
+        fresh_database(name).await;
+        let proxy = Proxy::start(cluster_addr(), None).await;
+        let idem = connect_with(&proxy.url(name), 1, Settings::default());
+        let user = "rt-user";
+
+        let one = trips_of(&proxy, &idem, |i| {
+            let idem = idem.clone();
+            async move { assert!(run_once(&idem, &Key::new("rt.one", user, format!("k{i}")).unwrap(), 1).await) }
+        })
+        .await;
+        assert_eq!(one, 3, "{NAME}: BEGIN+reserve, the INSERT, complete+COMMIT");
+
+        let empty = trips_of(&proxy, &idem, |i| {
+            let idem = idem.clone();
+            async move { assert!(run_once(&idem, &Key::new("rt.empty", user, format!("k{i}")).unwrap(), 0).await) }
+        })
+        .await;
+        assert_eq!(empty, 2, "{NAME}: BEGIN+reserve, complete+COMMIT");
+
+        // A replay answers after one round trip; its ROLLBACK leaves without being waited for.
+        settled(&idem).await;
+        let before = proxy.round_trips();
+        assert!(!run_once(&idem, &Key::new("rt.one", user, "k1").unwrap(), 1).await, "a replay");
+        assert_eq!(proxy.round_trips() - before, 1, "{NAME}: the answer path of a replay");
+        assert!(!pooled_in_transaction(&idem).await, "{NAME}: the next user of the connection is outside any transaction");
+
+        // run_external: the reservation (1); the outside call (here it lasts until the pool has
+        // taken the reservation's connection back, as any real call outlasts sqlx's check of a
+        // connection given back); then the record's INSERT with the BEGIN queued before it
+        // (tokio-postgres sends both at once; sqlx waits for the BEGIN's answer first) and
+        // complete+COMMIT.
+        let mut phases = (0, 0);
+        for i in 0..2 {
+            let key = Key::new("rt.external", user, format!("k{i}")).unwrap();
+            let k = key.to_string();
+            settled(&idem).await;
+            let before = proxy.round_trips();
+            let mut called_at = (0, 0);
+            let call = async {
+                called_at.0 = proxy.round_trips();
+                settled(&idem).await;
+                called_at.1 = proxy.round_trips();
+                Ok::<_, DbError>(StoredResponse::json(201, json!({})))
+            };
+            let out = idem
+                .run_external(&key, &fp(), call, move |conn, _| {
+                    let k = k.clone();
+                    Box::pin(async move { exec(conn, INSERT, &["rt", &k]).await.map(drop) })
+                })
+                .await
+                .unwrap();
+            assert!(out.is_executed());
+            phases = (called_at.0 - before, proxy.round_trips() - called_at.1);
+        }
+        let expected = if NAME == "sqlx" { (1, 3) } else { (1, 2) };
+        assert_eq!(phases, expected, "{NAME}: (the reservation, the record) of run_external");
+    }
 }
