@@ -49,12 +49,17 @@ BEGIN
     UPDATE @extschema@.idem_records AS r
        SET status = status, response = response, updated_at = v_now
      WHERE r.operation = operation AND r.user_id = user_id AND r.key = key
-       AND r.token = token AND r.status = ('PROCESSING' COLLATE pg_catalog."C");
+       AND r.token = token AND r.status = ('PROCESSING' COLLATE pg_catalog."C")
+       AND @extschema@._idem_owns(r.owner);
     IF FOUND THEN
         v_counted := @extschema@._idem_count(CASE status WHEN 'SUCCESS' THEN 'completions_success'
                                                                         ELSE 'completions_failed' END);
         RETURN true;
     END IF;
+    -- Another role's key is refused whatever the token (guarantee 8); else the token is stale.
+    v_counted := @extschema@._idem_check_owner(
+        (SELECT r.owner FROM @extschema@.idem_records AS r
+          WHERE r.operation = operation AND r.user_id = user_id AND r.key = key), 'complete a key');
     v_counted := @extschema@._idem_count('stale_tokens');
     RETURN false;
 END
@@ -126,6 +131,7 @@ BEGIN
              WHERE x.operation = idem_complete_many.operation
                AND x.user_id = idem_complete_many.user_id AND x.key = u.k AND x.token = u.t
                AND x.status = ('PROCESSING' COLLATE pg_catalog."C")
+               AND @extschema@._idem_owns(x.owner)
             RETURNING u.i)
         SELECT coalesce(array_agg(done.i::integer), '{}') INTO v_done FROM done;
         IF cardinality(v_done) > 0 THEN
@@ -182,8 +188,13 @@ BEGIN
       FROM @extschema@.idem_records AS r
      WHERE r.operation = operation AND r.user_id = user_id AND r.key = key
        AND r.token = token AND r.status = ('PROCESSING' COLLATE pg_catalog."C")
+       AND @extschema@._idem_owns(r.owner)
        FOR UPDATE;
     IF NOT FOUND THEN
+        -- Another role's key is refused whatever the token (guarantee 8).
+        v_counted := @extschema@._idem_check_owner(
+            (SELECT r.owner FROM @extschema@.idem_records AS r
+              WHERE r.operation = operation AND r.user_id = user_id AND r.key = key), 'release a key');
         v_counted := @extschema@._idem_count('stale_tokens');
         RETURN 'stale';
     END IF;
@@ -216,7 +227,9 @@ BEGIN
             AND @extschema@._idem_require('token', token IS NULL)) THEN
         RETURN NULL; -- not reached
     END IF;
-    v_until := v_now + @extschema@._idem_lease(lease, NULL);
+    -- The lease obeys the reservation's rule with ttl => NULL: at most idempotency.ttl (an
+    -- explicit longer lease is 22023), so a heartbeat cannot wedge a key for longer.
+    v_until := v_now + @extschema@._idem_lease(lease, @extschema@._idem_ttl(NULL));
     v_counted := @extschema@._idem_require_writable('extend a lease');
 
     -- expires_at moves to at least the lease end, so a live, heartbeating attempt is never
@@ -225,8 +238,13 @@ BEGIN
        SET lease_expires_at = v_until, expires_at = greatest(r.expires_at, v_until),
            updated_at = v_now
      WHERE r.operation = operation AND r.user_id = user_id AND r.key = key
-       AND r.token = token AND r.status = ('PROCESSING' COLLATE pg_catalog."C");
+       AND r.token = token AND r.status = ('PROCESSING' COLLATE pg_catalog."C")
+       AND @extschema@._idem_owns(r.owner);
     IF NOT FOUND THEN
+        -- Another role's key is refused whatever the token (guarantee 8).
+        v_counted := @extschema@._idem_check_owner(
+            (SELECT r.owner FROM @extschema@.idem_records AS r
+              WHERE r.operation = operation AND r.user_id = user_id AND r.key = key), 'extend a lease');
         v_counted := @extschema@._idem_count('stale_tokens');
         RETURN false;
     END IF;
@@ -235,4 +253,4 @@ END
 $fn$;
 
 COMMENT ON FUNCTION @extschema@.idem_heartbeat(text, text, text, bigint, interval) IS
-    'Extends the lease of the PROCESSING attempt holding token to now + lease (default idempotency.lease); false when the token is stale.';
+    'Extends the lease of the PROCESSING attempt holding token to now + lease (default idempotency.lease, capped at idempotency.ttl; an explicit lease longer than idempotency.ttl is 22023); false when the token is stale; 42501 for another role''s key.';

@@ -47,6 +47,10 @@ BEGIN
     PERFORM @extschema@._idem_check_scope(operation, user_id, key);
     -- A reservation this transaction made and has not written yet shows as its record.
     PERFORM @extschema@._idem_write_pending(operation, user_id, key);
+    -- Another role's record is refused (guarantee 8), to operators too unless members of it.
+    PERFORM @extschema@._idem_check_owner(
+        (SELECT r.owner FROM @extschema@.idem_records AS r
+          WHERE r.operation = operation AND r.user_id = user_id AND r.key = key), 'read a key');
     RETURN QUERY
         SELECT r.*
           FROM @extschema@.idem_records AS r

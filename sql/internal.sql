@@ -198,6 +198,56 @@ $fn$;
 COMMENT ON FUNCTION @extschema@._idem_require_writable(text) IS
     'Internal: true, or 25006 saying that the server is in recovery (a standby) or the transaction is read-only, so action cannot write.';
 
+-- Guarantee 8: a record belongs to the role that reserved it. The caller is the session's role
+-- (SET ROLE's, else the login role), which GetOuterUserId() answers natively: inside these
+-- SECURITY DEFINER functions current_user is the extension's owner, and an application's own
+-- SECURITY DEFINER function does not change it.
+CREATE FUNCTION @extschema@._idem_caller() RETURNS oid
+    LANGUAGE sql STABLE PARALLEL SAFE
+    SET search_path = pg_catalog, pg_temp
+    AS $fn$
+    SELECT r.oid
+      FROM pg_catalog.pg_roles AS r
+     WHERE r.rolname OPERATOR(pg_catalog.=)
+           CASE WHEN pg_catalog.current_setting('role') OPERATOR(pg_catalog.=) 'none' THEN SESSION_USER
+                ELSE pg_catalog.current_setting('role')::pg_catalog.name END
+$fn$;
+
+COMMENT ON FUNCTION @extschema@._idem_caller() IS
+    'Internal: the OID of the session''s role (SET ROLE''s, else the login role), whom a new record belongs to.';
+
+-- Whether the caller may act on a record whose owner is owner_role: a record without an owner
+-- (written before 0.6.0), or the caller is that role or a member of it (pg_has_role MEMBER;
+-- superusers are members of every role).
+CREATE FUNCTION @extschema@._idem_owns(owner_role oid) RETURNS boolean
+    LANGUAGE sql STABLE PARALLEL SAFE
+    SET search_path = pg_catalog, pg_temp
+    AS $fn$
+    SELECT owner_role IS NULL
+        OR pg_catalog.pg_has_role(@extschema@._idem_caller(), owner_role, 'MEMBER')
+$fn$;
+
+COMMENT ON FUNCTION @extschema@._idem_owns(oid) IS
+    'Internal: whether the session''s role may act on a record owned by owner_role (NULL: a record from before 0.6.0, any role may).';
+
+-- 42501 unless the caller may act on a record owned by owner_role (see _idem_owns); true
+-- otherwise. action says what was refused ('complete a key').
+CREATE FUNCTION @extschema@._idem_check_owner(owner_role oid, action text) RETURNS boolean
+    LANGUAGE plpgsql STABLE PARALLEL SAFE
+    SET search_path = pg_catalog, pg_temp
+    AS $fn$
+BEGIN
+    IF NOT @extschema@._idem_owns(owner_role) THEN
+        RAISE EXCEPTION 'permission denied to %: the key belongs to role % (only that role and its members may act on it)',
+            action, owner_role::pg_catalog.regrole USING ERRCODE = '42501';
+    END IF;
+    RETURN true;
+END
+$fn$;
+
+COMMENT ON FUNCTION @extschema@._idem_check_owner(oid, text) IS
+    'Internal: true, or 42501 when the session''s role may not act on a record owned by owner_role (guarantee 8).';
+
 -- How an error message shows a rejected word: quoted when short, only its size otherwise, so
 -- a huge argument is never echoed.
 CREATE FUNCTION @extschema@._idem_echo(value text) RETURNS text

@@ -1,7 +1,30 @@
 -- idempotency: privileges.
 --
 -- The API functions are SECURITY DEFINER (owned by the role that ran CREATE EXTENSION), so a role
--- needs only USAGE on the schema and EXECUTE on them. Nobody else reads or changes records.
+-- needs only USAGE on the schema and EXECUTE on them. Nobody else reads or changes records, and a
+-- record belongs to the role that reserved it (guarantee 8; the functions check it).
+--
+-- EXECUTE on the write API goes to one documented role, idempotency_user (NOLOGIN): an
+-- application role gets it with GRANT idempotency_user TO app. Roles are cluster-wide: the role
+-- is created here when absent (another database's install may have made it already), and DROP
+-- EXTENSION leaves it, since other databases may use it. An install by a role that may not create
+-- roles (the portable install) needs it to exist first.
+DO $do$
+BEGIN
+    IF EXISTS (SELECT FROM pg_catalog.pg_roles AS r WHERE r.rolname OPERATOR(pg_catalog.=) 'idempotency_user') THEN
+        RETURN;
+    END IF;
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles AS r
+                    WHERE r.rolname OPERATOR(pg_catalog.=) CURRENT_USER AND (r.rolsuper OR r.rolcreaterole)) THEN
+        RAISE EXCEPTION 'idempotency: role idempotency_user does not exist, and % may not create it', CURRENT_USER
+            USING ERRCODE = '42501',
+                  HINT = 'A role with CREATEROLE runs CREATE ROLE idempotency_user NOLOGIN first (once per cluster).';
+    END IF;
+    CREATE ROLE idempotency_user NOLOGIN;
+EXCEPTION WHEN duplicate_object THEN
+    NULL; -- created meanwhile by an install in another database
+END
+$do$;
 
 REVOKE ALL ON TABLE @extschema@.idem_records, @extschema@.idem_retries FROM PUBLIC;
 REVOKE ALL ON SEQUENCE @extschema@.idem_token_seq FROM PUBLIC;
@@ -33,5 +56,35 @@ REVOKE EXECUTE ON FUNCTION
     @extschema@._idem_max_retries(integer),
     @extschema@._idem_release_locked(text, text, text, timestamptz, timestamptz, integer),
     @extschema@._idem_write_nowait(text, text, text, text, bigint, timestamptz, timestamptz, timestamptz),
-    @extschema@._idem_distributed()
+    @extschema@._idem_distributed(),
+    @extschema@._idem_caller(),
+    @extschema@._idem_owns(oid),
+    @extschema@._idem_check_owner(oid, text)
     FROM PUBLIC;
+
+-- The write API: EXECUTE for idempotency_user.
+GRANT EXECUTE ON FUNCTION
+    @extschema@.idem_reserve(text, text, text, text, interval, interval, boolean),
+    @extschema@.idem_complete(text, text, text, bigint, jsonb, text),
+    @extschema@.idem_release(text, text, text, bigint, integer),
+    @extschema@.idem_heartbeat(text, text, text, bigint, interval),
+    @extschema@.idem_reserve_many(text, text, text[], text[], interval, interval, boolean),
+    @extschema@.idem_complete_many(text, text, text[], bigint[], jsonb[], text)
+    TO idempotency_user;
+
+-- ... and for nobody else on a fresh install. A DO block, not a REVOKE statement, on purpose: the
+-- update scripts replay every GRANT and REVOKE of this file (scripts/sqlbuild.py), and an update
+-- keeps the EXECUTE that PUBLIC has on an existing install, so that no running application
+-- breaks; docs/upgrading.md says how to take it away.
+DO $do$
+BEGIN
+    REVOKE EXECUTE ON FUNCTION
+        @extschema@.idem_reserve(text, text, text, text, interval, interval, boolean),
+        @extschema@.idem_complete(text, text, text, bigint, jsonb, text),
+        @extschema@.idem_release(text, text, text, bigint, integer),
+        @extschema@.idem_heartbeat(text, text, text, bigint, interval),
+        @extschema@.idem_reserve_many(text, text, text[], text[], interval, interval, boolean),
+        @extschema@.idem_complete_many(text, text, text[], bigint[], jsonb[], text)
+        FROM PUBLIC;
+END
+$do$;

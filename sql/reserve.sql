@@ -52,9 +52,9 @@ CREATE FUNCTION @extschema@._idem_write_nowait(
 BEGIN
     INSERT INTO @extschema@.idem_records AS r
            (operation, user_id, key, request_hash, status, token, response,
-            lease_expires_at, expires_at, created_at, updated_at)
+            lease_expires_at, expires_at, created_at, updated_at, owner)
     VALUES (operation, user_id, key, request_hash, 'PROCESSING', token, NULL,
-            lease_end, expires_at, now, now)
+            lease_end, expires_at, now, now, @extschema@._idem_caller())
     ON CONFLICT ON CONSTRAINT idem_records_pkey DO NOTHING;
     RETURN FOUND;
 EXCEPTION WHEN lock_not_available THEN
@@ -94,6 +94,7 @@ DECLARE
     v_hash     bigint;
     v_busy     boolean;
     v_counted  boolean; -- receives _idem_count: an assignment is PL/pgSQL's cheapest call
+    v_owner    oid;
 BEGIN
     -- The argument rules, checked natively (extension/src/args.rs, on the client crate's key
     -- rules): each check raises 22004/22023 naming the argument, or answers true.
@@ -111,7 +112,7 @@ BEGIN
         v_now := clock_timestamp();
         -- One primary-key probe; the retry counter counts if it was live when the record was
         -- created (a scalar subquery, evaluated only when the record exists).
-        SELECT r.request_hash, r.status, r.response, r.lease_expires_at, r.expires_at,
+        SELECT r.request_hash, r.status, r.response, r.lease_expires_at, r.expires_at, r.owner,
                (SELECT t.attempts
                   FROM @extschema@.idem_retries AS t
                  WHERE t.operation = operation AND t.user_id = user_id AND t.key = key
@@ -123,7 +124,9 @@ BEGIN
         IF v_rec.status IS NOT NULL
            AND (v_rec.expires_at > v_now
                 OR (v_rec.status = 'PROCESSING' AND v_rec.lease_expires_at > v_now)) THEN
-            -- A live record decides.
+            -- A live record decides, for its owner (and the owner's members) only: another role
+            -- learns nothing of it, its response least of all (guarantee 8).
+            v_counted := @extschema@._idem_check_owner(v_rec.owner, 'reserve a key');
             v_outcome := CASE WHEN v_rec.request_hash <> request_hash THEN 'mismatch'
                               WHEN v_rec.status = 'SUCCESS' THEN 'replay'
                               WHEN v_rec.status = 'FAILED' THEN 'failed'
@@ -187,6 +190,7 @@ BEGIN
 
         v_locked := true;
         v_token := nextval('@extschema@.idem_token_seq');
+        v_owner := @extschema@._idem_caller();
         v_busy := false;
         IF NOT wait AND v_rec.status IS NULL THEN
             -- Does another transaction hold the "past its budget" lock? Probed up to three times
@@ -217,15 +221,16 @@ BEGIN
         ELSIF v_rec.status IS NULL THEN
             INSERT INTO @extschema@.idem_records AS r
                    (operation, user_id, key, request_hash, status, token, response,
-                    lease_expires_at, expires_at, created_at, updated_at)
+                    lease_expires_at, expires_at, created_at, updated_at, owner)
             VALUES (operation, user_id, key, request_hash, 'PROCESSING', v_token, NULL,
-                    v_now + v_lease, v_now + v_ttl, v_now, v_now)
+                    v_now + v_lease, v_now + v_ttl, v_now, v_now, v_owner)
             ON CONFLICT ON CONSTRAINT idem_records_pkey DO NOTHING;
         ELSE
             UPDATE @extschema@.idem_records AS r
                SET request_hash = request_hash, status = 'PROCESSING', token = v_token,
                    response = NULL, lease_expires_at = v_now + v_lease,
-                   expires_at = v_now + v_ttl, created_at = v_now, updated_at = v_now
+                   expires_at = v_now + v_ttl, created_at = v_now, updated_at = v_now,
+                   owner = v_owner
              WHERE r.operation = operation AND r.user_id = user_id AND r.key = key
                AND r.expires_at <= v_now
                AND (r.status <> 'PROCESSING' OR r.lease_expires_at <= v_now);

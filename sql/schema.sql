@@ -30,6 +30,11 @@ CREATE TABLE @extschema@.idem_records (
     expires_at       timestamptz NOT NULL,
     created_at       timestamptz NOT NULL,
     updated_at       timestamptz NOT NULL,
+    -- The role that reserved (or took over) the record: the session's role (SET ROLE's, else the
+    -- login role). Only it and its members may complete, release, extend, read or replay it
+    -- (guarantee 8). NULL on records written before 0.6.0: any role with the API may act on
+    -- those, as before, until they expire.
+    owner            regrole,
     CONSTRAINT idem_records_pkey PRIMARY KEY (operation, user_id, key)
 ) WITH (vacuum_truncate = false);
 

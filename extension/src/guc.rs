@@ -9,6 +9,27 @@ use std::ffi::{c_int, c_void, CStr, CString};
 use std::time::Duration;
 
 pub(crate) static MAX_RESPONSE_BYTES: GucSetting<i32> = GucSetting::<i32>::new(1024 * 1024);
+/// `idempotency.max_response_bytes_limit` (PGC_SUSET): the ceiling of `max_response_bytes`,
+/// which any role may set (lower, or up to this): only a superuser (or a role granted SET on
+/// it) sets the ceiling.
+static MAX_RESPONSE_BYTES_LIMIT: GucSetting<i32> = GucSetting::<i32>::new(64 * 1024 * 1024);
+
+/// The largest response `idem_complete` stores: `idempotency.max_response_bytes`, capped at
+/// `idempotency.max_response_bytes_limit` (guarantee 8: a role may lower it, never raise it past
+/// what a superuser set).
+pub(crate) fn max_response_bytes() -> i32 {
+    max_response_bytes_named().0
+}
+
+/// [`max_response_bytes`] with the setting that decided it, for messages.
+pub(crate) fn max_response_bytes_named() -> (i32, &'static str) {
+    let (setting, limit) = (MAX_RESPONSE_BYTES.get(), MAX_RESPONSE_BYTES_LIMIT.get());
+    if setting > limit {
+        (limit, "idempotency.max_response_bytes, capped by idempotency.max_response_bytes_limit")
+    } else {
+        (setting, "idempotency.max_response_bytes")
+    }
+}
 
 // The maintenance worker's settings (PGC_SIGHUP: postgresql.conf or ALTER SYSTEM, then a reload).
 static MAINTENANCE_DATABASES: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
@@ -198,6 +219,16 @@ pub(crate) fn register() {
         GucContext::Userset,
         GucFlags::UNIT_BYTE,
     );
+    GucRegistry::define_int_guc(
+        c"idempotency.max_response_bytes_limit",
+        c"The ceiling of idempotency.max_response_bytes: a larger setting counts as this.",
+        c"Any role may lower idempotency.max_response_bytes; only a superuser sets this ceiling.",
+        &MAX_RESPONSE_BYTES_LIMIT,
+        0,
+        i32::MAX,
+        GucContext::Suset,
+        GucFlags::UNIT_BYTE,
+    );
     GucRegistry::define_string_guc(
         c"idempotency.maintenance_databases",
         c"Databases the maintenance worker recovers and sweeps, comma-separated.",
@@ -264,9 +295,10 @@ fn _idem_setting(name: &str) -> Option<String> {
     }
 }
 
-/// `_idem_max_response_bytes() RETURNS integer`: `idempotency.max_response_bytes` in bytes
+/// `_idem_max_response_bytes() RETURNS integer`: `idempotency.max_response_bytes` in bytes,
+/// capped at `idempotency.max_response_bytes_limit`
 /// (`current_setting` shows it with a unit, such as `1MB`, that `pg_size_bytes` cannot read on 15).
 #[pg_extern(sql = false)]
 fn _idem_max_response_bytes() -> i32 {
-    MAX_RESPONSE_BYTES.get()
+    max_response_bytes()
 }

@@ -87,6 +87,7 @@ mod tests {
             ("idempotency.lease", "5min"),
             ("idempotency.max_retries", "3"),
             ("idempotency.max_response_bytes", "1MB"),
+            ("idempotency.max_response_bytes_limit", "64MB"),
         ] {
             let got: String = one(&format!("SELECT current_setting('{name}')"));
             assert_eq!(got, want, "{name}");

@@ -2,7 +2,11 @@
 -- database tests/upgrade/before.sql filled.
 -- Each row is one test: `label|t` passes.
 SELECT 'the update changed no record and no retry counter',
-       (SELECT count(*) FROM (SELECT * FROM upgrade_test.records EXCEPT SELECT * FROM idem_records) AS d) = 0
+       (SELECT count(*) FROM (SELECT * FROM upgrade_test.records
+                              EXCEPT
+                              SELECT operation, user_id, key, request_hash, status, token, response,
+                                     lease_expires_at, expires_at, created_at, updated_at
+                                FROM idem_records) AS d) = 0
        AND (SELECT count(*) FROM idem_records) = (SELECT count(*) FROM upgrade_test.records)
        AND (SELECT count(*) FROM (SELECT * FROM upgrade_test.retries EXCEPT SELECT * FROM idem_retries) AS d) = 0
        AND (SELECT count(*) FROM idem_retries) = (SELECT count(*) FROM upgrade_test.retries);
@@ -47,6 +51,45 @@ SELECT 'both tables keep the space VACUUM frees (vacuum_truncate = false, as a f
        OR (SELECT count(*) FROM pg_class
             WHERE oid IN ('idem_records'::regclass, 'idem_retries'::regclass)
               AND reloptions @> '{vacuum_truncate=false}') = 2
+  FROM (SELECT coalesce((SELECT extversion FROM pg_extension WHERE extname = 'idempotency'),
+                        (SELECT substring(prosrc, '''([0-9][^'']*)''') FROM pg_proc
+                          WHERE proname = '_idem_portable_version' LIMIT 1)) AS version) AS v;
+-- 0.6.0: records belong to the role that reserved them; the ones written before the update
+-- have no owner (any role with the API may act on them, as before, until they expire).
+SELECT 'the records written before the update have no owner (0.6.0 on)',
+       string_to_array(v.version, '.')::int[] < '{0,6,0}'
+       OR NOT EXISTS (SELECT FROM idem_records AS r JOIN upgrade_test.records AS o USING (operation, user_id, key)
+                       WHERE (to_jsonb(r) ->> 'owner') IS NOT NULL AND r.token = o.token)
+  FROM (SELECT coalesce((SELECT extversion FROM pg_extension WHERE extname = 'idempotency'),
+                        (SELECT substring(prosrc, '''([0-9][^'']*)''') FROM pg_proc
+                          WHERE proname = '_idem_portable_version' LIMIT 1)) AS version) AS v;
+SELECT 'the update kept the EXECUTE PUBLIC had on the write API (no running application breaks)',
+       count(*) > 0 AND bool_and(g.public_execute = has_function_privilege('public', p.oid, 'EXECUTE'))
+  FROM upgrade_test.public_grants AS g
+  JOIN pg_proc AS p ON p.proname = g.proname AND p.pronamespace = 'public'::regnamespace;
+-- From 0.6.0, a fresh install grants the write API to idempotency_user alone. The tightening
+-- docs/upgrading.md gives for an updated install, applied where the update granted the write
+-- API to idempotency_user, so that the schema comparison that follows holds.
+DO $$
+BEGIN
+    IF EXISTS (SELECT FROM pg_proc AS p, aclexplode(p.proacl) AS a
+                WHERE p.oid = 'idem_reserve(text,text,text,text,interval,interval,boolean)'::regprocedure
+                  AND a.grantee = (SELECT r.oid FROM pg_roles AS r WHERE r.rolname = 'idempotency_user')) THEN
+        REVOKE EXECUTE ON FUNCTION
+            idem_reserve(text, text, text, text, interval, interval, boolean),
+            idem_complete(text, text, text, bigint, jsonb, text),
+            idem_release(text, text, text, bigint, integer),
+            idem_heartbeat(text, text, text, bigint, interval),
+            idem_reserve_many(text, text, text[], text[], interval, interval, boolean),
+            idem_complete_many(text, text, text[], bigint[], jsonb[], text)
+            FROM PUBLIC;
+    END IF;
+END
+$$;
+SELECT 'after the documented REVOKE (0.6.0 on), PUBLIC may not reserve; idempotency_user may',
+       string_to_array(v.version, '.')::int[] < '{0,6,0}'
+       OR (NOT has_function_privilege('public', 'idem_reserve(text,text,text,text,interval,interval,boolean)', 'EXECUTE')
+           AND has_function_privilege('idempotency_user', 'idem_reserve(text,text,text,text,interval,interval,boolean)', 'EXECUTE'))
   FROM (SELECT coalesce((SELECT extversion FROM pg_extension WHERE extname = 'idempotency'),
                         (SELECT substring(prosrc, '''([0-9][^'']*)''') FROM pg_proc
                           WHERE proname = '_idem_portable_version' LIMIT 1)) AS version) AS v;

@@ -36,3 +36,10 @@ SELECT q.key, q.hash, r.outcome, r.token, r.response, r.attempts, r.expires_at
 CREATE TABLE upgrade_test.records AS SELECT * FROM idem_records;
 CREATE TABLE upgrade_test.retries AS SELECT * FROM idem_retries;
 CREATE TABLE upgrade_test.last_token AS SELECT last_value FROM idem_token_seq;
+-- Whether PUBLIC may call each function of the write API (an update keeps it: 0.6.0).
+CREATE TABLE upgrade_test.public_grants AS
+SELECT p.proname, has_function_privilege('public', p.oid, 'EXECUTE') AS public_execute
+  FROM pg_proc p
+ WHERE p.pronamespace = 'public'::regnamespace
+   AND p.proname IN ('idem_reserve', 'idem_complete', 'idem_release', 'idem_heartbeat',
+                     'idem_reserve_many', 'idem_complete_many');

@@ -25,6 +25,9 @@ pub(crate) struct RecordColumns {
     pub(crate) lease_expires_at: AttrNumber,
     pub(crate) expires_at: AttrNumber,
     pub(crate) created_at: AttrNumber,
+    /// The role the record belongs to (0.6.0, guarantee 8); `None` on a schema of an older
+    /// version still running this library (before its update), which has no owners to check.
+    pub(crate) owner: Option<AttrNumber>,
 }
 
 /// Column numbers of `idem_retries` that the probe reads.
@@ -192,6 +195,14 @@ fn column(rel: Oid, table: &str, name: &str) -> AttrNumber {
     attnum
 }
 
+/// A column that older versions of the schema lack: `None` there.
+fn optional_column(rel: Oid, name: &str) -> Option<AttrNumber> {
+    let c = CString::new(name).ok()?;
+    // SAFETY: a valid C string and a relation OID; InvalidAttrNumber (0) when there is none.
+    let attnum = unsafe { pg_sys::get_attnum(rel, c.as_ptr()) };
+    (attnum > 0).then_some(attnum)
+}
+
 fn resolve(schema: Oid) -> Catalog {
     // SAFETY: a syscache lookup; NULL if the schema is gone.
     let name = unsafe { pg_sys::get_namespace_name(schema) };
@@ -213,7 +224,9 @@ fn resolve(schema: Oid) -> Catalog {
         lease_expires_at: column(records, "idem_records", "lease_expires_at"),
         expires_at: column(records, "idem_records", "expires_at"),
         created_at: column(records, "idem_records", "created_at"),
+        owner: optional_column(records, "owner"),
     };
+    let owned = rec.owner.is_some();
     let ret = RetryColumns {
         attempts: column(retries, "idem_retries", "attempts"),
         expires_at: column(retries, "idem_retries", "expires_at"),
@@ -248,7 +261,7 @@ fn resolve(schema: Oid) -> Catalog {
         reservation,
         rec,
         ret,
-        plans: Plans::new(schema_sql),
+        plans: Plans::new(schema_sql, owned),
     }
 }
 

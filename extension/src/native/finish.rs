@@ -6,6 +6,7 @@
 
 use super::call::{self, v1_function_info, Text};
 use super::catalog;
+use super::owner;
 use super::pending;
 use super::plans::{self, Stmt};
 use super::probe::Scope;
@@ -40,6 +41,18 @@ unsafe fn scope_and_token<'a>(fcinfo: pg_sys::FunctionCallInfo) -> ([Text<'a>; 3
     (scope, token)
 }
 
+/// After a fenced statement changed nothing: 42501 when the key's record belongs to a role the
+/// caller may not act on (whatever the token: guarantee 8), else nothing (the token is stale).
+/// Must run inside [`plans::connected`]; nothing to check on a schema without owners.
+fn refuse_stranger(catalog: &catalog::Catalog, scope: &[Option<Datum>], action: &str) {
+    if catalog.rec.owner.is_none() {
+        return;
+    }
+    if plans::execute(&catalog.plans, Stmt::ReadOwner, &scope[..3]) > 0 {
+        owner::require(plans::first_row(1).map(owner::from_datum), action);
+    }
+}
+
 fn now() -> pg_sys::TimestampTz {
     // SAFETY: reads the clock.
     unsafe { pg_sys::GetCurrentTimestamp() }
@@ -68,7 +81,8 @@ pub unsafe extern "C-unwind" fn idem_complete_native(fcinfo: pg_sys::FunctionCal
         );
     }
     if let Some(response) = response {
-        let limit = i64::from(guc::MAX_RESPONSE_BYTES.get());
+        let (limit, setting) = guc::max_response_bytes_named();
+        let limit = i64::from(limit);
         // SAFETY: jsonb_out of a jsonb datum returns a palloc'd C string (its text form).
         let size = unsafe {
             let text = pg_sys::DirectFunctionCall1Coll(Some(call::builtins::jsonb_out), pg_sys::InvalidOid, response);
@@ -80,7 +94,7 @@ pub unsafe extern "C-unwind" fn idem_complete_native(fcinfo: pg_sys::FunctionCal
             // Never echo the value: it may be huge, and it may be private.
             raise(
                 PgSqlErrorCode::ERRCODE_PROGRAM_LIMIT_EXCEEDED,
-                format!("response must be at most {limit} bytes (idempotency.max_response_bytes), got {size}"),
+                format!("response must be at most {limit} bytes ({setting}), got {size}"),
             );
         }
     }
@@ -97,8 +111,15 @@ pub unsafe extern "C-unwind" fn idem_complete_native(fcinfo: pg_sys::FunctionCal
             Some(status.datum),
             response,
             Some(Datum::from(now)),
+            Some(Datum::from(owner::caller())),
         ];
-        plans::connected(|| plans::execute(&catalog.plans, Stmt::Complete, &params)) > 0
+        plans::connected(|| {
+            let done = plans::execute(&catalog.plans, Stmt::Complete, &params) > 0;
+            if !done {
+                refuse_stranger(&catalog, &params, "complete a key");
+            }
+            done
+        })
     };
     let event = match (done, status.str) {
         (false, _) => "stale_tokens",
@@ -129,8 +150,9 @@ pub unsafe extern "C-unwind" fn idem_release_native(fcinfo: pg_sys::FunctionCall
     let _ = pending::materialize(&catalog, &Scope { operation, user_id, key });
     let scope = [Some(operation.datum), Some(user_id.datum), Some(key.datum)];
     let outcome = plans::connected(|| {
-        let lock = [scope[0], scope[1], scope[2], Some(Datum::from(token))];
+        let lock = [scope[0], scope[1], scope[2], Some(Datum::from(token)), Some(Datum::from(owner::caller()))];
         if plans::execute(&catalog.plans, Stmt::LockForRelease, &lock) == 0 {
+            refuse_stranger(&catalog, &scope, "release a key");
             metrics::add("stale_tokens", 1);
             return "stale".to_owned();
         }
@@ -166,7 +188,9 @@ pub unsafe extern "C-unwind" fn idem_heartbeat_native(fcinfo: pg_sys::FunctionCa
     let ([operation, user_id, key], token) = unsafe { scope_and_token(fcinfo) };
     // SAFETY: as above.
     let (lease, fn_oid) = unsafe { (call::arg::<Interval>(fcinfo, 4), call::function_oid(fcinfo)) };
-    let lease = args::_idem_lease(lease, None).into_datum().unwrap_or(Datum::from(0));
+    // The reservation's rule with ttl => NULL: at most idempotency.ttl (an explicit longer lease
+    // is 22023), so a heartbeat cannot wedge a key for longer.
+    let lease = args::_idem_lease(lease, Some(args::_idem_ttl(None))).into_datum().unwrap_or(Datum::from(0));
     let until = call::plus(now, lease);
     let catalog = catalog::for_function(fn_oid);
     writable::require(&catalog, "extend a lease");
@@ -178,8 +202,15 @@ pub unsafe extern "C-unwind" fn idem_heartbeat_native(fcinfo: pg_sys::FunctionCa
         Some(Datum::from(token)),
         Some(Datum::from(until)),
         Some(Datum::from(now)),
+        Some(Datum::from(owner::caller())),
     ];
-    let done = plans::connected(|| plans::execute(&catalog.plans, Stmt::Heartbeat, &params)) > 0;
+    let done = plans::connected(|| {
+        let done = plans::execute(&catalog.plans, Stmt::Heartbeat, &params) > 0;
+        if !done {
+            refuse_stranger(&catalog, &params, "extend a lease");
+        }
+        done
+    });
     if !done {
         metrics::add("stale_tokens", 1);
     }

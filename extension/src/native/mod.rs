@@ -19,6 +19,7 @@ use pgrx::pg_sys;
 pub(crate) mod call;
 pub(crate) mod catalog;
 pub(crate) mod finish;
+pub(crate) mod owner;
 pub(crate) mod pending;
 pub(crate) mod plans;
 pub(crate) mod probe;

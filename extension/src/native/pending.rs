@@ -59,6 +59,8 @@ pub(crate) struct Reservation {
     pub(crate) lease_end: pg_sys::TimestampTz,
     pub(crate) expires_at: pg_sys::TimestampTz,
     pub(crate) created_at: pg_sys::TimestampTz,
+    /// The session's role that reserved it, whom its record belongs to (guarantee 8).
+    pub(crate) role: pg_sys::Oid,
 }
 
 struct Entry {
@@ -157,6 +159,8 @@ impl Reservation {
             Some(call::text_datum(status.as_bytes())),
             response,
             Some(Datum::from(updated_at)),
+            // The owner (a schema from before 0.6.0 has no such column: its Insert takes 11).
+            Some(Datum::from(self.role)),
         ];
         // As the reservation's owner: the pre-commit callback runs as the session's user, who
         // may not write the table. An error unwinds into the (sub)transaction abort, which
@@ -193,6 +197,11 @@ pub(crate) fn complete(
 ) -> bool {
     match take(catalog, scope, Some(token)) {
         Some((reservation, owner)) => {
+            // The same transaction, under another role since (SET ROLE): refused as a
+            // written record would be.
+            if catalog.rec.owner.is_some() {
+                super::owner::require(Some(reservation.role), "complete a key");
+            }
             reservation.write(owner, status, response, now);
             true
         }

@@ -17,19 +17,21 @@ use std::ffi::CString;
 #[derive(Clone, Copy)]
 pub(crate) enum Stmt {
     /// $1-$3 scope, $4 request_hash, $5 token, $6 lease end, $7 expiry, $8 created_at,
-    /// $9 status, $10 response, $11 updated_at: a new record (PROCESSING, or finished by the
-    /// write-once flow of [`super::pending`]).
+    /// $9 status, $10 response, $11 updated_at, $12 owner (on a schema with owners): a new
+    /// record (PROCESSING, or finished by the write-once flow of [`super::pending`]).
     Insert,
-    /// $1-$8 as Insert ($8 now): take over an expired record, re-checking expiry on the newest
-    /// version.
+    /// $1-$8 as Insert ($8 now), $9 owner (on a schema with owners): take over an expired
+    /// record, re-checking expiry on the newest version.
     TakeOver,
     /// $1-$3 scope, $4 the new record's expiry: a live retry counter lives as long.
     KeepRetries,
-    /// $1-$3 scope, $4 token, $5 status, $6 response, $7 now.
+    /// $1-$3 scope, $4 token, $5 status, $6 response, $7 now, $8 the caller (on a schema with
+    /// owners: only a record the caller may act on is completed).
     Complete,
-    /// $1-$3 scope, $4 token, $5 lease end, $6 now.
+    /// $1-$3 scope, $4 token, $5 lease end, $6 now, $7 the caller (as Complete).
     Heartbeat,
-    /// $1-$3 scope, $4 token: lock the PROCESSING record, answer created_at, expires_at.
+    /// $1-$3 scope, $4 token, $5 the caller (as Complete): lock the PROCESSING record, answer
+    /// created_at, expires_at.
     LockForRelease,
     /// $1-$3 scope, $4 created_at, $5 expires_at, $6 max_retries: the shared release step.
     ReleaseLocked,
@@ -38,9 +40,12 @@ pub(crate) enum Stmt {
     ReadRecord,
     /// $1-$3 scope: the retry counter, through the planner (as `ReadRecord`).
     ReadRetries,
+    /// $1-$3 scope: the record's owner (only on a schema with owners), after a fenced statement
+    /// changed nothing: another role's key is refused whatever the token.
+    ReadOwner,
 }
 
-const STATEMENTS: usize = 9;
+const STATEMENTS: usize = 10;
 
 /// The fence on a keyed statement: the record is still PROCESSING. Compared under the C
 /// collation (the same answer: equality of a deterministic collation is bytewise) so that the
@@ -52,27 +57,47 @@ const PROCESSING: &str = "r.status OPERATOR(pg_catalog.=) ('PROCESSING' COLLATE 
 const SCOPE: &str = "r.operation OPERATOR(pg_catalog.=) $1 AND r.user_id OPERATOR(pg_catalog.=) $2 \
                      AND r.key OPERATOR(pg_catalog.=) $3";
 
-fn text(stmt: Stmt, s: &str) -> (String, &'static [Oid]) {
-    use pg_sys::{INT4OID as INT4, INT8OID as INT8, JSONBOID as JSONB, TEXTOID as TEXT, TIMESTAMPTZOID as TSTZ};
+/// The owner fence of Complete, Heartbeat and LockForRelease, with the caller's parameter `$n`:
+/// a record without an owner (written before 0.6.0), or one whose owner the caller is or is a
+/// member of (pg_has_role MEMBER, as sql/internal.sql's _idem_owns).
+fn owns(owned: bool, n: u8) -> String {
+    if owned {
+        format!(" AND (r.owner IS NULL OR pg_catalog.pg_has_role(${n}, r.owner::pg_catalog.oid, 'MEMBER'))")
+    } else {
+        String::new()
+    }
+}
+
+fn text(stmt: Stmt, s: &str, owned: bool) -> (String, &'static [Oid]) {
+    use pg_sys::{
+        INT4OID as INT4, INT8OID as INT8, JSONBOID as JSONB, OIDOID as OID, REGROLEOID as REGROLE, TEXTOID as TEXT,
+        TIMESTAMPTZOID as TSTZ,
+    };
     const RESERVE: &[Oid] = &[TEXT, TEXT, TEXT, TEXT, INT8, TSTZ, TSTZ, TSTZ];
+    const RESERVE_OWNED: &[Oid] = &[TEXT, TEXT, TEXT, TEXT, INT8, TSTZ, TSTZ, TSTZ, REGROLE];
+    let (owner_col, owner_val, owner_set) = if owned { (", owner", ", $12", ", owner = $9") } else { ("", "", "") };
     match stmt {
         Stmt::Insert => (
             format!(
                 "INSERT INTO {s}.idem_records AS r (operation, user_id, key, request_hash, status, token, response, \
-                 lease_expires_at, expires_at, created_at, updated_at) \
-                 VALUES ($1, $2, $3, $4, $9, $5, $10, $6, $7, $8, $11) \
+                 lease_expires_at, expires_at, created_at, updated_at{owner_col}) \
+                 VALUES ($1, $2, $3, $4, $9, $5, $10, $6, $7, $8, $11{owner_val}) \
                  ON CONFLICT ON CONSTRAINT idem_records_pkey DO NOTHING"
             ),
-            &[TEXT, TEXT, TEXT, TEXT, INT8, TSTZ, TSTZ, TSTZ, TEXT, JSONB, TSTZ],
+            if owned {
+                &[TEXT, TEXT, TEXT, TEXT, INT8, TSTZ, TSTZ, TSTZ, TEXT, JSONB, TSTZ, REGROLE]
+            } else {
+                &[TEXT, TEXT, TEXT, TEXT, INT8, TSTZ, TSTZ, TSTZ, TEXT, JSONB, TSTZ]
+            },
         ),
         Stmt::TakeOver => (
             format!(
                 "UPDATE {s}.idem_records AS r SET request_hash = $4, status = 'PROCESSING', token = $5, response = NULL, \
-                 lease_expires_at = $6, expires_at = $7, created_at = $8, updated_at = $8 \
+                 lease_expires_at = $6, expires_at = $7, created_at = $8, updated_at = $8{owner_set} \
                  WHERE {SCOPE} AND r.expires_at OPERATOR(pg_catalog.<=) $8 \
                  AND (r.status OPERATOR(pg_catalog.<>) 'PROCESSING' OR r.lease_expires_at OPERATOR(pg_catalog.<=) $8)"
             ),
-            RESERVE,
+            if owned { RESERVE_OWNED } else { RESERVE },
         ),
         Stmt::KeepRetries => (
             format!(
@@ -83,25 +108,28 @@ fn text(stmt: Stmt, s: &str) -> (String, &'static [Oid]) {
         Stmt::Complete => (
             format!(
                 "UPDATE {s}.idem_records AS r SET status = $5, response = $6, updated_at = $7 \
-                 WHERE {SCOPE} AND r.token OPERATOR(pg_catalog.=) $4 AND {PROCESSING}"
+                 WHERE {SCOPE} AND r.token OPERATOR(pg_catalog.=) $4 AND {PROCESSING}{}",
+                owns(owned, 8)
             ),
-            &[TEXT, TEXT, TEXT, INT8, TEXT, JSONB, TSTZ],
+            if owned { &[TEXT, TEXT, TEXT, INT8, TEXT, JSONB, TSTZ, OID] } else { &[TEXT, TEXT, TEXT, INT8, TEXT, JSONB, TSTZ] },
         ),
         Stmt::Heartbeat => (
             format!(
                 "UPDATE {s}.idem_records AS r SET lease_expires_at = $5, expires_at = GREATEST(r.expires_at, $5), \
                  updated_at = $6 \
-                 WHERE {SCOPE} AND r.token OPERATOR(pg_catalog.=) $4 AND {PROCESSING}"
+                 WHERE {SCOPE} AND r.token OPERATOR(pg_catalog.=) $4 AND {PROCESSING}{}",
+                owns(owned, 7)
             ),
-            &[TEXT, TEXT, TEXT, INT8, TSTZ, TSTZ],
+            if owned { &[TEXT, TEXT, TEXT, INT8, TSTZ, TSTZ, OID] } else { &[TEXT, TEXT, TEXT, INT8, TSTZ, TSTZ] },
         ),
         Stmt::LockForRelease => (
             format!(
                 "SELECT r.created_at, r.expires_at FROM {s}.idem_records AS r \
-                 WHERE {SCOPE} AND r.token OPERATOR(pg_catalog.=) $4 AND {PROCESSING} \
-                 FOR UPDATE"
+                 WHERE {SCOPE} AND r.token OPERATOR(pg_catalog.=) $4 AND {PROCESSING}{} \
+                 FOR UPDATE",
+                owns(owned, 5)
             ),
-            &[TEXT, TEXT, TEXT, INT8],
+            if owned { &[TEXT, TEXT, TEXT, INT8, OID] } else { &[TEXT, TEXT, TEXT, INT8] },
         ),
         Stmt::ReleaseLocked => (
             format!("SELECT {s}._idem_release_locked($1, $2, $3, $4, $5, $6)"),
@@ -112,7 +140,8 @@ fn text(stmt: Stmt, s: &str) -> (String, &'static [Oid]) {
         Stmt::ReadRecord => (
             format!(
                 "SELECT r.request_hash OPERATOR(pg_catalog.=) $4, r.status, r.response, r.lease_expires_at, \
-                 r.expires_at, r.created_at FROM {s}.idem_records AS r WHERE {SCOPE}"
+                 r.expires_at, r.created_at{} FROM {s}.idem_records AS r WHERE {SCOPE}",
+                if owned { ", r.owner" } else { "" }
             ),
             &[TEXT, TEXT, TEXT, TEXT],
         ),
@@ -120,6 +149,7 @@ fn text(stmt: Stmt, s: &str) -> (String, &'static [Oid]) {
             format!("SELECT r.attempts, r.expires_at FROM {s}.idem_retries AS r WHERE {SCOPE}"),
             &[TEXT, TEXT, TEXT],
         ),
+        Stmt::ReadOwner => (format!("SELECT r.owner FROM {s}.idem_records AS r WHERE {SCOPE}"), &[TEXT, TEXT, TEXT]),
     }
 }
 
@@ -128,13 +158,16 @@ fn text(stmt: Stmt, s: &str) -> (String, &'static [Oid]) {
 pub(crate) struct Plans {
     /// The schema's name quoted for SQL text.
     schema_sql: String,
+    /// Whether `idem_records` has the `owner` column (0.6.0): the statements then write and
+    /// fence on it.
+    owned: bool,
     kept: [Cell<Option<std::ptr::NonNull<pg_sys::_SPI_plan>>>; STATEMENTS],
 }
 
 impl Plans {
     /// No plan yet for the schema named `schema_sql` (quoted for SQL text).
-    pub(crate) fn new(schema_sql: String) -> Self {
-        Plans { schema_sql, kept: Default::default() }
+    pub(crate) fn new(schema_sql: String, owned: bool) -> Self {
+        Plans { schema_sql, owned, kept: Default::default() }
     }
 
     /// The schema's name, quoted for SQL text.
@@ -181,7 +214,7 @@ fn plan(plans: &Plans, stmt: Stmt) -> pg_sys::SPIPlanPtr {
     if let Some(plan) = slot.get() {
         return plan.as_ptr();
     }
-    let (sql, types) = text(stmt, &plans.schema_sql);
+    let (sql, types) = text(stmt, &plans.schema_sql, plans.owned);
     let Ok(sql) = CString::new(sql) else { spi_failed("prepare", 0) };
     let mut types = types.to_vec();
     let nargs = types.len() as i32;

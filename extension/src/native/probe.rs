@@ -35,6 +35,8 @@ pub(crate) struct Record {
     pub(crate) lease_expires_at: pg_sys::TimestampTz,
     pub(crate) expires_at: pg_sys::TimestampTz,
     pub(crate) created_at: pg_sys::TimestampTz,
+    /// The role the record belongs to (`None`: no owner, or a schema from before 0.6.0).
+    pub(crate) owner: Option<Oid>,
 }
 
 impl Record {
@@ -261,6 +263,7 @@ fn record(snapshot: &Snapshot, catalog: &Catalog, scope: &Scope<'_>, request_has
                 lease_expires_at: required(slot, cols.lease_expires_at).value() as i64,
                 expires_at: required(slot, cols.expires_at).value() as i64,
                 created_at: required(slot, cols.created_at).value() as i64,
+                owner: cols.owner.and_then(|attnum| column(slot, attnum)).map(super::owner::from_datum),
             }
         }
     })
@@ -318,6 +321,7 @@ fn planned(catalog: &Catalog, scope: &Scope<'_>, request_hash: &str) -> Key {
                     lease_expires_at: not_null(plans::first_row(4), "lease_expires_at").value() as i64,
                     expires_at: not_null(plans::first_row(5), "expires_at").value() as i64,
                     created_at: not_null(plans::first_row(6), "created_at").value() as i64,
+                    owner: if catalog.rec.owner.is_some() { plans::first_row(7).map(super::owner::from_datum) } else { None },
                 }
             }
         });

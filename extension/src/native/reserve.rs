@@ -20,6 +20,7 @@
 
 use super::call::{self, v1_function_info, Text};
 use super::catalog::{self, Catalog};
+use super::owner;
 use super::pending;
 use super::plans::{self, Stmt};
 use super::probe::{self, Scope, Status};
@@ -208,6 +209,9 @@ fn reserve(catalog: &Rc<Catalog>, scope: &Scope<'_>, request_hash: Text<'_>, ttl
         let found = probe::key(catalog, scope, request_hash.str, wrote || attempt > 0);
         if let Some(record) = &found.record {
             if record.live(now) {
+                // A live record decides, for its owner (and the owner's members) only: another
+                // role learns nothing of it, its response least of all (guarantee 8).
+                owner::require(record.owner, "reserve a key");
                 // The retry counter counts if it was live when the record was created.
                 return answer(record, found.attempts(record.created_at));
             }
@@ -261,13 +265,16 @@ fn reserve(catalog: &Rc<Catalog>, scope: &Scope<'_>, request_hash: Text<'_>, ttl
                 lease_end,
                 expires_at,
                 created_at: now,
+                role: owner::caller(),
             });
             true
         } else {
             // Takeover, or a record committed since the probe (the INSERT then finds it: a lost
             // race under READ COMMITTED, a serialization failure under REPEATABLE READ).
-            let stmt = if found.record.is_some() { Stmt::TakeOver } else { Stmt::Insert };
-            let params = [
+            // The new record belongs to the caller (a schema without owners ignores the last
+            // parameter: its statements have fewer).
+            let role = Some(Datum::from(owner::caller()));
+            let head = [
                 Some(scope.operation.datum),
                 Some(scope.user_id.datum),
                 Some(scope.key.datum),
@@ -276,12 +283,15 @@ fn reserve(catalog: &Rc<Catalog>, scope: &Scope<'_>, request_hash: Text<'_>, ttl
                 Some(Datum::from(lease_end)),
                 Some(Datum::from(expires_at)),
                 Some(Datum::from(now)),
-                Some(call::text_datum(b"PROCESSING")),
-                None,
-                Some(Datum::from(now)),
             ];
-            let params = if found.record.is_some() { &params[..8] } else { &params[..] };
-            let written = plans::connected(|| plans::execute(&catalog.plans, stmt, params)) == 1;
+            let written = if found.record.is_some() {
+                let params: Vec<Option<Datum>> = head.iter().copied().chain([role]).collect();
+                plans::connected(|| plans::execute(&catalog.plans, Stmt::TakeOver, &params))
+            } else {
+                let tail = [Some(call::text_datum(b"PROCESSING")), None, Some(Datum::from(now)), role];
+                let params: Vec<Option<Datum>> = head.iter().copied().chain(tail).collect();
+                plans::connected(|| plans::execute(&catalog.plans, Stmt::Insert, &params))
+            } == 1;
             if written && keep {
                 pending::kept_lock();
             }

@@ -2,13 +2,40 @@
 -- functions are not PUBLIC. Checked on the default install and on a locked-down schema install.
 \set VERBOSITY sqlstate
 
--- Default install (schema public): the core API is executable by PUBLIC, the rest is not.
-SELECT p.oid::regprocedure AS function, has_function_privilege('public', p.oid, 'EXECUTE') AS public_execute
+-- Default install (schema public): the write API is executable by idempotency_user, the
+-- fingerprints by PUBLIC, the rest by neither. Whether PUBLIC may call the write API depends on
+-- the install's history (none on a fresh install, below; an update keeps what PUBLIC had:
+-- tests/upgrade/after.sql), so it is not shown here.
+SELECT p.oid::regprocedure AS function,
+       has_function_privilege('idempotency_user', p.oid, 'EXECUTE') AS app_execute,
+       CASE WHEN p.proname IN ('idem_reserve', 'idem_complete', 'idem_release', 'idem_heartbeat',
+                               'idem_reserve_many', 'idem_complete_many') THEN NULL
+            ELSE has_function_privilege('public', p.oid, 'EXECUTE') END AS public_execute
   FROM pg_proc p JOIN pg_depend d ON d.objid = p.oid AND d.deptype = 'e'
   JOIN pg_extension e ON e.oid = d.refobjid AND e.extname = 'idempotency'
  ORDER BY p.oid::regprocedure::text;
 
+-- idempotency.max_response_bytes: any role may lower it, and raise it only up to
+-- idempotency.max_response_bytes_limit (PGC_SUSET, default 64MB): a larger setting counts as
+-- the ceiling. Only a superuser sets the ceiling. (A call loads the library, which defines it.)
+SELECT idem_fingerprint('{}'::jsonb) IS NOT NULL AS loaded;
+SHOW idempotency.max_response_bytes_limit;
 CREATE ROLE idem_plain;
+GRANT idempotency_user TO idem_plain;
+SET idempotency.max_response_bytes_limit = 100;
+SET ROLE idem_plain;
+SET idempotency.max_response_bytes = '1GB';
+SELECT token AS t FROM idem_reserve('priv', 'u', 'big', 'h') \gset
+SELECT err(format('SELECT idem_complete(%L, %L, %L, %s, %L)', 'priv', 'u', 'big', :t, jsonb_build_object('x', repeat('x', 200))));
+SET idempotency.max_response_bytes = 50;
+SELECT err(format('SELECT idem_complete(%L, %L, %L, %s, %L)', 'priv', 'u', 'big', :t, jsonb_build_object('x', repeat('x', 60))));
+SELECT idem_complete('priv', 'u', 'big', :t, jsonb_build_object('x', repeat('x', 10)));
+SET idempotency.max_response_bytes_limit = '1GB';
+RESET idempotency.max_response_bytes;
+RESET ROLE;
+RESET idempotency.max_response_bytes_limit;
+DELETE FROM idem_records WHERE key = 'big';
+
 SET ROLE idem_plain;
 SELECT * FROM res('priv', 'u', 'k', 'h');
 SELECT idem_complete('priv', 'u', 'k', 1, '{}');
@@ -32,6 +59,15 @@ CREATE DATABASE idem_priv;
 \set VERBOSITY sqlstate
 CREATE SCHEMA idem;
 CREATE EXTENSION idempotency SCHEMA idem;
+-- A fresh install grants the write API to idempotency_user and nobody else.
+SELECT p.proname, has_function_privilege('public', p.oid, 'EXECUTE') AS public_execute,
+       (SELECT array_agg(a.grantee::regrole ORDER BY a.grantee::regrole::text)
+          FROM aclexplode(p.proacl) AS a WHERE a.grantee <> p.proowner) AS granted_to
+  FROM pg_proc p
+ WHERE p.pronamespace = 'idem'::regnamespace
+   AND p.proname IN ('idem_reserve', 'idem_complete', 'idem_release', 'idem_heartbeat',
+                     'idem_reserve_many', 'idem_complete_many')
+ ORDER BY 1;
 REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA idem FROM PUBLIC;
 CREATE ROLE idem_app;
 CREATE ROLE idem_stranger;

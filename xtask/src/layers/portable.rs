@@ -123,6 +123,8 @@ pub(crate) fn run(ctx: &Ctx, checks: &mut Checks) {
     );
     sql_checks(checks, "install checks", p.stdin(INSTALL_CHECKS, &[]));
     p.user("idem_owner").run("GRANT USAGE ON SCHEMA idem TO idem_app");
+    // The application role of 0.6.0: EXECUTE on the write API (a fresh install grants PUBLIC none).
+    p.run("GRANT idempotency_user TO idem_app");
     sql_checks(checks, "app role checks", p.user("idem_app").stdin(APP_CHECKS, &[]));
 
     // Refusals that change nothing.

@@ -1,0 +1,110 @@
+-- Guarantee 8, Owned: a record belongs to the role that reserved it (the session's role). No
+-- other role, unless a member of it, can complete, release, extend, read or replay it, whatever
+-- token it guesses: 42501. The application role idempotency_user holds EXECUTE on the write API.
+-- Runs on every install (the extension, updated or fresh, and the portable install); the
+-- PUBLIC grants of a fresh install and the max_response_bytes ceiling are in privileges.
+\set VERBOSITY sqlstate
+CREATE ROLE idem_alice;
+CREATE ROLE idem_mallory;
+CREATE ROLE idem_alice_worker;
+GRANT idempotency_user TO idem_alice, idem_mallory, idem_alice_worker;
+GRANT idem_alice TO idem_alice_worker;
+
+-- idempotency_user may call the write API (and the fingerprints), not the operator functions.
+SELECT p.oid::regprocedure AS function, has_function_privilege('idempotency_user', p.oid, 'EXECUTE') AS app_execute
+  FROM pg_proc p
+ WHERE p.pronamespace = (SELECT n.oid FROM pg_namespace n JOIN pg_proc f ON f.pronamespace = n.oid
+                          WHERE f.proname = 'idem_reserve')
+   AND p.proname LIKE 'idem\_%'
+ ORDER BY p.oid::regprocedure::text;
+
+-- Alice reserves; the record is hers.
+SET ROLE idem_alice;
+SELECT token AS t FROM idem_reserve('roles', 'u', 'k', 'h') \gset
+RESET ROLE;
+SELECT owner, status FROM idem_records WHERE operation = 'roles';
+
+-- Mallory guesses the token: every call is refused, with the right token or a wrong one.
+SET ROLE idem_mallory;
+SELECT err(format('SELECT idem_complete(%L, %L, %L, %s, %L)', 'roles', 'u', 'k', :t, '{"forged": true}'));
+SELECT err(format('SELECT idem_complete(%L, %L, %L, %s, %L)', 'roles', 'u', 'k', :t + 1, '{"forged": true}'));
+SELECT err(format('SELECT idem_heartbeat(%L, %L, %L, %s)', 'roles', 'u', 'k', :t));
+SELECT err(format('SELECT idem_heartbeat(%L, %L, %L, %s, lease => %L)', 'roles', 'u', 'k', :t, '1 hour'));
+SELECT err(format('SELECT idem_release(%L, %L, %L, %s)', 'roles', 'u', 'k', :t));
+SELECT err(format('SELECT * FROM idem_complete_many(%L, %L, ARRAY[%L], ARRAY[%s]::bigint[], ARRAY[%L]::jsonb[])',
+                  'roles', 'u', 'k', :t, '{"forged": true}'));
+-- ... and reserving her live key tells Mallory nothing but that it is not hers.
+SELECT err($$SELECT idem_reserve('roles', 'u', 'k', 'h')$$);
+SELECT err($$SELECT idem_reserve('roles', 'u', 'k', 'another hash')$$);
+SELECT err($$SELECT * FROM idem_reserve_many('roles', 'u', ARRAY['k'], ARRAY['h'])$$);
+RESET ROLE;
+-- Nothing changed.
+SELECT status, response, lease_expires_at - created_at AS lease FROM idem_records WHERE operation = 'roles';
+
+-- A heartbeat's lease has the reservation's ceiling: at most idempotency.ttl (22023), even for
+-- the owner; a lease within it extends.
+SET ROLE idem_alice;
+SELECT err(format('SELECT idem_heartbeat(%L, %L, %L, %s, lease => %L)', 'roles', 'u', 'k', :t, '10 years'));
+SELECT idem_heartbeat('roles', 'u', 'k', :t, lease => '1 hour');
+RESET ROLE;
+
+-- A member of Alice's role (her worker) acts for her: it completes, and Alice replays.
+SET ROLE idem_alice_worker;
+SELECT idem_complete('roles', 'u', 'k', :t, '{"id": 1}');
+RESET ROLE;
+SET ROLE idem_alice;
+SELECT * FROM res('roles', 'u', 'k', 'h');
+RESET ROLE;
+-- Mallory cannot read the stored response by replaying the key.
+SET ROLE idem_mallory;
+SELECT err($$SELECT idem_reserve('roles', 'u', 'k', 'h')$$);
+RESET ROLE;
+
+-- idem_lookup refuses another role's record too, to a role granted it.
+GRANT EXECUTE ON FUNCTION idem_lookup(text, text, text) TO idem_mallory;
+SET ROLE idem_mallory;
+SELECT err($$SELECT idem_lookup('roles', 'u', 'k')$$);
+SELECT count(*) FROM idem_lookup('roles', 'u', 'absent');
+RESET ROLE;
+REVOKE EXECUTE ON FUNCTION idem_lookup(text, text, text) FROM idem_mallory;
+
+-- Within one transaction too: a reservation not written yet (the native write-once flow) is
+-- refused to another role the session switched to.
+BEGIN;
+SET LOCAL ROLE idem_alice;
+SELECT token AS t2 FROM idem_reserve('roles', 'u', 'in-tx', 'h') \gset
+SET LOCAL ROLE idem_mallory;
+SELECT err(format('SELECT idem_complete(%L, %L, %L, %s, %L)', 'roles', 'u', 'in-tx', :t2, '{"forged": true}'));
+SET LOCAL ROLE idem_alice;
+SELECT idem_complete('roles', 'u', 'in-tx', :t2, '{"id": 2}');
+COMMIT;
+SELECT owner, status, response FROM idem_records WHERE operation = 'roles' AND key = 'in-tx';
+
+-- An expired record counts as absent: another role takes the key over, and it is hers then.
+SET ROLE idem_alice;
+SELECT idem_complete('roles', 'u', 'old', token, '{"id": 3}') FROM idem_reserve('roles', 'u', 'old', 'h', ttl => '10 ms');
+RESET ROLE;
+SELECT pg_sleep(0.05);
+SET ROLE idem_mallory;
+SELECT * FROM res('roles', 'u', 'old', 'h');
+RESET ROLE;
+SELECT owner, status FROM idem_records WHERE operation = 'roles' AND key = 'old';
+
+-- A record without an owner (written before 0.6.0) is any role's, as before, until it expires.
+SET ROLE idem_alice;
+SELECT token AS t3 FROM idem_reserve('roles', 'u', 'legacy', 'h') \gset
+RESET ROLE;
+UPDATE idem_records SET owner = NULL WHERE operation = 'roles' AND key = 'legacy';
+SET ROLE idem_mallory;
+SELECT idem_heartbeat('roles', 'u', 'legacy', :t3, lease => '1 minute');
+SELECT idem_complete('roles', 'u', 'legacy', :t3, '{"id": 4}');
+SELECT * FROM res('roles', 'u', 'legacy', 'h');
+RESET ROLE;
+
+-- A superuser is a member of every role.
+SELECT * FROM res('roles', 'u', 'k', 'h');
+
+DELETE FROM idem_records WHERE operation = 'roles';
+DROP ROLE idem_alice_worker;
+DROP ROLE idem_mallory;
+DROP ROLE idem_alice;
