@@ -180,7 +180,7 @@ impl Harness {
         let outcome = checks.outcome();
         if outcome.passed + outcome.failed > 0 {
             match name {
-                "e2e" | "e2e_portable" | "e2e_sqlx" | "failover" => {
+                "e2e" | "e2e_portable" | "e2e_sqlx" => {
                     self.drivers.insert(if name == "e2e_sqlx" { "sqlx" } else { "tokio-postgres" });
                     self.installs.insert(if name == "e2e_portable" { "portable" } else { "extension" });
                 }

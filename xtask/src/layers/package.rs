@@ -18,7 +18,7 @@ pub(crate) fn run(ctx: &Ctx, layer: &mut Record<'_>) {
         let log = checks.log_path().to_owned();
         let ok = crate::sh::to_log(Command::new("bash").arg("scripts/package.sh").arg(ctx.major.to_string()), &log);
         let text = std::fs::read_to_string(&log).unwrap_or_default();
-        checks.check(&format!("bash scripts/package.sh {}", ctx.major), if ok { Ok(()) } else { Err(crate::sh::tail(&text, 30)) });
+        checks.check(&format!("the release command builds the packages (bash scripts/package.sh {})", ctx.major), if ok { Ok(()) } else { Err(crate::sh::tail(&text, 30)) });
     });
     if built.failed > 0 {
         return;
