@@ -1,342 +1,344 @@
 //! The release checklist (what a release must show before it ships), end to end through the client, against the
 //! private cluster. Each assertion would fail on a check-then-run implementation.
 
-use idempotency_client::ops::{self, RecoverAction, ReserveOptions, ReserveOutcome, Status};
-use idempotency_client::{
-    Error, Fingerprint, Key, Outcome, Settings, StoredResponse,
-};
-use idempotency_testkit::server::eventually;
-use idempotency_testkit::{admin, admin_at, charges_for, connect_with, duplicates_of_a_held_key, fresh_database, handle, unique_key, until_passed, Charge, Failure, Passed};
-use serde_json::json;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
-use std::time::Duration;
+idempotency_testkit::for_each_driver! {
+    use idempotency_client::ops::{self, RecoverAction, ReserveOptions, ReserveOutcome, Status};
+    use idempotency_client::{
+        Error, Fingerprint, Key, Outcome, Settings, StoredResponse,
+    };
+    use idempotency_testkit::server::eventually;
+    use idempotency_testkit::{admin_at, charges_for, fresh_database, unique_key, until_passed, Failure, Passed};
+    use serde_json::json;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use std::time::Duration;
 
-fn fp(v: serde_json::Value) -> Fingerprint {
-    Fingerprint::of_json(&v).expect("fingerprint")
-}
+    fn fp(v: serde_json::Value) -> Fingerprint {
+        Fingerprint::of_json(&v).expect("fingerprint")
+    }
 
-#[tokio::test]
-async fn duplicate_replays_and_runs_once() {
-    let idem = handle(Settings::default()).await;
-    let key = unique_key("checklist.duplicate");
-    let runs = Arc::new(AtomicUsize::new(0));
-    let first = idem.run(&key, &fp(json!({"amount": 100})), Charge::of(&key).handler::<Failure>(&runs)).await.unwrap();
-    let second = idem.run(&key, &fp(json!({"amount": 100})), Charge::of(&key).handler::<Failure>(&runs)).await.unwrap();
-    assert!(matches!(first, Outcome::Executed(_)));
-    assert!(second.is_replayed());
-    assert_eq!(first.value(), second.value(), "the replay is the stored response");
-    assert_eq!(runs.load(Ordering::SeqCst), 1);
-    assert_eq!(charges_for(&admin().await, &key).await, 1);
-}
+    #[tokio::test]
+    async fn duplicate_replays_and_runs_once() {
+        let idem = handle(Settings::default()).await;
+        let key = unique_key("checklist.duplicate");
+        let runs = Arc::new(AtomicUsize::new(0));
+        let first = idem.run(&key, &fp(json!({"amount": 100})), Charge::of(&key).handler::<Failure>(&runs)).await.unwrap();
+        let second = idem.run(&key, &fp(json!({"amount": 100})), Charge::of(&key).handler::<Failure>(&runs)).await.unwrap();
+        assert!(matches!(first, Outcome::Executed(_)));
+        assert!(second.is_replayed());
+        assert_eq!(first.value(), second.value(), "the replay is the stored response");
+        assert_eq!(runs.load(Ordering::SeqCst), 1);
+        assert_eq!(charges_for(&admin().await, &key).await, 1);
+    }
 
-#[tokio::test]
-async fn same_key_with_a_different_payload_is_a_mismatch() {
-    let idem = handle(Settings::default()).await;
-    let key = unique_key("checklist.mismatch");
-    let runs = Arc::new(AtomicUsize::new(0));
-    idem.run(&key, &fp(json!({"amount": 100})), Charge::of(&key).handler::<Failure>(&runs)).await.unwrap();
-    let err = idem.run(&key, &fp(json!({"amount": 200})), Charge::of(&key).handler::<Failure>(&runs)).await.unwrap_err();
-    assert!(matches!(err, Error::Mismatch), "{err:?}");
-    assert_eq!(idempotency_client::layer::http_status(&err), 422);
-    assert_eq!(runs.load(Ordering::SeqCst), 1);
-}
+    #[tokio::test]
+    async fn same_key_with_a_different_payload_is_a_mismatch() {
+        let idem = handle(Settings::default()).await;
+        let key = unique_key("checklist.mismatch");
+        let runs = Arc::new(AtomicUsize::new(0));
+        idem.run(&key, &fp(json!({"amount": 100})), Charge::of(&key).handler::<Failure>(&runs)).await.unwrap();
+        let err = idem.run(&key, &fp(json!({"amount": 200})), Charge::of(&key).handler::<Failure>(&runs)).await.unwrap_err();
+        assert!(matches!(err, Error::Mismatch), "{err:?}");
+        assert_eq!(idempotency_client::layer::http_status(&err), 422);
+        assert_eq!(runs.load(Ordering::SeqCst), 1);
+    }
 
-/// Waits (at most 60 s) until `n` sessions are blocked, directly or behind one another, by the
-/// backend `pid`: duplicates waiting for its uncommitted reservation, seen by the server
-/// (pg_blocking_pids), not guessed from elapsed time.
-async fn blocked_behind(pid: i64, n: i64) {
-    let admin = admin().await;
-    let sql = "WITH RECURSIVE blocked (pid) AS (
-                   SELECT a.pid FROM pg_catalog.pg_stat_activity a WHERE $1::int8::int4 = ANY (pg_catalog.pg_blocking_pids(a.pid))
-                   UNION
-                   SELECT a.pid FROM pg_catalog.pg_stat_activity a, blocked b WHERE b.pid = ANY (pg_catalog.pg_blocking_pids(a.pid)))
-               SELECT count(*) FROM blocked";
-    eventually(&format!("{n} duplicates blocked behind backend {pid}"), Duration::from_secs(60), || async {
-        let seen: i64 = admin.query_one(sql, &[&pid]).await.map_err(|e| e.to_string())?.get(0);
-        if seen >= n { Ok(()) } else { Err(format!("{seen} blocked")) }
-    })
-    .await
-}
+    /// Waits (at most 60 s) until `n` sessions are blocked, directly or behind one another, by the
+    /// backend `pid`: duplicates waiting for its uncommitted reservation, seen by the server
+    /// (pg_blocking_pids), not guessed from elapsed time.
+    async fn blocked_behind(pid: i64, n: i64) {
+        let admin = admin().await;
+        let sql = "WITH RECURSIVE blocked (pid) AS (
+                       SELECT a.pid FROM pg_catalog.pg_stat_activity a WHERE $1::int8::int4 = ANY (pg_catalog.pg_blocking_pids(a.pid))
+                       UNION
+                       SELECT a.pid FROM pg_catalog.pg_stat_activity a, blocked b WHERE b.pid = ANY (pg_catalog.pg_blocking_pids(a.pid)))
+                   SELECT count(*) FROM blocked";
+        eventually(&format!("{n} duplicates blocked behind backend {pid}"), Duration::from_secs(60), || async {
+            let seen: i64 = admin.query_one(sql, &[&pid]).await.map_err(|e| e.to_string())?.get(0);
+            if seen >= n { Ok(()) } else { Err(format!("{seen} blocked")) }
+        })
+        .await
+    }
 
-/// 64 concurrent runs of one key with `wait`: the one that gets the key holds it until the 63
-/// others are blocked behind it.
-async fn waiting_duplicates() -> (Vec<Result<Outcome<StoredResponse>, Error<Failure>>>, usize, i64) {
-    let idem = handle(Settings::builder().wait(true)).await;
-    let key = unique_key("checklist.concurrent.wait");
-    let runs = Arc::new(AtomicUsize::new(0));
-    let start = Arc::new(tokio::sync::Barrier::new(64));
-    let mut tasks = Vec::new();
-    for _ in 0..64 {
-        let (idem, key, runs, start) = (idem.clone(), key.clone(), runs.clone(), start.clone());
-        tasks.push(tokio::spawn(async move {
-            start.wait().await;
-            let tag = key.to_string();
-            idem.run(&key, &fp(json!({"amount": 100})), move |tx| {
-                let (runs, tag) = (runs.clone(), tag.clone());
-                Box::pin(async move {
-                    runs.fetch_add(1, Ordering::SeqCst);
-                    let insert = "INSERT INTO charges (user_id, amount, k) VALUES ('u', 100, $1)";
-                    idempotency_testkit::exec(tx, insert, &[&tag]).await?;
-                    let pid = idempotency_testkit::query_i64(tx, "SELECT pg_backend_pid()::int8", &[]).await?;
-                    // Hold the reservation open until every duplicate is blocked behind it, so
-                    // they really overlap.
-                    blocked_behind(pid, 63).await;
-                    Ok::<_, Failure>(StoredResponse::json(201, json!({"id": pid})))
+    /// 64 concurrent runs of one key with `wait`: the one that gets the key holds it until the 63
+    /// others are blocked behind it.
+    async fn waiting_duplicates() -> (Vec<Result<Outcome<StoredResponse>, Error<Failure>>>, usize, i64) {
+        let idem = handle(Settings::builder().wait(true)).await;
+        let key = unique_key("checklist.concurrent.wait");
+        let runs = Arc::new(AtomicUsize::new(0));
+        let start = Arc::new(tokio::sync::Barrier::new(64));
+        let mut tasks = Vec::new();
+        for _ in 0..64 {
+            let (idem, key, runs, start) = (idem.clone(), key.clone(), runs.clone(), start.clone());
+            tasks.push(tokio::spawn(async move {
+                start.wait().await;
+                let tag = key.to_string();
+                idem.run(&key, &fp(json!({"amount": 100})), move |tx| {
+                    let (runs, tag) = (runs.clone(), tag.clone());
+                    Box::pin(async move {
+                        runs.fetch_add(1, Ordering::SeqCst);
+                        let insert = "INSERT INTO charges (user_id, amount, k) VALUES ('u', 100, $1)";
+                        exec(tx, insert, &[&tag]).await?;
+                        let pid = query_i64(tx, "SELECT pg_backend_pid()::int8", &[]).await?;
+                        // Hold the reservation open until every duplicate is blocked behind it, so
+                        // they really overlap.
+                        blocked_behind(pid, 63).await;
+                        Ok::<_, Failure>(StoredResponse::json(201, json!({"id": pid})))
+                    })
                 })
-            })
-            .await
-        }));
+                .await
+            }));
+        }
+        let mut results = Vec::new();
+        for t in tasks {
+            results.push(t.await.expect("task"));
+        }
+        let charges = charges_for(&admin().await, &key).await;
+        (results, runs.load(Ordering::SeqCst), charges)
     }
-    let mut results = Vec::new();
-    for t in tasks {
-        results.push(t.await.expect("task"));
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn concurrent_duplicates_run_once_and_the_others_are_in_progress() {
+        // The attempt that gets the key holds it (its row written, its transaction open) until every
+        // duplicate has answered: none can be a replay, each must be in progress, at once.
+        let idem = handle(Settings::default()).await;
+        let key = unique_key("checklist.concurrent.nowait");
+        let race = duplicates_of_a_held_key(&idem, &key, &fp(json!({"amount": 100}))).await;
+        assert!(race.duplicates.iter().all(|r| matches!(r, Err(Error::InProgress { .. }))), "every duplicate is in progress: {:?}", race.duplicates);
+        assert!(matches!(race.holder, Ok(Outcome::Executed(_))), "{:?}", race.holder);
+        assert_eq!(race.runs, 1, "the closure ran exactly once");
+        assert_eq!(charges_for(&admin().await, &key).await, 1, "exactly one business row");
     }
-    let charges = charges_for(&admin().await, &key).await;
-    (results, runs.load(Ordering::SeqCst), charges)
-}
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn concurrent_duplicates_run_once_and_the_others_are_in_progress() {
-    // The attempt that gets the key holds it (its row written, its transaction open) until every
-    // duplicate has answered: none can be a replay, each must be in progress, at once.
-    let idem = handle(Settings::default()).await;
-    let key = unique_key("checklist.concurrent.nowait");
-    let race = duplicates_of_a_held_key(&idem, &key, &fp(json!({"amount": 100}))).await;
-    assert!(race.duplicates.iter().all(|r| matches!(r, Err(Error::InProgress { .. }))), "every duplicate is in progress: {:?}", race.duplicates);
-    assert!(matches!(race.holder, Ok(Outcome::Executed(_))), "{:?}", race.holder);
-    assert_eq!(race.runs, 1, "the closure ran exactly once");
-    assert_eq!(charges_for(&admin().await, &key).await, 1, "exactly one business row");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn concurrent_duplicates_run_once_and_waiting_duplicates_replay() {
-    let (results, runs, charges) = waiting_duplicates().await;
-    assert_eq!((runs, charges), (1, 1));
-    let executed: Vec<_> = results.iter().filter_map(|r| match r {
-        Ok(Outcome::Executed(v)) => Some(v.clone()),
-        _ => None,
-    }).collect();
-    assert_eq!(executed.len(), 1);
-    for r in &results {
-        match r {
-            Ok(Outcome::Executed(_)) => {}
-            Ok(Outcome::Replayed(v)) => assert_eq!(v, &executed[0]),
-            other => panic!("a waiting duplicate must replay, got {other:?}"),
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn concurrent_duplicates_run_once_and_waiting_duplicates_replay() {
+        let (results, runs, charges) = waiting_duplicates().await;
+        assert_eq!((runs, charges), (1, 1));
+        let executed: Vec<_> = results.iter().filter_map(|r| match r {
+            Ok(Outcome::Executed(v)) => Some(v.clone()),
+            _ => None,
+        }).collect();
+        assert_eq!(executed.len(), 1);
+        for r in &results {
+            match r {
+                Ok(Outcome::Executed(_)) => {}
+                Ok(Outcome::Replayed(v)) => assert_eq!(v, &executed[0]),
+                other => panic!("a waiting duplicate must replay, got {other:?}"),
+            }
         }
     }
-}
 
-#[tokio::test]
-async fn permanent_failure_is_stored_and_replayed_as_failure() {
-    let idem = handle(Settings::default()).await;
-    let admin = admin().await;
-    let schema = idem.schema().await.unwrap();
+    #[tokio::test]
+    async fn permanent_failure_is_stored_and_replayed_as_failure() {
+        let idem = handle(Settings::default()).await;
+        let admin = admin().await;
+        let schema = idem.schema().await.unwrap();
 
-    // A 4xx result is remembered as FAILED (never as a success), with its writes.
-    let key = unique_key("checklist.permanent.response");
-    let runs = Arc::new(AtomicUsize::new(0));
-    let first = idem.run(&key, &fp(json!({"a": 1})), Charge::of(&key).status(402).handler::<Failure>(&runs)).await.unwrap();
-    assert!(matches!(&first, Outcome::Executed(r) if r.status == 402));
-    let record = ops::lookup(&admin, &schema, &key).await.unwrap().expect("record");
-    assert_eq!(record.status, Status::Failed, "an error response is never recorded as success");
-    let err = idem.run(&key, &fp(json!({"a": 1})), Charge::of(&key).handler::<Failure>(&runs)).await.unwrap_err();
-    match &err {
-        Error::Failed { response: Some(r) } => assert_eq!(r["status"], 402),
-        other => panic!("expected the stored failure, got {other:?}"),
+        // A 4xx result is remembered as FAILED (never as a success), with its writes.
+        let key = unique_key("checklist.permanent.response");
+        let runs = Arc::new(AtomicUsize::new(0));
+        let first = idem.run(&key, &fp(json!({"a": 1})), Charge::of(&key).status(402).handler::<Failure>(&runs)).await.unwrap();
+        assert!(matches!(&first, Outcome::Executed(r) if r.status == 402));
+        let record = ops::lookup(&admin, &schema, &key).await.unwrap().expect("record");
+        assert_eq!(record.status, Status::Failed, "an error response is never recorded as success");
+        let err = idem.run(&key, &fp(json!({"a": 1})), Charge::of(&key).handler::<Failure>(&runs)).await.unwrap_err();
+        match &err {
+            Error::Failed { response: Some(r) } => assert_eq!(r["status"], 402),
+            other => panic!("expected the stored failure, got {other:?}"),
+        }
+        assert_eq!(idempotency_client::layer::http_status(&err), 402);
+        assert_eq!(runs.load(Ordering::SeqCst), 1);
+
+        // A permanent handler error: its writes roll back, its response is stored and replayed.
+        let key = unique_key("checklist.permanent.error");
+        let runs = Arc::new(AtomicUsize::new(0));
+        let declined = Failure(Some(json!({"status": 402, "body": {"error": "card declined"}})));
+        let err = idem.run(&key, &fp(json!({"a": 1})), Charge::of(&key).failing(&runs, declined)).await.unwrap_err();
+        assert!(matches!(err, Error::Handler { .. }), "{err:?}");
+        assert_eq!(charges_for(&admin, &key).await, 0, "the failed attempt's writes rolled back");
+        let err = idem.run(&key, &fp(json!({"a": 1})), Charge::of(&key).handler::<Failure>(&runs)).await.unwrap_err();
+        assert!(matches!(&err, Error::Failed { response: Some(r) } if r["body"]["error"] == "card declined"), "{err:?}");
+        assert_eq!(runs.load(Ordering::SeqCst), 1);
     }
-    assert_eq!(idempotency_client::layer::http_status(&err), 402);
-    assert_eq!(runs.load(Ordering::SeqCst), 1);
 
-    // A permanent handler error: its writes roll back, its response is stored and replayed.
-    let key = unique_key("checklist.permanent.error");
-    let runs = Arc::new(AtomicUsize::new(0));
-    let declined = Failure(Some(json!({"status": 402, "body": {"error": "card declined"}})));
-    let err = idem.run(&key, &fp(json!({"a": 1})), Charge::of(&key).failing(&runs, declined)).await.unwrap_err();
-    assert!(matches!(err, Error::Handler { .. }), "{err:?}");
-    assert_eq!(charges_for(&admin, &key).await, 0, "the failed attempt's writes rolled back");
-    let err = idem.run(&key, &fp(json!({"a": 1})), Charge::of(&key).handler::<Failure>(&runs)).await.unwrap_err();
-    assert!(matches!(&err, Error::Failed { response: Some(r) } if r["body"]["error"] == "card declined"), "{err:?}");
-    assert_eq!(runs.load(Ordering::SeqCst), 1);
-}
-
-#[tokio::test]
-async fn transient_failure_releases_and_reexecutes() {
-    let idem = handle(Settings::default()).await;
-    let admin = admin().await;
-    let schema = idem.schema().await.unwrap();
-    let key = unique_key("checklist.transient");
-    let runs = Arc::new(AtomicUsize::new(0));
-    // A 5xx result is released: its writes roll back and the retry runs again.
-    let first = idem.run(&key, &fp(json!({"a": 1})), Charge::of(&key).status(503).handler::<Failure>(&runs)).await.unwrap();
-    assert!(matches!(&first, Outcome::Released(r) if r.status == 503));
-    assert_eq!(charges_for(&admin, &key).await, 0);
-    // So is a transient handler error.
-    let err = idem.run(&key, &fp(json!({"a": 1})), Charge::of(&key).failing(&runs, Failure(None))).await.unwrap_err();
-    assert!(matches!(err, Error::Handler { error: Failure(None), .. }));
-    assert_eq!(charges_for(&admin, &key).await, 0);
-    let third = idem.run(&key, &fp(json!({"a": 1})), Charge::of(&key).handler::<Failure>(&runs)).await.unwrap();
-    assert!(matches!(&third, Outcome::Executed(r) if r.status == 201));
-    assert_eq!(runs.load(Ordering::SeqCst), 3);
-    assert_eq!(charges_for(&admin, &key).await, 1);
-    let reservation = ops::reserve(&admin, &schema, &key, &fp(json!({"a": 1})), &ReserveOptions::default()).await.unwrap();
-    assert_eq!(reservation.attempts, 2, "two transient failures were counted");
-}
-
-#[tokio::test]
-async fn max_retries_transient_failures_poison_the_key() {
-    let idem = handle(Settings::builder().max_retries(3)).await;
-    let key = unique_key("checklist.poison");
-    let runs = Arc::new(AtomicUsize::new(0));
-    for n in 1..=3 {
+    #[tokio::test]
+    async fn transient_failure_releases_and_reexecutes() {
+        let idem = handle(Settings::default()).await;
+        let admin = admin().await;
+        let schema = idem.schema().await.unwrap();
+        let key = unique_key("checklist.transient");
+        let runs = Arc::new(AtomicUsize::new(0));
+        // A 5xx result is released: its writes roll back and the retry runs again.
+        let first = idem.run(&key, &fp(json!({"a": 1})), Charge::of(&key).status(503).handler::<Failure>(&runs)).await.unwrap();
+        assert!(matches!(&first, Outcome::Released(r) if r.status == 503));
+        assert_eq!(charges_for(&admin, &key).await, 0);
+        // So is a transient handler error.
         let err = idem.run(&key, &fp(json!({"a": 1})), Charge::of(&key).failing(&runs, Failure(None))).await.unwrap_err();
-        if n < 3 {
-            assert!(matches!(err, Error::Handler { .. }), "failure {n} released the key: {err:?}");
-        } else {
-            assert!(matches!(err, Error::Poisoned { .. }), "failure {n} poisoned the key: {err:?}");
+        assert!(matches!(err, Error::Handler { error: Failure(None), .. }));
+        assert_eq!(charges_for(&admin, &key).await, 0);
+        let third = idem.run(&key, &fp(json!({"a": 1})), Charge::of(&key).handler::<Failure>(&runs)).await.unwrap();
+        assert!(matches!(&third, Outcome::Executed(r) if r.status == 201));
+        assert_eq!(runs.load(Ordering::SeqCst), 3);
+        assert_eq!(charges_for(&admin, &key).await, 1);
+        let reservation = ops::reserve(&admin, &schema, &key, &fp(json!({"a": 1})), &ReserveOptions::default()).await.unwrap();
+        assert_eq!(reservation.attempts, 2, "two transient failures were counted");
+    }
+
+    #[tokio::test]
+    async fn max_retries_transient_failures_poison_the_key() {
+        let idem = handle(Settings::builder().max_retries(3)).await;
+        let key = unique_key("checklist.poison");
+        let runs = Arc::new(AtomicUsize::new(0));
+        for n in 1..=3 {
+            let err = idem.run(&key, &fp(json!({"a": 1})), Charge::of(&key).failing(&runs, Failure(None))).await.unwrap_err();
+            if n < 3 {
+                assert!(matches!(err, Error::Handler { .. }), "failure {n} released the key: {err:?}");
+            } else {
+                assert!(matches!(err, Error::Poisoned { .. }), "failure {n} poisoned the key: {err:?}");
+            }
         }
-    }
-    let err = idem.run(&key, &fp(json!({"a": 1})), Charge::of(&key).handler::<Failure>(&runs)).await.unwrap_err();
-    assert!(matches!(err, Error::Failed { response: None }), "{err:?}");
-    assert_eq!(idempotency_client::layer::http_status(&err), 409);
-    assert_eq!(runs.load(Ordering::SeqCst), 3, "the poisoned key never runs again");
-}
-
-#[tokio::test]
-async fn store_down_is_store_unavailable_within_a_bounded_time() {
-    // Nothing listens on port 1.
-    let idem = connect_with("postgresql://postgres@127.0.0.1:1/postgres?connect_timeout=2", 4, Settings::default());
-    let key = unique_key("checklist.down");
-    let runs = Arc::new(AtomicUsize::new(0));
-    let fingerprint = fp(json!({}));
-    // Nothing will ever answer, so only the client's own bounds (the refused connection, its
-    // connect_timeout, the pool's wait) can end the call. The deadline is a hang guard far above
-    // those bounds (a client that waited forever would meet it), not a measured speed.
-    let answer = tokio::time::timeout(Duration::from_secs(60), idem.run(&key, &fingerprint, Charge::of(&key).handler::<Failure>(&runs))).await;
-    let err = answer.expect("an unreachable store answers at the end of the client's own bounds, never hangs").unwrap_err();
-    assert!(matches!(err, Error::StoreUnavailable(_)), "{err:?}");
-    assert_eq!(idempotency_client::layer::http_status(&err), 503);
-    assert_eq!(runs.load(Ordering::SeqCst), 0);
-    assert!(matches!(idem.check_extension().await, Err(Error::StoreUnavailable(_))));
-}
-
-#[tokio::test]
-async fn keys_are_isolated_per_user_and_per_operation() {
-    let idem = handle(Settings::default()).await;
-    let runs = Arc::new(AtomicUsize::new(0));
-    let base = unique_key("checklist.scope");
-    let other_user = Key::new(base.operation(), format!("{}-other", base.user_id()), base.key()).unwrap();
-    let other_op = Key::new("checklist.scope.other", base.user_id(), base.key()).unwrap();
-    for key in [&base, &other_user, &other_op] {
-        let out = idem.run(key, &fp(json!({"a": 1})), Charge::of(key).handler::<Failure>(&runs)).await.unwrap();
-        assert!(matches!(out, Outcome::Executed(_)), "{key}: a new key in its own scope");
-    }
-    assert_eq!(runs.load(Ordering::SeqCst), 3);
-}
-
-#[tokio::test]
-async fn recover_stuck_unblocks_a_crashed_workers_key() {
-    // Its own database: recovery acts on every stuck record, so keep other tests' records away.
-    let url = fresh_database("idem_checklist_recover").await;
-    let idem = connect_with(&url, 8, Settings::default());
-    let client = admin_at(&url).await;
-    let schema = idem.schema().await.unwrap();
-    let runs = Arc::new(AtomicUsize::new(0));
-    let short = ReserveOptions { lease: Some(Duration::from_millis(200)), ..ReserveOptions::default() };
-
-    // Two two-phase workers reserve, commit, and die.
-    let first = unique_key("checklist.crash.first");
-    let second = unique_key("checklist.crash.second");
-    for key in [&first, &second] {
-        let r = ops::reserve(&client, &schema, key, &fp(json!({})), &short).await.unwrap();
-        assert!(matches!(r.outcome, ReserveOutcome::Created(_)));
-    }
-    let err = idem.run(&first, &fp(json!({})), Charge::of(&first).handler::<Failure>(&runs)).await.unwrap_err();
-    assert!(matches!(err, Error::InProgress { .. }), "the key is wedged until recovery: {err:?}");
-    for key in [&first, &second] {
-        until_passed(&client, &schema, key, Passed::Lease).await;
+        let err = idem.run(&key, &fp(json!({"a": 1})), Charge::of(&key).handler::<Failure>(&runs)).await.unwrap_err();
+        assert!(matches!(err, Error::Failed { response: None }), "{err:?}");
+        assert_eq!(idempotency_client::layer::http_status(&err), 409);
+        assert_eq!(runs.load(Ordering::SeqCst), 3, "the poisoned key never runs again");
     }
 
-    // Oldest lease first: `fail` takes the first worker's key, `release` the second's.
-    assert_eq!(ops::recover_stuck(&client, &schema, 1, RecoverAction::Fail, None).await.unwrap(), 1);
-    assert_eq!(ops::recover_stuck(&client, &schema, 10, RecoverAction::Release, None).await.unwrap(), 1);
-    assert_eq!(ops::recover_stuck(&client, &schema, 10, RecoverAction::Release, None).await.unwrap(), 0);
+    #[tokio::test]
+    async fn store_down_is_store_unavailable_within_a_bounded_time() {
+        // Nothing listens on port 1.
+        let idem = connect_with("postgresql://postgres@127.0.0.1:1/postgres?connect_timeout=2", 4, Settings::default());
+        let key = unique_key("checklist.down");
+        let runs = Arc::new(AtomicUsize::new(0));
+        let fingerprint = fp(json!({}));
+        // Nothing will ever answer, so only the client's own bounds (the refused connection, its
+        // connect_timeout, the pool's wait) can end the call. The deadline is a hang guard far above
+        // those bounds (a client that waited forever would meet it), not a measured speed.
+        let answer = tokio::time::timeout(Duration::from_secs(60), idem.run(&key, &fingerprint, Charge::of(&key).handler::<Failure>(&runs))).await;
+        let err = answer.expect("an unreachable store answers at the end of the client's own bounds, never hangs").unwrap_err();
+        assert!(matches!(err, Error::StoreUnavailable(_)), "{err:?}");
+        assert_eq!(idempotency_client::layer::http_status(&err), 503);
+        assert_eq!(runs.load(Ordering::SeqCst), 0);
+        assert!(matches!(idem.check_extension().await, Err(Error::StoreUnavailable(_))));
+    }
 
-    let err = idem.run(&first, &fp(json!({})), Charge::of(&first).handler::<Failure>(&runs)).await.unwrap_err();
-    assert!(matches!(err, Error::Failed { response: None }), "fail: at most once, never rerun: {err:?}");
-    let out = idem.run(&second, &fp(json!({})), Charge::of(&second).handler::<Failure>(&runs)).await.unwrap();
-    assert!(matches!(out, Outcome::Executed(_)), "release: the retry runs");
-    assert_eq!(runs.load(Ordering::SeqCst), 1);
-}
+    #[tokio::test]
+    async fn keys_are_isolated_per_user_and_per_operation() {
+        let idem = handle(Settings::default()).await;
+        let runs = Arc::new(AtomicUsize::new(0));
+        let base = unique_key("checklist.scope");
+        let other_user = Key::new(base.operation(), format!("{}-other", base.user_id()), base.key()).unwrap();
+        let other_op = Key::new("checklist.scope.other", base.user_id(), base.key()).unwrap();
+        for key in [&base, &other_user, &other_op] {
+            let out = idem.run(key, &fp(json!({"a": 1})), Charge::of(key).handler::<Failure>(&runs)).await.unwrap();
+            assert!(matches!(out, Outcome::Executed(_)), "{key}: a new key in its own scope");
+        }
+        assert_eq!(runs.load(Ordering::SeqCst), 3);
+    }
 
-#[tokio::test]
-async fn sweep_frees_an_expired_key() {
-    let url = fresh_database("idem_checklist_sweep").await;
-    let ttl = Duration::from_millis(200);
-    let idem = connect_with(&url, 8, Settings::builder().ttl(ttl));
-    let schema = idem.schema().await.unwrap();
-    let runs = Arc::new(AtomicUsize::new(0));
-    let key = unique_key("checklist.sweep");
-    idem.run(&key, &fp(json!({})), Charge::of(&key).handler::<Failure>(&runs)).await.unwrap();
-    assert!(idem.run(&key, &fp(json!({})), Charge::of(&key).handler::<Failure>(&runs)).await.unwrap().is_replayed());
-    let client = admin_at(&url).await;
-    until_passed(&client, &schema, &key, Passed::Expiry).await;
-    assert_eq!(ops::sweep(&client, &schema, 100).await.unwrap(), 1);
-    assert!(ops::lookup(&client, &schema, &key).await.unwrap().is_none());
-    let out = idem.run(&key, &fp(json!({"new": true})), Charge::of(&key).handler::<Failure>(&runs)).await.unwrap();
-    assert!(matches!(out, Outcome::Executed(_)), "the expired key is free, even for another payload");
-    assert_eq!(runs.load(Ordering::SeqCst), 2);
-}
+    #[tokio::test]
+    async fn recover_stuck_unblocks_a_crashed_workers_key() {
+        // Its own database: recovery acts on every stuck record, so keep other tests' records away.
+        let url = fresh_database(&db("idem_checklist_recover")).await;
+        let idem = connect_with(&url, 8, Settings::default());
+        let client = admin_at(&url).await;
+        let schema = idem.schema().await.unwrap();
+        let runs = Arc::new(AtomicUsize::new(0));
+        let short = ReserveOptions { lease: Some(Duration::from_millis(200)), ..ReserveOptions::default() };
 
-#[tokio::test]
-async fn stale_token_can_never_complete() {
-    let url = fresh_database("idem_checklist_stale").await;
-    let idem = connect_with(&url, 8, Settings::default());
-    let client = admin_at(&url).await;
-    let schema = idem.schema().await.unwrap();
-    let key = unique_key("checklist.stale");
-    let short = ReserveOptions { lease: Some(Duration::from_millis(100)), ..ReserveOptions::default() };
-    let ReserveOutcome::Created(old) = ops::reserve(&client, &schema, &key, &Fingerprint::of_bytes(b"h"), &short).await.unwrap().outcome else {
-        panic!("created")
-    };
-    until_passed(&client, &schema, &key, Passed::Lease).await;
-    assert_eq!(ops::recover_stuck(&client, &schema, 10, RecoverAction::Release, None).await.unwrap(), 1);
-    let ReserveOutcome::Created(new) = ops::reserve(&client, &schema, &key, &Fingerprint::of_bytes(b"h"), &ReserveOptions::default()).await.unwrap().outcome
-    else {
-        panic!("created")
-    };
-    assert!(new > old);
-    assert!(!ops::complete(&client, &schema, &key, old, Some(&json!({"by": "old"})), Status::Success).await.unwrap());
-    assert!(!ops::heartbeat(&client, &schema, &key, old, None).await.unwrap());
-    assert_eq!(ops::release(&client, &schema, &key, old, None).await.unwrap(), ops::ReleaseOutcome::Stale);
-    assert!(ops::complete(&client, &schema, &key, new, Some(&json!({"by": "new"})), Status::Success).await.unwrap());
-    assert_eq!(ops::lookup(&client, &schema, &key).await.unwrap().unwrap().response, Some(json!({"by": "new"})));
-}
+        // Two two-phase workers reserve, commit, and die.
+        let first = unique_key("checklist.crash.first");
+        let second = unique_key("checklist.crash.second");
+        for key in [&first, &second] {
+            let r = ops::reserve(&client, &schema, key, &fp(json!({})), &short).await.unwrap();
+            assert!(matches!(r.outcome, ReserveOutcome::Created(_)));
+        }
+        let err = idem.run(&first, &fp(json!({})), Charge::of(&first).handler::<Failure>(&runs)).await.unwrap_err();
+        assert!(matches!(err, Error::InProgress { .. }), "the key is wedged until recovery: {err:?}");
+        for key in [&first, &second] {
+            until_passed(&client, &schema, key, Passed::Lease).await;
+        }
 
-#[tokio::test]
-async fn invalid_keys_are_refused_by_key_new_with_http_400() {
-    let err = Key::new("op", "user", "bad\nkey").unwrap_err();
-    assert_eq!(err.argument(), "key");
-    let err: Error = err.into();
-    assert_eq!(idempotency_client::layer::http_status(&err), 400);
-    assert!(Key::new("op", "", "k").is_err());
-    assert!(Key::new("op", "u", "k".repeat(256)).is_err());
-}
+        // Oldest lease first: `fail` takes the first worker's key, `release` the second's.
+        assert_eq!(ops::recover_stuck(&client, &schema, 1, RecoverAction::Fail, None).await.unwrap(), 1);
+        assert_eq!(ops::recover_stuck(&client, &schema, 10, RecoverAction::Release, None).await.unwrap(), 1);
+        assert_eq!(ops::recover_stuck(&client, &schema, 10, RecoverAction::Release, None).await.unwrap(), 0);
 
-#[tokio::test]
-async fn check_extension_reports_the_version_or_its_absence() {
-    let idem = handle(Settings::default()).await;
-    // The extension, or the portable install (IDEM_INSTALL=portable): the version of this build.
-    assert_eq!(idem.check_extension().await.unwrap(), env!("CARGO_PKG_VERSION"));
-    let admin = admin().await;
-    admin.batch_execute("DROP DATABASE IF EXISTS idem_no_extension WITH (FORCE)").await.unwrap();
-    admin.batch_execute("CREATE DATABASE idem_no_extension").await.unwrap();
-    let bare = connect_with(&idempotency_testkit::database_url("idem_no_extension"), 2, Settings::default());
-    let err = bare.check_extension().await.unwrap_err();
-    assert!(matches!(err, Error::IncompatibleExtension { .. }), "{err:?}");
-    // And a call without the extension fails as IncompatibleExtension, not as an obscure error.
-    let key = unique_key("checklist.noext");
-    let runs = Arc::new(AtomicUsize::new(0));
-    let err = bare.run(&key, &fp(json!({})), Charge::of(&key).handler::<Failure>(&runs)).await.unwrap_err();
-    assert!(matches!(err, Error::IncompatibleExtension { .. }), "{err:?}");
+        let err = idem.run(&first, &fp(json!({})), Charge::of(&first).handler::<Failure>(&runs)).await.unwrap_err();
+        assert!(matches!(err, Error::Failed { response: None }), "fail: at most once, never rerun: {err:?}");
+        let out = idem.run(&second, &fp(json!({})), Charge::of(&second).handler::<Failure>(&runs)).await.unwrap();
+        assert!(matches!(out, Outcome::Executed(_)), "release: the retry runs");
+        assert_eq!(runs.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn sweep_frees_an_expired_key() {
+        let url = fresh_database(&db("idem_checklist_sweep")).await;
+        let ttl = Duration::from_millis(200);
+        let idem = connect_with(&url, 8, Settings::builder().ttl(ttl));
+        let schema = idem.schema().await.unwrap();
+        let runs = Arc::new(AtomicUsize::new(0));
+        let key = unique_key("checklist.sweep");
+        idem.run(&key, &fp(json!({})), Charge::of(&key).handler::<Failure>(&runs)).await.unwrap();
+        assert!(idem.run(&key, &fp(json!({})), Charge::of(&key).handler::<Failure>(&runs)).await.unwrap().is_replayed());
+        let client = admin_at(&url).await;
+        until_passed(&client, &schema, &key, Passed::Expiry).await;
+        assert_eq!(ops::sweep(&client, &schema, 100).await.unwrap(), 1);
+        assert!(ops::lookup(&client, &schema, &key).await.unwrap().is_none());
+        let out = idem.run(&key, &fp(json!({"new": true})), Charge::of(&key).handler::<Failure>(&runs)).await.unwrap();
+        assert!(matches!(out, Outcome::Executed(_)), "the expired key is free, even for another payload");
+        assert_eq!(runs.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn stale_token_can_never_complete() {
+        let url = fresh_database(&db("idem_checklist_stale")).await;
+        let idem = connect_with(&url, 8, Settings::default());
+        let client = admin_at(&url).await;
+        let schema = idem.schema().await.unwrap();
+        let key = unique_key("checklist.stale");
+        let short = ReserveOptions { lease: Some(Duration::from_millis(100)), ..ReserveOptions::default() };
+        let ReserveOutcome::Created(old) = ops::reserve(&client, &schema, &key, &Fingerprint::of_bytes(b"h"), &short).await.unwrap().outcome else {
+            panic!("created")
+        };
+        until_passed(&client, &schema, &key, Passed::Lease).await;
+        assert_eq!(ops::recover_stuck(&client, &schema, 10, RecoverAction::Release, None).await.unwrap(), 1);
+        let ReserveOutcome::Created(new) = ops::reserve(&client, &schema, &key, &Fingerprint::of_bytes(b"h"), &ReserveOptions::default()).await.unwrap().outcome
+        else {
+            panic!("created")
+        };
+        assert!(new > old);
+        assert!(!ops::complete(&client, &schema, &key, old, Some(&json!({"by": "old"})), Status::Success).await.unwrap());
+        assert!(!ops::heartbeat(&client, &schema, &key, old, None).await.unwrap());
+        assert_eq!(ops::release(&client, &schema, &key, old, None).await.unwrap(), ops::ReleaseOutcome::Stale);
+        assert!(ops::complete(&client, &schema, &key, new, Some(&json!({"by": "new"})), Status::Success).await.unwrap());
+        assert_eq!(ops::lookup(&client, &schema, &key).await.unwrap().unwrap().response, Some(json!({"by": "new"})));
+    }
+
+    #[tokio::test]
+    async fn invalid_keys_are_refused_by_key_new_with_http_400() {
+        let err = Key::new("op", "user", "bad\nkey").unwrap_err();
+        assert_eq!(err.argument(), "key");
+        let err: Error = err.into();
+        assert_eq!(idempotency_client::layer::http_status(&err), 400);
+        assert!(Key::new("op", "", "k").is_err());
+        assert!(Key::new("op", "u", "k".repeat(256)).is_err());
+    }
+
+    #[tokio::test]
+    async fn check_extension_reports_the_version_or_its_absence() {
+        let idem = handle(Settings::default()).await;
+        // The extension, or the portable install (IDEM_INSTALL=portable): the version of this build.
+        assert_eq!(idem.check_extension().await.unwrap(), env!("CARGO_PKG_VERSION"));
+        let admin = admin().await;
+        admin.batch_execute("DROP DATABASE IF EXISTS idem_no_extension WITH (FORCE)").await.unwrap();
+        admin.batch_execute("CREATE DATABASE idem_no_extension").await.unwrap();
+        let bare = connect_with(&idempotency_testkit::database_url(&db("idem_no_extension")), 2, Settings::default());
+        let err = bare.check_extension().await.unwrap_err();
+        assert!(matches!(err, Error::IncompatibleExtension { .. }), "{err:?}");
+        // And a call without the extension fails as IncompatibleExtension, not as an obscure error.
+        let key = unique_key("checklist.noext");
+        let runs = Arc::new(AtomicUsize::new(0));
+        let err = bare.run(&key, &fp(json!({})), Charge::of(&key).handler::<Failure>(&runs)).await.unwrap_err();
+        assert!(matches!(err, Error::IncompatibleExtension { .. }), "{err:?}");
+    }
 }

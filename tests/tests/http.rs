@@ -2,119 +2,136 @@
 //! twin `charges_sqlx`: examples/rust/src) served on loopback and exercised over real HTTP: the
 //! twins give the same answers.
 
-#[cfg(not(feature = "sqlx"))]
-use idempotency_examples::charges as app;
-#[cfg(feature = "sqlx")]
-use idempotency_examples::charges_sqlx as app;
-
-use idempotency_client::Settings;
-use idempotency_testkit::{admin, connect_with, handle, Idem};
-use reqwest::StatusCode;
-use serde_json::{json, Value};
-
-async fn serve(idem: Idem) -> String {
-    admin().await.batch_execute(app::SCHEMA).await.unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app::router(idem)).await });
-    format!("http://{addr}/charges")
-}
-
-async fn post(url: &str, key: Option<&str>, user: &str, body: Value) -> (StatusCode, reqwest::header::HeaderMap, Value) {
-    let mut req = reqwest::Client::new().post(url).header("x-user", user).body(body.to_string());
-    if let Some(key) = key {
-        req = req.header("idempotency-key", key);
+idempotency_testkit::for_each_driver! {
+    /// The example service of each driver.
+    trait App: idempotency_client::Driver {
+        const SCHEMA: &'static str;
+        fn router(idem: idempotency_client::Idempotency<Self>) -> axum::Router;
     }
-    let resp = req.send().await.expect("request");
-    let (status, headers) = (resp.status(), resp.headers().clone());
-    (status, headers, resp.json().await.unwrap_or(Value::Null))
-}
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn the_one_statement_route_executes_once_and_replays() {
-    let url = format!("{}/one", serve(handle(Settings::default()).await).await);
-    let (status, headers, first) = post(&url, Some("one-1"), "http-one", json!({"amount": 7})).await;
-    assert_eq!(status, StatusCode::CREATED, "{first}");
-    assert!(headers.get("idempotent-replayed").is_none());
-    assert_eq!(first["amount"], 7, "the stored response is the inserted row: {first}");
-    let (status, headers, again) = post(&url, Some("one-1"), "http-one", json!({"amount": 7})).await;
-    assert_eq!(status, StatusCode::CREATED);
-    assert_eq!(headers.get("idempotent-replayed").map(|v| v.to_str().unwrap()), Some("true"));
-    assert_eq!(again, first);
-    let (status, _, body) = post(&url, Some("one-1"), "http-one", json!({"amount": 8})).await;
-    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "another request under the key: {body}");
-    assert_eq!(charges_of("http-one").await, 1);
-}
-
-async fn charges_of(user: &str) -> i64 {
-    admin().await.query_one("SELECT count(*) AS n FROM charges WHERE user_id = $1", &[&user]).await.unwrap().get("n")
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn post_charges_maps_every_outcome_to_http() {
-    let url = serve(handle(Settings::default()).await).await;
-
-    let (status, _, body) = post(&url, None, "http-a", json!({"amount": 100})).await;
-    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
-
-    let (status, headers, first) = post(&url, Some("k-1"), "http-a", json!({"amount": 100})).await;
-    assert_eq!(status, StatusCode::CREATED);
-    assert!(headers.get("idempotent-replayed").is_none());
-    assert!(headers.get("location").is_some());
-
-    // The retry (quoted key, same request) replays the stored response.
-    let (status, headers, again) = post(&url, Some("\"k-1\""), "http-a", json!({"amount": 100})).await;
-    assert_eq!(status, StatusCode::CREATED);
-    assert_eq!(headers.get("idempotent-replayed").map(|v| v.to_str().unwrap()), Some("true"));
-    assert_eq!(again, first);
-    assert_eq!(charges_of("http-a").await, 1);
-
-    // Same key, another request: 422.
-    let (status, _, _) = post(&url, Some("k-1"), "http-a", json!({"amount": 999})).await;
-    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
-
-    // A 4xx answer is remembered and replayed as such.
-    let (status, headers, _) = post(&url, Some("k-2"), "http-a", json!({"amount": -5})).await;
-    assert_eq!((status, headers.get("idempotent-replayed").is_none()), (StatusCode::UNPROCESSABLE_ENTITY, true));
-    let (status, headers, body) = post(&url, Some("k-2"), "http-a", json!({"amount": -5})).await;
-    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
-    assert_eq!(headers.get("idempotent-replayed").map(|v| v.to_str().unwrap()), Some("true"));
-    assert_eq!(body["error"], "amount must be positive");
-
-    // A bad key: 400 before any database work.
-    let (status, _, _) = post(&url, Some(&"k".repeat(300)), "http-a", json!({"amount": 1})).await;
-    assert_eq!(status, StatusCode::BAD_REQUEST);
-    assert_eq!(charges_of("http-a").await, 1);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn two_concurrent_requests_with_one_key_charge_once() {
-    let url = serve(handle(Settings::default()).await).await;
-    for round in 0..10 {
-        let key = format!("race-{round}");
-        let (a, b) = tokio::join!(
-            post(&url, Some(&key), "http-race", json!({"amount": 7})),
-            post(&url, Some(&key), "http-race", json!({"amount": 7})),
-        );
-        let mut statuses = [a.0, b.0];
-        statuses.sort();
-        for (status, headers, _) in [&a, &b] {
-            if *status == StatusCode::CONFLICT {
-                assert!(headers.get("retry-after").is_some(), "409 carries Retry-After");
-            }
+    impl App for idempotency_client::Postgres {
+        const SCHEMA: &'static str = idempotency_examples::charges::SCHEMA;
+        fn router(idem: idempotency_client::Idempotency<Self>) -> axum::Router {
+            idempotency_examples::charges::router(idem)
         }
-        let created = [&a, &b].iter().filter(|r| r.0 == StatusCode::CREATED && r.1.get("idempotent-replayed").is_none()).count();
-        assert_eq!(created, 1, "round {round}: exactly one request charged: {statuses:?}");
     }
-    assert_eq!(charges_of("http-race").await, 10, "one charge per key");
-}
 
-#[tokio::test]
-async fn store_down_answers_503() {
-    let idem = connect_with("postgresql://postgres@127.0.0.1:1/postgres?connect_timeout=2", 2, Settings::default());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/charges", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app::router(idem)).await });
-    let (status, _, _) = post(&url, Some("k"), "u", json!({"amount": 1})).await;
-    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    impl App for idempotency_client::Sqlx {
+        const SCHEMA: &'static str = idempotency_examples::charges_sqlx::SCHEMA;
+        fn router(idem: idempotency_client::Idempotency<Self>) -> axum::Router {
+            idempotency_examples::charges_sqlx::router(idem)
+        }
+    }
+
+    use idempotency_client::Settings;
+
+    use reqwest::StatusCode;
+    use serde_json::{json, Value};
+
+    async fn serve(idem: Idem) -> String {
+        admin().await.batch_execute(<TestDriver as App>::SCHEMA).await.unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, <TestDriver as App>::router(idem)).await });
+        format!("http://{addr}/charges")
+    }
+
+    async fn post(url: &str, key: Option<&str>, user: &str, body: Value) -> (StatusCode, reqwest::header::HeaderMap, Value) {
+        let mut req = reqwest::Client::new().post(url).header("x-user", user).body(body.to_string());
+        if let Some(key) = key {
+            req = req.header("idempotency-key", key);
+        }
+        let resp = req.send().await.expect("request");
+        let (status, headers) = (resp.status(), resp.headers().clone());
+        (status, headers, resp.json().await.unwrap_or(Value::Null))
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn the_one_statement_route_executes_once_and_replays() {
+        let url = format!("{}/one", serve(handle(Settings::default()).await).await);
+        let (status, headers, first) = post(&url, Some("one-1"), "http-one", json!({"amount": 7})).await;
+        assert_eq!(status, StatusCode::CREATED, "{first}");
+        assert!(headers.get("idempotent-replayed").is_none());
+        assert_eq!(first["amount"], 7, "the stored response is the inserted row: {first}");
+        let (status, headers, again) = post(&url, Some("one-1"), "http-one", json!({"amount": 7})).await;
+        assert_eq!(status, StatusCode::CREATED);
+        assert_eq!(headers.get("idempotent-replayed").map(|v| v.to_str().unwrap()), Some("true"));
+        assert_eq!(again, first);
+        let (status, _, body) = post(&url, Some("one-1"), "http-one", json!({"amount": 8})).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "another request under the key: {body}");
+        assert_eq!(charges_of("http-one").await, 1);
+    }
+
+    async fn charges_of(user: &str) -> i64 {
+        admin().await.query_one("SELECT count(*) AS n FROM charges WHERE user_id = $1", &[&user]).await.unwrap().get("n")
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn post_charges_maps_every_outcome_to_http() {
+        let url = serve(handle(Settings::default()).await).await;
+
+        let (status, _, body) = post(&url, None, "http-a", json!({"amount": 100})).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+
+        let (status, headers, first) = post(&url, Some("k-1"), "http-a", json!({"amount": 100})).await;
+        assert_eq!(status, StatusCode::CREATED);
+        assert!(headers.get("idempotent-replayed").is_none());
+        assert!(headers.get("location").is_some());
+
+        // The retry (quoted key, same request) replays the stored response.
+        let (status, headers, again) = post(&url, Some("\"k-1\""), "http-a", json!({"amount": 100})).await;
+        assert_eq!(status, StatusCode::CREATED);
+        assert_eq!(headers.get("idempotent-replayed").map(|v| v.to_str().unwrap()), Some("true"));
+        assert_eq!(again, first);
+        assert_eq!(charges_of("http-a").await, 1);
+
+        // Same key, another request: 422.
+        let (status, _, _) = post(&url, Some("k-1"), "http-a", json!({"amount": 999})).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+
+        // A 4xx answer is remembered and replayed as such.
+        let (status, headers, _) = post(&url, Some("k-2"), "http-a", json!({"amount": -5})).await;
+        assert_eq!((status, headers.get("idempotent-replayed").is_none()), (StatusCode::UNPROCESSABLE_ENTITY, true));
+        let (status, headers, body) = post(&url, Some("k-2"), "http-a", json!({"amount": -5})).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+        assert_eq!(headers.get("idempotent-replayed").map(|v| v.to_str().unwrap()), Some("true"));
+        assert_eq!(body["error"], "amount must be positive");
+
+        // A bad key: 400 before any database work.
+        let (status, _, _) = post(&url, Some(&"k".repeat(300)), "http-a", json!({"amount": 1})).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+        assert_eq!(charges_of("http-a").await, 1);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn two_concurrent_requests_with_one_key_charge_once() {
+        let url = serve(handle(Settings::default()).await).await;
+        for round in 0..10 {
+            let key = format!("race-{round}");
+            let (a, b) = tokio::join!(
+                post(&url, Some(&key), "http-race", json!({"amount": 7})),
+                post(&url, Some(&key), "http-race", json!({"amount": 7})),
+            );
+            let mut statuses = [a.0, b.0];
+            statuses.sort();
+            for (status, headers, _) in [&a, &b] {
+                if *status == StatusCode::CONFLICT {
+                    assert!(headers.get("retry-after").is_some(), "409 carries Retry-After");
+                }
+            }
+            let created = [&a, &b].iter().filter(|r| r.0 == StatusCode::CREATED && r.1.get("idempotent-replayed").is_none()).count();
+            assert_eq!(created, 1, "round {round}: exactly one request charged: {statuses:?}");
+        }
+        assert_eq!(charges_of("http-race").await, 10, "one charge per key");
+    }
+
+    #[tokio::test]
+    async fn store_down_answers_503() {
+        let idem = connect_with("postgresql://postgres@127.0.0.1:1/postgres?connect_timeout=2", 2, Settings::default());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/charges", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, <TestDriver as App>::router(idem)).await });
+        let (status, _, _) = post(&url, Some("k"), "u", json!({"amount": 1})).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    }
 }

@@ -245,3 +245,43 @@ async fn an_ordinary_role_cannot_raise_max_response_bytes_past_the_superusers_ce
     assert_eq!(code, "54000", "{message}");
     assert!(message.starts_with("response must be at most 100 bytes (idempotency.max_response_bytes),"), "{message}");
 }
+
+#[tokio::test]
+async fn an_ordinary_role_cannot_raise_ttl_or_lease_past_the_superusers_ceiling() {
+    let url = setup().await;
+    let admin = admin_at(&url).await;
+    let db = url.rsplit('/').next().unwrap_or("idem_roles").to_owned();
+    admin
+        .batch_execute(&format!(
+            "ALTER ROLE idem_rt_worker IN DATABASE {db} SET idempotency.ttl_limit = '1h';
+             ALTER ROLE idem_rt_worker IN DATABASE {db} SET idempotency.lease_limit = '1min';"
+        ))
+        .await
+        .expect("set the ceilings");
+    let worker = connect_as("idem_rt_worker").await;
+    worker.batch_execute("SET idempotency.ttl = '10d'; SET idempotency.lease = '1h'").await.expect("any role may set them");
+    let row = worker
+        .query_one("SELECT outcome FROM idem_reserve('roles.ceiling', 'u', 'k', 'h')", &[])
+        .await
+        .expect("reserve");
+    assert_eq!(row.get::<_, String>(0), "created");
+    let as_text = admin
+        .query_one(
+            "SELECT (expires_at - created_at)::text, (lease_expires_at - created_at)::text FROM idem_records
+              WHERE operation = 'roles.ceiling' AND key = 'k'",
+            &[],
+        )
+        .await
+        .expect("the record as text");
+    let got = (as_text.get::<_, String>(0), as_text.get::<_, String>(1));
+    if portable() {
+        // Documented: no ceiling on the portable install.
+        assert_eq!(got, ("10 days".to_owned(), "01:00:00".to_owned()));
+        return;
+    }
+    assert_eq!(got, ("01:00:00".to_owned(), "00:01:00".to_owned()));
+    let (code, message) = refused(&worker, "SELECT idem_reserve('roles.ceiling', 'u', 'k2', 'h', ttl => '2 hours')").await;
+    assert_eq!((code.as_str(), message.as_str()), ("22023", "ttl must be at most 01:00:00 (idempotency.ttl_limit), got 02:00:00"));
+    let (code, message) = refused(&worker, "SELECT idem_reserve('roles.ceiling', 'u', 'k2', 'h', lease => '2 minutes')").await;
+    assert_eq!((code.as_str(), message.as_str()), ("22023", "lease must be at most 00:01:00 (idempotency.lease_limit), got 00:02:00"));
+}

@@ -36,6 +36,28 @@ RESET ROLE;
 RESET idempotency.max_response_bytes_limit;
 DELETE FROM idem_records WHERE key = 'big';
 
+-- idempotency.ttl_limit and idempotency.lease_limit (PGC_SUSET, default 0: none): a longer
+-- setting counts as the ceiling, a longer argument is 22023 naming the ceiling.
+SHOW idempotency.ttl_limit;
+SHOW idempotency.lease_limit;
+SET idempotency.ttl_limit = '1h';
+SET idempotency.lease_limit = '1min';
+SET ROLE idem_plain;
+SET idempotency.ttl = '10d';
+SET idempotency.lease = '1h';
+SELECT * FROM res('priv', 'u', 'ceiling', 'h');
+SELECT err($$SELECT idem_reserve('priv', 'u', 'ceiling2', 'h', ttl => '2 hours')$$);
+SELECT err($$SELECT idem_reserve('priv', 'u', 'ceiling2', 'h', lease => '2 minutes')$$);
+SET idempotency.ttl_limit = 0;
+RESET idempotency.ttl;
+RESET idempotency.lease;
+RESET ROLE;
+SELECT expires_at - created_at AS ttl, lease_expires_at - created_at AS lease
+  FROM idem_records WHERE key = 'ceiling';
+RESET idempotency.ttl_limit;
+RESET idempotency.lease_limit;
+DELETE FROM idem_records WHERE key = 'ceiling';
+
 SET ROLE idem_plain;
 SELECT * FROM res('priv', 'u', 'k', 'h');
 SELECT idem_complete('priv', 'u', 'k', 1, '{}');
