@@ -54,6 +54,9 @@ pub trait Kit: Driver {
     /// Every connection of `idem`'s pool is idle in it (none being given back).
     fn pool_idle(idem: &Idempotency<Self>) -> bool;
 
+    /// Takes a connection of `idem`'s pool and holds it until the value is dropped.
+    fn hold_a_connection(idem: &Idempotency<Self>) -> impl Future<Output = Box<dyn std::any::Any + Send>> + Send + '_;
+
     /// Whether the next connection of `idem`'s pool is inside a transaction block (a savepoint
     /// can only be set in one): a flow must never give one back mid-transaction.
     fn pooled_in_transaction(idem: &Idempotency<Self>) -> impl Future<Output = bool> + Send + '_;
@@ -121,6 +124,10 @@ impl Kit for Postgres {
         status.available == status.size
     }
 
+    async fn hold_a_connection(idem: &Idempotency<Self>) -> Box<dyn std::any::Any + Send> {
+        Box::new(idem.pool().get().await.expect("a pooled connection"))
+    }
+
     async fn pooled_in_transaction(idem: &Idempotency<Self>) -> bool {
         let client = idem.pool().get().await.expect("a pooled connection");
         client.batch_execute("SAVEPOINT probe").await.is_ok()
@@ -184,6 +191,10 @@ impl Kit for Sqlx {
     // sqlx checks a connection when it is given back, a round trip nobody waits for.
     fn pool_idle(idem: &Idempotency<Self>) -> bool {
         idem.pool().num_idle() == idem.pool().size() as usize
+    }
+
+    async fn hold_a_connection(idem: &Idempotency<Self>) -> Box<dyn std::any::Any + Send> {
+        Box::new(idem.pool().acquire().await.expect("a pooled connection"))
     }
 
     async fn pooled_in_transaction(idem: &Idempotency<Self>) -> bool {
@@ -294,6 +305,11 @@ macro_rules! driver_module {
             /// Every connection of `idem`'s pool is idle in it.
             pub fn pool_idle(idem: &Idem) -> bool {
                 TestDriver::pool_idle(idem)
+            }
+
+            /// Takes a connection of `idem`'s pool and holds it until the value is dropped.
+            pub async fn hold_a_connection(idem: &Idem) -> Box<dyn std::any::Any + Send> {
+                TestDriver::hold_a_connection(idem).await
             }
 
             /// Whether the next connection of `idem`'s pool is inside a transaction block.
