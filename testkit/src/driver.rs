@@ -359,10 +359,3 @@ macro_rules! for_each_driver {
         }
     };
 }
-
-/// The old one-driver-per-build names (tokio-postgres, or sqlx with the `sqlx` feature), for the
-/// suites not yet instantiated by [`crate::for_each_driver`].
-#[cfg(not(feature = "sqlx"))]
-pub use over_postgres::*;
-#[cfg(feature = "sqlx")]
-pub use over_sqlx::*;

@@ -5,7 +5,8 @@
 //! - [`pg_bin`]: the PostgreSQL programs of the major under test, from `PG_CONFIG`.
 //! - [`proxy`]: a TCP proxy to the cluster that counts round trips or cuts a connection at COMMIT.
 //! - [`forwarder`]: a TCP endpoint that moves to another server (a failover's writer endpoint).
-//! - [`driver`]: the client driver under test (tokio-postgres, or sqlx with the `sqlx` feature).
+//! - [`driver`]: both client drivers (tokio-postgres and sqlx) under one set of names each, and
+//!   [`for_each_driver`], which instantiates a suite per driver in one test binary.
 //! - [`handler`]: the business handler the tests and the demo run ("charge a card").
 //! - [`server`]: private servers of any major driven from Rust (the `idempotency-pgserver` crate,
 //!   shared with the harness: initdb, configure, start, stop, a streaming standby, promotion,
@@ -29,12 +30,10 @@ pub mod trips;
 
 pub use cluster::{admin, admin_at, charges_for, cluster_addr, cluster_url, database_url, fresh_database, fresh_database_at, private_server, test_database, unique_key, until_passed, Passed};
 pub use handler::{Failure, HeldRace};
-/// The names of the driver of the old one-driver-per-build suites (tokio-postgres, or sqlx with
-/// this crate's `sqlx` feature); a suite instantiated by [`for_each_driver`] names neither.
-#[cfg(not(feature = "sqlx"))]
+/// The tokio-postgres names, for the suites whose checks are the server's whatever the driver
+/// (no_subtransaction, lock_budget_default, ...); a suite that runs per driver is instantiated by
+/// [`for_each_driver`] and names neither these nor the root's `handle`.
 pub use driver::over_postgres::{batch, connect_with, duplicates_of_a_held_key, exec, handle, handle_in, query_i64, Charge, Conn, DbError, Idem, TestDriver};
-#[cfg(feature = "sqlx")]
-pub use driver::over_sqlx::{batch, connect_with, duplicates_of_a_held_key, exec, handle, handle_in, query_i64, Charge, Conn, DbError, Idem, TestDriver};
 
 use std::path::PathBuf;
 use std::process::Command;

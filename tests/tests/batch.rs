@@ -1,7 +1,7 @@
 //! `run_batch`: one transaction per batch of messages, every key's outcome, the closure given the
 //! transaction's connection and the created keys; concurrent batches over the same keys run each
 //! key once; the round trips of a batch. Written once over the test kit's driver names, so both
-//! e2e passes (tokio-postgres, and `--features sqlx`) run it.
+//! drivers run it from one binary (`over_postgres::`, `over_sqlx::`).
 
 idempotency_testkit::for_each_driver! {
     use idempotency_client::{BatchItem, BatchOutcome, Error, Fingerprint, Outcome, Settings, StoredResponse, TxFuture};

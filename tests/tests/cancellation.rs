@@ -16,8 +16,8 @@
 //! the key's record is what the entry point's documentation says, and the next attempt runs (or
 //! replays) with exactly one business row. Every handle has a pool of ONE connection, so the next
 //! attempt gets whatever connection the dropped call left behind. Written once over the test
-//! kit's driver names: both e2e passes (tokio-postgres, and `--features sqlx`) and both installs
-//! run it.
+//! kit's driver names: both drivers run it from one binary (`over_postgres::`, `over_sqlx::`),
+//! on both installs.
 
 idempotency_testkit::for_each_driver! {
     use axum::body::Body;

@@ -25,14 +25,12 @@
 //!
 //! Ports: `IDEM_SERVERS_PORT` (default 55900) and the next one, one test at a time. Ignored in
 //! the plain e2e run (it starts servers of its own and does not depend on the install under
-//! test): run it with `cargo test -p idempotency-tests --features sqlx --test failover --
-//! --ignored` (without `--features sqlx`, the sqlx cases are left out).
+//! test): run it with `cargo test -p idempotency-tests --test failover -- --ignored` (both drivers'
+//! cases: every build has both).
 
-#[cfg(feature = "sqlx")]
 use idempotency_client::Sqlx;
 use idempotency_client::{Fingerprint, Idempotency, Key, Outcome, Postgres, Settings, StoredResponse};
 use idempotency_examples::charges as pg_app;
-#[cfg(feature = "sqlx")]
 use idempotency_examples::charges_sqlx as sqlx_app;
 use idempotency_testkit::forwarder::Forwarder;
 use idempotency_testkit::pg_config;
@@ -381,7 +379,6 @@ enum Way {
 #[derive(Clone, Copy, Debug)]
 enum Drv {
     TokioPostgres,
-    #[cfg(feature = "sqlx")]
     Sqlx,
 }
 
@@ -390,7 +387,6 @@ enum Drv {
 #[derive(Clone)]
 enum Direct {
     TokioPostgres(Idempotency<Postgres>),
-    #[cfg(feature = "sqlx")]
     Sqlx(Idempotency<Sqlx>),
 }
 
@@ -466,7 +462,6 @@ impl Caller {
                         })
                         .await,
                     ),
-                    #[cfg(feature = "sqlx")]
                     Direct::Sqlx(idem) => answer(
                         idem.run(&key, &fp, |conn| {
                             let user = user.clone();
@@ -491,7 +486,6 @@ async fn serve(drv: Drv, url: &str) -> (String, Direct) {
             let idem = Idempotency::connect_with(url, pg_app::POOL_SIZE, Settings::default()).expect("the handle");
             (pg_app::router(idem.clone()), Direct::TokioPostgres(idem))
         }
-        #[cfg(feature = "sqlx")]
         Drv::Sqlx => {
             let idem = Idempotency::connect_sqlx_with(url, 16, Settings::default()).expect("the handle");
             (sqlx_app::router(idem.clone()), Direct::Sqlx(idem))
@@ -599,7 +593,6 @@ async fn service_rides_over_failover(drv: Drv, way: Way) {
     let name = format!("failover-{drv:?}-{way:?}").to_lowercase();
     let schema = match drv {
         Drv::TokioPostgres => pg_app::SCHEMA,
-        #[cfg(feature = "sqlx")]
         Drv::Sqlx => sqlx_app::SCHEMA,
     };
     let Pair { primary, standby } = Pair::start(&name, schema, "").await;
@@ -742,18 +735,16 @@ async fn tokio_postgres_service_rides_over_failover_through_a_moving_endpoint() 
     service_rides_over_failover(Drv::TokioPostgres, Way::Endpoint).await;
 }
 
-#[cfg(feature = "sqlx")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "its own layer (two servers of their own): cargo test -p idempotency-tests --features sqlx --test failover -- --ignored"]
+#[ignore = "its own layer (two servers of their own): cargo test -p idempotency-tests --test failover -- --ignored"]
 async fn sqlx_service_rides_over_failover_through_a_moving_endpoint() {
     service_rides_over_failover(Drv::Sqlx, Way::Endpoint).await;
 }
 
 /// sqlx reads one host: the URL of the host-list way is refused, saying so and naming the
 /// alternatives (the moving endpoint above, or the tokio-postgres driver).
-#[cfg(feature = "sqlx")]
 #[tokio::test]
-#[ignore = "its own layer: cargo test -p idempotency-tests --features sqlx --test failover -- --ignored"]
+#[ignore = "its own layer: cargo test -p idempotency-tests --test failover -- --ignored"]
 async fn sqlx_refuses_a_host_list_naming_the_alternatives() {
     let url = format!("postgresql://postgres@127.0.0.1:{},127.0.0.1:{}/{DB}?target_session_attrs=read-write", port_base(), port_base() + 1);
     match Idempotency::connect_sqlx(&url, 1) {
@@ -772,7 +763,7 @@ async fn sqlx_refuses_a_host_list_naming_the_alternatives() {
 /// unavailable (503), on either driver. sqlx reads the missing answer to its SSLRequest as the
 /// byte 0x00, a protocol error, which the client must not report as a database error (500).
 #[tokio::test]
-#[ignore = "its own layer: cargo test -p idempotency-tests --features sqlx --test failover -- --ignored"]
+#[ignore = "its own layer: cargo test -p idempotency-tests --test failover -- --ignored"]
 async fn a_server_that_hangs_up_before_answering_is_store_unavailable() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -786,7 +777,6 @@ async fn a_server_that_hangs_up_before_answering_is_store_unavailable() {
     let url = format!("postgresql://postgres@{addr}/{DB}");
     let seen = Idempotency::connect_with(&url, 1, Settings::default()).unwrap().check_extension().await;
     assert!(matches!(seen, Err(idempotency_client::Error::StoreUnavailable(_))), "tokio-postgres: {seen:?}");
-    #[cfg(feature = "sqlx")]
     {
         let seen = Idempotency::connect_sqlx(&url, 1).unwrap().check_extension().await;
         assert!(matches!(seen, Err(idempotency_client::Error::StoreUnavailable(_))), "sqlx: {seen:?}");

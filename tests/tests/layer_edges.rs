@@ -1,5 +1,5 @@
 //! The layer's and the flows' edges (issue 32, items 3 and 4), in both modes, written once over
-//! the driver under test (`--features sqlx` runs them over sqlx):
+//! both drivers (from one binary: `over_postgres::`, `over_sqlx::`):
 //!
 //! - a response over the limit never loops: in-transaction it is refused, rolled back and
 //!   counted, so the retries end in a poisoned key after `max_retries` runs; two-phase its effect

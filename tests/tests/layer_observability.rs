@@ -9,4 +9,4 @@ mod kit {
 }
 
 #[path = "layer_observability/suite.rs"]
-mod suite;
+mod over_postgres;

@@ -6,4 +6,4 @@ mod kit {
 }
 
 #[path = "layer_observability/suite.rs"]
-mod suite;
+mod over_sqlx;

@@ -1,5 +1,5 @@
 //! The replay cache ([`ReplayCache`], `Settings::replay_cache`) through the client against the
-//! private cluster, over the driver under test (`--features sqlx` for sqlx): a replay from memory
+//! private cluster, over both drivers (`over_postgres::`, `over_sqlx::`): a replay from memory
 //! costs no round trip (the test kit's counting proxy proves it) and no pooled connection; a
 //! reuse with another body still reaches the database and is a mismatch; an expired record is
 //! not served; a FAILED record answers as stored; a record removed by hand is still replayed until

@@ -1,5 +1,5 @@
 //! Round trips per flow, counted by the test kit's proxy, over the driver under test (this
-//! binary runs in the e2e pass over tokio-postgres and in the e2e_sqlx pass over sqlx): both
+//! binary runs both drivers: `over_postgres::`, `over_sqlx::`): both
 //! drivers reach the raw transaction's count, because the statements of one round trip travel
 //! in one request (pipelined over tokio-postgres, one simple query over sqlx).
 

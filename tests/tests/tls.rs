@@ -3,154 +3,155 @@
 //! on the server side (`pg_stat_ssl` says the session is encrypted).
 //!
 //! - The top level: the handle of the driver under test, from its own constructor
-//!   (`Idempotency::connect_with`, or `connect_sqlx_with` with `--features sqlx`), runs the flow
+//!   (`Idempotency::connect_with`, and `connect_sqlx_with`: `over_postgres::`, `over_sqlx::`), runs the flow
 //!   over the URL's `sslmode`: one source, both drivers.
-//! - `connector` (tokio-postgres only): the client's TLS connector (client/src/tls) given to
+//! - `connector` (tokio-postgres only, once): the client's TLS connector (client/src/tls) given to
 //!   tokio-postgres and deadpool directly, and SCRAM with channel binding over each mode.
 
-use idempotency_client::{Error, Fingerprint, Outcome, Settings, StoredResponse, TxFuture};
-use idempotency_testkit::driver::{try_connect_with, NAME};
-use idempotency_testkit::tls_server::TlsServer;
-use idempotency_testkit::{query_i64, unique_key, Conn, DbError};
+idempotency_testkit::for_each_driver! {
+    use idempotency_client::{Error, Fingerprint, Outcome, Settings, StoredResponse, TxFuture};
 
-/// What the handle of the driver under test makes of `url`: the flow runs (executed, then
-/// replayed) and `Ok(true)` when the connection it ran on is encrypted; else the error's kind
-/// (`Configuration`, `StoreUnavailable`, `Database`, ...) and its text with every source.
-async fn through_the_handle(url: &str) -> Result<bool, String> {
-    fn work<'t>(tx: &'t mut Conn) -> TxFuture<'t, StoredResponse, DbError> {
-        Box::pin(async move {
-            let sql = "SELECT ssl::int4::int8 FROM pg_catalog.pg_stat_ssl WHERE pid = pg_catalog.pg_backend_pid()";
-            let ssl = query_i64(tx, sql, &[]).await?;
-            Ok(StoredResponse::json(201, serde_json::json!({ "ssl": ssl == 1 })))
-        })
+    use idempotency_testkit::tls_server::TlsServer;
+    use idempotency_testkit::{unique_key};
+
+    /// What the handle of the driver under test makes of `url`: the flow runs (executed, then
+    /// replayed) and `Ok(true)` when the connection it ran on is encrypted; else the error's kind
+    /// (`Configuration`, `StoreUnavailable`, `Database`, ...) and its text with every source.
+    async fn through_the_handle(url: &str) -> Result<bool, String> {
+        fn work<'t>(tx: &'t mut Conn) -> TxFuture<'t, StoredResponse, DbError> {
+            Box::pin(async move {
+                let sql = "SELECT ssl::int4::int8 FROM pg_catalog.pg_stat_ssl WHERE pid = pg_catalog.pg_backend_pid()";
+                let ssl = query_i64(tx, sql, &[]).await?;
+                Ok(StoredResponse::json(201, serde_json::json!({ "ssl": ssl == 1 })))
+            })
+        }
+        let idem = try_connect_with(url, 2, Settings::default()).map_err(|e| explain(&e))?;
+        let key = unique_key("tls.handle");
+        let fp = Fingerprint::of_bytes(b"tls");
+        let ssl = match idem.run(&key, &fp, work).await.map_err(|e| explain(&e))? {
+            Outcome::Executed(response) => response.body_json().and_then(|b| b["ssl"].as_bool()).expect("the stored body"),
+            other => panic!("{NAME}: a fresh key must run, got {other:?}"),
+        };
+        match idem.run(&key, &fp, work).await.map_err(|e| explain(&e))? {
+            Outcome::Replayed(response) => assert_eq!(response.body_json().and_then(|b| b["ssl"].as_bool()), Some(ssl)),
+            other => panic!("{NAME}: the second call must replay, got {other:?}"),
+        }
+        Ok(ssl)
     }
-    let idem = try_connect_with(url, 2, Settings::default()).map_err(|e| explain(&e))?;
-    let key = unique_key("tls.handle");
-    let fp = Fingerprint::of_bytes(b"tls");
-    let ssl = match idem.run(&key, &fp, work).await.map_err(|e| explain(&e))? {
-        Outcome::Executed(response) => response.body_json().and_then(|b| b["ssl"].as_bool()).expect("the stored body"),
-        other => panic!("{NAME}: a fresh key must run, got {other:?}"),
-    };
-    match idem.run(&key, &fp, work).await.map_err(|e| explain(&e))? {
-        Outcome::Replayed(response) => assert_eq!(response.body_json().and_then(|b| b["ssl"].as_bool()), Some(ssl)),
-        other => panic!("{NAME}: the second call must replay, got {other:?}"),
+
+    /// The error's kind, then its text and its sources' (the TLS reason is in the source chain).
+    fn explain<E: idempotency_client::HandlerError + std::error::Error + 'static>(e: &Error<E>) -> String {
+        let kind = match e {
+            Error::Configuration { .. } => "Configuration",
+            Error::StoreUnavailable(_) => "StoreUnavailable",
+            Error::Database(_) => "Database",
+            _ => "other",
+        };
+        let mut text = format!("{kind}: {e}");
+        let mut next = std::error::Error::source(e);
+        while let Some(source) = next {
+            text.push_str(": ");
+            text.push_str(&source.to_string());
+            next = source.source();
+        }
+        text
     }
-    Ok(ssl)
-}
 
-/// The error's kind, then its text and its sources' (the TLS reason is in the source chain).
-fn explain<E: idempotency_client::HandlerError + std::error::Error + 'static>(e: &Error<E>) -> String {
-    let kind = match e {
-        Error::Configuration { .. } => "Configuration",
-        Error::StoreUnavailable(_) => "StoreUnavailable",
-        Error::Database(_) => "Database",
-        _ => "other",
-    };
-    let mut text = format!("{kind}: {e}");
-    let mut next = std::error::Error::source(e);
-    while let Some(source) = next {
-        text.push_str(": ");
-        text.push_str(&source.to_string());
-        next = source.source();
+    /// The server's URL through `host` alone (see [`TlsServer::direct_url`]).
+    fn url(host: &str, params: &str) -> String {
+        TlsServer::shared().direct_url(host, params)
     }
-    text
-}
 
-/// The server's URL through `host` alone (see [`TlsServer::direct_url`]).
-fn url(host: &str, params: &str) -> String {
-    TlsServer::shared().direct_url(host, params)
-}
-
-/// `sslrootcert=` the test CA, or the CA that signed nothing.
-fn root(other: bool) -> String {
-    let server = TlsServer::shared();
-    format!("sslrootcert={}", if other { &server.other_ca } else { &server.ca }.display())
-}
-
-/// A TLS refusal: the driver could not connect (`StoreUnavailable`), the reason `reason`.
-#[track_caller]
-fn assert_refused(result: Result<bool, String>, reason: &str) {
-    match result {
-        Ok(ssl) => panic!("{NAME}: connected (encrypted: {ssl}), expected a refusal for {reason}"),
-        Err(e) => assert!(e.starts_with("StoreUnavailable") && e.contains(reason), "{NAME}: {e}"),
+    /// `sslrootcert=` the test CA, or the CA that signed nothing.
+    fn root(other: bool) -> String {
+        let server = TlsServer::shared();
+        format!("sslrootcert={}", if other { &server.other_ca } else { &server.ca }.display())
     }
-}
 
-#[tokio::test]
-async fn disable_is_refused_by_a_hostssl_only_server() {
-    let e = through_the_handle(&url("127.0.0.1", "sslmode=disable")).await.expect_err("plain text must be refused");
-    assert!(e.contains("no pg_hba.conf entry") && e.contains("no encryption"), "{NAME}: {e}");
-}
-
-#[tokio::test]
-async fn prefer_connects_encrypted() {
-    assert_eq!(through_the_handle(&url("127.0.0.1", "sslmode=prefer")).await, Ok(true), "{NAME}");
-    // No sslmode means prefer, as in libpq.
-    assert_eq!(through_the_handle(&url("127.0.0.1", "")).await, Ok(true), "{NAME}");
-}
-
-#[tokio::test]
-async fn require_connects_encrypted_without_checking_the_certificate() {
-    // The test CA is in no trust store, and the certificate does not name 127.0.0.1.
-    assert_eq!(through_the_handle(&url("127.0.0.1", "sslmode=require")).await, Ok(true), "{NAME}");
-}
-
-#[tokio::test]
-async fn require_with_sslrootcert_checks_the_ca_as_libpq_does() {
-    assert_eq!(through_the_handle(&url("127.0.0.1", &format!("sslmode=require&{}", root(false)))).await, Ok(true), "{NAME}");
-    assert_refused(through_the_handle(&url("localhost", &format!("sslmode=require&{}", root(true)))).await, "UnknownIssuer");
-}
-
-#[tokio::test]
-async fn verify_ca_accepts_the_right_ca_under_any_host_name() {
-    for host in ["localhost", "127.0.0.1"] {
-        assert_eq!(through_the_handle(&url(host, &format!("sslmode=verify-ca&{}", root(false)))).await, Ok(true), "{NAME} {host}");
+    /// A TLS refusal: the driver could not connect (`StoreUnavailable`), the reason `reason`.
+    #[track_caller]
+    fn assert_refused(result: Result<bool, String>, reason: &str) {
+        match result {
+            Ok(ssl) => panic!("{NAME}: connected (encrypted: {ssl}), expected a refusal for {reason}"),
+            Err(e) => assert!(e.starts_with("StoreUnavailable") && e.contains(reason), "{NAME}: {e}"),
+        }
     }
-}
 
-#[tokio::test]
-async fn verify_ca_refuses_a_certificate_from_another_ca() {
-    assert_refused(through_the_handle(&url("localhost", &format!("sslmode=verify-ca&{}", root(true)))).await, "UnknownIssuer");
-}
-
-#[tokio::test]
-async fn verify_ca_without_sslrootcert_trusts_only_the_system_roots() {
-    match through_the_handle(&url("localhost", "sslmode=verify-ca")).await {
-        Ok(ssl) => panic!("{NAME}: the test CA is no system root, yet the flow ran (encrypted: {ssl})"),
-        // Refused by the handshake, or no system roots on this machine at all: both refuse.
-        Err(e) => assert!(
-            (e.starts_with("StoreUnavailable") && e.contains("UnknownIssuer"))
-                || (e.starts_with("Configuration") && e.contains("no system root certificate")),
-            "{NAME}: {e}"
-        ),
+    #[tokio::test]
+    async fn disable_is_refused_by_a_hostssl_only_server() {
+        let e = through_the_handle(&url("127.0.0.1", "sslmode=disable")).await.expect_err("plain text must be refused");
+        assert!(e.contains("no pg_hba.conf entry") && e.contains("no encryption"), "{NAME}: {e}");
     }
-}
 
-#[tokio::test]
-async fn verify_full_accepts_the_right_ca_and_host_name() {
-    assert_eq!(through_the_handle(&url("localhost", &format!("sslmode=verify-full&{}", root(false)))).await, Ok(true), "{NAME}");
-}
+    #[tokio::test]
+    async fn prefer_connects_encrypted() {
+        assert_eq!(through_the_handle(&url("127.0.0.1", "sslmode=prefer")).await, Ok(true), "{NAME}");
+        // No sslmode means prefer, as in libpq.
+        assert_eq!(through_the_handle(&url("127.0.0.1", "")).await, Ok(true), "{NAME}");
+    }
 
-#[tokio::test]
-async fn verify_full_refuses_a_host_the_certificate_does_not_name() {
-    assert_refused(through_the_handle(&url("127.0.0.1", &format!("sslmode=verify-full&{}", root(false)))).await, "not valid for name");
-}
+    #[tokio::test]
+    async fn require_connects_encrypted_without_checking_the_certificate() {
+        // The test CA is in no trust store, and the certificate does not name 127.0.0.1.
+        assert_eq!(through_the_handle(&url("127.0.0.1", "sslmode=require")).await, Ok(true), "{NAME}");
+    }
 
-#[tokio::test]
-async fn verify_full_refuses_a_certificate_from_another_ca() {
-    assert_refused(through_the_handle(&url("localhost", &format!("sslmode=verify-full&{}", root(true)))).await, "UnknownIssuer");
-}
+    #[tokio::test]
+    async fn require_with_sslrootcert_checks_the_ca_as_libpq_does() {
+        assert_eq!(through_the_handle(&url("127.0.0.1", &format!("sslmode=require&{}", root(false)))).await, Ok(true), "{NAME}");
+        assert_refused(through_the_handle(&url("localhost", &format!("sslmode=require&{}", root(true)))).await, "UnknownIssuer");
+    }
 
-#[tokio::test]
-async fn an_unreadable_sslrootcert_is_a_configuration_error() {
-    for mode in ["require", "verify-ca", "verify-full"] {
-        let e = through_the_handle(&url("localhost", &format!("sslmode={mode}&sslrootcert=/nonexistent/ca.pem"))).await.unwrap_err();
-        assert!(e.starts_with("Configuration") && e.contains("sslrootcert=/nonexistent/ca.pem: cannot read"), "{NAME} {mode}: {e}");
+    #[tokio::test]
+    async fn verify_ca_accepts_the_right_ca_under_any_host_name() {
+        for host in ["localhost", "127.0.0.1"] {
+            assert_eq!(through_the_handle(&url(host, &format!("sslmode=verify-ca&{}", root(false)))).await, Ok(true), "{NAME} {host}");
+        }
+    }
+
+    #[tokio::test]
+    async fn verify_ca_refuses_a_certificate_from_another_ca() {
+        assert_refused(through_the_handle(&url("localhost", &format!("sslmode=verify-ca&{}", root(true)))).await, "UnknownIssuer");
+    }
+
+    #[tokio::test]
+    async fn verify_ca_without_sslrootcert_trusts_only_the_system_roots() {
+        match through_the_handle(&url("localhost", "sslmode=verify-ca")).await {
+            Ok(ssl) => panic!("{NAME}: the test CA is no system root, yet the flow ran (encrypted: {ssl})"),
+            // Refused by the handshake, or no system roots on this machine at all: both refuse.
+            Err(e) => assert!(
+                (e.starts_with("StoreUnavailable") && e.contains("UnknownIssuer"))
+                    || (e.starts_with("Configuration") && e.contains("no system root certificate")),
+                "{NAME}: {e}"
+            ),
+        }
+    }
+
+    #[tokio::test]
+    async fn verify_full_accepts_the_right_ca_and_host_name() {
+        assert_eq!(through_the_handle(&url("localhost", &format!("sslmode=verify-full&{}", root(false)))).await, Ok(true), "{NAME}");
+    }
+
+    #[tokio::test]
+    async fn verify_full_refuses_a_host_the_certificate_does_not_name() {
+        assert_refused(through_the_handle(&url("127.0.0.1", &format!("sslmode=verify-full&{}", root(false)))).await, "not valid for name");
+    }
+
+    #[tokio::test]
+    async fn verify_full_refuses_a_certificate_from_another_ca() {
+        assert_refused(through_the_handle(&url("localhost", &format!("sslmode=verify-full&{}", root(true)))).await, "UnknownIssuer");
+    }
+
+    #[tokio::test]
+    async fn an_unreadable_sslrootcert_is_a_configuration_error() {
+        for mode in ["require", "verify-ca", "verify-full"] {
+            let e = through_the_handle(&url("localhost", &format!("sslmode={mode}&sslrootcert=/nonexistent/ca.pem"))).await.unwrap_err();
+            assert!(e.starts_with("Configuration") && e.contains("sslrootcert=/nonexistent/ca.pem: cannot read"), "{NAME} {mode}: {e}");
+        }
     }
 }
 
 /// The client's connector given to tokio-postgres and deadpool directly.
-#[cfg(not(feature = "sqlx"))]
 mod connector {
     use idempotency_testkit::tls_server::{TlsServer, SCRAM_PASSWORD};
     use std::time::Duration;

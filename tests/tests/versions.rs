@@ -13,8 +13,8 @@
 //! **The client-extension matrix** (what client/src/sql.rs `SUPPORTED_EXTENSIONS` and
 //! docs/upgrading.md claim): every released version (`sql/released/`, installed next to the
 //! current one by the install layer) and the current one, each with `CREATE EXTENSION idempotency
-//! VERSION 'x'` in a database of its own, through the client's driver under test (tokio-postgres,
-//! or sqlx in the `--features sqlx` pass): `run` executed, replayed, mismatched, released by a
+//! VERSION 'x'` in a database of its own, through each client driver (tokio-postgres and sqlx,
+//! from one binary): `run` executed, replayed, mismatched, released by a
 //! transient result, stored as a permanent failure; `run_external` executed and replayed; and
 //! `run_batch` executed and replayed where the version has `idem_reserve_many`, refused with
 //! [`Error::IncompatibleExtension`] naming the version where it has not.

@@ -180,8 +180,14 @@ impl Harness {
         let outcome = checks.outcome();
         if outcome.passed + outcome.failed > 0 {
             match name {
-                "e2e" | "e2e_portable" | "e2e_sqlx" => {
-                    self.drivers.insert(if name == "e2e_sqlx" { "sqlx" } else { "tokio-postgres" });
+                "e2e" | "e2e_portable" => {
+                    // Each driver counts when a test of its instances ran (testkit's
+                    // for_each_driver!: over_postgres::..., over_sqlx::...).
+                    for (prefix, driver) in [("over_postgres::", "tokio-postgres"), ("over_sqlx::", "sqlx")] {
+                        if outcome.names.iter().any(|n| n.contains(prefix)) {
+                            self.drivers.insert(driver);
+                        }
+                    }
                     self.installs.insert(if name == "e2e_portable" { "portable" } else { "extension" });
                 }
                 _ => {}

@@ -1,11 +1,14 @@
-//! Layers e2e, e2e_portable and e2e_sqlx: `cargo test -p idempotency-tests` (every test binary;
-//! the core run: the checklist binary, which holds the concurrency tests, and the binaries of
-//! CORE_BINARIES) against the private
-//! cluster, with the extension or with the portable install (IDEM_INSTALL=portable), over the
-//! tokio-postgres driver or over the sqlx one (`--features sqlx`: the test kit's handle follows);
-//! with the extension over tokio-postgres, the checklist (and in a full run the faults) again
-//! with a replay cache on every handle (IDEM_REPLAY_CACHE=on); the core run adds the cache's own
-//! tests. `--test NAME -- FILTER` runs that binary alone, with the filter.
+//! Layers e2e and e2e_portable: `cargo test -p idempotency-tests` (every test binary; the core
+//! run: the checklist binary, which holds the concurrency tests, and the binaries of
+//! CORE_BINARIES) against the private cluster, with the extension or with the portable install
+//! (IDEM_INSTALL=portable). One build runs both drivers: a suite that depends on the driver is
+//! instantiated per driver in its binary (testkit's for_each_driver!: `over_postgres::...`,
+//! `over_sqlx::...`; layer_observability has a binary per driver), so e2e runs each suite over
+//! both. e2e_portable skips the sqlx instances (`--skip over_sqlx::`, and the sqlx binary): the
+//! install under test sits below the driver, and the extension's pass runs both. With the
+//! extension, the checklist (and in a full run the faults) again with a replay cache on every
+//! handle (IDEM_REPLAY_CACHE=on), over tokio-postgres; the core run adds the cache's own tests.
+//! `--test NAME -- FILTER` runs that binary alone, with the filter.
 
 use crate::ctx::Ctx;
 use crate::report::Checks;
@@ -26,15 +29,11 @@ pub(crate) enum Install {
 /// (lock_budget_default), each on a throwaway server of its own.
 const CORE_BINARIES: &[&str] = &["no_subtransaction", "lock_budget_default"];
 
-/// The client driver the suites run over.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Driver {
-    TokioPostgres,
-    Sqlx,
-}
+/// The libtest arguments that leave out the sqlx instances (the portable pass).
+const SKIP_SQLX: &[&str] = &["--skip", "over_sqlx::"];
 
 /// Runs the layer.
-pub(crate) fn run(ctx: &Ctx, checks: &mut Checks, install: Install, driver: Driver) {
+pub(crate) fn run(ctx: &Ctx, checks: &mut Checks, install: Install) {
     let kind = match install {
         Install::Extension => "extension",
         Install::Portable => {
@@ -50,9 +49,6 @@ pub(crate) fn run(ctx: &Ctx, checks: &mut Checks, install: Install, driver: Driv
     if let Some(focus) = &ctx.focus {
         // `--test NAME -- FILTER`: that binary alone, with libtest's filter.
         args.extend(["--test", &focus.suite]);
-        if driver == Driver::Sqlx {
-            args.extend(["--features", "sqlx"]);
-        }
         if !focus.filter.is_empty() {
             args.push("--");
             args.extend(focus.filter.iter().map(String::as_str));
@@ -62,25 +58,26 @@ pub(crate) fn run(ctx: &Ctx, checks: &mut Checks, install: Install, driver: Driv
     }
     if !ctx.full {
         args.extend(["--test", "checklist"]);
-        if driver == Driver::TokioPostgres {
-            for binary in CORE_BINARIES {
-                args.extend(["--test", binary]);
-            }
+        for binary in CORE_BINARIES {
+            args.extend(["--test", binary]);
         }
     }
-    if driver == Driver::Sqlx {
-        args.extend(["--features", "sqlx"]);
+    if install == Install::Portable {
+        args.push("--");
+        args.extend(SKIP_SQLX);
     }
     crate::cargo::test(checks, Path::new("."), &args, &[("IDEM_INSTALL", kind)]);
     // The concurrency suites again with a replay cache on every handle of the test kit: what
     // the rerun proves is the checklist (and in a full run the faults) answered through the
     // cache. Once, over tokio-postgres and the extension: the cache sits above the driver and
     // the install (client/src/cache), so a rerun over sqlx proved nothing more; the cache's own
-    // tests (replay_cache.rs) run over sqlx in e2e_sqlx's full run. (A full run ran them above;
+    // tests (replay_cache.rs) run over both drivers in the full run. (A full run ran them above;
     // a core run runs them here.) Not in the inner loop (`--quick`).
-    if install == Install::Extension && driver == Driver::TokioPostgres && !ctx.quick {
+    if install == Install::Extension && !ctx.quick {
         let mut cached = vec!["test", "--no-fail-fast", "-p", "idempotency-tests", "--test", "checklist"];
         cached.extend(if ctx.full { ["--test", "faults"] } else { ["--test", "replay_cache"] });
+        cached.push("--");
+        cached.extend(SKIP_SQLX);
         crate::cargo::test(checks, Path::new("."), &cached, &[("IDEM_INSTALL", kind), ("IDEM_REPLAY_CACHE", "on")]);
     }
 }

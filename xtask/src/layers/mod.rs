@@ -112,7 +112,7 @@ pub(crate) fn with_needs(names: &[String]) -> Vec<String> {
 /// list that the harness runs, `--layers` is checked against and CONTRIBUTING.md's test-layer
 /// lists are tested against. A layer across majors needs its layers on each major of the run.
 pub(crate) const LAYERS: &[Layer] = {
-    use e2e::{Driver::*, Install::*};
+    use e2e::Install::*;
     use Scope::*;
     &[
         layer("unit", Default, false, &[], unit::run),
@@ -122,9 +122,8 @@ pub(crate) const LAYERS: &[Layer] = {
         layer("install", Core, false, &[], install::run),
         layer("regress", Core, true, INSTALLED, regress::run),
         layer("isolation", Core, true, INSTALLED, isolation::run),
-        layer("e2e", Core, true, INSTALLED, |c, k| e2e::run(c, k, Extension, TokioPostgres)),
-        layer("e2e_portable", Core, true, INSTALLED, |c, k| e2e::run(c, k, Portable, TokioPostgres)),
-        layer("e2e_sqlx", Core, true, INSTALLED, |c, k| e2e::run(c, k, Extension, Sqlx)),
+        layer("e2e", Core, true, INSTALLED, |c, k| e2e::run(c, k, Extension)),
+        layer("e2e_portable", Core, true, INSTALLED, |c, k| e2e::run(c, k, Portable)),
         layer("bench", Full, true, INSTALLED, bench::run),
         layer("failover", Core, false, INSTALLED, failover::run),
         layer("upgrade", Core, false, INSTALLED, upgrade::run),
