@@ -39,7 +39,7 @@ impl Options {
                 "--quick" => o.quick = true,
                 "--test" => {
                     let suite = it.next().ok_or("--test needs a test binary of tests/tests (checklist), or regress or isolation")?;
-                    let known = ["regress", "isolation"].contains(&suite.as_str()) || Path::new(&format!("tests/tests/{suite}.rs")).is_file();
+                    let known = ["regress", "isolation"].contains(&suite.as_str()) || idempotency_pgserver::root().join(format!("tests/tests/{suite}.rs")).is_file();
                     if !known {
                         return Err(format!("--test: {suite} is not regress, isolation or a file tests/tests/{suite}.rs"));
                     }
@@ -433,4 +433,37 @@ fn workspace_version() -> String {
         .find_map(|l| l.strip_prefix("version = \"").and_then(|r| r.strip_suffix('"')))
         .expect("a version line in Cargo.toml")
         .to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Options, QUICK};
+
+    fn parse(args: &[&str]) -> Result<Options, String> {
+        Options::parse(&args.iter().map(|a| (*a).to_owned()).collect::<Vec<_>>())
+    }
+
+    /// `--layers` adds what a layer needs; `--quick` and `--test` choose their layers and the
+    /// default major; `--` belongs to `--test`.
+    #[test]
+    fn options_choose_layers_with_what_they_need() {
+        let o = parse(&["--layers", "upgrade"]).expect("parse");
+        assert_eq!(o.layers, Some(vec!["upgrade".to_owned(), "install".to_owned()]));
+        assert!(o.majors.is_none());
+        let o = parse(&["--quick"]).expect("parse");
+        let mut want: Vec<String> = QUICK.iter().map(|l| (*l).to_owned()).collect();
+        want.sort();
+        let mut got = o.layers.expect("layers");
+        got.sort();
+        assert_eq!(got, want);
+        assert_eq!(o.majors.map(|m| m.len()), Some(1));
+        let o = parse(&["--test", "checklist", "--", "duplicate", "--exact"]).expect("parse");
+        assert_eq!(o.layers, Some(vec!["e2e".to_owned(), "install".to_owned()]));
+        let focus = o.focus.expect("focus");
+        assert_eq!((focus.suite.as_str(), focus.filter), ("checklist", vec!["duplicate".to_owned(), "--exact".to_owned()]));
+        assert_eq!(parse(&["--test", "regress"]).expect("parse").layers, Some(vec!["regress".to_owned(), "install".to_owned()]));
+        assert!(parse(&["--test", "no_such_binary"]).is_err());
+        assert!(parse(&["--", "x"]).is_err());
+        assert!(parse(&["--quick", "--layers", "e2e"]).is_err());
+    }
 }
