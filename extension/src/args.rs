@@ -60,12 +60,34 @@ fn span(i: &Interval) -> i128 {
     i128::from(i.micros()) + (i128::from(i.days()) + i128::from(i.months()) * 30) * USECS_PER_DAY
 }
 
-/// A setting in seconds as the interval `current_setting()` shows it: whole days as days (`1d`
+/// A number of seconds as the interval `current_setting()` shows it: whole days as days (`1d`
 /// is `1 day`, which keeps its calendar meaning across a DST change), anything else as time.
-fn seconds(setting: &guc::Setting) -> Interval {
-    let s = setting.get().unwrap_or_else(|message| raise(PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE, message));
+fn interval_of(s: i32) -> Interval {
     let (days, secs) = if s % 86_400 == 0 { (s / 86_400, 0) } else { (0, s) };
     Interval::new(0, days, i64::from(secs) * 1_000_000).unwrap_or_else(|e| raise(PgSqlErrorCode::ERRCODE_INTERNAL_ERROR, e.to_string()))
+}
+
+/// A setting in seconds, as an interval ([`interval_of`]), capped at its ceiling (`limit`, a
+/// superuser's `idempotency.*_limit`; 0: none): a role may lower its setting, never raise it
+/// past what a superuser set (guarantee 8).
+fn seconds(setting: &guc::Setting, limit: &pgrx::guc::GucSetting<i32>) -> Interval {
+    let s = setting.get().unwrap_or_else(|message| raise(PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE, message));
+    match limit.get() {
+        l if l > 0 && l < s => interval_of(l),
+        _ => interval_of(s),
+    }
+}
+
+/// An explicit ttl or lease within its ceiling (`limit`, named `limit_name`; 0: none), or 22023.
+fn within(name: &str, value: Interval, limit: &pgrx::guc::GucSetting<i32>, limit_name: &str) -> Interval {
+    let l = limit.get();
+    if l > 0 && span(&value) > i128::from(l) * 1_000_000 {
+        raise(
+            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+            format!("{name} must be at most {} ({limit_name}), got {value}", interval_of(l)),
+        );
+    }
+    value
 }
 
 /// An explicit duration, checked: positive and at most 1000 years.
@@ -80,24 +102,26 @@ fn checked(name: &str, value: Interval) -> Interval {
     value
 }
 
-/// `_idem_ttl(ttl interval) RETURNS interval`: an explicit ttl, checked, or `idempotency.ttl`.
+/// `_idem_ttl(ttl interval) RETURNS interval`: an explicit ttl, checked (and at most
+/// `idempotency.ttl_limit`, when set), or `idempotency.ttl` (capped at that ceiling).
 #[pg_extern(sql = false, stable, parallel_safe)]
 pub(crate) fn _idem_ttl(ttl: Option<Interval>) -> Interval {
     match ttl {
-        Some(ttl) => checked("ttl", ttl),
-        None => seconds(&guc::TTL),
+        Some(ttl) => within("ttl", checked("ttl", ttl), &guc::TTL_LIMIT, "idempotency.ttl_limit"),
+        None => seconds(&guc::TTL, &guc::TTL_LIMIT),
     }
 }
 
 /// `_idem_lease(lease interval, ttl interval) RETURNS interval`: an explicit lease, checked and
 /// at most the (settled) ttl; or `idempotency.lease` capped at the ttl. With a NULL ttl the
-/// lease is settled on its own (heartbeat).
+/// lease is settled on its own. Both within `idempotency.lease_limit`, when set, as `_idem_ttl`.
 #[pg_extern(sql = false, stable, parallel_safe)]
 pub(crate) fn _idem_lease(lease: Option<Interval>, ttl: Option<Interval>) -> Interval {
-    let default = || seconds(&guc::LEASE);
+    let default = || seconds(&guc::LEASE, &guc::LEASE_LIMIT);
+    let explicit = |lease| within("lease", checked("lease", lease), &guc::LEASE_LIMIT, "idempotency.lease_limit");
     match (lease, ttl) {
         (Some(lease), Some(ttl)) => {
-            let lease = checked("lease", lease);
+            let lease = explicit(lease);
             if span(&lease) > span(&ttl) {
                 raise(
                     PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
@@ -106,7 +130,7 @@ pub(crate) fn _idem_lease(lease: Option<Interval>, ttl: Option<Interval>) -> Int
             }
             lease
         }
-        (Some(lease), None) => checked("lease", lease),
+        (Some(lease), None) => explicit(lease),
         (None, Some(ttl)) => {
             let lease = default();
             if span(&lease) > span(&ttl) { ttl } else { lease }

@@ -13,6 +13,10 @@ pub(crate) static MAX_RESPONSE_BYTES: GucSetting<i32> = GucSetting::<i32>::new(1
 /// which any role may set (lower, or up to this): only a superuser (or a role granted SET on
 /// it) sets the ceiling.
 static MAX_RESPONSE_BYTES_LIMIT: GucSetting<i32> = GucSetting::<i32>::new(64 * 1024 * 1024);
+/// `idempotency.ttl_limit` and `idempotency.lease_limit` (PGC_SUSET, seconds; 0, the default:
+/// none): the longest ttl and lease any call gets, a setting's or an argument's.
+pub(crate) static TTL_LIMIT: GucSetting<i32> = GucSetting::<i32>::new(0);
+pub(crate) static LEASE_LIMIT: GucSetting<i32> = GucSetting::<i32>::new(0);
 
 /// The largest response `idem_complete` stores: `idempotency.max_response_bytes`, capped at
 /// `idempotency.max_response_bytes_limit` (guarantee 8: a role may lower it, never raise it past
@@ -228,6 +232,26 @@ pub(crate) fn register() {
         i32::MAX,
         GucContext::Suset,
         GucFlags::UNIT_BYTE,
+    );
+    GucRegistry::define_int_guc(
+        c"idempotency.ttl_limit",
+        c"The longest ttl a call gets: a longer idempotency.ttl counts as this, a longer ttl argument is refused; 0: none.",
+        c"Any role may lower idempotency.ttl; only a superuser sets this ceiling.",
+        &TTL_LIMIT,
+        0,
+        i32::MAX,
+        GucContext::Suset,
+        GucFlags::UNIT_S,
+    );
+    GucRegistry::define_int_guc(
+        c"idempotency.lease_limit",
+        c"The longest lease a call gets: a longer idempotency.lease counts as this, a longer lease argument is refused; 0: none.",
+        c"Any role may lower idempotency.lease; only a superuser sets this ceiling.",
+        &LEASE_LIMIT,
+        0,
+        i32::MAX,
+        GucContext::Suset,
+        GucFlags::UNIT_S,
     );
     GucRegistry::define_string_guc(
         c"idempotency.maintenance_databases",

@@ -88,6 +88,8 @@ mod tests {
             ("idempotency.max_retries", "3"),
             ("idempotency.max_response_bytes", "1MB"),
             ("idempotency.max_response_bytes_limit", "64MB"),
+            ("idempotency.ttl_limit", "0"),
+            ("idempotency.lease_limit", "0"),
         ] {
             let got: String = one(&format!("SELECT current_setting('{name}')"));
             assert_eq!(got, want, "{name}");
