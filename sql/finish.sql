@@ -56,10 +56,12 @@ BEGIN
                                                                         ELSE 'completions_failed' END);
         RETURN true;
     END IF;
-    -- Another role's key is refused whatever the token (guarantee 8); else the token is stale.
+    -- Another role's record holding this token is refused (guarantee 8: a token is a fence, not a
+    -- password); any other token is stale, a value.
     v_counted := @extschema@._idem_check_owner(
         (SELECT r.owner FROM @extschema@.idem_records AS r
-          WHERE r.operation = operation AND r.user_id = user_id AND r.key = key), 'complete a key');
+          WHERE r.operation = operation AND r.user_id = user_id AND r.key = key
+            AND r.token = token), 'complete a key');
     v_counted := @extschema@._idem_count('stale_tokens');
     RETURN false;
 END
@@ -191,10 +193,11 @@ BEGIN
        AND @extschema@._idem_owns(r.owner)
        FOR UPDATE;
     IF NOT FOUND THEN
-        -- Another role's key is refused whatever the token (guarantee 8).
+        -- Another role's record holding this token is refused (guarantee 8); else stale.
         v_counted := @extschema@._idem_check_owner(
             (SELECT r.owner FROM @extschema@.idem_records AS r
-              WHERE r.operation = operation AND r.user_id = user_id AND r.key = key), 'release a key');
+              WHERE r.operation = operation AND r.user_id = user_id AND r.key = key
+                AND r.token = token), 'release a key');
         v_counted := @extschema@._idem_count('stale_tokens');
         RETURN 'stale';
     END IF;
@@ -241,10 +244,11 @@ BEGIN
        AND r.token = token AND r.status = ('PROCESSING' COLLATE pg_catalog."C")
        AND @extschema@._idem_owns(r.owner);
     IF NOT FOUND THEN
-        -- Another role's key is refused whatever the token (guarantee 8).
+        -- Another role's record holding this token is refused (guarantee 8); else stale.
         v_counted := @extschema@._idem_check_owner(
             (SELECT r.owner FROM @extschema@.idem_records AS r
-              WHERE r.operation = operation AND r.user_id = user_id AND r.key = key), 'extend a lease');
+              WHERE r.operation = operation AND r.user_id = user_id AND r.key = key
+                AND r.token = token), 'extend a lease');
         v_counted := @extschema@._idem_count('stale_tokens');
         RETURN false;
     END IF;

@@ -41,14 +41,16 @@ unsafe fn scope_and_token<'a>(fcinfo: pg_sys::FunctionCallInfo) -> ([Text<'a>; 3
     (scope, token)
 }
 
-/// After a fenced statement changed nothing: 42501 when the key's record belongs to a role the
-/// caller may not act on (whatever the token: guarantee 8), else nothing (the token is stale).
-/// Must run inside [`plans::connected`]; nothing to check on a schema without owners.
-fn refuse_stranger(catalog: &catalog::Catalog, scope: &[Option<Datum>], action: &str) {
+/// After a fenced statement changed nothing: 42501 when the record holds the caller's token
+/// (`scope_and_token`: scope, then token) and belongs to a role the caller may not act on
+/// (guarantee 8: a token is a fence, not a password); else nothing (the token is stale, a
+/// value, as for the owner's stale worker of a key another role has taken over since). Must
+/// run inside [`plans::connected`]; nothing to check on a schema without owners.
+fn refuse_stranger(catalog: &catalog::Catalog, scope_and_token: &[Option<Datum>], action: &str) {
     if catalog.rec.owner.is_none() {
         return;
     }
-    if plans::execute(&catalog.plans, Stmt::ReadOwner, &scope[..3]) > 0 {
+    if plans::execute(&catalog.plans, Stmt::ReadOwner, &scope_and_token[..4]) > 0 {
         owner::require(plans::first_row(1).map(owner::from_datum), action);
     }
 }
@@ -152,7 +154,7 @@ pub unsafe extern "C-unwind" fn idem_release_native(fcinfo: pg_sys::FunctionCall
     let outcome = plans::connected(|| {
         let lock = [scope[0], scope[1], scope[2], Some(Datum::from(token)), Some(Datum::from(owner::caller()))];
         if plans::execute(&catalog.plans, Stmt::LockForRelease, &lock) == 0 {
-            refuse_stranger(&catalog, &scope, "release a key");
+            refuse_stranger(&catalog, &lock, "release a key");
             metrics::add("stale_tokens", 1);
             return "stale".to_owned();
         }

@@ -40,8 +40,9 @@ pub(crate) enum Stmt {
     ReadRecord,
     /// $1-$3 scope: the retry counter, through the planner (as `ReadRecord`).
     ReadRetries,
-    /// $1-$3 scope: the record's owner (only on a schema with owners), after a fenced statement
-    /// changed nothing: another role's key is refused whatever the token.
+    /// $1-$3 scope, $4 token: the owner of the record holding that token (only on a schema with
+    /// owners), after a fenced statement changed nothing: another role sending a key's token is
+    /// refused; a token the record does not hold stays a stale token (a value).
     ReadOwner,
 }
 
@@ -149,7 +150,10 @@ fn text(stmt: Stmt, s: &str, owned: bool) -> (String, &'static [Oid]) {
             format!("SELECT r.attempts, r.expires_at FROM {s}.idem_retries AS r WHERE {SCOPE}"),
             &[TEXT, TEXT, TEXT],
         ),
-        Stmt::ReadOwner => (format!("SELECT r.owner FROM {s}.idem_records AS r WHERE {SCOPE}"), &[TEXT, TEXT, TEXT]),
+        Stmt::ReadOwner => (
+            format!("SELECT r.owner FROM {s}.idem_records AS r WHERE {SCOPE} AND r.token OPERATOR(pg_catalog.=) $4"),
+            &[TEXT, TEXT, TEXT, INT8],
+        ),
     }
 }
 

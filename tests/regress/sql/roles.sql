@@ -1,6 +1,7 @@
 -- Guarantee 8, Owned: a record belongs to the role that reserved it (the session's role). No
 -- other role, unless a member of it, can complete, release, extend, read or replay it, whatever
--- token it guesses: 42501. The application role idempotency_user holds EXECUTE on the write API.
+-- token it guesses: the record's token is 42501, any other a stale token. The application
+-- role idempotency_user holds EXECUTE on the write API.
 -- Runs on every install (the extension, updated or fresh, and the portable install); the
 -- PUBLIC grants of a fresh install and the max_response_bytes ceiling are in privileges.
 \set VERBOSITY sqlstate
@@ -24,10 +25,11 @@ SELECT token AS t FROM idem_reserve('roles', 'u', 'k', 'h') \gset
 RESET ROLE;
 SELECT owner, status FROM idem_records WHERE operation = 'roles';
 
--- Mallory guesses the token: every call is refused, with the right token or a wrong one.
+-- Mallory guesses the token: every call with it is refused. (A wrong token is a stale token, a
+-- value, for every role: it changes nothing and says nothing of the record.)
 SET ROLE idem_mallory;
 SELECT err(format('SELECT idem_complete(%L, %L, %L, %s, %L)', 'roles', 'u', 'k', :t, '{"forged": true}'));
-SELECT err(format('SELECT idem_complete(%L, %L, %L, %s, %L)', 'roles', 'u', 'k', :t + 1, '{"forged": true}'));
+SELECT idem_complete('roles', 'u', 'k', :t + 1, '{"forged": true}') AS wrong_token_completes;
 SELECT err(format('SELECT idem_heartbeat(%L, %L, %L, %s)', 'roles', 'u', 'k', :t));
 SELECT err(format('SELECT idem_heartbeat(%L, %L, %L, %s, lease => %L)', 'roles', 'u', 'k', :t, '1 hour'));
 SELECT err(format('SELECT idem_release(%L, %L, %L, %s)', 'roles', 'u', 'k', :t));
@@ -89,6 +91,19 @@ SET ROLE idem_mallory;
 SELECT * FROM res('roles', 'u', 'old', 'h');
 RESET ROLE;
 SELECT owner, status FROM idem_records WHERE operation = 'roles' AND key = 'old';
+-- Alice's stale worker of a key Mallory has taken over learns it lost the lease as a value.
+SET ROLE idem_alice;
+SELECT token AS t4 FROM idem_reserve('roles', 'u', 'lost', 'h', ttl => '10 ms', lease => '10 ms') \gset
+RESET ROLE;
+SELECT pg_sleep(0.05);
+SET ROLE idem_mallory;
+SELECT * FROM res('roles', 'u', 'lost', 'h');
+RESET ROLE;
+SET ROLE idem_alice;
+SELECT idem_complete('roles', 'u', 'lost', :t4, '{"late": true}') AS stale_worker_completes;
+SELECT idem_heartbeat('roles', 'u', 'lost', :t4) AS stale_worker_extends;
+SELECT idem_release('roles', 'u', 'lost', :t4) AS stale_worker_releases;
+RESET ROLE;
 
 -- A record without an owner (written before 0.6.0) is any role's, as before, until it expires.
 SET ROLE idem_alice;
