@@ -1,7 +1,12 @@
 //! A server crash under load (`pg_ctl stop -m immediate` mid-run, then restart), several rounds.
 //! Invariants: every key whose commit was acknowledged replays; once every client has retried
 //! every key, each key has exactly one business row and one SUCCESS record.
-//! Its own test binary: it restarts the shared private cluster.
+//! Its own test binary: it restarts the shared private cluster, so its two drivers' instances
+//! take turns ([`ONE_CRASH_AT_A_TIME`]).
+
+/// Held by each driver's instance for its whole run: a crash of the shared cluster by one must
+/// not land in the other's checks.
+static ONE_CRASH_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 idempotency_testkit::for_each_driver! {
     use idempotency_client::{Settings, Fingerprint, Key, Outcome, StoredResponse};
@@ -19,6 +24,7 @@ idempotency_testkit::for_each_driver! {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn server_crash_under_load_loses_no_acknowledged_key_and_runs_none_twice() {
+        let _turn = super::ONE_CRASH_AT_A_TIME.lock().await;
         let url = fresh_database(&db("idem_fault_crash")).await;
         let idem = connect_with(&url, WORKERS * 2, Settings::default());
         let fp = Fingerprint::of_json(&json!({"amount": 1})).unwrap();
