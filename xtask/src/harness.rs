@@ -151,9 +151,9 @@ impl Harness {
 
     /// Runs layer `name`: its checks in target/test-logs/pgNN/NAME.log, a panic in it is one
     /// failure; records its result.
-    /// Server directories under target/servers made by the layer (there after it, not before)
-    /// are deleted when it passed, once stopped (the private cluster is never one of them), and
-    /// kept when it failed, the log saying where.
+    /// Server directories under target/servers made by the layer (new, or made afresh) are
+    /// deleted when it passed, once stopped (a private cluster is never one of them), and kept
+    /// when it failed, the log and the summary saying where.
     fn layer(&mut self, ctx: &Ctx, name: &str, f: &mut dyn FnMut(&Ctx, &mut Checks)) -> Outcome {
         println!("\n== {} {name}", ctx.label);
         let started = Instant::now();
@@ -163,7 +163,10 @@ impl Harness {
         if let Err(panic) = catch_unwind(AssertUnwindSafe(|| f(ctx, &mut checks))) {
             checks.fail(&format!("{name}: the layer stopped"), &panic_text(&*panic));
         }
-        let made: Vec<PathBuf> = server_dirs().into_iter().filter(|d| !before.contains(d)).collect();
+        // Made by the layer: new, or made again (a server of the same name created afresh); never
+        // a private cluster (its directory changes when it restarts; it is kept across layers).
+        let private = |d: &Path| d.file_name().is_some_and(|n| n.to_string_lossy().starts_with("private-"));
+        let made: Vec<PathBuf> = server_dirs().into_iter().filter(|(d, t)| before.get(d) != Some(t) && !private(d)).map(|(d, _)| d).collect();
         if checks.failed() > 0 {
             for d in &made {
                 let d = d.strip_prefix(idempotency_pgserver::root()).unwrap_or(d).display().to_string();
@@ -233,10 +236,11 @@ impl Harness {
     }
 }
 
-/// The server directories under target/servers now.
-fn server_dirs() -> BTreeSet<PathBuf> {
+/// The server directories under target/servers now, each with its modification time.
+fn server_dirs() -> std::collections::BTreeMap<PathBuf, Option<std::time::SystemTime>> {
     let dir = idempotency_pgserver::root().join("target/servers");
-    std::fs::read_dir(dir).map(|d| d.filter_map(Result::ok).map(|e| e.path()).filter(|p| p.is_dir()).collect()).unwrap_or_default()
+    let Ok(entries) = std::fs::read_dir(dir) else { return Default::default() };
+    entries.filter_map(Result::ok).filter(|e| e.path().is_dir()).map(|e| (e.path(), e.metadata().and_then(|m| m.modified()).ok())).collect()
 }
 
 /// The text of a caught panic.
