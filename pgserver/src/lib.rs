@@ -17,9 +17,11 @@
 //! cache, and crash recovery reads it back; `synchronous_commit` keeps its default, so a commit
 //! still waits for its WAL write and for a synchronous standby). With `IDEM_PG_DURABLE=1` every
 //! server starts with `fsync = on` (scripts/bench.sh: the benchmark's figures are a real
-//! server's); [`Server::ensure_started`] restarts a running one started the other way. A server value that is dropped stops its server and
-//! deletes its directory, unless the thread is panicking (a failed test) or [`Server::keep`] was
-//! called: then the directory stays, and stderr says where.
+//! server's); [`Server::ensure_started`] restarts a running one started the other way.
+//!
+//! A server value that is dropped stops its server and deletes its directory, unless the thread
+//! is panicking (a failed test) or [`Server::keep`] was called: then the directory stays, and
+//! stderr says where. The shared private cluster ([`Server::private`]) is never deleted.
 
 use std::fs;
 use std::path::{Path, PathBuf};
