@@ -134,6 +134,11 @@ SELECT idem.idem_sweep();
 SELECT processing FROM idem.idem_stats();
 RESET ROLE;
 
+-- The install found idempotency_user already there (roles are cluster-wide), and DROP EXTENSION
+-- leaves it: other databases may use it.
+DROP EXTENSION idempotency;
+SELECT rolname, rolcanlogin FROM pg_roles WHERE rolname = 'idempotency_user';
+
 \c idem_regress
 DROP DATABASE idem_priv;
 DROP ROLE idem_app;
