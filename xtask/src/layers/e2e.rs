@@ -67,6 +67,13 @@ pub(crate) fn run(ctx: &Ctx, checks: &mut Checks, install: Install) {
         args.extend(SKIP_SQLX);
     }
     crate::cargo::test(checks, Path::new("."), &args, &[("IDEM_INSTALL", kind)]);
+    // The cancellation suite over sqlx on the portable install too (issue 32 asks for both drivers
+    // on both installs): where a dropped call stalls differs per install (the portable
+    // reservation writes the table at once), and per driver (sqlx sends no cancel request).
+    if install == Install::Portable && ctx.full {
+        let sqlx = ["test", "--no-fail-fast", "-p", "idempotency-tests", "--test", "cancellation", "--", "over_sqlx::"];
+        crate::cargo::test(checks, Path::new("."), &sqlx, &[("IDEM_INSTALL", kind)]);
+    }
     // The concurrency suites again with a replay cache on every handle of the test kit: what
     // the rerun proves is the checklist (and in a full run the faults) answered through the
     // cache. Once, over tokio-postgres and the extension: the cache sits above the driver and
