@@ -417,7 +417,8 @@ idempotency_testkit::for_each_driver! {
 
     #[tokio::test]
     async fn run_external_dropped_before_its_call_releases_the_key() {
-        let stage = Stage::new("idem_cancel_external_reserve", waiting()).await;
+        // max_retries 1: a release that could poison would poison at once.
+        let stage = Stage::new("idem_cancel_external_reserve", waiting().max_retries(1)).await;
         let key = unique_key("cancel.external");
         let calls = Arc::new(AtomicUsize::new(0));
         stage.stall_reservations_of(&key).await;
@@ -434,6 +435,8 @@ idempotency_testkit::for_each_driver! {
         })
         .await;
         assert_eq!(calls.load(Ordering::SeqCst), 0, "{NAME}: the outside call never started");
+        // Counted once (idem_release counts), never poisoned by the drop.
+        assert_eq!(stage.attempts(&key).await, 1, "{NAME}");
         let next = external(&stage.idem, &key, counted(calls.clone())).await.expect("the next attempt");
         assert!(matches!(next, Outcome::Executed(_)), "{NAME}: {next:?}");
         assert_eq!((calls.load(Ordering::SeqCst), stage.charges(&key).await), (1, 1), "{NAME}");

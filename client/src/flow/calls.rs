@@ -37,29 +37,55 @@ pub(crate) async fn reserve<D: Driver>(driver: &D, schema: &Schema, key: &Key, f
 
 /// `idem_reserve` for the two-phase flow, safe to drop at any point: the request runs in a task
 /// of its own, so a caller dropped while it is in flight (a timeout before the outside call
-/// started) does not leave behind a key that nobody will run: the task sees that nobody took
-/// the answer and releases a key it created (`idem_release`, which counts a transient failure).
+/// started) does not leave behind a key that nobody will run. A key created for a caller that is
+/// gone is released: by the task, when nobody is left to take the answer, or by the dropped
+/// caller's [`Unclaimed`] guard, when the answer arrived but was never read. The release counts
+/// one transient failure (`idem_release` always counts) but never poisons the key (its
+/// `max_retries` is the largest there is): a drop must not fail a call that never ran.
 pub(crate) async fn reserve_detached<D: Driver>(
     driver: &D,
     schema: &Schema,
     key: &Key,
     fingerprint: &Fingerprint,
     options: &ReserveOptions,
-    max_retries: Option<i32>,
 ) -> Result<Reservation, Error> {
     let (driver, schema, key, fingerprint, options) = (driver.clone(), schema.clone(), key.clone(), fingerprint.clone(), options.clone());
     let (answer, answered) = tokio::sync::oneshot::channel();
+    let mut unclaimed = Unclaimed { answered: Some(answered), key: (driver.clone(), schema.clone(), key.clone()) };
     tokio::spawn(async move {
         let reserved = reserve(&driver, &schema, &key, &fingerprint, &options).await;
-        let created = match &reserved {
-            Ok(Reservation { outcome: ReserveOutcome::Created(token), .. }) => Some(*token),
-            _ => None,
-        };
-        if let (Err(_), Some(token)) = (answer.send(reserved), created) {
-            let _ = release(&driver, &schema, &key, token, max_retries).await;
+        if let Err(Ok(Reservation { outcome: ReserveOutcome::Created(token), .. })) = answer.send(reserved) {
+            let _ = release(&driver, &schema, &key, token, NEVER_POISON).await;
         }
     });
-    answered.await.unwrap_or_else(|_| Err(Error::protocol("the reservation's task ended without an answer")))
+    let reserved = match unclaimed.answered.as_mut() {
+        Some(answered) => answered.await,
+        None => unreachable!("the receiver is only taken here"),
+    };
+    unclaimed.answered = None;
+    reserved.unwrap_or_else(|_| Err(Error::protocol("the reservation's task ended without an answer")))
+}
+
+/// The `max_retries` of a release made for a caller that is gone: a drop never poisons a key.
+const NEVER_POISON: Option<i32> = Some(i32::MAX);
+
+/// The answer of a detached reservation until its caller reads it; dropped unread (the caller's
+/// future dropped in the tick the answer arrived), it releases a key that was created.
+struct Unclaimed<D: Driver> {
+    answered: Option<tokio::sync::oneshot::Receiver<Result<Reservation, Error>>>,
+    key: (D, Schema, Key),
+}
+
+impl<D: Driver> Drop for Unclaimed<D> {
+    fn drop(&mut self) {
+        let Some(mut answered) = self.answered.take() else { return };
+        if let Ok(Ok(Reservation { outcome: ReserveOutcome::Created(token), .. })) = answered.try_recv() {
+            let (driver, schema, key) = self.key.clone();
+            tokio::spawn(async move {
+                let _ = release(&driver, &schema, &key, token, NEVER_POISON).await;
+            });
+        }
+    }
 }
 
 /// `idem_release`.

@@ -49,7 +49,7 @@ where
     let lease = cx.settings.lease.unwrap_or(DEFAULT_EXTERNAL_LEASE);
     let memo = Memo::start(cx.settings.replay_cache.as_ref(), cx.settings.ttl);
     let options = cx.options(Some(lease));
-    let reservation = calls::reserve_detached(cx.driver, cx.schema, key, fingerprint, &options, cx.settings.max_retries).await.map_err(Error::widen)?;
+    let reservation = calls::reserve_detached(cx.driver, cx.schema, key, fingerprint, &options).await.map_err(Error::widen)?;
     let memo = memo.reserved(key, fingerprint, &reservation);
     let token = match reservation.outcome {
         ReserveOutcome::Created(token) => token,

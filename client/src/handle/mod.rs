@@ -217,8 +217,8 @@ impl<D: Driver> Idempotency<D> {
     /// your local state. The heartbeat stops on every exit path.
     ///
     /// Dropped before `call` started (while the reservation is in flight), it leaves nothing: the
-    /// reservation runs in a task of its own, which releases the key if it created it after the
-    /// caller was gone (`idem_release`, counted as a transient failure). Dropped once `call` may
+    /// reservation runs in a task of its own, and a key it created after the caller was gone is
+    /// released (`idem_release`: one transient failure counted, but never poisoned). Dropped once `call` may
     /// have started, it keeps the key: the heartbeat stops, the record stays `PROCESSING` until its
     /// lease ends, and then `idem_recover_stuck` handles it per its `action` (`fail` by default,
     /// since the outside effect may have happened).
