@@ -218,10 +218,12 @@ impl<D: Driver> Idempotency<D> {
     ///
     /// Dropped before `call` started (while the reservation is in flight), it leaves nothing: the
     /// reservation runs in a task of its own, and a key it created after the caller was gone is
-    /// released (`idem_release`: one transient failure counted, but never poisoned). Dropped once `call` may
-    /// have started, it keeps the key: the heartbeat stops, the record stays `PROCESSING` until its
-    /// lease ends, and then `idem_recover_stuck` handles it per its `action` (`fail` by default,
-    /// since the outside effect may have happened).
+    /// released (`idem_release`: one transient failure counted, but never poisoned). Dropped once
+    /// `call` may have started, it keeps the key: the heartbeat stops, the record stays
+    /// `PROCESSING` until its lease ends, and then `idem_recover_stuck` handles it per its
+    /// `action` (`fail` by default, since the outside effect may have happened). That holds too
+    /// for a drop while a failed `call`'s release is in flight: the release may not have
+    /// happened, and the key then waits for its lease like any other.
     ///
     /// [`Settings::call_timeout`] bounds the database steps before `call` (the schema lookup,
     /// the reservation), and afresh those after it ended (release or `record` and completion,
@@ -230,7 +232,7 @@ impl<D: Driver> Idempotency<D> {
     /// `call` succeeded, the key is left `PROCESSING` as a crash would leave it (never
     /// released, so `call` is not made again for it): the answer is
     /// [`Error::StoreUnavailable`], and the key is settled by `idem_recover_stuck` once its
-    /// lease has expired.
+    /// lease has expired. The same when it fires while a failed `call`'s release is in flight.
     pub async fn run_external<T, E, C, R>(
         &self,
         key: &Key,
