@@ -46,3 +46,38 @@ fn copy_installed(from: &Path, to: &Path) -> Result<(), String> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::copy_installed;
+    use std::path::{Path, PathBuf};
+
+    /// A fake installation under `dir`: a pg_config answering --pkglibdir and --sharedir.
+    fn tree(dir: &Path) -> PathBuf {
+        std::fs::create_dir_all(dir.join("lib")).expect("lib");
+        std::fs::create_dir_all(dir.join("share/extension")).expect("share");
+        let config = dir.join("pg_config");
+        let script = format!("#!/bin/sh\ncase \"$1\" in --pkglibdir) echo {0}/lib ;; --sharedir) echo {0}/share ;; esac\n", dir.display());
+        std::fs::write(&config, script).expect("write pg_config");
+        std::process::Command::new("chmod").arg("+x").arg(&config).status().expect("chmod");
+        config
+    }
+
+    /// The library, the control file and every script go over; nothing else does.
+    #[test]
+    fn copies_the_installed_extension_into_another_tree() {
+        let root = std::env::temp_dir().join(format!("xtask-copy-{}", std::process::id()));
+        let (from, to) = (tree(&root.join("from")), tree(&root.join("to")));
+        for f in ["lib/idempotency.so", "share/extension/idempotency.control", "share/extension/idempotency--0.5.0.sql", "share/extension/other.control"] {
+            std::fs::write(root.join("from").join(f), f).expect("write");
+        }
+        assert_eq!(copy_installed(&from, &to), Ok(()));
+        for f in ["lib/idempotency.so", "share/extension/idempotency.control", "share/extension/idempotency--0.5.0.sql"] {
+            assert_eq!(std::fs::read_to_string(root.join("to").join(f)).ok().as_deref(), Some(f));
+        }
+        assert!(!root.join("to/share/extension/other.control").exists());
+        let empty = tree(&root.join("empty"));
+        assert!(copy_installed(&empty, &to).is_err(), "nothing installed: an error");
+        let _ = std::fs::remove_dir_all(&root);
+    }
+}
