@@ -351,6 +351,8 @@ pub(crate) fn run(options: &Options) -> ExitCode {
         println!("{l}");
     }
     println!("servers: {} directories deleted after their layer passed, {} kept{}", h.servers_deleted, h.servers_kept.len(), if h.servers_kept.is_empty() { String::new() } else { format!(": {}", h.servers_kept.join(", ")) });
+    let cargo_runs = crate::sh::CARGO_RUNS.load(std::sync::atomic::Ordering::Relaxed);
+    println!("cargo: {cargo_runs} commands started by the harness (scripts/package.sh runs one more per major)");
     println!("{}", closing_line(&h));
     if h.total.failed == 0 && h.failed_layers == 0 {
         ExitCode::SUCCESS

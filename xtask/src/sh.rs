@@ -2,6 +2,11 @@
 
 use std::path::Path;
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// The cargo commands this run started (each [`to_log`] of a `cargo` command): the summary
+/// prints it.
+pub(crate) static CARGO_RUNS: AtomicU32 = AtomicU32::new(0);
 
 /// Runs `cmd`; its stdout (trimmed at the end) on success, else its output and status.
 pub(crate) fn capture(cmd: &mut Command) -> Result<String, String> {
@@ -24,6 +29,9 @@ pub(crate) fn to_log_text(cmd: &mut Command, log: &Path) -> (bool, String) {
 
 /// Runs `cmd` with its output appended to `log`; whether it succeeded.
 pub(crate) fn to_log(cmd: &mut Command, log: &Path) -> bool {
+    if cmd.get_program() == "cargo" {
+        CARGO_RUNS.fetch_add(1, Ordering::Relaxed);
+    }
     let file = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
