@@ -173,7 +173,7 @@ impl Proxy {
         let (mut sr, mut sw) = server.into_split();
         let tally = Tally::new(self);
         let heard = tally.clone();
-        let back = tokio::spawn(async move {
+        let mut back = tokio::spawn(async move {
             let mut heard = heard;
             let mut buf = vec![0u8; 64 * 1024];
             while let Ok(n @ 1..) = sr.read(&mut buf).await {
@@ -215,10 +215,14 @@ impl Proxy {
                 if chunk.windows(COMMIT.len()).any(|w| w == COMMIT) && armed.swap(false, Ordering::SeqCst) {
                     self.cuts.fetch_add(1, Ordering::SeqCst);
                     if cut == Cut::AfterCommit {
+                        // Stop relaying answers before COMMIT leaves, and wait until the relay
+                        // has stopped: it runs on another worker, so an abort after the write
+                        // could lose the race to a fast server's answer (the client would then
+                        // see its commit). Then let the server commit.
+                        back.abort();
+                        let _ = (&mut back).await;
                         let _ = sw.write_all(chunk).await;
                         let _ = sw.flush().await;
-                        // Let the server commit, but never relay its answer.
-                        back.abort();
                         tokio::time::sleep(Duration::from_millis(200)).await;
                     }
                     break; // dropping both halves closes both connections
