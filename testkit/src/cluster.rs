@@ -210,3 +210,20 @@ pub async fn until_passed(client: &deadpool_postgres::Client, schema: &Schema, k
     })
     .await
 }
+
+/// Waits (at most 60 s) until `n` sessions are blocked, directly or behind one another, by the
+/// backend `pid`, as the server sees them (pg_blocking_pids): the concurrency suites' proof that
+/// duplicates overlapped a held key, not guessed from elapsed time.
+pub async fn blocked_behind(pid: i64, n: i64) {
+    let admin = admin_at(cluster_url()).await;
+    let sql = "WITH RECURSIVE blocked (pid) AS (
+                   SELECT a.pid FROM pg_catalog.pg_stat_activity a WHERE $1::int8::int4 = ANY (pg_catalog.pg_blocking_pids(a.pid))
+                   UNION
+                   SELECT a.pid FROM pg_catalog.pg_stat_activity a, blocked b WHERE b.pid = ANY (pg_catalog.pg_blocking_pids(a.pid)))
+               SELECT count(*) FROM blocked";
+    crate::server::eventually(&format!("{n} duplicates blocked behind backend {pid}"), Duration::from_secs(60), || async {
+        let seen: i64 = admin.query_one(sql, &[&pid]).await.map_err(|e| e.to_string())?.get(0);
+        if seen >= n { Ok(()) } else { Err(format!("{seen} blocked")) }
+    })
+    .await
+}

@@ -28,7 +28,7 @@ pub mod server;
 pub mod tls_server;
 pub mod trips;
 
-pub use cluster::{admin, admin_at, charges_for, cluster_addr, cluster_url, database_url, fresh_database, fresh_database_at, private_server, test_database, unique_key, until_passed, Passed};
+pub use cluster::{admin, admin_at, blocked_behind, charges_for, cluster_addr, cluster_url, database_url, fresh_database, fresh_database_at, private_server, test_database, unique_key, until_passed, Passed};
 pub use handler::{Failure, HeldRace};
 /// The tokio-postgres names, for the suites whose checks are the server's whatever the driver
 /// (no_subtransaction, lock_budget_default, ...); a suite that runs per driver is instantiated by

@@ -6,7 +6,6 @@ idempotency_testkit::for_each_driver! {
     use idempotency_client::{
         Error, Fingerprint, Key, Outcome, Settings, StoredResponse,
     };
-    use idempotency_testkit::server::eventually;
     use idempotency_testkit::{admin_at, charges_for, fresh_database, unique_key, until_passed, Failure, Passed};
     use serde_json::json;
     use std::sync::atomic::{AtomicUsize, Ordering};
@@ -43,23 +42,6 @@ idempotency_testkit::for_each_driver! {
         assert_eq!(runs.load(Ordering::SeqCst), 1);
     }
 
-    /// Waits (at most 60 s) until `n` sessions are blocked, directly or behind one another, by the
-    /// backend `pid`: duplicates waiting for its uncommitted reservation, seen by the server
-    /// (pg_blocking_pids), not guessed from elapsed time.
-    async fn blocked_behind(pid: i64, n: i64) {
-        let admin = admin().await;
-        let sql = "WITH RECURSIVE blocked (pid) AS (
-                       SELECT a.pid FROM pg_catalog.pg_stat_activity a WHERE $1::int8::int4 = ANY (pg_catalog.pg_blocking_pids(a.pid))
-                       UNION
-                       SELECT a.pid FROM pg_catalog.pg_stat_activity a, blocked b WHERE b.pid = ANY (pg_catalog.pg_blocking_pids(a.pid)))
-                   SELECT count(*) FROM blocked";
-        eventually(&format!("{n} duplicates blocked behind backend {pid}"), Duration::from_secs(60), || async {
-            let seen: i64 = admin.query_one(sql, &[&pid]).await.map_err(|e| e.to_string())?.get(0);
-            if seen >= n { Ok(()) } else { Err(format!("{seen} blocked")) }
-        })
-        .await
-    }
-
     /// 64 concurrent runs of one key with `wait`: the one that gets the key holds it until the 63
     /// others are blocked behind it.
     async fn waiting_duplicates() -> (Vec<Result<Outcome<StoredResponse>, Error<Failure>>>, usize, i64) {
@@ -82,7 +64,7 @@ idempotency_testkit::for_each_driver! {
                         let pid = query_i64(tx, "SELECT pg_backend_pid()::int8", &[]).await?;
                         // Hold the reservation open until every duplicate is blocked behind it, so
                         // they really overlap.
-                        blocked_behind(pid, 63).await;
+                        idempotency_testkit::blocked_behind(pid, 63).await;
                         Ok::<_, Failure>(StoredResponse::json(201, json!({"id": pid})))
                     })
                 })

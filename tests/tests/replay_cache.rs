@@ -320,22 +320,6 @@ idempotency_testkit::for_each_driver! {
         }
     }
 
-    /// Waits (at most 60 s) until `n` sessions are blocked, directly or behind one another, by the
-    /// backend `pid`, as the server sees them (pg_blocking_pids): the checklist's overlap proof.
-    async fn blocked_behind(pid: i64, n: i64) {
-        let admin = admin().await;
-        let sql = "WITH RECURSIVE blocked (pid) AS (
-                       SELECT a.pid FROM pg_catalog.pg_stat_activity a WHERE $1::int8::int4 = ANY (pg_catalog.pg_blocking_pids(a.pid))
-                       UNION
-                       SELECT a.pid FROM pg_catalog.pg_stat_activity a, blocked b WHERE b.pid = ANY (pg_catalog.pg_blocking_pids(a.pid)))
-                   SELECT count(*) FROM blocked";
-        eventually(&format!("{n} duplicates blocked behind backend {pid}"), Duration::from_secs(60), || async {
-            let seen: i64 = admin.query_one(sql, &[&pid]).await.map_err(|e| e.to_string())?.get(0);
-            if seen >= n { Ok(()) } else { Err(format!("{seen} blocked")) }
-        })
-        .await
-    }
-
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn concurrent_duplicates_run_once_with_the_cache_on() {
         // The checklist's 64 waiting duplicates, with a cache: the one that gets the key holds it (its
@@ -361,7 +345,7 @@ idempotency_testkit::for_each_driver! {
                         let insert = "INSERT INTO charges (user_id, amount, k) VALUES ('u', 100, $1)";
                         exec(tx, insert, &[&tag]).await?;
                         let pid = query_i64(tx, "SELECT pg_backend_pid()::int8", &[]).await?;
-                        blocked_behind(pid, 63).await;
+                        idempotency_testkit::blocked_behind(pid, 63).await;
                         Ok::<_, Failure>(StoredResponse::json(201, json!({"run": n, "pid": pid})))
                     })
                 })
