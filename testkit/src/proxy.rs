@@ -173,11 +173,19 @@ impl Proxy {
         let (mut sr, mut sw) = server.into_split();
         let tally = Tally::new(self);
         let heard = tally.clone();
-        let mut back = tokio::spawn(async move {
+        // Set at an AfterCommit cut: the server's answers are still read (so closing the socket
+        // later discards nothing unread, which would reset the connection under the commit) but
+        // never relayed.
+        let muted = Arc::new(AtomicBool::new(false));
+        let mute = muted.clone();
+        let back = tokio::spawn(async move {
             let mut heard = heard;
             let mut buf = vec![0u8; 64 * 1024];
             while let Ok(n @ 1..) = sr.read(&mut buf).await {
                 heard.answer(&buf[..n]);
+                if mute.load(Ordering::SeqCst) {
+                    continue;
+                }
                 if cw.write_all(&buf[..n]).await.is_err() {
                     break;
                 }
@@ -215,12 +223,10 @@ impl Proxy {
                 if chunk.windows(COMMIT.len()).any(|w| w == COMMIT) && armed.swap(false, Ordering::SeqCst) {
                     self.cuts.fetch_add(1, Ordering::SeqCst);
                     if cut == Cut::AfterCommit {
-                        // Stop relaying answers before COMMIT leaves, and wait until the relay
-                        // has stopped: it runs on another worker, so an abort after the write
-                        // could lose the race to a fast server's answer (the client would then
-                        // see its commit). Then let the server commit.
-                        back.abort();
-                        let _ = (&mut back).await;
+                        // Mute the relay before COMMIT leaves (it runs on another worker: an
+                        // abort after the write could lose the race to a fast server's answer,
+                        // and the client would see its commit), then let the server commit.
+                        muted.store(true, Ordering::SeqCst);
                         let _ = sw.write_all(chunk).await;
                         let _ = sw.flush().await;
                         tokio::time::sleep(Duration::from_millis(200)).await;
