@@ -15,9 +15,8 @@ mkdir -p target/bench
 export PG_CONFIG=${PG_CONFIG:-$(scripts/pg-env.sh config "$(scripts/pg-env.sh default)")}
 major=$(scripts/pg-env.sh major "$PG_CONFIG")
 bash scripts/setup.sh --majors "$major"
-# The release build (fat LTO) that ships, in the major's build directory (the package layer's).
-(cd extension && CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$root/target/build-pg$major} \
-    cargo pgrx install --release --pg-config "$PG_CONFIG" --no-default-features --features "pg$major") >target/bench/build.log 2>&1 \
+# The release build (fat LTO) that ships, in target/release (the package layer's).
+(cd extension && cargo pgrx install --release --pg-config "$PG_CONFIG" --no-default-features --features "pg$major") >target/bench/build.log 2>&1 \
     || { tail -30 target/bench/build.log; exit 1; }
 cargo build --release -q -p idempotency-bench --bin bench >>target/bench/build.log 2>&1 || { tail -30 target/bench/build.log; exit 1; }
 # fsync on for every server of the benchmark (a test server runs with it off), so the figures are

@@ -29,10 +29,9 @@ for major in ${*:-$("$env_sh" majors)}; do
     out=$root/target/packages/pg$major
     rm -rf "$out"
     mkdir -p "$out"
-    # The release build (fat LTO), in the major's build directory (target/build-pgNN, shared with
-    # the test command's other builds of the major and with scripts/bench.sh).
-    (cd extension && CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$root/target/build-pg$major} \
-        cargo pgrx package --pg-config "$config" --no-default-features --features "pg$major" \
+    # The release build (fat LTO), in the workspace's target/release (shared by every major and
+    # scripts/bench.sh: only pgrx and the extension are compiled per major).
+    (cd extension && cargo pgrx package --pg-config "$config" --no-default-features --features "pg$major" \
         --out-dir "$out/root") >"$out/build.log" 2>&1 || { tail -30 "$out/build.log" >&2; exit 1; }
 
     # The portable layout: the library and the extension's SQL and control files, by role.

@@ -48,13 +48,6 @@ impl Ctx {
         idempotency_pgserver::pg_config_value(&self.config, flag)
     }
 
-    /// The build directory of the extension for this major (`CARGO_TARGET_DIR` of every cargo
-    /// pgrx command: pg_test, install, package): `target/build-pgNN`, removed after the major in
-    /// CI (the harness), so only one major's build is on disk at a time.
-    pub(crate) fn build_dir(&self) -> PathBuf {
-        build_dir(self.major)
-    }
-
     /// The major's extension directory.
     pub(crate) fn extdir(&self) -> PathBuf {
         PathBuf::from(self.value("--sharedir")).join("extension")
@@ -64,9 +57,4 @@ impl Ctx {
     pub(crate) fn psql(&self, port: u16) -> crate::psql::Psql {
         crate::psql::Psql::new(&PathBuf::from(self.value("--bindir")), port)
     }
-}
-
-/// [`Ctx::build_dir`] of major `major` (absolute: cargo pgrx runs in extension/).
-pub(crate) fn build_dir(major: u32) -> PathBuf {
-    idempotency_pgserver::root().join(format!("target/build-pg{major}"))
 }

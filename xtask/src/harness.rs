@@ -380,15 +380,12 @@ fn closing_line(h: &Harness) -> String {
     format!("{} ({} distinct checks over {over})", h.total, h.names.len())
 }
 
-/// In CI (CI=true), after a major: its build directory (target/build-pgNN: the dev and release
-/// builds of the extension for that major, gigabytes) is removed, and, when the major passed,
-/// its private cluster; the disk holds one major's builds at a time.
+/// In CI (CI=true), after a major: the builds of the crates compiled per major (the extension,
+/// pgrx and its bindings: [`crate::artifacts`]) are removed, and, when the major passed, its
+/// private cluster; the disk holds the shared builds and one major's own.
 fn ci_cleanup(ctx: &Ctx, passed: bool) {
-    let build = ctx.build_dir();
-    let size = crate::sh::capture(Command::new("du").arg("-sh").arg(&build)).unwrap_or_default();
-    if std::fs::remove_dir_all(&build).is_ok() {
-        println!("[xtask] CI: removed {}", size.replace('\t', " "));
-    }
+    let freed = crate::artifacts::remove_per_major(&idempotency_pgserver::root().join("target"));
+    println!("[xtask] CI: removed {} MB of PostgreSQL {}'s own builds", freed / 1_000_000, ctx.major);
     if passed {
         let _ = catch_unwind(AssertUnwindSafe(|| Server::private(&ctx.config).destroy()));
         let _ = std::fs::remove_dir_all(idempotency_pgserver::root().join(format!("target/pgrx-test-data/{}", ctx.major)));

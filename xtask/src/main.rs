@@ -22,6 +22,7 @@
 //! what legitimately could not run, such as the Citus layer without Citus); it exits non-zero if
 //! any layer fails.
 
+mod artifacts;
 mod cargo;
 mod ctx;
 mod harness;

@@ -1,5 +1,5 @@
 //! Layer install: `cargo pgrx install` (the dev profile: no LTO, the build pg_test made of the same
-//! crates, in the major's build directory `target/build-pgNN`) into the major; the later layers
+//! crates, in the workspace's `target/debug`) into the major; the later layers
 //! test this build, and the package layer builds and smoke-tests the release build (fat LTO)
 //! that ships. Then every released install script and every update script (scripts/sqlbuild.py
 //! install-files).
@@ -15,7 +15,6 @@ pub(crate) fn run(ctx: &Ctx, checks: &mut Checks) {
     let built = crate::sh::to_log(
         Command::new("cargo")
             .current_dir("extension")
-            .env("CARGO_TARGET_DIR", ctx.build_dir())
             .args(["pgrx", "install", "--pg-config"])
             .arg(&ctx.config)
             .args(["--no-default-features", "--features", &pg]),

@@ -1,7 +1,8 @@
 //! Layer pg_test: `cargo pgrx test` of the major, the Rust that runs inside PostgreSQL (its data
 //! directory under target/pgrx-test-data/NN, deleted when every test passed; as the postgres OS
-//! user when run as root). Built in the major's build directory (`target/build-pgNN`, dev
-//! profile): the install layer's build shares every dependency with it.
+//! user when run as root). Built in the workspace's `target/debug` like every dev build
+//! (only pgrx and the extension are compiled per major: crate::artifacts): the install layer's
+//! build shares every dependency with it.
 
 use crate::ctx::Ctx;
 use crate::report::Checks;
@@ -23,8 +24,7 @@ pub(crate) fn run(ctx: &Ctx, checks: &mut Checks) {
         args.extend(["--runas", "postgres"]);
     }
     args.extend(["--pgdata", &data]);
-    let build = ctx.build_dir();
-    crate::cargo::test(checks, Path::new("extension"), &args, &[("CARGO_TARGET_DIR", build.to_str().expect("UTF-8 path"))]);
+    crate::cargo::test(checks, Path::new("extension"), &args, &[]);
     // Its cluster is disposable: deleted when every test passed, else kept for inspection.
     if checks.failed() == 0 {
         let _ = std::fs::remove_dir_all(&data);
