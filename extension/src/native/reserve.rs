@@ -197,10 +197,35 @@ pub unsafe extern "C-unwind" fn idem_reserve_native(fcinfo: pg_sys::FunctionCall
 }
 
 fn reserve(catalog: &Rc<Catalog>, scope: &Scope<'_>, request_hash: Text<'_>, ttl: Datum, lease: Datum, wait: bool) -> Answer {
+    // The key's lock, once this call has taken it and still holds it.
+    let mut locked = None;
+    let answer = reserve_locking(catalog, scope, request_hash, ttl, lease, wait, &mut locked);
+    // Only a `created` keeps the key's lock (counted in the transaction's budget by
+    // [`pending`]). Any other answer writes nothing, so the lock it took (waiting for a holder
+    // that then committed, finding the key held by another transaction's row, losing a race)
+    // guards nothing: give it back, or a batch of contended keys would keep one per key.
+    if let Some(id) = locked {
+        if answer.outcome != "created" {
+            unlock(id);
+        }
+    }
+    answer
+}
+
+/// [`reserve`]'s loop; `locked` is the key's lock while this call holds it (left set for a
+/// `created` that keeps it).
+fn reserve_locking(
+    catalog: &Rc<Catalog>,
+    scope: &Scope<'_>,
+    request_hash: Text<'_>,
+    ttl: Datum,
+    lease: Datum,
+    wait: bool,
+    locked: &mut Option<i64>,
+) -> Answer {
     // A key reserved earlier in this transaction and not written yet: write it, so this call
     // answers from its record as it always did (in_progress, or replay once completed).
     let wrote = pending::materialize(catalog, scope);
-    let mut locked = None;
     for attempt in 0..ATTEMPTS {
         // SAFETY: reads the clock.
         let now = unsafe { pg_sys::GetCurrentTimestamp() };
@@ -226,7 +251,7 @@ fn reserve(catalog: &Rc<Catalog>, scope: &Scope<'_>, request_hash: Text<'_>, ttl
             continue; // the holder may have committed while we waited: read again
         }
         // The record as it is now, uncommitted rows included (not on Citus: there the table
-        // here is a shell, and every writer keeps its lock).
+        // here is a shell; a row written past a lock budget is met by the INSERT instead).
         let latest = if catalog.distributed { probe::Latest::Present } else { probe::latest(catalog, scope) };
         if let probe::Latest::Deleting(xid) = latest {
             // A sweep or a release deleting the record, briefly: wait for it whatever `wait`
@@ -247,8 +272,13 @@ fn reserve(catalog: &Rc<Catalog>, scope: &Scope<'_>, request_hash: Text<'_>, ttl
         }
         // Keep the key's lock until the transaction ends (as every version did), unless this
         // transaction already keeps its share of the lock table: then write the row now and
-        // give the lock back.
-        let keep = catalog.distributed || pending::may_keep_lock();
+        // give the lock back. On Citus too (0.5.0 kept every lock there, so a large batch
+        // filled the lock table of the node running it): there no dirty read finds the row, so
+        // a duplicate that takes the freed lock meets the row in the primary key, and its
+        // INSERT … ON CONFLICT DO NOTHING waits for this transaction's end (then reads the
+        // committed record, or creates after a rollback) instead of answering in_progress at
+        // once. Never a second `created`: the primary key decides, as for every write here.
+        let keep = pending::may_keep_lock();
         let token = next_token(catalog);
         let lease_end = call::plus(now, lease);
         let expires_at = call::plus(now, ttl);
@@ -308,6 +338,7 @@ fn reserve(catalog: &Rc<Catalog>, scope: &Scope<'_>, request_hash: Text<'_>, ttl
             }
             if !keep {
                 unlock(lock_id);
+                *locked = None;
             }
             return Answer { outcome: "created", token: Some(token), response: None, attempts, expires_at: Some(expires_at) };
         }
