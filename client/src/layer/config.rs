@@ -1,5 +1,8 @@
 //! The layer's builder and the configuration it freezes.
 
+use super::core::Reply;
+use super::extract::{self, KeySource, PolicyFn, ReplayHook, Scope};
+use super::pointer::Pointer;
 use super::{IdempotencyLayer, Mode};
 use crate::response::{Replayable, StoredResponse, Verdict};
 use crate::driver::{postgres_by_default, Driver, Step};
@@ -7,23 +10,13 @@ use crate::row::{only, Row};
 use crate::sql::MAX_RESPONSE_BYTES_SQL;
 use crate::{Error, Idempotency};
 use http::header::{HeaderName, AUTHORIZATION, CONTENT_TYPE, LOCATION, SET_COOKIE};
+use bytes::Bytes;
 use http::request::Parts;
 use http::Method;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::OnceCell;
-
-/// Finds the user a request acts for (the authenticated principal), or `None` (answered 401).
-pub type UserFn = Arc<dyn Fn(&Parts) -> Option<String> + Send + Sync>;
-
-/// Whose records a route's keys live in.
-#[derive(Clone)]
-pub(crate) enum Scope {
-    /// The user a request acts for.
-    User(UserFn),
-    /// Every caller shares one scope (routes without authentication must say so).
-    Anonymous,
-}
 
 /// The user id of [`Builder::anonymous`] routes.
 pub const ANONYMOUS_USER: &str = "anonymous";
@@ -38,16 +31,19 @@ postgres_by_default! {
 pub(crate) struct Config<D: Driver = Postgres> {
     pub(crate) idem: Idempotency<D>,
     pub(crate) mode: Mode,
-    pub(crate) header: HeaderName,
+    pub(crate) key: KeySource,
     pub(crate) methods: Vec<Method>,
     pub(crate) require_key: bool,
     pub(crate) scope: Scope,
+    pub(crate) namespace: Option<String>,
     pub(crate) operation: Option<String>,
     pub(crate) body_limit: usize,
     pub(crate) response_limit: ResponseLimit,
-    pub(crate) fields: Option<Vec<String>>,
+    pub(crate) subset: Option<Vec<Pointer>>,
+    pub(crate) query_in_fingerprint: bool,
     pub(crate) stored_headers: Vec<HeaderName>,
-    pub(crate) policy: fn(u16) -> Verdict,
+    pub(crate) policy: PolicyFn,
+    pub(crate) on_replay: Option<ReplayHook>,
     pub(crate) log_keys: bool,
 }
 }
@@ -133,29 +129,33 @@ postgres_by_default! {
 /// | setting | default |
 /// | --- | --- |
 /// | [`mode`](Builder::mode) | [`Mode::InTransaction`] |
-/// | [`header`](Builder::header) | `Idempotency-Key` |
+/// | [`namespace`](Builder::namespace) | none: the operation alone scopes keys |
+/// | [`header`](Builder::header) / [`key_from`](Builder::key_from) | the `Idempotency-Key` header |
 /// | [`methods`](Builder::methods) | `POST`, `PATCH` (other methods pass through untouched) |
 /// | [`require_key`](Builder::require_key) | `true`: a covered request without a key is a 400 |
-/// | [`user`](Builder::user) / [`anonymous`](Builder::anonymous) | none: one of them is required |
-/// | [`operation`](Builder::operation) | method and matched route (`POST /charges`), else the path |
+/// | [`user`](Builder::user) / [`user_from`](Builder::user_from) / [`anonymous`](Builder::anonymous) | none: one of them is required |
+/// | [`operation`](Builder::operation) | method and matched route (`POST /charges`), else method and path |
 /// | [`ttl`](Builder::ttl), [`max_retries`](Builder::max_retries) | the handle's, else the server's `idempotency.*` |
 /// | [`lease`](Builder::lease) | the handle's, else the server's (in-transaction) or 60 s (two-phase) |
 /// | [`wait`](Builder::wait) | `false`: a concurrent duplicate gets 409 + `Retry-After` |
 /// | [`retry_after`](Builder::retry_after) | the handle's (1 s) |
 /// | [`body_limit`](Builder::body_limit) | 1 MiB (413 above it) |
 /// | [`response_limit`](Builder::response_limit) | the server's `idempotency.max_response_bytes`, read once (1MB if unreadable) |
-/// | [`fingerprint_fields`](Builder::fingerprint_fields) | the whole body |
+/// | [`fingerprint_paths`](Builder::fingerprint_paths) / [`fingerprint_fields`](Builder::fingerprint_fields) | the whole body |
+/// | [`fingerprint_query`](Builder::fingerprint_query) | `false`: the query string is not fingerprinted |
 /// | [`stored_headers`](Builder::stored_headers) | `Content-Type`, `Location` |
 /// | [`status_policy`](Builder::status_policy) | 2xx–4xx stored except 408, 409, 425, 429 |
+/// | [`on_replay`](Builder::on_replay) | none: a replay is the stored answer and `Idempotent-Replayed: true` |
 /// | [`log_keys`](Builder::log_keys) | `false`: spans carry a hash of the key |
 #[must_use]
 pub struct Builder<D: Driver = Postgres> {
     idem: Idempotency<D>,
     mode: Mode,
-    header: HeaderName,
+    key: KeySource,
     methods: Vec<Method>,
     require_key: bool,
     scope: Option<Scope>,
+    namespace: Option<String>,
     operation: Option<String>,
     ttl: Option<Duration>,
     lease: Option<Duration>,
@@ -164,9 +164,12 @@ pub struct Builder<D: Driver = Postgres> {
     retry_after: Option<Duration>,
     body_limit: usize,
     response_limit: Option<usize>,
+    subset: Option<Vec<String>>,
     fields: Option<Vec<String>>,
+    query_in_fingerprint: bool,
     stored_headers: Vec<HeaderName>,
-    policy: fn(u16) -> Verdict,
+    policy: PolicyFn,
+    on_replay: Option<ReplayHook>,
     log_keys: bool,
 }
 }
@@ -181,10 +184,11 @@ impl<D: Driver> Builder<D> {
         Builder {
             idem,
             mode: Mode::InTransaction,
-            header: HeaderName::from_static("idempotency-key"),
+            key: KeySource::Header(HeaderName::from_static("idempotency-key")),
             methods: vec![Method::POST, Method::PATCH],
             require_key: true,
             scope: None,
+            namespace: None,
             operation: None,
             ttl: None,
             lease: None,
@@ -193,9 +197,12 @@ impl<D: Driver> Builder<D> {
             retry_after: None,
             body_limit: 1 << 20,
             response_limit: None,
+            subset: None,
             fields: None,
+            query_in_fingerprint: false,
             stored_headers: vec![CONTENT_TYPE, LOCATION],
-            policy: default_status_policy,
+            policy: Arc::new(default_status_policy),
+            on_replay: None,
             log_keys: false,
         }
     }
@@ -207,9 +214,36 @@ impl<D: Driver> Builder<D> {
         self
     }
 
-    /// The request header holding the key.
+    /// The request header holding the key (an sf-string or a bare token), read before the body.
+    /// Replaces a [`key_from`](Builder::key_from) extractor.
     pub fn header(mut self, name: HeaderName) -> Self {
-        self.header = name;
+        self.key = KeySource::Header(name);
+        self
+    }
+
+    /// The key from a closure over the request's head and its whole body (read up to
+    /// [`body_limit`](Builder::body_limit)), instead of a header: a field of the body (Google
+    /// AIP-155's `request_id`), a header of another name or syntax, a value your own state
+    /// derives. It may be async and hold state; it returns a `'static` future, so clone what the
+    /// future needs first. `None` is a request without a key ([`require_key`](Builder::require_key)).
+    ///
+    /// ```no_run
+    /// # use idempotency_client::layer::IdempotencyLayer;
+    /// # fn demo(idem: idempotency_client::Idempotency) {
+    /// let layer = IdempotencyLayer::builder(idem)
+    ///     .anonymous()
+    ///     .key_from(|_parts, body| {
+    ///         let request: Option<serde_json::Value> = serde_json::from_slice(body).ok();
+    ///         async move { Some(request?.get("request_id")?.as_str()?.to_owned()) }
+    ///     });
+    /// # }
+    /// ```
+    pub fn key_from<F, Fut>(mut self, extractor: F) -> Self
+    where
+        F: Fn(&Parts, &Bytes) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Option<String>> + Send + 'static,
+    {
+        self.key = KeySource::Extractor(extract::key_fn(extractor));
         self
     }
 
@@ -230,7 +264,41 @@ impl<D: Driver> Builder<D> {
     /// the request's extensions: keys are scoped to it, so one user's key never reaches another
     /// user's record. `None` is answered 401.
     pub fn user(mut self, user: impl Fn(&Parts) -> Option<String> + Send + Sync + 'static) -> Self {
-        self.scope = Some(Scope::User(Arc::new(user)));
+        let user = Arc::new(user);
+        self.scope = Some(Scope::User(extract::user_fn(move |parts: &Parts| std::future::ready(user(parts)))));
+        self
+    }
+
+    /// [`user`](Builder::user) as an async closure that may hold state: a token verified against a
+    /// key set, a session looked up in a store. It returns a `'static` future, so clone what the
+    /// future needs out of the request first. `None` is answered 401 (gRPC: `UNAUTHENTICATED`).
+    ///
+    /// ```no_run
+    /// # use idempotency_client::layer::IdempotencyLayer;
+    /// # use std::{collections::HashMap, sync::Arc};
+    /// # fn demo(idem: idempotency_client::Idempotency) {
+    /// let sessions: Arc<HashMap<String, String>> = Arc::default();
+    /// let layer = IdempotencyLayer::builder(idem).user_from(move |parts| {
+    ///     let (sessions, token) = (sessions.clone(), parts.headers.get("x-session").cloned());
+    ///     async move { sessions.get(token?.to_str().ok()?).cloned() }
+    /// });
+    /// # }
+    /// ```
+    pub fn user_from<F, Fut>(mut self, extractor: F) -> Self
+    where
+        F: Fn(&Parts) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Option<String>> + Send + 'static,
+    {
+        self.scope = Some(Scope::User(extract::user_fn(extractor)));
+        self
+    }
+
+    /// A prefix of every operation this layer scopes keys to (`billing` makes `POST /charges`
+    /// the operation `billing:POST /charges`), so two services or environments sharing one
+    /// database never reach each other's records with the same key and route. Not part of the
+    /// `operation` label of spans and metrics.
+    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
+        self.namespace = Some(namespace.into());
         self
     }
 
@@ -242,9 +310,11 @@ impl<D: Driver> Builder<D> {
     }
 
     /// The operation name keys are scoped to, and the `operation` label of spans and metrics.
-    /// By default the method and the matched route (`POST /charges/{id}`) when the layer is added
-    /// with axum's `route_layer`; otherwise the method and the request's path, which has one
-    /// value per path (`/charges/7`): name the operation then.
+    /// By default the method and the matched route (`POST /charges/{id}`: axum's `MatchedPath`
+    /// when the layer is added with `route_layer`, actix-web's match pattern, the gRPC method);
+    /// otherwise the method and the request's path, which has one value per path
+    /// (`/charges/7`): keys are then scoped per URL, and the metrics label is the method and
+    /// `(unmatched)`, never the path. Name the operation then.
     pub fn operation(mut self, name: impl Into<String>) -> Self {
         self.operation = Some(name.into());
         self
@@ -302,9 +372,28 @@ impl<D: Driver> Builder<D> {
         self
     }
 
-    /// Fingerprint only these top-level fields of a JSON body (method and path always count).
+    /// Fingerprint only these top-level fields of a JSON body (method and path always count):
+    /// [`fingerprint_paths`](Builder::fingerprint_paths) of `/field` each.
     pub fn fingerprint_fields(mut self, fields: impl IntoIterator<Item = impl Into<String>>) -> Self {
         self.fields = Some(fields.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// Fingerprint only the values at these JSON Pointers (RFC 6901: `/amount`,
+    /// `/customer/id`, `/items/0/sku`) of a JSON body; the method and path always count. A
+    /// retry that changes anything else (a trace id, a timestamp) replays; one that changes a
+    /// selected value is a 422 mismatch. A pointer that finds nothing counts as absent (not as
+    /// `null`). Numbers keep every digit. With [`fingerprint_fields`](Builder::fingerprint_fields)
+    /// the two lists add up. A pointer that does not parse is refused by [`Builder::build`].
+    pub fn fingerprint_paths(mut self, pointers: impl IntoIterator<Item = impl Into<String>>) -> Self {
+        self.subset.get_or_insert_with(Vec::new).extend(pointers.into_iter().map(Into::into));
+        self
+    }
+
+    /// Whether the query string is part of the fingerprint (`false` by default: a retry whose
+    /// tracking parameters come in another order replays). The path always is.
+    pub fn fingerprint_query(mut self, include: bool) -> Self {
+        self.query_in_fingerprint = include;
         self
     }
 
@@ -316,9 +405,19 @@ impl<D: Driver> Builder<D> {
     }
 
     /// Which response statuses are stored ([`Verdict::Success`], [`Verdict::Failure`]) and which
-    /// release the key for a retry ([`Verdict::Transient`]).
-    pub fn status_policy(mut self, policy: fn(u16) -> Verdict) -> Self {
-        self.policy = policy;
+    /// release the key for a retry ([`Verdict::Transient`]): a function, or a closure that holds
+    /// state (a set of statuses read from your configuration). Over gRPC the status is the
+    /// HTTP one the gRPC code maps to (see the tonic section of the docs).
+    pub fn status_policy(mut self, policy: impl Fn(u16) -> Verdict + Send + Sync + 'static) -> Self {
+        self.policy = Arc::new(policy);
+        self
+    }
+
+    /// A hook every replayed answer passes through before it is sent (the stored answer, with
+    /// `Idempotent-Replayed: true` already set): add a header, count it, log it. Never called
+    /// for the attempt that ran the route.
+    pub fn on_replay(mut self, hook: impl Fn(&mut Reply) + Send + Sync + 'static) -> Self {
+        self.on_replay = Some(Arc::new(hook));
         self
     }
 
@@ -350,8 +449,27 @@ impl<D: Driver> Builder<D> {
         if matches!(&self.fields, Some(f) if f.is_empty()) {
             return Err(ConfigError("fingerprint_fields: name at least one field, or leave it unset for the whole body".into()));
         }
+        if matches!(&self.subset, Some(p) if p.is_empty()) {
+            return Err(ConfigError("fingerprint_paths: name at least one JSON Pointer, or leave it unset for the whole body".into()));
+        }
+        let subset = match (self.fields, self.subset) {
+            (None, None) => None,
+            (fields, paths) => {
+                let mut pointers: Vec<Pointer> = fields.unwrap_or_default().iter().map(|f| Pointer::member(f)).collect();
+                for text in paths.unwrap_or_default() {
+                    pointers.push(Pointer::parse(&text).map_err(|e| ConfigError(format!("fingerprint_paths: {e}")))?);
+                }
+                Some(pointers)
+            }
+        };
         if let Some(name) = &self.operation {
             crate::Key::new(name.as_str(), "u", "k").map_err(|e| ConfigError(format!("operation: {e}")))?;
+        }
+        if let Some(namespace) = &self.namespace {
+            if namespace.is_empty() {
+                return Err(ConfigError("namespace: leave it unset, or give at least one character".into()));
+            }
+            crate::Key::new(namespace.as_str(), "u", "k").map_err(|e| ConfigError(format!("namespace: {e}")))?;
         }
         let mut settings = self.idem.settings().clone();
         settings.ttl = self.ttl.or(settings.ttl);
@@ -365,16 +483,19 @@ impl<D: Driver> Builder<D> {
             config: Arc::new(Config {
                 idem: self.idem.with_settings(settings),
                 mode: self.mode,
-                header: self.header,
+                key: self.key,
                 methods: self.methods,
                 require_key: self.require_key,
                 scope,
+                namespace: self.namespace,
                 operation: self.operation,
                 body_limit: self.body_limit,
                 response_limit: ResponseLimit { set: self.response_limit, server: OnceCell::new() },
-                fields: self.fields,
+                subset,
+                query_in_fingerprint: self.query_in_fingerprint,
                 stored_headers,
                 policy: self.policy,
+                on_replay: self.on_replay,
                 log_keys: self.log_keys,
             }),
         })

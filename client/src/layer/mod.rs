@@ -6,9 +6,13 @@
 //! - the key is the `Idempotency-Key` header, an sf-string (`"k-1"`) or a bare token (`k-1`),
 //!   scoped to the operation (method and matched route, or a name you give) and to the user your
 //!   [`Builder::user`] extractor finds, so one user's key never reaches another's record;
-//! - the fingerprint covers the method, the path and the body (canonical JSON for a JSON body,
-//!   exact bytes otherwise, or only the JSON fields you select), so a key reused for another
-//!   request is a 422;
+//! - the fingerprint covers the method, the path (not the query string, unless
+//!   [`Builder::fingerprint_query`]) and the body (canonical JSON for a JSON body, exact bytes
+//!   otherwise, or only the JSON Pointers you select with [`Builder::fingerprint_paths`]), so a
+//!   key reused for another request is a 422;
+//! - [`Builder::namespace`] prefixes every operation, so services sharing a database never
+//!   share a key; [`Builder::key_from`] and [`Builder::user_from`] take async extractors with
+//!   state, [`Builder::status_policy`] any closure, [`Builder::on_replay`] a hook on replays;
 //! - the first request runs the route; its response is stored (status, body, the allow-listed
 //!   headers) when the status policy says so and replayed to every retry with
 //!   `Idempotent-Replayed: true`; a transient answer (5xx, 408, 409, 425, 429, a panic) releases
@@ -71,17 +75,24 @@
 //! mid-request does not cancel it, and its retry replays the stored response.
 
 mod config;
+mod core;
+mod extract;
 pub mod http;
 mod key_header;
 mod observe;
+mod pointer;
 pub mod problem;
 mod record;
 mod request;
+#[cfg(feature = "axum")]
+mod respond;
 mod service;
 mod transaction;
 
+pub use self::core::Reply;
+pub use config::{default_status_policy, Builder, ConfigError, ANONYMOUS_USER, DEFAULT_RESPONSE_LIMIT};
+pub use extract::UserFn;
 pub use http::{http_status, retry_after};
-pub use config::{default_status_policy, Builder, ConfigError, UserFn, ANONYMOUS_USER, DEFAULT_RESPONSE_LIMIT};
 pub use service::IdempotencyService;
 pub use transaction::Transaction;
 

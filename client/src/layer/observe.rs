@@ -1,6 +1,8 @@
 //! The layer's traces and metrics: one span per covered request, events for its decisions, and
 //! (feature `metrics`) `idempotency_requests_total` and `idempotency_duration_seconds` through
-//! the `metrics` facade, both labelled with `operation` and `outcome`.
+//! the `metrics` facade, both labelled with `operation` and `outcome`. The `operation` label is
+//! bounded: the configured name or the matched route, never a raw path (a request that matched
+//! no route is labelled with its method and `(unmatched)`), and never the namespace.
 
 use super::problem::Problem;
 use crate::Decision as Outcome;
@@ -43,12 +45,18 @@ impl Observed {
         }
     }
 
-    /// Closes a request answered before it reached the store (400, 401, 413) with `problem`.
-    pub(crate) fn reject<B: From<bytes::Bytes>>(self, problem: Problem) -> http::Response<B> {
+    /// Closes a request answered before it reached the store (400, 401, 413) with `problem`,
+    /// and gives the problem back.
+    pub(crate) fn reject(self, problem: Problem) -> Problem {
+        self.refused(&problem);
+        problem
+    }
+
+    /// [`Observed::reject`] by reference.
+    pub(crate) fn refused(self, problem: &Problem) {
         let status = problem.status();
         self.span.in_scope(|| tracing::info!(status, "idempotency request rejected"));
         self.finish(Outcome::Rejected, status);
-        problem.into_response()
     }
 
     /// Closes the request: span fields, the decision event, the metrics.

@@ -1,25 +1,34 @@
-//! A handler's HTTP response as the layer stores and replays it: a [`StoredResponse`] (the one
-//! stored form, shared with `run`) of the status, the allow-listed headers and the exact body
-//! bytes, plus the live response of the attempt that ran.
+//! A route's answer as the layer stores and replays it: a [`StoredResponse`] (the one stored
+//! form, shared with `run`) of the status, the allow-listed headers and the exact body bytes,
+//! the trailers when there are any (a gRPC answer's `grpc-status`, `grpc-message` and the rest),
+//! plus the live answer of the attempt that ran.
 
+use super::core::Reply;
 use crate::response::{Body, Replayable, StoredResponse, Verdict};
 use bytes::Bytes;
-use http::header::{HeaderMap, HeaderName, HeaderValue};
-use http::{Response, StatusCode};
+use http::header::{HeaderMap, HeaderName, HeaderValue, AUTHORIZATION, SET_COOKIE};
+use http::StatusCode;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-/// The stored form, plus (never stored) the live response of this attempt and the verdict the
+/// The stored form, plus (never stored) the live answer of this attempt and the verdict the
 /// layer's status policy gave it.
 #[derive(Debug)]
 pub(crate) struct HttpRecord {
     stored: StoredResponse,
-    live: Option<(HeaderMap, Bytes)>,
+    /// The trailers, in order (stored as `"trailers"`, a list of `[name, value]`, when present).
+    trailers: Option<Vec<(String, String)>>,
+    live: Option<Reply>,
     verdict: Verdict,
 }
 
 impl Serialize for HttpRecord {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        self.stored.serialize(s)
+        let Some(trailers) = &self.trailers else { return self.stored.serialize(s) };
+        let mut value = serde_json::to_value(&self.stored).map_err(serde::ser::Error::custom)?;
+        if let Some(members) = value.as_object_mut() {
+            members.insert("trailers".to_owned(), serde_json::to_value(trailers).map_err(serde::ser::Error::custom)?);
+        }
+        value.serialize(s)
     }
 }
 
@@ -27,7 +36,13 @@ impl<'de> Deserialize<'de> for HttpRecord {
     /// A replayed record: its verdict is the stored one's (replays are successes or failures
     /// already recorded).
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        Ok(HttpRecord { stored: StoredResponse::deserialize(d)?, live: None, verdict: Verdict::Success })
+        let mut value = serde_json::Value::deserialize(d)?;
+        let trailers = match value.as_object_mut().and_then(|m| m.remove("trailers")) {
+            Some(t) => Some(serde_json::from_value(t).map_err(serde::de::Error::custom)?),
+            None => None,
+        };
+        let stored = StoredResponse::deserialize(value).map_err(serde::de::Error::custom)?;
+        Ok(HttpRecord { stored, trailers, live: None, verdict: Verdict::Success })
     }
 }
 
@@ -38,38 +53,60 @@ impl Replayable for HttpRecord {
 }
 
 impl HttpRecord {
-    /// Records a response: `stored` names the headers kept for replays, `verdict` is the status
-    /// policy's.
-    pub(crate) fn new(status: StatusCode, headers: HeaderMap, body: Bytes, stored: &[HeaderName], verdict: Verdict) -> Self {
+    /// Records an answer: `stored` names the headers kept for replays (every trailer is kept but
+    /// `Set-Cookie` and `Authorization`), `verdict` is the status policy's.
+    pub(crate) fn new(reply: Reply, stored: &[HeaderName], verdict: Verdict) -> Self {
         let kept = stored
             .iter()
-            .flat_map(|name| headers.get_all(name).iter().map(move |v| (name, v)))
+            .flat_map(|name| reply.headers.get_all(name).iter().map(move |v| (name, v)))
             .filter_map(|(name, v)| Some((name.as_str().to_owned(), v.to_str().ok()?.to_owned())))
             .collect();
-        let stored = StoredResponse { status: status.as_u16(), headers: kept, body: Body::exact(&body) };
-        HttpRecord { stored, live: Some((headers, body)), verdict }
+        let trailers = reply.trailers.as_ref().map(|trailers| {
+            trailers
+                .iter()
+                .filter(|(name, _)| **name != SET_COOKIE && **name != AUTHORIZATION)
+                .filter_map(|(name, v)| Some((name.as_str().to_owned(), v.to_str().ok()?.to_owned())))
+                .collect()
+        });
+        let stored = StoredResponse { status: reply.status.as_u16(), headers: kept, body: Body::exact(&reply.body) };
+        HttpRecord { stored, trailers, live: Some(reply), verdict }
     }
 
-    /// The response of the attempt that ran (every header the handler set), or the replay of the
-    /// stored one (its allow-listed headers and `Idempotent-Replayed: true`).
-    pub(crate) fn into_response<B: From<Bytes>>(self) -> Response<B> {
-        let status = StatusCode::from_u16(self.stored.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        if let Some((headers, body)) = self.live {
-            let mut response = Response::new(B::from(body));
-            *response.status_mut() = status;
-            *response.headers_mut() = headers;
-            return response;
+    /// Whether this is a stored answer read back (not the attempt that ran).
+    pub(crate) fn is_replay(&self) -> bool {
+        self.live.is_none()
+    }
+
+    /// The answer of the attempt that ran (every header the handler set), or the replay of the
+    /// stored one (its allow-listed headers, its trailers and `Idempotent-Replayed: true`).
+    pub(crate) fn into_reply(self) -> Reply {
+        if let Some(live) = self.live {
+            return live;
         }
-        let mut response = Response::new(B::from(Bytes::from(self.stored.body.to_bytes())));
-        *response.status_mut() = status;
-        let headers = response.headers_mut();
+        let status = StatusCode::from_u16(self.stored.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let mut headers = HeaderMap::new();
         for (name, value) in self.stored.headers {
             if let (Ok(name), Ok(value)) = (HeaderName::try_from(name), HeaderValue::try_from(value)) {
                 headers.append(name, value);
             }
         }
         headers.insert("idempotent-replayed", HeaderValue::from_static("true"));
-        response
+        let trailers = self.trailers.map(|stored| {
+            let mut trailers = HeaderMap::new();
+            for (name, value) in stored {
+                if let (Ok(name), Ok(value)) = (HeaderName::try_from(name), HeaderValue::try_from(value)) {
+                    trailers.append(name, value);
+                }
+            }
+            trailers
+        });
+        Reply { status, headers, body: Bytes::from(self.stored.body.to_bytes()), trailers }
+    }
+
+    /// [`HttpRecord::into_reply`] as an HTTP response of any body built from bytes.
+    #[cfg(any(test, feature = "axum"))]
+    pub(crate) fn into_response<B: From<Bytes>>(self) -> Response<B> {
+        self.into_reply().into_response()
     }
 }
 
@@ -77,6 +114,29 @@ impl HttpRecord {
 mod tests {
     use super::*;
     use http::header::{CONTENT_TYPE, LOCATION, SET_COOKIE};
+    use http::Response;
+
+    fn reply(status: StatusCode, headers: HeaderMap, body: Bytes, trailers: Option<HeaderMap>) -> Reply {
+        Reply { status, headers, body, trailers }
+    }
+
+    #[test]
+    fn trailers_are_stored_and_replayed_in_order() {
+        let mut trailers = HeaderMap::new();
+        trailers.insert("grpc-status", HeaderValue::from_static("5"));
+        trailers.insert("grpc-message", HeaderValue::from_static("no%20such%20account"));
+        trailers.insert("x-detail-bin", HeaderValue::from_static("AAEC"));
+        trailers.insert(SET_COOKIE, HeaderValue::from_static("session=abc"));
+        let record = HttpRecord::new(reply(StatusCode::OK, HeaderMap::new(), Bytes::new(), Some(trailers)), &[], Verdict::Failure);
+        let stored = serde_json::to_value(&record).unwrap();
+        let replayed = serde_json::from_value::<HttpRecord>(stored).unwrap().into_reply();
+        let replayed = replayed.trailers.expect("trailers replayed");
+        let names: Vec<_> = replayed.iter().map(|(k, v)| (k.as_str(), v.to_str().unwrap())).collect();
+        assert_eq!(names, [("grpc-status", "5"), ("grpc-message", "no%20such%20account"), ("x-detail-bin", "AAEC")]);
+        // Without trailers the stored form is exactly a StoredResponse's.
+        let plain = HttpRecord::new(reply(StatusCode::OK, HeaderMap::new(), Bytes::new(), None), &[], Verdict::Success);
+        assert!(serde_json::to_value(&plain).unwrap().get("trailers").is_none());
+    }
 
     fn replay(record: HttpRecord) -> Response<Bytes> {
         let stored = serde_json::to_value(&record).unwrap();
@@ -91,7 +151,7 @@ mod tests {
         headers.insert(SET_COOKIE, HeaderValue::from_static("session=abc"));
         headers.insert("x-other", HeaderValue::from_static("1"));
         let body = Bytes::from_static(b"{\"z\": 1, \"a\": 2}");
-        let record = HttpRecord::new(StatusCode::CREATED, headers, body.clone(), &[CONTENT_TYPE, LOCATION], Verdict::Success);
+        let record = HttpRecord::new(reply(StatusCode::CREATED, headers, body.clone(), None), &[CONTENT_TYPE, LOCATION], Verdict::Success);
         let response = replay(record);
         assert_eq!(response.status(), StatusCode::CREATED);
         assert_eq!(response.body(), &body);
@@ -102,7 +162,7 @@ mod tests {
     #[test]
     fn binary_bodies_round_trip() {
         let body = Bytes::from_static(&[0, 159, 146, 150, 255]);
-        let record = HttpRecord::new(StatusCode::OK, HeaderMap::new(), body.clone(), &[], Verdict::Success);
+        let record = HttpRecord::new(reply(StatusCode::OK, HeaderMap::new(), body.clone(), None), &[], Verdict::Success);
         assert_eq!(replay(record).body(), &body);
     }
 
@@ -110,7 +170,7 @@ mod tests {
     fn the_attempt_that_ran_answers_with_every_header() {
         let mut headers = HeaderMap::new();
         headers.insert(SET_COOKIE, HeaderValue::from_static("session=abc"));
-        let record = HttpRecord::new(StatusCode::OK, headers, Bytes::new(), &[], Verdict::Success);
+        let record = HttpRecord::new(reply(StatusCode::OK, headers, Bytes::new(), None), &[], Verdict::Success);
         let response: Response<Bytes> = record.into_response();
         assert!(response.headers().contains_key(SET_COOKIE));
         assert!(!response.headers().contains_key("idempotent-replayed"));

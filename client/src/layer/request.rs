@@ -1,30 +1,59 @@
 //! What the layer reads from a request: its operation, its user and its fingerprint.
 
-use super::config::{Config, Scope, ANONYMOUS_USER};
+use super::config::{Config, ANONYMOUS_USER};
+use super::extract::Scope;
+use super::pointer;
 use super::problem::{types, Problem};
 use crate::driver::Driver;
 use idempotency_core::fingerprint::{canonical_json, Fingerprint, FingerprintError};
 use http::header::CONTENT_TYPE;
 use http::request::Parts;
 
+/// The route a request matched, as a stack's adapter found it (actix-web's match pattern, the
+/// gRPC method's path): a request extension the layer reads like axum's `MatchedPath`.
+#[derive(Debug, Clone)]
+pub(crate) struct MatchedRoute(pub(crate) String);
+
+/// The operation a request's key is scoped to, and its bounded label for spans and metrics.
+pub(crate) struct Operation {
+    /// The namespace, if any, then the operation name.
+    pub(crate) scoped: String,
+    /// The name without the namespace, or `METHOD (unmatched)` when the name is the raw path.
+    pub(crate) label: String,
+}
+
 /// The configured operation name, else the method and the matched route (`POST /charges/{id}`,
-/// when axum put a `MatchedPath` in the request: the layer was added with `route_layer`), else
-/// the method and the path.
-pub(crate) fn operation<D: Driver>(config: &Config<D>, parts: &Parts) -> String {
+/// when axum put a `MatchedPath` in the request, the layer being added with `route_layer`, or an
+/// adapter put a [`MatchedRoute`]), else the method and the path (whose label is bounded:
+/// `POST (unmatched)`). The namespace prefixes the scoped name.
+pub(crate) fn operation<D: Driver>(config: &Config<D>, parts: &Parts) -> Operation {
+    let (name, label) = match named(config, parts) {
+        Some(name) => (name.clone(), name),
+        None => (format!("{} {}", parts.method, parts.uri.path()), format!("{} (unmatched)", parts.method)),
+    };
+    let scoped = match &config.namespace {
+        Some(namespace) => format!("{namespace}:{name}"),
+        None => name,
+    };
+    Operation { scoped, label }
+}
+
+/// The configured name or the matched route, the names with few values.
+fn named<D: Driver>(config: &Config<D>, parts: &Parts) -> Option<String> {
     if let Some(name) = &config.operation {
-        return name.clone();
+        return Some(name.clone());
     }
     #[cfg(feature = "axum")]
     if let Some(path) = parts.extensions.get::<axum::extract::MatchedPath>() {
-        return format!("{} {}", parts.method, path.as_str());
+        return Some(format!("{} {}", parts.method, path.as_str()));
     }
-    format!("{} {}", parts.method, parts.uri.path())
+    parts.extensions.get::<MatchedRoute>().map(|route| format!("{} {}", parts.method, route.0))
 }
 
 /// The user the request acts for, `None` when the scope extractor found none.
-pub(crate) fn user<D: Driver>(config: &Config<D>, parts: &Parts) -> Option<String> {
+pub(crate) async fn user<D: Driver>(config: &Config<D>, parts: &Parts) -> Option<String> {
     match &config.scope {
-        Scope::User(user) => user(parts),
+        Scope::User(user) => user(parts).await,
         Scope::Anonymous => Some(ANONYMOUS_USER.to_owned()),
     }
 }
@@ -37,9 +66,10 @@ fn is_json(parts: &Parts) -> bool {
     })
 }
 
-/// The fingerprint of the method, the path (with its query) and the body: the canonical JSON of
-/// a JSON body (or of its selected top-level fields), the exact bytes of any other body (or of a
-/// JSON body that does not parse, or nests deeper than the canonicaliser's 1,024 levels).
+/// The fingerprint of the method, the path (with its query when the configuration says so) and
+/// the body: the canonical JSON of a JSON body (or of its selected subset), the exact bytes of
+/// any other body (or of a JSON body that does not parse, or nests deeper than the
+/// canonicaliser's 1,024 levels).
 ///
 /// A JSON body whose canonical form would exceed its bound (16 bytes per byte of the text plus
 /// 8 KiB: numbers with huge exponents, such as `{"a":1e60000000}`) is refused with a 422
@@ -47,8 +77,11 @@ fn is_json(parts: &Parts) -> bool {
 /// cost far more than the body, and no key is reserved for it. The canonicaliser runs in time
 /// linear in the body (at most the layer's `body_limit`), on the executor.
 pub(crate) fn fingerprint<D: Driver>(config: &Config<D>, parts: &Parts, body: &[u8]) -> Result<Fingerprint, Problem> {
-    let target = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
-    let canonical = if is_json(parts) { canonical_body(config.fields.as_deref(), body)? } else { None };
+    let target = match config.query_in_fingerprint {
+        true => parts.uri.path_and_query().map_or("/", |pq| pq.as_str()),
+        false => parts.uri.path(),
+    };
+    let canonical = if is_json(parts) { canonical_body(config.subset.as_deref(), body)? } else { None };
     let mut input = format!("{} {}\n", parts.method, target).into_bytes();
     match canonical {
         Some(text) => {
@@ -63,31 +96,18 @@ pub(crate) fn fingerprint<D: Driver>(config: &Config<D>, parts: &Parts, body: &[
     Ok(Fingerprint::of_bytes(&input))
 }
 
-/// The canonical JSON of the body (or of its selected fields); `None` when it is not JSON (its
+/// The canonical JSON of the body (or of its selected subset); `None` when it is not JSON (its
 /// bytes are hashed instead), a problem when it is over the canonical form's bound.
-fn canonical_body(fields: Option<&[String]>, body: &[u8]) -> Result<Option<String>, Problem> {
+fn canonical_body(subset: Option<&[pointer::Pointer]>, body: &[u8]) -> Result<Option<String>, Problem> {
     let Ok(text) = std::str::from_utf8(body) else { return Ok(None) };
-    let canonical = match fields {
+    let canonical = match subset {
         None => canonical_json(text),
-        Some(fields) => {
-            // The selected members' own text, never a parsed value: numbers keep every digit
-            // (serde_json's Value would round them to f64), and canonical_json sees them exactly.
-            let Ok(object) = serde_json::from_str::<std::collections::HashMap<String, Box<serde_json::value::RawValue>>>(text) else {
-                return Ok(None);
-            };
-            let mut selected = String::from("{");
-            for (name, value) in fields.iter().filter_map(|f| object.get(f).map(|v| (f, v))) {
-                if selected.len() > 1 {
-                    selected.push(',');
-                }
-                let Ok(name) = serde_json::to_string(name) else { return Ok(None) };
-                selected.push_str(&name);
-                selected.push(':');
-                selected.push_str(value.get());
-            }
-            selected.push('}');
-            canonical_json(&selected)
-        }
+        // The selected values' own text, never a parsed value: numbers keep every digit
+        // (serde_json's Value would round them to f64), and canonical_json sees them exactly.
+        Some(pointers) => match pointer::select(text, pointers) {
+            Some(selected) => canonical_json(&selected),
+            None => return Ok(None),
+        },
     };
     match canonical {
         Ok(text) => Ok(Some(text)),
@@ -105,12 +125,15 @@ mod tests {
     use crate::Idempotency;
 
     fn config(fields: Option<&[&str]>) -> std::sync::Arc<Config> {
+        configured(|builder| match fields {
+            Some(fields) => builder.fingerprint_fields(fields.iter().copied()),
+            None => builder,
+        })
+    }
+
+    fn configured(f: impl FnOnce(crate::layer::Builder) -> crate::layer::Builder) -> std::sync::Arc<Config> {
         let idem = Idempotency::connect("postgresql://u@127.0.0.1:1/db", 1).unwrap();
-        let mut builder = IdempotencyLayer::builder(idem).anonymous();
-        if let Some(fields) = fields {
-            builder = builder.fingerprint_fields(fields.iter().copied());
-        }
-        builder.build().unwrap().config
+        f(IdempotencyLayer::builder(idem).anonymous()).build().unwrap().config
     }
 
     fn fp(config: &Config, parts: &Parts, body: &[u8]) -> Fingerprint {
@@ -153,7 +176,45 @@ mod tests {
         let a = fp(&c, &parts("POST", "/charges", true), body);
         assert_ne!(a, fp(&c, &parts("PATCH", "/charges", true), body));
         assert_ne!(a, fp(&c, &parts("POST", "/refunds", true), body));
-        assert_ne!(a, fp(&c, &parts("POST", "/charges?x=1", true), body));
+    }
+
+    #[test]
+    fn the_query_counts_only_when_asked() {
+        let body = br#"{"a": 1}"#;
+        let c = config(None);
+        let a = fp(&c, &parts("POST", "/charges?utm=1&ref=x", true), body);
+        assert_eq!(a, fp(&c, &parts("POST", "/charges?ref=x&utm=1", true), body), "tracking parameters in another order");
+        assert_eq!(a, fp(&c, &parts("POST", "/charges", true), body));
+        let c = configured(|b| b.fingerprint_query(true));
+        assert_ne!(fp(&c, &parts("POST", "/charges?x=1", true), body), fp(&c, &parts("POST", "/charges", true), body));
+    }
+
+    #[test]
+    fn nested_paths_select_the_subset() {
+        let c = configured(|b| b.fingerprint_paths(["/amount", "/customer/id"]));
+        let post = parts("POST", "/charges", true);
+        let a = fp(&c, &post, br#"{"amount": 1, "customer": {"id": "c-1", "trace": "x"}, "at": 1}"#);
+        assert_eq!(a, fp(&c, &post, br#"{"customer": {"trace": "y", "id": "c-1"}, "amount": 1.0, "at": 2}"#));
+        assert_ne!(a, fp(&c, &post, br#"{"amount": 1, "customer": {"id": "c-2", "trace": "x"}, "at": 1}"#));
+        // A top-level field is the pointer to it: the same fingerprint either way.
+        let by_field = config(Some(&["amount"]));
+        let by_path = configured(|b| b.fingerprint_paths(["/amount"]));
+        assert_eq!(fp(&by_field, &post, br#"{"amount": 5, "x": 1}"#), fp(&by_path, &post, br#"{"amount": 5, "x": 2}"#));
+    }
+
+    #[test]
+    fn unmatched_operations_have_a_bounded_label_and_namespaces_prefix() {
+        let c = configured(|b| b.namespace("billing"));
+        let seven = operation(&c, &parts("POST", "/charges/7", true));
+        let eight = operation(&c, &parts("POST", "/charges/8", true));
+        assert_eq!((seven.scoped.as_str(), seven.label.as_str()), ("billing:POST /charges/7", "POST (unmatched)"));
+        assert_eq!(seven.label, eight.label);
+        let named = configured(|b| b.operation("charges.create"));
+        let op = operation(&named, &parts("POST", "/charges/7", true));
+        assert_eq!((op.scoped.as_str(), op.label.as_str()), ("charges.create", "charges.create"));
+        let mut matched = parts("POST", "/charges/7", true);
+        matched.extensions.insert(MatchedRoute("/charges/{id}".into()));
+        assert_eq!(operation(&config(None), &matched).label, "POST /charges/{id}");
     }
 
     #[test]

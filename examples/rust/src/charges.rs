@@ -29,8 +29,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
 use deadpool_postgres::{GenericClient, Pool};
-use idempotency_client::layer::{http_status, IdempotencyLayer, Transaction};
-use idempotency_client::{Driver, Fingerprint, Idempotency, Key, OneStatement, Outcome};
+use idempotency_client::layer::{IdempotencyLayer, Transaction};
+use idempotency_client::{Driver, Error, Fingerprint, Idempotency, Key, OneStatement, Outcome};
 use serde_json::{json, Value};
 
 /// The connections of the handle's pool.
@@ -89,8 +89,9 @@ async fn create_charge_plain(State(pool): State<Pool>, headers: HeaderMap, body:
 
 /// The same charge as one statement (`Idempotency::run_statement`): the reservation, the insert
 /// and the completion travel together, one round trip and one commit. The handler reads the key
-/// itself (no layer on this route); the stored response is the inserted row. Over either driver
-/// (the sqlx example's route is this handler too).
+/// itself (no layer on this route); the stored response is the inserted row, and an error is
+/// answered with the layer's problem+json (the client's `Error` is an axum `IntoResponse`). Over
+/// either driver (the sqlx example's route is this handler too).
 pub async fn create_charge_one<D: Driver>(State(idem): State<Idempotency<D>>, headers: HeaderMap, body: String) -> Response {
     const INSERT: &str = "INSERT INTO charges (user_id, amount) SELECT $1, $2 FROM created RETURNING id, amount";
     let problem = |status: StatusCode, detail: String| (status, Json(json!({"error": detail}))).into_response();
@@ -104,7 +105,10 @@ pub async fn create_charge_one<D: Driver>(State(idem): State<Idempotency<D>>, he
     };
     let (key, fingerprint) = match (Key::new("charges.one", &user, &k), Fingerprint::of_bytes(body.as_bytes())) {
         (Ok(key), fingerprint) => (key, fingerprint),
-        (Err(e), _) => return problem(StatusCode::BAD_REQUEST, e.to_string()),
+        (Err(e), _) => {
+            let e: Error = e.into();
+            return e.into_response();
+        }
     };
     let statement = OneStatement::new(INSERT).text(&user).int8(amount);
     match idem.run_statement::<Value>(&key, &fingerprint, &statement).await {
@@ -117,7 +121,8 @@ pub async fn create_charge_one<D: Driver>(State(idem): State<Idempotency<D>>, he
             }
             response
         }
-        Err(e) => problem(StatusCode::from_u16(http_status(&e)).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR), e.to_string()),
+        // The layer's problem+json answer for every error (409 + Retry-After, 422, 503, ...).
+        Err(e) => e.into_response(),
     }
 }
 

@@ -1,0 +1,99 @@
+//! `IntoResponse` for the client's [`Error`] (feature `axum`): the layer's problem+json answer
+//! for a handler that calls `run` (or `run_statement`, `run_external`) itself.
+
+use super::problem::{details, types, Problem};
+use super::record::HttpRecord;
+use crate::Error;
+use std::time::Duration;
+
+/// The `Retry-After` of a 503 for a store that could not be used, where no handle's setting is
+/// at hand: the default of [`crate::Settings::retry_after`].
+const UNAVAILABLE_RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// The problem the layer would answer `error` with: 409 + `Retry-After` in progress or lease
+/// lost, 422 mismatch, the stored failure replayed (when it is a [`crate::StoredResponse`]) or
+/// 409 `failed`, 400 invalid key, 503 + `Retry-After` store unavailable, 502 too large, 500
+/// otherwise (its text only in the log, under the answer's `correlation_id`).
+pub(crate) fn problem_of<E: std::fmt::Display>(error: &Error<E>) -> Problem {
+    let status = super::http::http_status(error);
+    let problem = match error {
+        Error::InProgress { .. } => Problem::new(status, types::IN_PROGRESS, "Request in progress", "another request with this key is being processed"),
+        Error::Mismatch => Problem::new(status, types::MISMATCH, "Idempotency key reused", "this key was used with a different request"),
+        Error::LeaseLost { .. } => Problem::new(status, types::LEASE_LOST, "Lease lost", "this attempt lost its hold on the key; retry"),
+        Error::Failed { .. } => Problem::new(status, types::FAILED, "Request failed", "an earlier attempt with this key failed for good"),
+        Error::InvalidKey(e) => Problem::new(400, types::KEY_INVALID, "Invalid idempotency key", e.to_string()),
+        Error::StoreUnavailable(_) => {
+            Problem::failure(status, types::STORE_UNAVAILABLE, "Idempotency store unavailable", details::STORE_UNAVAILABLE, error)
+        }
+        Error::ResponseTooLarge { .. } => Problem::failure(
+            status,
+            types::RESPONSE_TOO_LARGE,
+            crate::StoredResponse::TOO_LARGE_TITLE,
+            crate::StoredResponse::TOO_LARGE_DETAIL,
+            error,
+        ),
+        Error::Handler { .. } | Error::Poisoned { .. } => {
+            Problem::failure(500, types::HANDLER_FAILED, "Handler failed", details::HANDLER_FAILED, error)
+        }
+        _ => Problem::failure(500, types::INTERNAL, "Internal error", details::INTERNAL, error),
+    };
+    match super::http::retry_after(error, UNAVAILABLE_RETRY_AFTER) {
+        Some(after) => problem.retry_after(after),
+        None => problem,
+    }
+}
+
+/// The answer for a handler that calls the client itself: the problem of [`problem_of`], or, for
+/// [`Error::Failed`] holding a stored [`crate::StoredResponse`], that response replayed (with
+/// `Idempotent-Replayed: true`). A 5xx never carries the error's text.
+impl<E: std::fmt::Display> axum::response::IntoResponse for Error<E> {
+    fn into_response(self) -> axum::response::Response {
+        if let Error::Failed { response: Some(stored) } = &self {
+            if let Ok(record) = serde_json::from_value::<HttpRecord>(stored.clone()) {
+                return record.into_response();
+            }
+        }
+        problem_of(&self).into_response()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::Error;
+    use axum::response::IntoResponse;
+    use serde_json::json;
+
+    async fn answer(error: Error) -> (u16, Option<String>, Option<String>, serde_json::Value) {
+        let response = error.into_response();
+        let status = response.status().as_u16();
+        let header = |name: &str| response.headers().get(name).map(|v| v.to_str().unwrap().to_owned());
+        let (kind, after) = (header("content-type"), header("retry-after"));
+        let bytes = axum::body::to_bytes(response.into_body(), 1 << 16).await.unwrap();
+        (status, kind, after, serde_json::from_slice(&bytes).unwrap_or(json!(null)))
+    }
+
+    #[tokio::test]
+    async fn errors_answer_problem_json() {
+        let problem = Some("application/problem+json".to_owned());
+        let (status, kind, after, body) = answer(Error::InProgress { retry_after: std::time::Duration::from_secs(3) }).await;
+        assert_eq!((status, &kind, after.as_deref()), (409, &problem, Some("3")));
+        assert_eq!(body["type"], super::types::IN_PROGRESS);
+        let (status, kind, _, body) = answer(Error::Mismatch).await;
+        assert_eq!((status, &kind, body["type"].as_str()), (422, &problem, Some(super::types::MISMATCH)));
+        let (status, _, after, body) = answer(Error::StoreUnavailable("10.0.0.7 refused".into())).await;
+        assert_eq!((status, after.as_deref()), (503, Some("1")));
+        assert!(!body.to_string().contains("10.0.0.7"), "a 5xx never carries the error's text: {body}");
+        assert!(body["correlation_id"].is_string());
+        let (status, _, _, body) = answer(Error::Failed { response: None }).await;
+        assert_eq!((status, body["type"].as_str()), (409, Some(super::types::FAILED)));
+    }
+
+    #[tokio::test]
+    async fn a_stored_failure_is_replayed() {
+        let stored = crate::StoredResponse::json(402, json!({"error": "card declined"}));
+        let error: Error = Error::Failed { response: Some(serde_json::to_value(stored).unwrap()) };
+        let response = error.into_response();
+        assert_eq!(response.status().as_u16(), 402);
+        assert_eq!(response.headers()["idempotent-replayed"], "true");
+    }
+}
