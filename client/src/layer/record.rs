@@ -105,7 +105,7 @@ impl HttpRecord {
 
     /// [`HttpRecord::into_reply`] as an HTTP response of any body built from bytes.
     #[cfg(any(test, feature = "axum"))]
-    pub(crate) fn into_response<B: From<Bytes>>(self) -> Response<B> {
+    pub(crate) fn into_response<B: From<Bytes>>(self) -> http::Response<B> {
         self.into_reply().into_response()
     }
 }
@@ -115,6 +115,7 @@ mod tests {
     use super::*;
     use http::header::{CONTENT_TYPE, LOCATION, SET_COOKIE};
     use http::Response;
+
 
     fn reply(status: StatusCode, headers: HeaderMap, body: Bytes, trailers: Option<HeaderMap>) -> Reply {
         Reply { status, headers, body, trailers }
