@@ -131,6 +131,23 @@ mod tests {
         Spi::run("SELECT * FROM idem_metrics()").unwrap();
     }
 
+    /// The maintenance worker's VACUUM rule (vacuum.rs): after a VACUUM that left dead rows, no
+    /// other VACUUM while the xmin horizon stays where it ran, however many rows are counted;
+    /// one as soon as the horizon moves; the threshold as before.
+    #[pg_test]
+    fn vacuum_waits_for_the_horizon_after_leaving_rows() {
+        use crate::vacuum::due;
+        use crate::worker::handshake::Vacuumed;
+        let left = Some(Vacuumed { horizon: 1000, left: 5000 });
+        assert!(due(6000, 100.0, None, Some(1000)), "no VACUUM before: due");
+        assert!(!due(6000, 100.0, left, Some(1000)), "the horizon has not moved: not due");
+        assert!(!due(60_000, 100.0, left, Some(1000)), "more dead rows, same horizon: not due");
+        assert!(due(6000, 100.0, left, Some(1001)), "the horizon moved: due");
+        assert!(due(6000, 100.0, left, None), "horizon unknown: due");
+        assert!(!due(50, 100.0, None, Some(1000)), "below the threshold: not due");
+        assert!(!due(0, 0.0, None, None), "nothing dead: not due");
+    }
+
     #[cfg(not(feature = "pg14"))]
     #[pg_test(error = "invalid configuration parameter name \"idempotency.no_such_setting\"")]
     fn guc_prefix_is_reserved() {

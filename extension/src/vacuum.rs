@@ -19,7 +19,16 @@
 //!
 //! The VACUUM is `SKIP_LOCKED`: a table an autovacuum is already working on is skipped, and its
 //! dead rows, still counted, bring the next pass's VACUUM.
+//!
+//! Backing off (0.6.0): a VACUUM removes only rows deleted before the xmin horizon (the oldest
+//! snapshot any session, replication slot or prepared transaction still holds). When a
+//! long transaction pins that horizon, the rows a VACUUM leaves stay counted, and 0.5.0
+//! vacuumed both tables again on every pass, scanning them for nothing. Now a VACUUM that leaves
+//! dead rows is remembered with the horizon it ran under ([`Vacuumed`], kept per database by the
+//! launcher), and the next passes vacuum only once the horizon has moved: until then neither the
+//! rows left nor any row deleted since (by newer transactions) can be removed ([`due`]).
 
+use crate::worker::handshake::{self, Vacuumed};
 use pgrx::prelude::*;
 use std::ffi::CString;
 use std::time::Instant;
@@ -55,13 +64,51 @@ fn dead(schema: &str) -> i64 {
     .unwrap_or(-1)
 }
 
+/// The xmin horizon of the records table: rows deleted by transactions at or after it cannot
+/// be removed yet. `None` if the table cannot be found.
+fn horizon(schema: &str) -> Option<u32> {
+    let table = format!("{schema}.idem_records");
+    pgrx::bgworkers::BackgroundWorker::transaction(|| {
+        let oid = Spi::get_one_with_args::<pg_sys::Oid>(
+            "SELECT pg_catalog.to_regclass($1)::pg_catalog.oid",
+            &[table.as_str().into()],
+        )
+        .ok()
+        .flatten()?;
+        // SAFETY: opens an existing table (found just now, in this transaction) to compute the
+        // horizon that applies to it, and closes it.
+        unsafe {
+            let lock = pg_sys::AccessShareLock as pg_sys::LOCKMODE;
+            let rel = pg_sys::try_table_open(oid, lock);
+            if rel.is_null() {
+                return None;
+            }
+            let horizon = pg_sys::GetOldestNonRemovableTransactionId(rel);
+            pg_sys::table_close(rel, lock);
+            Some(horizon.into_inner())
+        }
+    })
+}
+
+/// Whether a VACUUM is due, with `dead` rows counted against `threshold` and `last` the VACUUM
+/// before it, when that one left rows: not while the xmin horizon stays where that VACUUM ran
+/// (nothing it left, nor anything deleted since, could be removed).
+pub(crate) fn due(dead: i64, threshold: f64, last: Option<Vacuumed>, horizon: Option<u32>) -> bool {
+    if dead <= 0 || (dead as f64) < threshold {
+        return false;
+    }
+    !matches!((last, horizon), (Some(last), Some(now)) if last.horizon == now)
+}
+
 /// At the end of a pass in database `db` (extension schema `schema`, quoted) whose sweep deleted
 /// `swept` rows: VACUUM the two tables when they hold enough dead rows, and log it.
 pub(crate) fn after_sweep(db: &str, schema: &str, swept: i64) {
     // SAFETY: between transactions, as a backend reports when it goes idle.
     let _ = unsafe { pg_sys::pgstat_report_stat(true) };
     let before = dead(schema);
-    if before <= 0 || (before as f64) < threshold(schema) {
+    // The horizon before the VACUUM: the one it runs under, or an older one.
+    let horizon = horizon(schema);
+    if !due(before, threshold(schema), handshake::vacuumed(), horizon) {
         return;
     }
     let started = Instant::now();
@@ -83,9 +130,15 @@ pub(crate) fn after_sweep(db: &str, schema: &str, swept: i64) {
         }
         pg_sys::CommitTransactionCommand();
     }
+    let left = dead(schema);
+    // Rows left: the next VACUUM waits for the horizon to move.
+    handshake::set_vacuumed(match horizon {
+        Some(horizon) if left > 0 => Some(Vacuumed { horizon, left: u32::try_from(left).unwrap_or(u32::MAX) }),
+        _ => None,
+    });
     log!(
-        "idempotency maintenance in database \"{db}\": vacuumed idem_records and idem_retries after sweeping {swept} rows ({before} dead rows counted, {} left not yet removable), {:.3} s",
-        dead(schema),
+        "idempotency maintenance in database \"{db}\": vacuumed idem_records and idem_retries after sweeping {swept} rows ({before} dead rows counted, {left} left not yet removable{}), {:.3} s",
+        if left > 0 { ": the next VACUUM waits for the xmin horizon to move" } else { "" },
         started.elapsed().as_secs_f64()
     );
 }

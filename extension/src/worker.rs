@@ -6,7 +6,10 @@
 //! is preloaded, connected to no database) wakes every interval and, for each listed database in
 //! turn, starts a short-lived dynamic *worker* connected to it, then waits for it to finish. The
 //! worker runs both functions batch after batch, each batch its own transaction, until a batch
-//! comes back less than full, logs a one-line summary when it did work, and exits.
+//! comes back less than full or [`PASS_BATCHES`] batches of either have run, logs a one-line
+//! summary when it did work, and exits. A pass stopped at that bound is unfinished: once every
+//! listed database has had its pass, the launcher starts another round at once for the
+//! unfinished ones, so a backlog in one database never holds back the others' maintenance.
 //!
 //! Chosen over one long-lived worker per database because a settings reload then needs no
 //! bookkeeping of running workers (the next pass reads the new list), the databases are served one
@@ -20,11 +23,14 @@
 //! On a standby the launcher does not run: it is registered to start once recovery has finished
 //! (`BgWorkerStart_RecoveryFinished`), so the postmaster starts it at promotion, and its first pass
 //! runs on the new primary at once. A worker also checks for recovery itself before writing
-//! ([`handshake::Pass::InRecovery`]).
+//! ([`handshake::Pass::InRecovery`]). After a promotion, `idem_recover_stuck` waits one lease
+//! (`idempotency.lease`, the server's setting) from the launcher's start: two-phase attempts
+//! whose heartbeats could not reach any primary during the failover get one lease to heartbeat
+//! on the new one before their records are recovered (the sweep runs at once).
 //!
 //! [`handshake`] is how a worker tells the launcher how its pass ended.
 
-mod handshake;
+pub(crate) mod handshake;
 
 use crate::guc::Maintenance;
 use crate::metrics;
@@ -33,13 +39,15 @@ use pgrx::bgworkers::{
     BackgroundWorker, BackgroundWorkerBuilder, BackgroundWorkerStatus, BgWorkerStartTime, SignalWakeFlags,
 };
 use pgrx::prelude::*;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::ffi::{CStr, CString};
 use std::time::{Duration, Instant};
 
 /// How long the postmaster waits before restarting a launcher that exited.
 const RESTART: Duration = Duration::from_secs(5);
 const WORKER_TYPE: &str = "idempotency maintenance";
+/// The most transactions of each function (recovery, sweep) one pass runs in one database.
+const PASS_BATCHES: i64 = 100;
 
 /// Reserves the handshake's shared memory and registers the launcher. Call from `_PG_init` while
 /// preloading only.
@@ -110,6 +118,9 @@ pub extern "C-unwind" fn _idem_launcher_main(_arg: pg_sys::Datum) {
 
     let mut settings = Maintenance::current();
     log!("idempotency maintenance launcher started: {}", describe(&settings));
+    begin_grace_if_promoted();
+    // What the last VACUUM of each database left (vacuum.rs), handed to its next worker.
+    let mut vacuumed: HashMap<String, handshake::Vacuumed> = HashMap::new();
     // Conditions already logged, so each is logged once, not every interval.
     let mut logged: HashSet<String> = HashSet::new();
     // When the last pass started: the next is due one interval later. Signals and worker
@@ -135,15 +146,46 @@ pub extern "C-unwind" fn _idem_launcher_main(_arg: pg_sys::Datum) {
         match due {
             Some(due) if Instant::now() >= due => {
                 last_start = Some(Instant::now());
-                for db in &settings.databases {
-                    if shutdown_requested() {
+                // Rounds: every database once, then again at once those whose pass stopped at
+                // its bound, until none is left (or a signal asks for attention).
+                let mut round = settings.databases.clone();
+                while !round.is_empty() {
+                    let mut unfinished = Vec::new();
+                    for db in &round {
+                        if shutdown_requested() {
+                            break;
+                        }
+                        if run_pass(db, &mut logged, &mut vacuumed) {
+                            unfinished.push(db.clone());
+                        }
+                    }
+                    // SAFETY: reads a flag set by the SIGHUP handler.
+                    if shutdown_requested() || unsafe { pg_sys::ConfigReloadPending != 0 } {
                         break;
                     }
-                    run_pass(db, &mut logged);
+                    round = unfinished;
                 }
             }
             _ => wait(due.map(|d| d.saturating_duration_since(Instant::now()))),
         }
+    }
+}
+
+/// After a promotion (this server was a standby), starts the recovery grace of one lease: the
+/// launcher starts as soon as recovery has finished, so now is when the promotion took effect.
+fn begin_grace_if_promoted() {
+    // SAFETY: reads the shared recovery state (a flag set when promotion was triggered, kept
+    // for the life of the server).
+    if !unsafe { pg_sys::PromoteIsTriggered() } {
+        return;
+    }
+    let lease = crate::guc::LEASE.value.get().max(0);
+    // SAFETY: reads the clock.
+    let now = unsafe { pg_sys::GetCurrentTimestamp() };
+    if handshake::begin_grace(now + i64::from(lease) * 1_000_000) {
+        log!(
+            "idempotency maintenance: the server was promoted; idem_recover_stuck waits one lease ({lease} s, idempotency.lease) so that two-phase attempts cut off by the failover can heartbeat on this server first"
+        );
     }
 }
 
@@ -176,27 +218,29 @@ fn database_oid(db: &str) -> Option<(pg_sys::Oid, bool)> {
     })
 }
 
-/// One pass over one database: start its worker and wait for it to finish.
-fn run_pass(db: &str, logged: &mut HashSet<String>) {
+/// One pass over one database: start its worker and wait for it to finish. True when the pass
+/// stopped at its bound with work left.
+fn run_pass(db: &str, logged: &mut HashSet<String>, vacuumed: &mut HashMap<String, handshake::Vacuumed>) -> bool {
     let oid = match database_oid(db) {
         Some((oid, true)) => oid,
         Some((_, false)) => {
             if logged.insert(format!("no connections {db}")) {
                 warning!("idempotency maintenance: database \"{db}\" does not allow connections; skipping it");
             }
-            return;
+            return false;
         }
         None => {
             if logged.insert(format!("no database {db}")) {
                 warning!("idempotency maintenance: database \"{db}\" does not exist; skipping it");
             }
-            return;
+            return false;
         }
     };
     logged.remove(&format!("no database {db}"));
     logged.remove(&format!("no connections {db}"));
 
     handshake::set(Pass::Started);
+    handshake::set_vacuumed(vacuumed.get(db).copied());
     let worker = BackgroundWorkerBuilder::new(&format!("{WORKER_TYPE} {db}"))
         .set_type(WORKER_TYPE)
         .set_library("idempotency")
@@ -212,7 +256,7 @@ fn run_pass(db: &str, logged: &mut HashSet<String>) {
                 "idempotency maintenance: could not start a worker for database \"{db}\" (max_worker_processes reached?); will retry every interval"
             );
         }
-        return;
+        return false;
     };
     logged.remove(&format!("no slot {db}"));
 
@@ -224,17 +268,22 @@ fn run_pass(db: &str, logged: &mut HashSet<String>) {
         }
         if shutdown_requested() {
             let _ = worker.terminate().wait_for_shutdown();
-            return;
+            return false;
         }
         wait(Some(Duration::from_secs(1)));
     }
 
     let missing = format!("no extension {db}");
-    match handshake::get() {
-        Pass::Done => {
+    let pass = handshake::get();
+    match pass {
+        Pass::Done | Pass::Unfinished => {
             if logged.remove(&missing) {
                 log!("idempotency maintenance: database \"{db}\" now has the idempotency extension");
             }
+            match handshake::vacuumed() {
+                Some(v) => vacuumed.insert(db.to_owned(), v),
+                None => vacuumed.remove(db),
+            };
         }
         Pass::NoExtension => {
             if logged.insert(missing) {
@@ -252,14 +301,19 @@ fn run_pass(db: &str, logged: &mut HashSet<String>) {
             warning!("idempotency maintenance: the worker for database \"{db}\" stopped before finishing its pass")
         }
     }
+    pass == Pass::Unfinished
 }
 
 /// Runs `sql` (one batch, `$1` = batch size) in its own transaction until a batch is less than
-/// full. Returns the rows handled and the number of transactions.
-fn drain(sql: &str, batch_size: i32, action: Option<&str>) -> (i64, i64) {
+/// full, at most [`PASS_BATCHES`] times. Returns the rows handled, the number of transactions,
+/// and whether it finished (false: it stopped at the bound after a full batch).
+fn drain(sql: &str, batch_size: i32, action: Option<&str>) -> (i64, i64, bool) {
     let (mut total, mut transactions) = (0i64, 0i64);
     let activity = CString::new(sql).unwrap_or_default();
     while !shutdown_requested() {
+        if transactions >= PASS_BATCHES {
+            return (total, transactions, false);
+        }
         let n = BackgroundWorker::transaction(|| {
             unsafe { pg_sys::pgstat_report_activity(pg_sys::BackendState::STATE_RUNNING, activity.as_ptr()) };
             let result = match action {
@@ -278,7 +332,7 @@ fn drain(sql: &str, batch_size: i32, action: Option<&str>) -> (i64, i64) {
             break;
         }
     }
-    (total, transactions)
+    (total, transactions, true)
 }
 
 #[pg_guard]
@@ -315,22 +369,26 @@ pub extern "C-unwind" fn _idem_maintenance_main(arg: pg_sys::Datum) {
 
     let started = Instant::now();
     let action = settings.action.as_str();
-    let (recovered, recover_xacts) = drain(
-        &format!("SELECT {schema}.idem_recover_stuck(batch_size => $1, action => $2)"),
-        settings.batch_size,
-        Some(action),
-    );
-    let (swept, sweep_xacts) =
+    // Within the grace after a promotion (begin_grace_if_promoted) recovery waits.
+    // SAFETY: reads the clock.
+    let in_grace = handshake::grace_until() > unsafe { pg_sys::GetCurrentTimestamp() };
+    let (recovered, recover_xacts, recover_done) = if in_grace {
+        (0, 0, true)
+    } else {
+        drain(&format!("SELECT {schema}.idem_recover_stuck(batch_size => $1, action => $2)"), settings.batch_size, Some(action))
+    };
+    let (swept, sweep_xacts, sweep_done) =
         drain(&format!("SELECT {schema}.idem_sweep(batch_size => $1)"), settings.batch_size, None);
     crate::vacuum::after_sweep(db, &schema, swept);
     metrics::add("worker_passes", 1);
     if recovered + swept > 0 {
         log!(
-            "idempotency maintenance in database \"{db}\": recovered {recovered} (action {action}), swept {swept}, in {} transactions of at most {} rows, {:.3} s",
+            "idempotency maintenance in database \"{db}\": recovered {recovered} (action {action}), swept {swept}, in {} transactions of at most {} rows, {:.3} s{}",
             recover_xacts + sweep_xacts,
             settings.batch_size,
-            started.elapsed().as_secs_f64()
+            started.elapsed().as_secs_f64(),
+            if recover_done && sweep_done { "" } else { "; stopped at the pass's bound, the next round continues" }
         );
     }
-    handshake::set(Pass::Done);
+    handshake::set(if recover_done && sweep_done { Pass::Done } else { Pass::Unfinished });
 }
