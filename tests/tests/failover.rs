@@ -9,7 +9,9 @@
 //! - after promotion: every acknowledged key kept its record; every completed record has its
 //!   business row and every business row its record; a retry of every key leaves exactly one
 //!   execution per key; every new token exceeds every earlier one; the maintenance worker starts
-//!   and recovers and sweeps rows written on the old primary.
+//!   and sweeps rows written on the old primary, and gives a two-phase reservation whose lease
+//!   ran out during the failover one lease of grace: it is not recovered, and its attempt
+//!   heartbeats and completes on the new primary.
 //!
 //! Then the same failover through the client, as users reach a pair: the example service of each
 //! driver (`idempotency_examples::charges`, `charges_sqlx`) under HTTP load from
@@ -174,8 +176,11 @@ async fn failover_to_a_promoted_standby_keeps_every_key_once() {
            FROM generate_series(1, 20) AS i;
          SELECT token FROM idem_reserve('failover.charge', 'maint', 'stuck', 'h', ttl => '1 hour', lease => '1 second');";
     // The standby: configured to run the maintenance worker on the database (the primary is not),
-    // so its silence in recovery and its start at promotion are what is watched.
-    let standby_settings = format!("idempotency.maintenance_databases = '{DB}'\nidempotency.maintenance_interval = 1\n");
+    // so its silence in recovery and its start at promotion are what is watched. Its lease
+    // setting (1 hour) is the grace after promotion: longer than the test, so the stuck
+    // reservation must outlive every pass the test sees.
+    let standby_settings =
+        format!("idempotency.maintenance_databases = '{DB}'\nidempotency.maintenance_interval = 1\nidempotency.lease = 3600\n");
     let Pair { primary, standby } = Pair::start("failover", setup, &standby_settings).await;
     ok("a streaming standby made with pg_basebackup -R replicates synchronously");
 
@@ -323,25 +328,47 @@ async fn failover_to_a_promoted_standby_keeps_every_key_once() {
     assert!(new_tokens.iter().all(|t| *t > old_max), "a token issued after promotion is not above {old_max}: {new_tokens:?}");
     ok(&format!("every token issued after promotion ({} of them, from {}) exceeds every earlier one (max {old_max})", new_tokens.len(), new_tokens.iter().min().unwrap()));
 
-    // The worker on the promoted node.
-    eventually("the worker recovers and sweeps on the promoted node", Duration::from_secs(60), || async {
+    // The worker on the promoted node: it sweeps at once, and its passes (the sweep's among them)
+    // leave the two-phase reservation whose lease ran out during the failover alone.
+    eventually("the worker sweeps on the promoted node", Duration::from_secs(60), || async {
         let left = one_i64(&db, "SELECT count(*) FROM idem_records WHERE user_id = 'maint' AND key LIKE 'expired-%'").await;
-        let stuck: Option<String> = db
-            .query_opt("SELECT status FROM idem_records WHERE user_id = 'maint' AND key = 'stuck'", &[])
-            .await
-            .map_err(|e| e.to_string())?
-            .map(|r| r.get(0));
-        if left == 0 && stuck.as_deref() == Some("FAILED") { Ok(()) } else { Err(format!("{left} expired left, stuck is {stuck:?}")) }
+        if left == 0 { Ok(()) } else { Err(format!("{left} expired left")) }
     })
     .await;
+    let passes = one_i64(&db, "SELECT value FROM idem_metrics() WHERE name = 'worker_passes'").await;
+    eventually("two more passes of the worker", Duration::from_secs(60), || async {
+        let now = one_i64(&db, "SELECT value FROM idem_metrics() WHERE name = 'worker_passes'").await;
+        if now >= passes + 2 { Ok(()) } else { Err(format!("{} passes since", now - passes)) }
+    })
+    .await;
+    let (status, lease_over): (String, bool) = {
+        let row = db
+            .query_one("SELECT status, lease_expires_at < clock_timestamp() FROM idem_records WHERE user_id = 'maint' AND key = 'stuck'", &[])
+            .await
+            .unwrap();
+        (row.get(0), row.get(1))
+    };
+    assert!(lease_over, "the stuck reservation's lease has run out");
+    assert_eq!(status, "PROCESSING", "a reservation whose lease ran out during the failover, within the grace after promotion");
     let log = standby.log();
     assert!(log.contains("idempotency maintenance launcher started"), "no launcher start in the promoted server's log");
+    assert!(
+        log.contains("the server was promoted; idem_recover_stuck waits one lease (3600 s"),
+        "no grace logged at promotion"
+    );
     let line = log
         .lines()
         .find(|l| l.contains(&format!("idempotency maintenance in database \"{DB}\"")))
         .expect("a maintenance summary line");
     println!("    {}", line.split_once(": ").map_or(line, |(_, rest)| rest));
-    ok("after promotion the maintenance worker starts, fails the stuck reservation and sweeps the 20 expired records of the old primary");
+    let token = one_i64(&db, "SELECT token FROM idem_records WHERE user_id = 'maint' AND key = 'stuck'").await;
+    let alive: bool = db
+        .query_one("SELECT idem_heartbeat($1, 'maint', 'stuck', $2) AND idem_complete($1, 'maint', 'stuck', $2, '{\"late\": true}')", &[&OP, &token])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(alive, "the two-phase attempt heartbeats and completes after the promotion");
+    ok("after promotion the maintenance worker starts and sweeps the 20 expired records of the old primary; the two-phase reservation whose lease ran out in the failover gets one lease of grace (not recovered over 2 passes), then heartbeats and completes");
     standby.stop(Stop::Fast);
 }
 
