@@ -8,6 +8,7 @@
 //! - [`driver`]: both client drivers (tokio-postgres and sqlx) under one set of names each, and
 //!   [`for_each_driver`], which instantiates a suite per driver in one test binary.
 //! - [`handler`]: the business handler the tests and the demo run ("charge a card").
+//! - [`ietf`]: the IETF Idempotency-Key checks of an example service, against its base URL.
 //! - [`server`]: private servers of any major driven from Rust (the `idempotency-pgserver` crate,
 //!   shared with the harness: initdb, configure, start, stop, a streaming standby, promotion,
 //!   pg_upgrade and the other programs of a major).
@@ -22,6 +23,7 @@ pub mod cluster;
 pub mod driver;
 pub mod forwarder;
 pub mod handler;
+pub mod ietf;
 pub mod proxy;
 pub mod replay_cache;
 pub mod server;

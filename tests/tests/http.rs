@@ -1,6 +1,7 @@
 //! The axum example of the driver under test (`idempotency_examples::charges`, or its sqlx
 //! twin `charges_sqlx`: examples/rust/src) served on loopback and exercised over real HTTP: the
-//! twins give the same answers.
+//! IETF checks of the test kit (`idempotency_testkit::ietf`, which the actix-web example passes
+//! too: tests/tests/actix.rs), and the one-statement route.
 
 idempotency_testkit::for_each_driver! {
     /// The example service of each driver.
@@ -57,8 +58,11 @@ idempotency_testkit::for_each_driver! {
         assert_eq!(status, StatusCode::CREATED);
         assert_eq!(headers.get("idempotent-replayed").map(|v| v.to_str().unwrap()), Some("true"));
         assert_eq!(again, first);
-        let (status, _, body) = post(&url, Some("one-1"), "http-one", json!({"amount": 8})).await;
+        let (status, headers, body) = post(&url, Some("one-1"), "http-one", json!({"amount": 8})).await;
         assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "another request under the key: {body}");
+        // The handler answers the client's Error through its IntoResponse: the layer's problem+json.
+        assert_eq!(headers.get("content-type").map(|v| v.to_str().unwrap()), Some("application/problem+json"));
+        assert_eq!(body["type"], "urn:idempotency:problem:mismatch");
         assert_eq!(charges_of("http-one").await, 1);
     }
 
@@ -69,60 +73,13 @@ idempotency_testkit::for_each_driver! {
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn post_charges_maps_every_outcome_to_http() {
         let url = serve(handle(Settings::default()).await).await;
-
-        let (status, _, body) = post(&url, None, "http-a", json!({"amount": 100})).await;
-        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
-
-        let (status, headers, first) = post(&url, Some("k-1"), "http-a", json!({"amount": 100})).await;
-        assert_eq!(status, StatusCode::CREATED);
-        assert!(headers.get("idempotent-replayed").is_none());
-        assert!(headers.get("location").is_some());
-
-        // The retry (quoted key, same request) replays the stored response.
-        let (status, headers, again) = post(&url, Some("\"k-1\""), "http-a", json!({"amount": 100})).await;
-        assert_eq!(status, StatusCode::CREATED);
-        assert_eq!(headers.get("idempotent-replayed").map(|v| v.to_str().unwrap()), Some("true"));
-        assert_eq!(again, first);
-        assert_eq!(charges_of("http-a").await, 1);
-
-        // Same key, another request: 422.
-        let (status, _, _) = post(&url, Some("k-1"), "http-a", json!({"amount": 999})).await;
-        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
-
-        // A 4xx answer is remembered and replayed as such.
-        let (status, headers, _) = post(&url, Some("k-2"), "http-a", json!({"amount": -5})).await;
-        assert_eq!((status, headers.get("idempotent-replayed").is_none()), (StatusCode::UNPROCESSABLE_ENTITY, true));
-        let (status, headers, body) = post(&url, Some("k-2"), "http-a", json!({"amount": -5})).await;
-        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
-        assert_eq!(headers.get("idempotent-replayed").map(|v| v.to_str().unwrap()), Some("true"));
-        assert_eq!(body["error"], "amount must be positive");
-
-        // A bad key: 400 before any database work.
-        let (status, _, _) = post(&url, Some(&"k".repeat(300)), "http-a", json!({"amount": 1})).await;
-        assert_eq!(status, StatusCode::BAD_REQUEST);
-        assert_eq!(charges_of("http-a").await, 1);
+        idempotency_testkit::ietf::every_outcome(&url, test_database().await, "http-a").await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn two_concurrent_requests_with_one_key_charge_once() {
         let url = serve(handle(Settings::default()).await).await;
-        for round in 0..10 {
-            let key = format!("race-{round}");
-            let (a, b) = tokio::join!(
-                post(&url, Some(&key), "http-race", json!({"amount": 7})),
-                post(&url, Some(&key), "http-race", json!({"amount": 7})),
-            );
-            let mut statuses = [a.0, b.0];
-            statuses.sort();
-            for (status, headers, _) in [&a, &b] {
-                if *status == StatusCode::CONFLICT {
-                    assert!(headers.get("retry-after").is_some(), "409 carries Retry-After");
-                }
-            }
-            let created = [&a, &b].iter().filter(|r| r.0 == StatusCode::CREATED && r.1.get("idempotent-replayed").is_none()).count();
-            assert_eq!(created, 1, "round {round}: exactly one request charged: {statuses:?}");
-        }
-        assert_eq!(charges_of("http-race").await, 10, "one charge per key");
+        idempotency_testkit::ietf::concurrent_duplicates_charge_once(&url, test_database().await, "http-race").await;
     }
 
     #[tokio::test]
@@ -131,7 +88,6 @@ idempotency_testkit::for_each_driver! {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}/charges", listener.local_addr().unwrap());
         tokio::spawn(async move { axum::serve(listener, <TestDriver as App>::router(idem)).await });
-        let (status, _, _) = post(&url, Some("k"), "u", json!({"amount": 1})).await;
-        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        idempotency_testkit::ietf::store_down_answers_503(&url).await;
     }
 }

@@ -67,6 +67,10 @@ pub(crate) enum Failure<SE> {
     Body(Box<dyn std::error::Error + Send + Sync>),
     /// The body is longer than the response limit (`limit` bytes); `effect_stands` in two-phase.
     TooLarge { limit: usize, effect_stands: bool },
+    /// The stack dropped the request before the route answered (actix-web, when its client went
+    /// away).
+    #[cfg_attr(not(feature = "actix"), allow(dead_code))]
+    Gone,
 }
 
 impl<SE> std::fmt::Display for Failure<SE> {
@@ -76,6 +80,7 @@ impl<SE> std::fmt::Display for Failure<SE> {
             Failure::Panicked(message) => write!(f, "the handler panicked: {message}"),
             Failure::Body(e) => write!(f, "the response body failed: {e}"),
             Failure::TooLarge { limit, .. } => write!(f, "the response body is larger than the response limit ({limit} bytes)"),
+            Failure::Gone => f.write_str("the server dropped the request before the route answered"),
         }
     }
 }

@@ -74,6 +74,8 @@
 //! In both modes the route runs to its end in a task of its own: a client that disconnects
 //! mid-request does not cancel it, and its retry replays the stored response.
 
+#[cfg(feature = "actix")]
+mod actix;
 mod config;
 mod core;
 mod extract;
@@ -89,6 +91,9 @@ mod respond;
 mod service;
 mod transaction;
 
+#[cfg(feature = "actix")]
+#[cfg_attr(docsrs, doc(cfg(feature = "actix")))]
+pub use actix::IdempotencyMiddleware;
 pub use self::core::Reply;
 pub use config::{default_status_policy, Builder, ConfigError, ANONYMOUS_USER, DEFAULT_RESPONSE_LIMIT};
 pub use extract::UserFn;

@@ -108,6 +108,13 @@ impl Problem {
         self.status.as_u16()
     }
 
+    /// The answer as a [`super::Reply`] (no trailers).
+    #[cfg_attr(not(feature = "actix"), allow(dead_code))]
+    pub(crate) fn into_reply(self) -> super::Reply {
+        let (parts, body) = self.into_response::<Bytes>().into_parts();
+        super::Reply { status: parts.status, headers: parts.headers, body, trailers: None }
+    }
+
     /// The response, with any body type built from bytes.
     pub(crate) fn into_response<B: From<Bytes>>(self) -> Response<B> {
         let mut body = crate::response::problem_body(self.kind, self.title, self.status.as_u16(), &self.detail);

@@ -14,8 +14,8 @@ postgres_by_default! {
 /// has returned, a copy it kept reaches no connection: its `lock` is
 /// [`crate::TransactionEnded`].
 ///
-/// With the `axum` feature it is an extractor; any other tower service finds it in the request's
-/// extensions.
+/// With the `axum` feature it is an axum extractor, with `actix` an actix-web one; any other
+/// tower service finds it in the request's extensions.
 pub struct Transaction<D: Driver = Postgres>(pub(crate) D::Shared);
 }
 
@@ -54,5 +54,25 @@ impl<S: Send + Sync, D: Driver> axum::extract::FromRequestParts<S> for Transacti
             )
             .into_response()
         })
+    }
+}
+
+#[cfg(feature = "actix")]
+impl<D: Driver> actix_web::FromRequest for Transaction<D> {
+    type Error = actix_web::Error;
+    type Future = std::future::Ready<Result<Self, actix_web::Error>>;
+
+    /// The request's transaction; a 500 problem on a route without an in-transaction layer.
+    fn from_request(req: &actix_web::HttpRequest, _: &mut actix_web::dev::Payload) -> Self::Future {
+        use actix_web::HttpMessage;
+        std::future::ready(req.extensions().get::<Transaction<D>>().cloned().ok_or_else(|| {
+            let problem = super::problem::Problem::new(
+                500,
+                super::problem::types::NO_TRANSACTION,
+                "No idempotency transaction",
+                "this route is not wrapped in an IdempotencyLayer in in-transaction mode",
+            );
+            actix_web::error::InternalError::from_response("no idempotency transaction", super::actix::response_of(problem.into_reply())).into()
+        }))
     }
 }

@@ -8,6 +8,7 @@
 //! | [`charges`] | `POST /charges`, in-transaction mode, tokio-postgres | `axum_charges` |
 //! | `charges_sqlx` (feature `sqlx`, a default) | the same over sqlx | `axum_charges_sqlx` |
 //! | [`payouts`] | `POST /payouts`, two-phase mode, calling a provider stub | `two_phase_stub` |
+//! | `actix_charges` (feature `actix`) | `POST /charges` on actix-web, in-transaction, either driver | `actix_charges` |
 //!
 //! ```sh
 //! DATABASE_URL=postgresql://postgres@127.0.0.1:55415/postgres BIND=127.0.0.1:3000 \
@@ -18,6 +19,8 @@
 //! benchmark's HTTP rows (`bench/src/http.rs`) serve: the routers the binaries serve, so what
 //! they prove and measure is the example itself.
 
+#[cfg(feature = "actix")]
+pub mod actix_charges;
 pub mod charges;
 #[cfg(feature = "sqlx")]
 pub mod charges_sqlx;
