@@ -92,14 +92,14 @@ pub(crate) async fn replayed_key(idem: &Idempotency) -> Key {
     key
 }
 
-/// `tasks` concurrent loops of one call kind for `seconds`: calls per second, client-side
+/// `tasks` concurrent loops of one call kind for `run`: calls per second, client-side
 /// p50/p99 latency, and the WAL written (read on `db` before and after).
-pub(crate) async fn throughput(url: &str, db: &tokio_postgres::Client, tasks: usize, seconds: u64, kind: Call) -> Measure {
+pub(crate) async fn throughput(url: &str, db: &tokio_postgres::Client, tasks: usize, run: Duration, kind: Call) -> Measure {
     let idem = handle(url, tasks, kind);
     // The replay rows read one key that executed once, before the clock starts.
     let replayed = if matches!(kind, Call::Replay | Call::RawSelect | Call::CachedReplay) { replayed_key(&idem).await } else { replay_key() };
     let before = wal_lsn(db).await;
-    let stop = Instant::now() + Duration::from_secs(seconds);
+    let stop = Instant::now() + run;
     let started = Instant::now();
     let mut handles = Vec::new();
     for t in 0..tasks {

@@ -84,15 +84,15 @@ pub(crate) async fn replayed_key(idem: &Idempotency<Sqlx>) -> Key {
     key
 }
 
-/// `tasks` concurrent loops of one call kind for `seconds` over sqlx: calls per second and
+/// `tasks` concurrent loops of one call kind for `run` over sqlx: calls per second and
 /// client-side p50/p99 latency.
-pub(crate) async fn throughput(url: &str, tasks: usize, seconds: u64, kind: Call) -> Measure {
+pub(crate) async fn throughput(url: &str, tasks: usize, run: Duration, kind: Call) -> Measure {
     let idem = match kind {
         Call::CachedReplay => connect_with(url, tasks, Settings::builder().replay_cache(ReplayCache::new(10_000, Duration::from_secs(60)))),
         _ => connect(url, tasks),
     };
     let replayed = if matches!(kind, Call::Replay | Call::RawSelect | Call::CachedReplay) { replayed_key(&idem).await } else { replay_key() };
-    let stop = Instant::now() + Duration::from_secs(seconds);
+    let stop = Instant::now() + run;
     let started = Instant::now();
     let mut handles = Vec::new();
     for t in 0..tasks {

@@ -258,9 +258,9 @@ pub(crate) async fn statements_per_request(service: &Service, db: &tokio_postgre
 }
 
 /// `connections` workers, each on its own keep-alive connection, sending `side`'s requests to
-/// `route` for `seconds`: requests per second, p50/p99 latency as the client saw it, WAL written
+/// `route` for `run`: requests per second, p50/p99 latency as the client saw it, WAL written
 /// (read on `db`). Every answer is checked: a 201, replayed exactly when `side` is a replay.
-pub(crate) async fn load(service: &Service, db: &tokio_postgres::Client, route: Route, side: Side, connections: usize, seconds: u64) -> Measure {
+pub(crate) async fn load(service: &Service, db: &tokio_postgres::Client, route: Route, side: Side, connections: usize, run: Duration) -> Measure {
     let addr = service.addr;
     // Connect and warm up before the clock: one request per connection (a replay's key executes
     // here, once).
@@ -273,11 +273,11 @@ pub(crate) async fn load(service: &Service, db: &tokio_postgres::Client, route: 
         conns.push((c, user, key));
     }
     static RUN: AtomicU64 = AtomicU64::new(0);
-    let run = RUN.fetch_add(1, Ordering::Relaxed);
-    let profile = Profile::start(service.pid, &format!("{route:?}-{side:?}-{connections}-{run}").to_lowercase());
+    let nth = RUN.fetch_add(1, Ordering::Relaxed);
+    let profile = Profile::start(service.pid, &format!("{route:?}-{side:?}-{connections}-{nth}").to_lowercase());
     let before = client::wal_lsn(db).await;
     let started = Instant::now();
-    let stop = started + Duration::from_secs(seconds);
+    let stop = started + run;
     let mut handles = Vec::new();
     for (w, (mut c, user, key)) in conns.into_iter().enumerate() {
         handles.push(tokio::spawn(async move {

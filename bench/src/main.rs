@@ -25,12 +25,13 @@ use idempotency_testkit::{cluster_addr, fresh_database, pg_bin, root};
 use pgbench::Measure;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use tokio_postgres::NoTls;
 
 struct Settings {
     smoke: bool,
-    seconds: u32,
+    /// The length of every run (pgbench runs at least 1 s: its `-T` counts whole seconds).
+    run: Duration,
     reps: usize,
     clients: Vec<u32>,
     http_connections: Vec<usize>,
@@ -107,7 +108,7 @@ async fn pair_scripts(s: &Settings, url: &str, db: &tokio_postgres::Client, a: &
         let order = if rep % 2 == 0 { [(a, true), (b, false)] } else { [(b, false), (a, true)] };
         for (name, is_a) in order {
             let before = pgbench::counters(db).await;
-            let mut m = pgbench::run(&pgbench, url, name, clients, s.seconds, &logs);
+            let mut m = pgbench::run(&pgbench, url, name, clients, s.run, &logs);
             pgbench::delta(db, &before, &mut m).await;
             if is_a { ra.push(m) } else { rb.push(m) }
         }
@@ -150,7 +151,7 @@ async fn http_rows(s: &Settings, rows: &mut Vec<Row>, bound: Option<String>) {
             for rep in 0..s.reps {
                 for i in 0..3 {
                     let i = if rep % 2 == 0 { i } else { 2 - i };
-                    runs[i].push(http::load(&service, &db, route, sides[i], c, u64::from(s.seconds)).await);
+                    runs[i].push(http::load(&service, &db, route, sides[i], c, s.run).await);
                 }
             }
             let [plain, fresh, replay] = runs.map(|r| Measure::mean(&r));
@@ -173,7 +174,7 @@ async fn http_rows(s: &Settings, rows: &mut Vec<Row>, bound: Option<String>) {
         for rep in 0..s.reps {
             for i in 0..2 {
                 let i = if rep % 2 == 0 { i } else { 1 - i };
-                runs[i].push(http::load(&service, &db, http::Route::Payouts, sides[i], c, u64::from(s.seconds)).await);
+                runs[i].push(http::load(&service, &db, http::Route::Payouts, sides[i], c, s.run).await);
             }
         }
         let [seed, fresh] = runs.map(|r| Measure::mean(&r));
@@ -212,13 +213,13 @@ async fn main() {
     let only_http = args.iter().any(|a| a == "--http");
     let only_rust = args.iter().any(|a| a == "--rust");
     let s = if smoke {
-        Settings { smoke, seconds: 1, reps: 1, clients: vec![1, 8], http_connections: vec![8, 64], growth_rows: 20_000, sweep_rows: 20_000, soak_cycles: 6, soak_per_client: 50 }
+        Settings { smoke, run: Duration::from_millis(200), reps: 1, clients: vec![1, 8], http_connections: vec![8, 64], growth_rows: 20_000, sweep_rows: 20_000, soak_cycles: 6, soak_per_client: 50 }
     } else {
-        Settings { smoke, seconds: 6, reps: 2, clients: vec![1, 8, 32], http_connections: vec![8, 64], growth_rows: 1_000_000, sweep_rows: 500_000, soak_cycles: 100, soak_per_client: 300 }
+        Settings { smoke, run: Duration::from_secs(6), reps: 2, clients: vec![1, 8, 32], http_connections: vec![8, 64], growth_rows: 1_000_000, sweep_rows: 500_000, soak_cycles: 100, soak_per_client: 300 }
     };
     // IDEM_BENCH_SECONDS: another length of every run (bench/profile-http.sh shortens them).
     let s = match std::env::var("IDEM_BENCH_SECONDS") {
-        Ok(v) => Settings { seconds: v.parse().unwrap_or_else(|_| panic!("IDEM_BENCH_SECONDS={v} is not a number of seconds")), ..s },
+        Ok(v) => Settings { run: v.parse().ok().and_then(|v| Duration::try_from_secs_f64(v).ok()).unwrap_or_else(|| panic!("IDEM_BENCH_SECONDS={v} is not a number of seconds")), ..s },
         Err(_) => s,
     };
     let out = root().join("target/bench");
@@ -360,7 +361,7 @@ async fn main() {
         let order: [(&str, &tokio_postgres::Client, bool); 2] = if rep % 2 == 0 { [(&small, &sdb, true), (&large, &ldb, false)] } else { [(&large, &ldb, false), (&small, &sdb, true)] };
         for (u, d, is_small) in order {
             let before = pgbench::counters(d).await;
-            let mut m = pgbench::run(&pgbench_bin, u, &script("fresh"), 8, s.seconds, &out.join("logs"));
+            let mut m = pgbench::run(&pgbench_bin, u, &script("fresh"), 8, s.run, &out.join("logs"));
             pgbench::delta(d, &before, &mut m).await;
             if is_small { ms.push(m) } else { ml.push(m) }
         }
@@ -519,7 +520,7 @@ fn machine() -> String {
 
 fn render(rows: &[Row], sweep: Option<(f64, &soak::Soak)>, s: &Settings, secs: u64) -> String {
     let mut t = String::new();
-    let _ = writeln!(t, "\nidempotency benchmark — {} — {} s per run, {} interleaved runs per side{}\n", machine(), s.seconds, s.reps, if s.smoke { " (SMOKE: numbers are not meaningful)" } else { "" });
+    let _ = writeln!(t, "\nidempotency benchmark — {} — {} s per run, {} interleaved runs per side{}\n", machine(), s.run.as_secs_f64(), s.reps, if s.smoke { " (SMOKE: numbers are not meaningful)" } else { "" });
     let _ = writeln!(t, "| figure | clients | baseline tps | ours tps | ratio | goal | p50 / p99 ms (ours) | p50 / p99 ms (baseline) | WAL B/op (ours / base) | HOT (ours) | statements per op, nested included (ours / base) |");
     let _ = writeln!(t, "|---|---|---|---|---|---|---|---|---|---|---|");
     for r in rows {
@@ -572,7 +573,7 @@ async fn rust_rows(s: &Settings, url: &str, db: &tokio_postgres::Client, rows: &
         let (mut raw, mut run) = (Vec::new(), Vec::new());
         for rep in 0..s.reps {
             for first in [rep % 2 == 0, rep % 2 != 0] {
-                let m = client::throughput(url, db, n, u64::from(s.seconds), if first { client::Call::RawInsert } else { client::Call::Run }).await;
+                let m = client::throughput(url, db, n, s.run, if first { client::Call::RawInsert } else { client::Call::Run }).await;
                 if first { raw.push(m) } else { run.push(m) }
             }
         }
@@ -583,7 +584,7 @@ async fn rust_rows(s: &Settings, url: &str, db: &tokio_postgres::Client, rows: &
         let (mut raw, mut one) = (Vec::new(), Vec::new());
         for rep in 0..s.reps {
             for first in [rep % 2 == 0, rep % 2 != 0] {
-                let m = client::throughput(url, db, n, u64::from(s.seconds), if first { client::Call::RawInsert } else { client::Call::RunStatement }).await;
+                let m = client::throughput(url, db, n, s.run, if first { client::Call::RawInsert } else { client::Call::RunStatement }).await;
                 if first { raw.push(m) } else { one.push(m) }
             }
         }
@@ -591,7 +592,7 @@ async fn rust_rows(s: &Settings, url: &str, db: &tokio_postgres::Client, rows: &
         let (mut select, mut replayed) = (Vec::new(), Vec::new());
         for rep in 0..s.reps {
             for first in [rep % 2 == 0, rep % 2 != 0] {
-                let m = client::throughput(url, db, n, u64::from(s.seconds), if first { client::Call::RawSelect } else { client::Call::Replay }).await;
+                let m = client::throughput(url, db, n, s.run, if first { client::Call::RawSelect } else { client::Call::Replay }).await;
                 if first { select.push(m) } else { replayed.push(m) }
             }
         }
@@ -601,7 +602,7 @@ async fn rust_rows(s: &Settings, url: &str, db: &tokio_postgres::Client, rows: &
         let (mut select, mut cached) = (Vec::new(), Vec::new());
         for rep in 0..s.reps {
             for first in [rep % 2 == 0, rep % 2 != 0] {
-                let m = client::throughput(url, db, n, u64::from(s.seconds), if first { client::Call::RawSelect } else { client::Call::CachedReplay }).await;
+                let m = client::throughput(url, db, n, s.run, if first { client::Call::RawSelect } else { client::Call::CachedReplay }).await;
                 if first { select.push(m) } else { cached.push(m) }
             }
         }
@@ -619,7 +620,7 @@ async fn sqlx_rows(s: &Settings, url: &str, calls: u64, rows: &mut Vec<Row>) {
     let (mut raw, mut run) = (Vec::new(), Vec::new());
     for rep in 0..s.reps {
         for first in [rep % 2 == 0, rep % 2 != 0] {
-            let m = client_sqlx::throughput(url, 8, u64::from(s.seconds), if first { client::Call::RawInsert } else { client::Call::Run }).await;
+            let m = client_sqlx::throughput(url, 8, s.run, if first { client::Call::RawInsert } else { client::Call::Run }).await;
             if first { raw.push(m) } else { run.push(m) }
         }
     }
@@ -627,7 +628,7 @@ async fn sqlx_rows(s: &Settings, url: &str, calls: u64, rows: &mut Vec<Row>) {
     let (mut select, mut replayed) = (Vec::new(), Vec::new());
     for rep in 0..s.reps {
         for first in [rep % 2 == 0, rep % 2 != 0] {
-            let m = client_sqlx::throughput(url, 8, u64::from(s.seconds), if first { client::Call::RawSelect } else { client::Call::Replay }).await;
+            let m = client_sqlx::throughput(url, 8, s.run, if first { client::Call::RawSelect } else { client::Call::Replay }).await;
             if first { select.push(m) } else { replayed.push(m) }
         }
     }
@@ -635,7 +636,7 @@ async fn sqlx_rows(s: &Settings, url: &str, calls: u64, rows: &mut Vec<Row>) {
     let (mut select, mut cached) = (Vec::new(), Vec::new());
     for rep in 0..s.reps {
         for first in [rep % 2 == 0, rep % 2 != 0] {
-            let m = client_sqlx::throughput(url, 8, u64::from(s.seconds), if first { client::Call::RawSelect } else { client::Call::CachedReplay }).await;
+            let m = client_sqlx::throughput(url, 8, s.run, if first { client::Call::RawSelect } else { client::Call::CachedReplay }).await;
             if first { select.push(m) } else { cached.push(m) }
         }
     }

@@ -76,8 +76,9 @@ pub(crate) async fn delta(db: &tokio_postgres::Client, before: &Counters, m: &mu
     m.hot_updates = after.hot_updates - before.hot_updates;
 }
 
-/// `pgbench -n -M prepared` of one script; the log goes under `logs`.
-pub(crate) fn run(pgbench: &Path, url: &str, script: &Path, clients: u32, seconds: u32, logs: &Path) -> Measure {
+/// `pgbench -n -M prepared` of one script for `run` (whole seconds, at least 1: pgbench's `-T`);
+/// the log goes under `logs`.
+pub(crate) fn run(pgbench: &Path, url: &str, script: &Path, clients: u32, run: std::time::Duration, logs: &Path) -> Measure {
     let _ = std::fs::remove_dir_all(logs);
     std::fs::create_dir_all(logs).expect("log dir");
     let prefix: PathBuf = logs.join("tx");
@@ -86,7 +87,7 @@ pub(crate) fn run(pgbench: &Path, url: &str, script: &Path, clients: u32, second
         .arg(format!("--log-prefix={}", prefix.display()))
         .arg(format!("-c{clients}"))
         .arg(format!("-j{}", clients.min(2)))
-        .arg(format!("-T{seconds}"))
+        .arg(format!("-T{}", run.as_secs().max(1)))
         .arg("-f")
         .arg(script)
         .arg(url)
