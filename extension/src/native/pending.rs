@@ -171,12 +171,15 @@ impl Reservation {
             pg_sys::GetUserIdAndSecContext(&mut user, &mut context);
             pg_sys::SetUserIdAndSecContext(owner, context | pg_sys::SECURITY_LOCAL_USERID_CHANGE as i32);
         }
-        let written = plans::connected(|| plans::execute(&self.catalog.plans, Stmt::Insert, &params));
+        // A plain INSERT: every writer of a new record holds the key's advisory lock, which this
+        // transaction has held since the reservation, so no row of the key can have appeared;
+        // if something bypassed the lock, the primary key refuses this one (23505).
+        let written = plans::connected(|| plans::execute(&self.catalog.plans, Stmt::InsertNew, &params));
         // SAFETY: as above.
         unsafe { pg_sys::SetUserIdAndSecContext(user, context) };
         if written != 1 {
-            // Not reachable while every writer of a new record holds the key's advisory lock;
-            // if something bypassed it, refuse rather than lose this transaction's record.
+            // Not reachable (the INSERT either writes its row or raises); kept as the last
+            // word: never lose this transaction's record silently.
             raise(
                 PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE,
                 "could not serialize access: the idempotency record of this reservation was written concurrently".into(),
