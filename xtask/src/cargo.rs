@@ -24,11 +24,14 @@ pub(crate) fn test(checks: &mut Checks, dir: &Path, args: &[&str], envs: &[(&str
             binary = b;
         } else if let Some(name) = test_name(line) {
             checks.named(format!("{binary}::{name}"));
+            if let Some(seconds) = reported_time(line) {
+                checks.timed(format!("{binary}::{name}"), seconds);
+            }
         }
         if let Some(rest) = line.strip_prefix("test result: ") {
             passed += count_before(rest, "passed");
             failed += count_before(rest, "failed");
-        } else if (line.starts_with("test ") && (line.ends_with("FAILED") || line.ends_with("failed"))) || line.starts_with("error") {
+        } else if (line.starts_with("test ") && (without_time(line).ends_with("FAILED") || line.ends_with("failed"))) || line.starts_with("error") {
             println!("{line}");
         }
     }
@@ -43,6 +46,30 @@ pub(crate) fn test(checks: &mut Checks, dir: &Path, args: &[&str], envs: &[(&str
         println!("(cargo {} failed; log: {})", args.join(" "), log.display());
     }
     checks.add(passed, failed);
+}
+
+/// [`test`] with each test's time: libtest's `--report-time`, unstable, which a test binary
+/// accepts on a stable toolchain when it runs with `RUSTC_BOOTSTRAP=1`; a runner sets that for the
+/// test binaries alone, so nothing is compiled differently (a runner is no part of cargo's
+/// fingerprints). For `cargo test` of packages without doc tests only: rustdoc runs those without
+/// the runner and would refuse the option. `args` may hold `--` and libtest's arguments.
+pub(crate) fn test_timed(checks: &mut Checks, dir: &Path, args: &[&str], envs: &[(&str, &str)]) {
+    let (cargo, libtest) = args.iter().position(|a| *a == "--").map_or((args, &[][..]), |i| (&args[..i], &args[i + 1..]));
+    let mut timed: Vec<&str> = cargo.to_vec();
+    timed.extend(["--config", "target.'cfg(all())'.runner = ['env', 'RUSTC_BOOTSTRAP=1']", "--"]);
+    timed.extend(libtest);
+    timed.extend(["-Z", "unstable-options", "--report-time"]);
+    test(checks, dir, &timed, envs);
+}
+
+/// The seconds libtest reported for a test (`test NAME ... ok <0.233s>`).
+fn reported_time(line: &str) -> Option<f64> {
+    line.strip_suffix("s>")?.rsplit_once(" <")?.1.parse().ok()
+}
+
+/// A line without libtest's reported time.
+fn without_time(line: &str) -> &str {
+    line.rsplit_once(" <").filter(|(_, t)| t.ends_with("s>")).map_or(line, |(l, _)| l)
 }
 
 /// The test binary a line of cargo's begins: `Running tests/checklist.rs
@@ -61,7 +88,7 @@ fn binary_of(line: &str) -> Option<String> {
 /// The name of a test libtest ran (`test NAME ... ok` or `... FAILED`; with `--nocapture` the
 /// result may follow on a later line), not of one it ignored.
 fn test_name(line: &str) -> Option<&str> {
-    let (name, result) = line.strip_prefix("test ")?.split_once(" ... ")?;
+    let (name, result) = without_time(line).strip_prefix("test ")?.split_once(" ... ")?;
     (!result.trim_start().starts_with("ignored") && !name.is_empty()).then_some(name)
 }
 
@@ -73,7 +100,7 @@ fn count_before(summary: &str, word: &str) -> u32 {
 
 #[cfg(test)]
 mod tests {
-    use super::{binary_of, count_before, test_name};
+    use super::{binary_of, count_before, reported_time, test_name, without_time};
 
     #[test]
     fn reads_libtest_summaries() {
@@ -91,5 +118,14 @@ mod tests {
         assert_eq!(test_name("test failover ... "), Some("failover"));
         assert_eq!(test_name("test pg_upgrade ... ignored, its own layer"), None);
         assert_eq!(test_name("test result: ok. 3 passed"), None);
+    }
+
+    #[test]
+    fn reads_reported_times() {
+        assert_eq!(test_name("test tls::refuses ... ok <0.233s>"), Some("tls::refuses"));
+        assert_eq!(reported_time("test tls::refuses ... ok <0.233s>"), Some(0.233));
+        assert_eq!(reported_time("test tls::refuses ... ok"), None);
+        assert_eq!(without_time("test a ... FAILED <12.500s>"), "test a ... FAILED");
+        assert_eq!(without_time("test a<b ... ok"), "test a<b ... ok");
     }
 }

@@ -118,7 +118,12 @@ pub(crate) struct Harness {
     /// Server directories the run deleted after their layer passed, and kept after it failed.
     servers_deleted: u32,
     servers_kept: Vec<String>,
+    /// Each timed test's seconds and where it ran (`pg15 e2e checklist::name`).
+    times: Vec<(f64, String)>,
 }
+
+/// How many of the slowest tests the summary names.
+const SLOWEST: usize = 10;
 
 /// Checks passed, failed and skipped.
 #[derive(Clone, Copy, Debug, Default)]
@@ -200,6 +205,7 @@ impl Harness {
             }
         }
         self.names.extend(outcome.names.iter().cloned());
+        self.times.extend(outcome.times.iter().map(|(test, s)| (*s, format!("{} {name} {test}", ctx.label))));
         self.record(ctx, name, &outcome, started, &log);
         outcome
     }
@@ -351,6 +357,13 @@ pub(crate) fn run(options: &Options) -> ExitCode {
         println!("{l}");
     }
     println!("servers: {} directories deleted after their layer passed, {} kept{}", h.servers_deleted, h.servers_kept.len(), if h.servers_kept.is_empty() { String::new() } else { format!(": {}", h.servers_kept.join(", ")) });
+    h.times.sort_by(|a, b| b.0.total_cmp(&a.0));
+    if !h.times.is_empty() {
+        println!("slowest {} of {} timed tests (the e2e, failover and pg_upgrade layers' tests):", SLOWEST.min(h.times.len()), h.times.len());
+        for (seconds, test) in h.times.iter().take(SLOWEST) {
+            println!("  {seconds:7.1}s  {test}");
+        }
+    }
     let cargo_runs = crate::sh::CARGO_RUNS.load(std::sync::atomic::Ordering::Relaxed);
     println!("cargo: {cargo_runs} commands started by the harness (scripts/package.sh runs one more per major)");
     println!("{}", closing_line(&h));

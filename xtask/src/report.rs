@@ -14,6 +14,8 @@ pub(crate) struct Outcome {
     pub(crate) failed: u32,
     pub(crate) skipped: Vec<String>,
     pub(crate) names: BTreeSet<String>,
+    /// Each timed test's name and seconds (libtest's `--report-time`: [`crate::cargo::test_timed`]).
+    pub(crate) times: Vec<(String, f64)>,
 }
 
 impl Outcome {
@@ -31,6 +33,7 @@ pub(crate) struct Checks {
     failed: u32,
     skipped: Vec<String>,
     names: BTreeSet<String>,
+    times: Vec<(String, f64)>,
     log: File,
     path: PathBuf,
 }
@@ -42,7 +45,7 @@ impl Checks {
             std::fs::create_dir_all(dir).unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
         }
         let file = File::create(log).unwrap_or_else(|e| panic!("cannot create {}: {e}", log.display()));
-        Checks { layer: layer.to_owned(), passed: 0, failed: 0, skipped: vec![], names: BTreeSet::new(), log: file, path: log.to_owned() }
+        Checks { layer: layer.to_owned(), passed: 0, failed: 0, skipped: vec![], names: BTreeSet::new(), times: vec![], log: file, path: log.to_owned() }
     }
 
     /// Failures so far.
@@ -54,6 +57,11 @@ impl Checks {
     /// the same on every major, driver and install: the closing line counts the distinct names.
     pub(crate) fn named(&mut self, name: String) {
         self.names.insert(name);
+    }
+
+    /// How long test `name` took, in seconds.
+    pub(crate) fn timed(&mut self, name: String, seconds: f64) {
+        self.times.push((name, seconds));
     }
 
     /// A check of the harness's own, named by its layer and its label without the parenthesized
@@ -137,7 +145,7 @@ impl Checks {
             self.fail("the layer counted no test", "");
         }
         self.line(&format!("{} passed, {} failed, {} skipped", self.passed, self.failed, self.skipped.len()), false);
-        Outcome { passed: self.passed, failed: self.failed, skipped: self.skipped, names: self.names }
+        Outcome { passed: self.passed, failed: self.failed, skipped: self.skipped, names: self.names, times: self.times }
     }
 }
 

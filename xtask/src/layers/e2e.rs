@@ -53,7 +53,7 @@ pub(crate) fn run(ctx: &Ctx, checks: &mut Checks, install: Install) {
             args.push("--");
             args.extend(focus.filter.iter().map(String::as_str));
         }
-        crate::cargo::test(checks, Path::new("."), &args, &[("IDEM_INSTALL", kind)]);
+        crate::cargo::test_timed(checks, Path::new("."), &args, &[("IDEM_INSTALL", kind)]);
         return;
     }
     if !ctx.full {
@@ -66,13 +66,13 @@ pub(crate) fn run(ctx: &Ctx, checks: &mut Checks, install: Install) {
         args.push("--");
         args.extend(SKIP_SQLX);
     }
-    crate::cargo::test(checks, Path::new("."), &args, &[("IDEM_INSTALL", kind)]);
+    crate::cargo::test_timed(checks, Path::new("."), &args, &[("IDEM_INSTALL", kind)]);
     // The cancellation suite over sqlx on the portable install too (issue 32 asks for both drivers
     // on both installs): where a dropped call stalls differs per install (the portable
     // reservation writes the table at once), and per driver (sqlx sends no cancel request).
     if install == Install::Portable && ctx.full {
         let sqlx = ["test", "--no-fail-fast", "-p", "idempotency-tests", "--test", "cancellation", "--", "over_sqlx::"];
-        crate::cargo::test(checks, Path::new("."), &sqlx, &[("IDEM_INSTALL", kind)]);
+        crate::cargo::test_timed(checks, Path::new("."), &sqlx, &[("IDEM_INSTALL", kind)]);
     }
     // The concurrency suites again with a replay cache on every handle of the test kit: what
     // the rerun proves is the checklist (and in a full run the faults) answered through the
@@ -85,6 +85,6 @@ pub(crate) fn run(ctx: &Ctx, checks: &mut Checks, install: Install) {
         cached.extend(if ctx.full { ["--test", "faults"] } else { ["--test", "replay_cache"] });
         cached.push("--");
         cached.extend(SKIP_SQLX);
-        crate::cargo::test(checks, Path::new("."), &cached, &[("IDEM_INSTALL", kind), ("IDEM_REPLAY_CACHE", "on")]);
+        crate::cargo::test_timed(checks, Path::new("."), &cached, &[("IDEM_INSTALL", kind), ("IDEM_REPLAY_CACHE", "on")]);
     }
 }

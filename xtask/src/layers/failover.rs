@@ -12,5 +12,5 @@ use std::path::Path;
 pub(crate) fn run(ctx: &Ctx, checks: &mut Checks) {
     let base = std::env::var("IDEM_SERVERS_PORT").unwrap_or_else(|_| (ctx.port + 400).to_string());
     let args = ["test", "--no-fail-fast", "-p", "idempotency-tests", "--test", "failover", "--", "--ignored", "--nocapture", "--test-threads=1"];
-    crate::cargo::test(checks, Path::new("."), &args, &[("IDEM_SERVERS_PORT", &base)]);
+    crate::cargo::test_timed(checks, Path::new("."), &args, &[("IDEM_SERVERS_PORT", &base)]);
 }

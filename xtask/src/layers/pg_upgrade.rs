@@ -20,7 +20,7 @@ pub(crate) fn run(ctx: &Ctx, checks: &mut Checks) {
     }
     let base = std::env::var("IDEM_SERVERS_PORT").unwrap_or_else(|_| "56000".into());
     let args = ["test", "--no-fail-fast", "-p", "idempotency-tests", "--test", "pg_upgrade", "--", "--ignored"];
-    crate::cargo::test(checks, Path::new("."), &args, &[("IDEM_SERVERS_PORT", &base)]);
+    crate::cargo::test_timed(checks, Path::new("."), &args, &[("IDEM_SERVERS_PORT", &base)]);
 }
 
 /// Copies the extension installed in `from`'s directories (its library, control file and every
