@@ -74,11 +74,12 @@ pub enum Body {
 }
 
 impl Body {
-    /// The body of exactly these bytes: text when they are UTF-8.
+    /// The body of exactly these bytes: text when they are UTF-8 without a NUL (jsonb cannot
+    /// hold `\u0000`; a gRPC message's frame header starts with NULs), bytes otherwise.
     pub fn exact(bytes: &[u8]) -> Self {
         match std::str::from_utf8(bytes) {
-            Ok(text) => Body::Text(text.to_owned()),
-            Err(_) => Body::Bytes(bytes.to_vec()),
+            Ok(text) if !text.contains('\0') => Body::Text(text.to_owned()),
+            _ => Body::Bytes(bytes.to_vec()),
         }
     }
 

@@ -71,6 +71,9 @@ pub(crate) enum Failure<SE> {
     /// away).
     #[cfg_attr(not(feature = "actix"), allow(dead_code))]
     Gone,
+    /// A gRPC answer of more than one message (a server-streaming RPC).
+    #[cfg_attr(not(feature = "tonic"), allow(dead_code))]
+    Streaming,
 }
 
 impl<SE> std::fmt::Display for Failure<SE> {
@@ -81,6 +84,7 @@ impl<SE> std::fmt::Display for Failure<SE> {
             Failure::Body(e) => write!(f, "the response body failed: {e}"),
             Failure::TooLarge { limit, .. } => write!(f, "the response body is larger than the response limit ({limit} bytes)"),
             Failure::Gone => f.write_str("the server dropped the request before the route answered"),
+            Failure::Streaming => f.write_str("the RPC answered more than one message"),
         }
     }
 }
@@ -96,6 +100,9 @@ impl<SE> HandlerError for Failure<SE> {
         }
     }
 }
+
+/// The detail of [`types::STREAMING`] for an answer that streamed.
+pub(crate) const STREAMING_ANSWER: &str = "idempotency layer: this RPC answered more than one message; the layer covers unary RPCs only, so leave streaming RPCs out of it (its answer was not stored and the key was released)";
 
 /// What a route call gives back.
 pub(crate) type RouteFuture<SE> = BoxFuture<'static, Result<Reply, Failure<SE>>>;
@@ -361,6 +368,7 @@ fn error_answer<D: Driver, SE>(config: &Config<D>, e: Error<Failure<SE>>) -> (An
         Error::Handler { error } | Error::Poisoned { error } => match error {
             Failure::Service(e) => return (Answer::ServiceError(e), outcome),
             Failure::TooLarge { effect_stands, .. } => return too_large(effect_stands, outcome, &error),
+            Failure::Streaming => Problem::new(400, types::STREAMING, "Streaming RPC", STREAMING_ANSWER),
             failure => Problem::failure(500, types::HANDLER_FAILED, "Handler failed", details::HANDLER_FAILED, &failure),
         },
         Error::ResponseTooLarge { effect_stands, .. } => return too_large(effect_stands, outcome, &e),

@@ -79,6 +79,9 @@ mod actix;
 mod config;
 mod core;
 mod extract;
+#[cfg(feature = "tonic")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]
+pub mod grpc;
 pub mod http;
 mod key_header;
 mod observe;
@@ -94,6 +97,9 @@ mod transaction;
 #[cfg(feature = "actix")]
 #[cfg_attr(docsrs, doc(cfg(feature = "actix")))]
 pub use actix::IdempotencyMiddleware;
+#[cfg(feature = "tonic")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]
+pub use grpc::{GrpcLayer, GrpcService};
 pub use self::core::Reply;
 pub use config::{default_status_policy, Builder, ConfigError, ANONYMOUS_USER, DEFAULT_RESPONSE_LIMIT};
 pub use extract::UserFn;

@@ -52,6 +52,12 @@ pub mod types {
     /// effect stands and this answer is stored for the key (the marker
     /// [`crate::StoredResponse::too_large`]) and replayed to every retry.
     pub const RESPONSE_TOO_LARGE: &str = crate::StoredResponse::TOO_LARGE_TYPE;
+    /// gRPC only (`FAILED_PRECONDITION`): the RPC sent or answered more than one message; the
+    /// layer covers unary RPCs only. A streaming request is refused before anything is reserved;
+    /// a streaming answer is not stored (in-transaction its writes are rolled back) and the key
+    /// is released. Leave streaming RPCs out of the layer (wrap only the unary service, or
+    /// `require_key(false)` and send no key).
+    pub const STREAMING: &str = "urn:idempotency:problem:streaming";
 }
 
 /// The fixed `detail` of each 5xx answer (the real error is in the log, under the answer's
@@ -106,6 +112,27 @@ impl Problem {
 
     pub(crate) fn status(&self) -> u16 {
         self.status.as_u16()
+    }
+
+    /// The problem's `type`.
+    #[cfg_attr(not(feature = "tonic"), allow(dead_code))]
+    pub(crate) fn kind(&self) -> &'static str {
+        self.kind
+    }
+
+    /// The `detail`, with the correlation id of a 5xx appended.
+    #[cfg_attr(not(feature = "tonic"), allow(dead_code))]
+    pub(crate) fn message(&self) -> String {
+        match &self.correlation_id {
+            Some(id) => format!("{} (correlation_id {id})", self.detail),
+            None => self.detail.clone(),
+        }
+    }
+
+    /// The `Retry-After` hint, if any.
+    #[cfg_attr(not(feature = "tonic"), allow(dead_code))]
+    pub(crate) fn retry_after_hint(&self) -> Option<Duration> {
+        self.retry_after
     }
 
     /// The answer as a [`super::Reply`] (no trailers).

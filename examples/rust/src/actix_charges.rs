@@ -19,40 +19,13 @@
 
 use actix_web::http::header;
 use actix_web::{web, App, HttpRequest, HttpResponse, HttpServer};
+use crate::store::Charges;
 use idempotency_client::layer::{IdempotencyLayer, Transaction};
-use idempotency_client::{Driver, Idempotency, Postgres};
+use idempotency_client::{Driver, Idempotency};
 use serde_json::{json, Value};
-use std::future::Future;
 
 /// The SQL the route needs next to the extension.
 pub const SCHEMA: &str = crate::charges::SCHEMA;
-
-/// How each driver inserts a charge through the request's transaction.
-pub trait Charges: Driver {
-    /// Inserts the charge; its id.
-    fn insert(tx: &Transaction<Self>, user: &str, amount: i64) -> impl Future<Output = Result<i64, String>>;
-}
-
-impl Charges for Postgres {
-    async fn insert(tx: &Transaction<Self>, user: &str, amount: i64) -> Result<i64, String> {
-        let conn = tx.lock().await.map_err(|e| e.to_string())?;
-        let insert = conn.prepare_cached("INSERT INTO charges (user_id, amount) VALUES ($1, $2) RETURNING id").await.map_err(|e| e.to_string())?;
-        conn.query_one(&insert, &[&user, &amount]).await.and_then(|row| row.try_get("id")).map_err(|e| e.to_string())
-    }
-}
-
-#[cfg(feature = "sqlx")]
-impl Charges for idempotency_client::Sqlx {
-    async fn insert(tx: &Transaction<Self>, user: &str, amount: i64) -> Result<i64, String> {
-        let mut conn = tx.lock().await.map_err(|e| e.to_string())?;
-        sqlx::query_scalar::<_, i64>("INSERT INTO charges (user_id, amount) VALUES ($1, $2) RETURNING id")
-            .bind(user)
-            .bind(amount)
-            .fetch_one(&mut *conn)
-            .await
-            .map_err(|e| e.to_string())
-    }
-}
 
 /// The layer: the configuration of the axum example (the user from `X-User`).
 pub fn layer<D: Driver>(idem: Idempotency<D>) -> IdempotencyLayer<D> {

@@ -9,6 +9,7 @@
 //! | `charges_sqlx` (feature `sqlx`, a default) | the same over sqlx | `axum_charges_sqlx` |
 //! | [`payouts`] | `POST /payouts`, two-phase mode, calling a provider stub | `two_phase_stub` |
 //! | `actix_charges` (feature `actix`) | `POST /charges` on actix-web, in-transaction, either driver | `actix_charges` |
+//! | `grpc_charges` (feature `tonic`) | the gRPC `charges.v1.Charges/Create` on tonic, either mode and driver | `tonic_charges` |
 //!
 //! ```sh
 //! DATABASE_URL=postgresql://postgres@127.0.0.1:55415/postgres BIND=127.0.0.1:3000 \
@@ -22,6 +23,9 @@
 #[cfg(feature = "actix")]
 pub mod actix_charges;
 pub mod charges;
+#[cfg(feature = "tonic")]
+pub mod grpc_charges;
 #[cfg(feature = "sqlx")]
 pub mod charges_sqlx;
 pub mod payouts;
+pub mod store;

@@ -1,0 +1,134 @@
+//! The tonic twin of [`charges`](crate::charges): a gRPC service `charges.v1.Charges`
+//! (proto/charges.proto) whose unary `Create` is idempotent through the layer's
+//! [`GrpcLayer`](idempotency_client::layer::GrpcLayer), over either driver, in either mode.
+//!
+//! Served by the binary `tonic_charges` (`src/bin/tonic_charges.rs`; this crate's feature
+//! `tonic`), over tokio-postgres, or over sqlx with `IDEM_DRIVER=sqlx`; `IDEM_MODE=two_phase`
+//! for the two-phase mode, `IDEM_KEY=request_id` to take the key from the message's `request_id`
+//! field (AIP-155) instead of the `idempotency-key` metadata:
+//!
+//! ```sh
+//! DATABASE_URL=postgresql://postgres@127.0.0.1:55415/postgres BIND=127.0.0.1:50051 \
+//!     cargo run -p idempotency-examples --features tonic --bin tonic_charges
+//! ```
+//!
+//! What a client sees: the first call's answer (`Charge`, or the error the handler returned);
+//! a retry with the same key and message gets the stored answer byte for byte, with the metadata
+//! `idempotent-replayed: true`; while another call holds the key, ABORTED (with `retry-after`);
+//! the key with another message, INVALID_ARGUMENT; no key, INVALID_ARGUMENT; no `x-user`,
+//! UNAUTHENTICATED; the store down, UNAVAILABLE. The streaming `Watch` is refused with
+//! FAILED_PRECONDITION: the layer covers unary methods only.
+
+use crate::store::Charges;
+use idempotency_client::layer::{grpc, GrpcLayer, IdempotencyLayer, Mode, Transaction};
+use idempotency_client::{Driver, Idempotency};
+use prost::Message;
+use std::sync::Arc;
+use tokio::sync::{mpsc, Semaphore};
+use tonic::{Request, Response, Status};
+
+/// The code generated from proto/charges.proto.
+#[allow(missing_docs, unreachable_pub, unused_qualifications, clippy::all)]
+pub mod proto {
+    tonic::include_proto!("charges.v1");
+}
+
+use proto::charges_server::{Charges as ChargesRpc, ChargesServer};
+use proto::{Charge, CreateCharge};
+
+/// The SQL the service needs next to the extension.
+pub const SCHEMA: &str = crate::charges::SCHEMA;
+
+/// Where the key comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyFrom {
+    /// The `idempotency-key` metadata.
+    Metadata,
+    /// The message's `request_id` field (AIP-155).
+    RequestId,
+}
+
+/// Test levers: a call whose message says `hold` reports that it started and waits for a permit
+/// of `gate` (the binary has none).
+#[derive(Debug)]
+pub struct Hold {
+    /// Told once per held call that started.
+    pub started: mpsc::UnboundedSender<()>,
+    /// One permit per held call to let go.
+    pub gate: Semaphore,
+}
+
+/// The service: charges `amount` for the `x-user` metadata.
+pub struct ChargeService<D: Driver> {
+    idem: Idempotency<D>,
+    mode: Mode,
+    hold: Option<Arc<Hold>>,
+}
+
+#[tonic::async_trait]
+impl<D: Charges> ChargesRpc for ChargeService<D> {
+    async fn create(&self, request: Request<CreateCharge>) -> Result<Response<Charge>, Status> {
+        let user = request.metadata().get("x-user").and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
+        let tx = request.extensions().get::<Transaction<D>>().cloned();
+        let message = request.into_inner();
+        if let (true, Some(hold)) = (message.hold, &self.hold) {
+            let _ = hold.started.send(());
+            hold.gate.acquire().await.map_err(|_| Status::internal("gate closed"))?.forget();
+        }
+        if message.amount <= 0 {
+            return Err(Status::invalid_argument("amount must be positive"));
+        }
+        let inserted = match (self.mode, tx) {
+            (Mode::InTransaction, Some(tx)) => D::insert(&tx, &user, message.amount).await,
+            (Mode::InTransaction, None) => return Err(Status::internal("no idempotency transaction: this service needs the layer")),
+            (Mode::TwoPhase, _) => D::insert_own(&self.idem, &user, message.amount).await,
+        };
+        let id = inserted.map_err(Status::unavailable)?;
+        if message.fail_code != 0 {
+            // The charge is written, then the call fails: in-transaction it rolls back.
+            return Err(Status::new(tonic::Code::from_i32(message.fail_code), "failed after the write"));
+        }
+        Ok(Response::new(Charge { id, amount: message.amount }))
+    }
+
+    type WatchStream = futures_util::stream::Iter<std::vec::IntoIter<Result<Charge, Status>>>;
+
+    async fn watch(&self, request: Request<CreateCharge>) -> Result<Response<Self::WatchStream>, Status> {
+        let amount = request.into_inner().amount;
+        let charges = vec![Ok(Charge { id: 1, amount }), Ok(Charge { id: 2, amount })];
+        Ok(Response::new(futures_util::stream::iter(charges)))
+    }
+}
+
+/// The layer: the user from the `x-user` metadata, the key from `key_from`.
+pub fn layer<D: Driver>(idem: Idempotency<D>, mode: Mode, key_from: KeyFrom) -> GrpcLayer<D> {
+    let builder = IdempotencyLayer::builder(idem).mode(mode).user(|req| req.headers.get("x-user")?.to_str().ok().map(str::to_owned));
+    let builder = match key_from {
+        KeyFrom::Metadata => builder,
+        KeyFrom::RequestId => builder.key_from(|_, body| {
+            let id = grpc::message(body).and_then(|m| CreateCharge::decode(m).ok()).map(|m| m.request_id).filter(|id| !id.is_empty());
+            std::future::ready(id)
+        }),
+    };
+    builder.build().expect("a complete layer configuration").grpc()
+}
+
+/// The service behind its layer, ready for `Server::builder().add_service(..)`.
+pub fn service<D: Charges>(idem: Idempotency<D>, mode: Mode, key_from: KeyFrom, hold: Option<Arc<Hold>>) -> idempotency_client::layer::GrpcService<ChargesServer<ChargeService<D>>, D> {
+    use tower_layer::Layer;
+    layer(idem.clone(), mode, key_from).layer(ChargesServer::new(ChargeService { idem, mode, hold }))
+}
+
+/// Serves the service on `listener` until the process ends.
+pub async fn serve<D: Charges>(
+    idem: Idempotency<D>,
+    mode: Mode,
+    key_from: KeyFrom,
+    hold: Option<Arc<Hold>>,
+    listener: tokio::net::TcpListener,
+) -> Result<(), tonic::transport::Error> {
+    tonic::transport::Server::builder()
+        .add_service(service(idem, mode, key_from, hold))
+        .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener))
+        .await
+}
