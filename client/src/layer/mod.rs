@@ -23,6 +23,11 @@
 //!   503 store unavailable; a 5xx never carries an error's text: its `detail` is fixed and its
 //!   `correlation_id` names the `tracing` error event that holds the error.
 //!
+//! One configuration ([`Builder`]) and one core of rules serve every stack: tower and axum (this
+//! layer), actix-web (feature `actix`: [`IdempotencyLayer`] is an actix `Transform`, see
+//! `IdempotencyMiddleware`) and tonic (feature `tonic`: [`IdempotencyLayer::grpc`] gives a
+//! `GrpcLayer`; see the `grpc` module).
+//!
 //! Routes run in one of two [`Mode`]s, chosen per route (one layer per route, added with axum's
 //! `route_layer` so the matched route names the operation):
 //!
