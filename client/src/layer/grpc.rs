@@ -1,4 +1,4 @@
-//! The tonic adapter of the layer's [core](super::core) (feature `tonic`): the same
+//! The tonic adapter of the layer's core (feature `tonic`): the same
 //! configuration ([`super::Builder`]) and rules as the HTTP layer, for unary gRPC methods.
 //!
 //! ```no_run

@@ -43,7 +43,7 @@ pub(crate) fn problem_of<E: std::fmt::Display>(error: &Error<E>) -> Problem {
     }
 }
 
-/// The answer for a handler that calls the client itself: the problem of [`problem_of`], or, for
+/// The answer for a handler that calls the client itself: the layer's problem for the error, or, for
 /// [`Error::Failed`] holding a stored [`crate::StoredResponse`], that response replayed (with
 /// `Idempotent-Replayed: true`). A 5xx never carries the error's text.
 impl<E: std::fmt::Display> axum::response::IntoResponse for Error<E> {
