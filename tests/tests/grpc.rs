@@ -217,4 +217,27 @@ idempotency_testkit::for_each_driver! {
         assert_eq!(status.code(), Code::Unavailable);
         assert!(status.metadata().get("retry-after").is_some());
     }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_layer_serves_every_route_of_a_server_too() {
+        // `Server::builder().layer(..)` instead of one service: the same answers.
+        use idempotency_examples::grpc_charges::{layer, ChargeService};
+        use idempotency_examples::grpc_charges::proto::charges_server::ChargesServer;
+        admin().await.batch_execute(SCHEMA).await.unwrap();
+        let idem = handle(Settings::default()).await;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = format!("http://{}", listener.local_addr().unwrap());
+        let server = tonic::transport::Server::builder()
+            .layer(layer(idem.clone(), Mode::InTransaction, KeyFrom::Metadata))
+            .add_service(ChargesServer::new(ChargeService::new(idem, Mode::InTransaction, None)))
+            .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener));
+        tokio::spawn(server);
+        let mut client = ChargesClient::connect(addr).await.expect("connect");
+        let u = user("routes", Mode::InTransaction);
+        let first = create(&mut client, Some("r-1"), &u, charge(3)).await.expect("created");
+        let again = create(&mut client, Some("r-1"), &u, charge(3)).await.expect("replayed");
+        assert!(!replayed(&first) && replayed(&again));
+        assert_eq!(again.get_ref(), first.get_ref());
+        assert_eq!(charges_of(&u).await, 1);
+    }
 }

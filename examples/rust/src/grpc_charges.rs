@@ -65,6 +65,14 @@ pub struct ChargeService<D: Driver> {
     hold: Option<Arc<Hold>>,
 }
 
+impl<D: Driver> ChargeService<D> {
+    /// The service over `idem` in `mode` (its writes: through the request's transaction
+    /// in-transaction, on a connection of its own two-phase), with the test levers of `hold`.
+    pub fn new(idem: Idempotency<D>, mode: Mode, hold: Option<Arc<Hold>>) -> Self {
+        ChargeService { idem, mode, hold }
+    }
+}
+
 #[tonic::async_trait]
 impl<D: Charges> ChargesRpc for ChargeService<D> {
     async fn create(&self, request: Request<CreateCharge>) -> Result<Response<Charge>, Status> {
@@ -116,7 +124,7 @@ pub fn layer<D: Driver>(idem: Idempotency<D>, mode: Mode, key_from: KeyFrom) -> 
 /// The service behind its layer, ready for `Server::builder().add_service(..)`.
 pub fn service<D: Charges>(idem: Idempotency<D>, mode: Mode, key_from: KeyFrom, hold: Option<Arc<Hold>>) -> idempotency_client::layer::GrpcService<ChargesServer<ChargeService<D>>, D> {
     use tower_layer::Layer;
-    layer(idem.clone(), mode, key_from).layer(ChargesServer::new(ChargeService { idem, mode, hold }))
+    layer(idem.clone(), mode, key_from).layer(ChargesServer::new(ChargeService::new(idem, mode, hold)))
 }
 
 /// Serves the service on `listener` until the process ends.
