@@ -162,6 +162,7 @@ impl Harness {
     fn layer(&mut self, ctx: &Ctx, name: &str, f: &mut dyn FnMut(&Ctx, &mut Checks)) -> Outcome {
         println!("\n== {} {name}", ctx.label);
         let started = Instant::now();
+        let disk = disk_used();
         let log = ctx.logs.join(format!("{name}.log"));
         let before = server_dirs();
         let mut checks = Checks::new(name, &log);
@@ -206,7 +207,7 @@ impl Harness {
         }
         self.names.extend(outcome.names.iter().cloned());
         self.times.extend(outcome.times.iter().map(|(test, s)| (*s, format!("{} {name} {test}", ctx.label))));
-        self.record(ctx, name, &outcome, started, &log);
+        self.record(ctx, name, &outcome, started, disk, &log);
         outcome
     }
 
@@ -215,8 +216,14 @@ impl Harness {
         self.only.as_ref().is_none_or(|l| l.iter().any(|n| n == name))
     }
 
-    fn record(&mut self, ctx: &Ctx, name: &str, o: &Outcome, started: Instant, log: &Path) {
+    /// `disk`: the disk's bytes used before the layer ([`disk_used`]); the row shows the change.
+    fn record(&mut self, ctx: &Ctx, name: &str, o: &Outcome, started: Instant, disk: Option<u64>, log: &Path) {
         let secs = started.elapsed().as_secs();
+        let disk = match (disk, disk_used()) {
+            // Signed MB: a layer that deletes what it made (servers, builds) frees space.
+            (Some(before), Some(after)) => format!("  {:>+6} MB disk", (i128::from(after) - i128::from(before)) / 1_000_000),
+            _ => String::new(),
+        };
         let log = log.strip_prefix(idempotency_pgserver::root()).unwrap_or(log).display().to_string();
         let skipped = u32::try_from(o.skipped.len()).unwrap_or(u32::MAX);
         for t in [&mut self.total, &mut self.major] {
@@ -238,8 +245,16 @@ impl Harness {
             println!("   skipped: {why}");
         }
         let why = if o.skipped.is_empty() { String::new() } else { format!("  (skipped: {})", o.skipped.join("; ")) };
-        self.summary.push(format!("{:<4} {name:<16} {:>5} passed, {} failed, {} skipped  {secs:>4}s{why}", ctx.label, o.passed, o.failed, skipped));
+        self.summary.push(format!("{:<4} {name:<16} {:>5} passed, {} failed, {} skipped  {secs:>4}s{disk}{why}", ctx.label, o.passed, o.failed, skipped));
     }
+}
+
+/// Bytes used on the disk that holds target/ (`df`): the summary's per-layer disk column, and
+/// the closing size of target/.
+fn disk_used() -> Option<u64> {
+    let target = idempotency_pgserver::root().join("target");
+    let out = crate::sh::capture(Command::new("df").args(["-B1", "--output=used"]).arg(&target)).ok()?;
+    out.lines().nth(1)?.trim().parse().ok()
 }
 
 /// The server directories under target/servers now, each with its modification time.
@@ -363,6 +378,11 @@ pub(crate) fn run(options: &Options) -> ExitCode {
         for (seconds, test) in h.times.iter().take(SLOWEST) {
             println!("  {seconds:7.1}s  {test}");
         }
+    }
+    let target = idempotency_pgserver::root().join("target");
+    if let Ok(du) = crate::sh::capture(Command::new("du").args(["-sb"]).arg(&target)) {
+        let bytes: u64 = du.split_whitespace().next().and_then(|b| b.parse().ok()).unwrap_or(0);
+        println!("target/: {:.1} GB at the end of the run (du -sb)", bytes as f64 / 1e9);
     }
     let cargo_runs = crate::sh::CARGO_RUNS.load(std::sync::atomic::Ordering::Relaxed);
     println!("cargo: {cargo_runs} commands started by the harness (scripts/package.sh runs one more per major)");
