@@ -102,4 +102,176 @@ idempotency_testkit::for_each_driver! {
         let rows: i64 = admin().await.query_one("SELECT count(*) AS n FROM charges WHERE user_id = 'actix-flaky'", &[]).await.unwrap().get("n");
         assert_eq!(rows, 1, "the panicking attempt's write rolled back with its reservation");
     }
+
+    /// A route of its own whose handler reports that it started, waits for a permit of `gate`,
+    /// then writes a charge (through the transaction in-transaction, on its own connection
+    /// two-phase) and answers 201.
+    fn held_server(idem: Idem, mode: idempotency_client::layer::Mode, listener: std::net::TcpListener, held: Held) -> actix_web::dev::Server {
+        use actix_web::{web, App, HttpResponse, HttpServer};
+        use idempotency_client::layer::{IdempotencyLayer, Mode, Transaction};
+        use std::sync::atomic::Ordering;
+        let layer = IdempotencyLayer::builder(idem).mode(mode).anonymous().build().expect("layer");
+        HttpServer::new(move || {
+            let held = held.clone();
+            let handler = move |tx: Option<Transaction<TestDriver>>| {
+                let held = held.clone();
+                async move {
+                    held.runs.fetch_add(1, Ordering::SeqCst);
+                    let _ = held.started.send(());
+                    held.gate.acquire().await.expect("gate open").forget();
+                    let insert = "INSERT INTO charges (user_id, amount, k) VALUES ($1, 1, 'g') RETURNING id";
+                    let user = format!("actix-gone-{mode:?}");
+                    match (mode, tx) {
+                        (Mode::InTransaction, Some(tx)) => {
+                            query_i64_in(&tx, insert, &[&user]).await.expect("insert");
+                        }
+                        _ => {
+                            admin().await.query_one(insert, &[&user]).await.expect("insert");
+                        }
+                    }
+                    HttpResponse::Created().body("charged")
+                }
+            };
+            App::new().service(web::resource("/held").wrap(layer.clone()).route(web::post().to(handler)))
+        })
+        .listen(listener)
+        .expect("listen")
+        .workers(1)
+        .run()
+    }
+
+    /// The levers of [`held_server`].
+    #[derive(Clone)]
+    struct Held {
+        runs: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+        started: tokio::sync::mpsc::UnboundedSender<()>,
+        gate: std::sync::Arc<tokio::sync::Semaphore>,
+    }
+
+    async fn disconnected_client(mode: idempotency_client::layer::Mode) {
+        use std::sync::atomic::Ordering;
+        let idem = handle(Settings::default()).await;
+        let user = format!("actix-gone-{mode:?}");
+        admin().await.execute("DELETE FROM charges WHERE user_id = $1", &[&user]).await.unwrap();
+        let (started, mut started_rx) = tokio::sync::mpsc::unbounded_channel();
+        let held = Held { runs: Default::default(), started, gate: std::sync::Arc::new(tokio::sync::Semaphore::new(0)) };
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}/held", listener.local_addr().unwrap());
+        let server_held = held.clone();
+        std::thread::spawn(move || actix_web::rt::System::new().block_on(async move { held_server(idem, mode, listener, server_held).await }));
+        let key = format!("gone-{mode:?}-{NAME}");
+        let send = |url: String, key: String| async move {
+            reqwest::Client::new().post(&url).header("idempotency-key", key).body("{}").send().await
+        };
+        let mut client = tokio::spawn(send(url.clone(), key.clone()));
+        tokio::select! {
+            _ = started_rx.recv() => {}
+            answer = &mut client => panic!("answered without reaching the handler: {answer:?}"),
+        }
+        client.abort(); // the client hangs up while the handler runs
+        assert!(client.await.unwrap_err().is_cancelled());
+        held.gate.add_permits(1);
+        // The handler finishes anyway; the retry replays its answer once it is stored.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        let answer = loop {
+            let answer = send(url.clone(), key.clone()).await.expect("request");
+            if answer.status() != reqwest::StatusCode::CONFLICT {
+                break answer;
+            }
+            assert!(std::time::Instant::now() < deadline, "still in progress after 30 s");
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        };
+        assert_eq!(answer.status().as_u16(), 201);
+        assert_eq!(answer.headers().get("idempotent-replayed").map(|v| v.to_str().unwrap()), Some("true"), "the retry replays");
+        assert_eq!(held.runs.load(Ordering::SeqCst), 1, "the handler ran once");
+        let rows: i64 = admin().await.query_one("SELECT count(*) AS n FROM charges WHERE user_id = $1", &[&user]).await.unwrap().get("n");
+        assert_eq!(rows, 1);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_client_that_hangs_up_is_answered_by_its_retry_in_transaction() {
+        disconnected_client(idempotency_client::layer::Mode::InTransaction).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_client_that_hangs_up_is_answered_by_its_retry_two_phase() {
+        disconnected_client(idempotency_client::layer::Mode::TwoPhase).await;
+    }
+
+    /// actix-web drops a request's future when it gives the request up (a shutdown, an HTTP/2
+    /// reset, its client-disconnect timeout); the route still runs to its end. Driven in process
+    /// (actix's test service) to drop the future at a known point: while the handler is held.
+    async fn dropped_future(mode: idempotency_client::layer::Mode) {
+        use actix_web::dev::Service;
+        use actix_web::{test, web, App, HttpResponse};
+        use idempotency_client::layer::{IdempotencyLayer, Transaction};
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use std::sync::Arc;
+        let idem = handle(Settings::default()).await;
+        let user = format!("actix-dropped-{mode:?}");
+        admin().await.execute("DELETE FROM charges WHERE user_id = $1", &[&user]).await.unwrap();
+        let runs = Arc::new(AtomicUsize::new(0));
+        let gate = Arc::new(tokio::sync::Semaphore::new(0));
+        let (started, mut started_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
+        let key = format!("dropped-{mode:?}-{NAME}");
+        let (handler_runs, handler_gate, handler_user) = (runs.clone(), gate.clone(), user.clone());
+        let handler = move |tx: Option<Transaction<TestDriver>>| {
+            let (runs, gate, started, user) = (handler_runs.clone(), handler_gate.clone(), started.clone(), handler_user.clone());
+            async move {
+                runs.fetch_add(1, Ordering::SeqCst);
+                let _ = started.send(());
+                gate.acquire().await.expect("gate open").forget();
+                let insert = "INSERT INTO charges (user_id, amount, k) VALUES ($1, 1, 'd') RETURNING id";
+                match tx {
+                    Some(tx) => query_i64_in(&tx, insert, &[&user]).await.expect("insert"),
+                    None => admin().await.query_one(insert, &[&user]).await.expect("insert").get(0),
+                };
+                HttpResponse::Created().body("charged")
+            }
+        };
+        let layer = IdempotencyLayer::builder(idem).mode(mode).anonymous().build().expect("layer");
+        let (runs_seen, gate_seen) = (runs.clone(), gate.clone());
+        // actix's test service needs an actix system: run it on a thread of its own.
+        let outcome = std::thread::spawn(move || {
+            actix_web::rt::System::new().block_on(async move {
+                let app = test::init_service(App::new().service(web::resource("/held").wrap(layer).route(web::post().to(handler)))).await;
+                let request = || test::TestRequest::post().uri("/held").insert_header(("idempotency-key", key.clone())).set_payload("{}").to_request();
+                {
+                    let first = app.call(request());
+                    tokio::pin!(first);
+                    tokio::select! {
+                        _ = started_rx.recv() => {}
+                        answer = &mut first => panic!("answered without reaching the handler: {:?}", answer.map(|r| r.status())),
+                    }
+                } // the request's future is dropped while its handler is held
+                gate_seen.add_permits(1);
+                let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+                loop {
+                    assert!(std::time::Instant::now() < deadline, "the key is still in progress after 30 s");
+                    let answer = app.call(request()).await.expect("an answer");
+                    if answer.status().as_u16() != 409 {
+                        let replayed = answer.headers().get("idempotent-replayed").is_some_and(|v| v == "true");
+                        return (answer.status().as_u16(), replayed);
+                    }
+                    actix_web::rt::time::sleep(std::time::Duration::from_millis(20)).await;
+                }
+            })
+        })
+        .join()
+        .expect("the actix thread");
+        assert_eq!(outcome, (201, true), "the retry replays the answer of the dropped request's route");
+        assert_eq!(runs_seen.load(Ordering::SeqCst), 1, "the handler ran once");
+        let rows: i64 = admin().await.query_one("SELECT count(*) AS n FROM charges WHERE user_id = $1", &[&user]).await.unwrap().get("n");
+        assert_eq!(rows, 1);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_dropped_request_still_completes_its_key_in_transaction() {
+        dropped_future(idempotency_client::layer::Mode::InTransaction).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_dropped_request_still_completes_its_key_two_phase() {
+        dropped_future(idempotency_client::layer::Mode::TwoPhase).await;
+    }
 }

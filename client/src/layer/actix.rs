@@ -26,9 +26,8 @@
 //! actix-web runs a request on one worker thread and its futures are not `Send`; the layer's
 //! flow runs in a task of its own (as with tower), and calls the route back on the request's own
 //! thread. The extractors see the request's method, URI (the match pattern, `/charges/{id}`, is
-//! the operation), and headers. A request that actix-web drops while its route runs (the client
-//! went away) leaves the flow to end as a transient failure: the key is released (in-transaction
-//! its writes roll back), and the retry runs it again.
+//! the operation), and headers. As with tower, a covered request runs to its end in a task of its
+//! own (on its worker): a client that hangs up does not cancel the route, and its retry replays.
 
 use super::config::Config;
 use super::core::{self, Answer, Failure, Head, Reply, RouteFuture};
@@ -87,7 +86,25 @@ where
     forward_ready!(inner);
 
     fn call(&self, req: ServiceRequest) -> Self::Future {
-        Box::pin(covered(self.config.clone(), self.inner.clone(), req))
+        let inner = self.inner.clone();
+        let Some(parts) = head_of(&req) else {
+            return Box::pin(async move { Ok(inner.call(req).await?.map_into_left_body()) });
+        };
+        let header_key = match core::head(&self.config, &parts) {
+            Head::Uncovered | Head::PassThrough => return Box::pin(async move { Ok(inner.call(req).await?.map_into_left_body()) }),
+            Head::Refuse(problem) => {
+                return Box::pin(std::future::ready(Ok(req.into_response(response_of(problem.into_reply())).map_into_right_body())));
+            }
+            Head::ReadBody(key) => key,
+        };
+        // The request runs to its end in a task of its own on this worker: when actix-web drops
+        // this future (its client hung up), the route still finishes and the key is completed
+        // (or released), so the client's retry replays.
+        let (done, answer) = oneshot::channel();
+        actix_web::rt::spawn(covered(self.config.clone(), inner, req, parts, header_key, done));
+        Box::pin(async move {
+            answer.await.unwrap_or_else(|_| Err(actix_web::error::ErrorInternalServerError("the idempotent request's task ended without an answer")))
+        })
     }
 }
 
@@ -99,22 +116,27 @@ struct Call<D: Driver> {
     answer: oneshot::Sender<Result<Reply, Failure<()>>>,
 }
 
-/// A request: its head looked at, its body read, the flow run while this thread serves its calls
-/// of the route.
-async fn covered<S, B, D>(config: Arc<Config<D>>, inner: Rc<S>, mut req: ServiceRequest) -> Result<ServiceResponse<EitherBody<B>>, actix_web::Error>
+/// What a covered request ends with.
+type Answered<B> = Result<ServiceResponse<EitherBody<B>>, actix_web::Error>;
+
+/// A covered request, in its own task: its answer sent to `done` (nobody may be waiting).
+async fn covered<S, B, D>(config: Arc<Config<D>>, inner: Rc<S>, req: ServiceRequest, parts: Parts, header_key: Option<String>, done: oneshot::Sender<Answered<B>>)
 where
     D: Driver,
     S: Service<ServiceRequest, Response = ServiceResponse<B>, Error = actix_web::Error> + 'static,
     B: MessageBody + 'static,
 {
-    let Some(parts) = head_of(&req) else {
-        return Ok(inner.call(req).await?.map_into_left_body());
-    };
-    let header_key = match core::head(&config, &parts) {
-        Head::Uncovered | Head::PassThrough => return Ok(inner.call(req).await?.map_into_left_body()),
-        Head::Refuse(problem) => return Ok(req.into_response(response_of(problem.into_reply())).map_into_right_body()),
-        Head::ReadBody(key) => key,
-    };
+    let _ = done.send(answer(config, inner, req, parts, header_key).await);
+}
+
+/// A covered request: its body read, the flow run while this thread serves its calls of the
+/// route.
+async fn answer<S, B, D>(config: Arc<Config<D>>, inner: Rc<S>, mut req: ServiceRequest, parts: Parts, header_key: Option<String>) -> Answered<B>
+where
+    D: Driver,
+    S: Service<ServiceRequest, Response = ServiceResponse<B>, Error = actix_web::Error> + 'static,
+    B: MessageBody + 'static,
+{
     let body = match read(req.take_payload(), config.body_limit).await {
         Ok(body) => body,
         Err(Unread::TooLarge) => {
