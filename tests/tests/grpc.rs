@@ -240,4 +240,63 @@ idempotency_testkit::for_each_driver! {
         assert_eq!(again.get_ref(), first.get_ref());
         assert_eq!(charges_of(&u).await, 1);
     }
+
+    /// What an authentication layer outside the idempotency layer found: the principal.
+    #[derive(Clone)]
+    struct Principal(String);
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_scope_from_an_authentication_layer_outside() {
+        use idempotency_client::layer::IdempotencyLayer;
+        use idempotency_examples::grpc_charges::proto::charges_server::ChargesServer;
+        use idempotency_examples::grpc_charges::ChargeService;
+        admin().await.batch_execute(SCHEMA).await.unwrap();
+        let idem = handle(Settings::default()).await;
+        // The "auth layer": a bearer token in the metadata becomes a Principal extension.
+        let auth = tower::util::MapRequestLayer::new(|mut req: axum::http::Request<tonic::body::Body>| {
+            let token = req.headers().get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer ")).map(str::to_owned);
+            if let Some(token) = token {
+                req.extensions_mut().insert(Principal(format!("principal-of-{token}-{NAME}")));
+            }
+            req
+        });
+        let idempotent = IdempotencyLayer::in_transaction(idem.clone())
+            .user(|parts| parts.extensions.get::<Principal>().map(|p| p.0.clone()))
+            .build()
+            .expect("layer")
+            .grpc();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = format!("http://{}", listener.local_addr().unwrap());
+        let server = tonic::transport::Server::builder()
+            .layer(auth)
+            .layer(idempotent)
+            .add_service(ChargesServer::new(ChargeService::new(idem, Mode::InTransaction, None)))
+            .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener));
+        tokio::spawn(server);
+        let mut client = ChargesClient::connect(addr).await.expect("connect");
+        let call = |token: Option<&'static str>| {
+            let mut request = tonic::Request::new(charge(8));
+            request.metadata_mut().insert("idempotency-key", "auth-1".parse().unwrap());
+            if let Some(token) = token {
+                request.metadata_mut().insert("authorization", format!("Bearer {token}").parse().unwrap());
+            }
+            request
+        };
+        let alice = client.create(call(Some("alice"))).await.expect("alice's call");
+        let again = client.create(call(Some("alice"))).await.expect("alice's retry");
+        assert!(!replayed(&alice) && replayed(&again));
+        // Bob's call with the same key is his own: it runs.
+        let bob = client.create(call(Some("bob"))).await.expect("bob's call");
+        assert!(!replayed(&bob));
+        assert_ne!(bob.get_ref().id, alice.get_ref().id);
+        // No principal: UNAUTHENTICATED.
+        assert_eq!(client.create(call(None)).await.expect_err("no principal").code(), Code::Unauthenticated);
+        let records: i64 = admin()
+            .await
+            .query_one("SELECT count(*) AS n FROM idem_records WHERE key = 'auth-1' AND user_id = ANY($1)", &[&vec![format!("principal-of-alice-{NAME}"), format!("principal-of-bob-{NAME}")]])
+            .await
+            .unwrap()
+            .get("n");
+        assert_eq!(records, 2, "one record per principal");
+    }
 }
