@@ -94,7 +94,7 @@ mod pointer;
 pub mod problem;
 mod record;
 mod request;
-#[cfg(feature = "axum")]
+#[cfg(any(feature = "axum", feature = "actix"))]
 mod respond;
 mod service;
 mod transaction;

@@ -104,7 +104,7 @@ impl HttpRecord {
     }
 
     /// [`HttpRecord::into_reply`] as an HTTP response of any body built from bytes.
-    #[cfg(any(test, feature = "axum"))]
+    #[cfg(test)]
     pub(crate) fn into_response<B: From<Bytes>>(self) -> http::Response<B> {
         self.into_reply().into_response()
     }

@@ -1,5 +1,6 @@
-//! `IntoResponse` for the client's [`Error`] (feature `axum`): the layer's problem+json answer
-//! for a handler that calls `run` (or `run_statement`, `run_external`) itself.
+//! The layer's problem+json answer for the client's [`Error`], for a handler that calls `run`
+//! (or `run_statement`, `run_external`) itself: axum's `IntoResponse` (feature `axum`) and
+//! actix-web's `ResponseError` (feature `actix`: return `Result<_, Error>` from a handler).
 
 use super::problem::{details, types, Problem};
 use super::record::HttpRecord;
@@ -43,21 +44,41 @@ pub(crate) fn problem_of<E: std::fmt::Display>(error: &Error<E>) -> Problem {
     }
 }
 
+/// The answer for `error`: its problem, or, for [`Error::Failed`] holding a stored
+/// [`crate::StoredResponse`], that response replayed.
+fn reply_of<E: std::fmt::Display>(error: &Error<E>) -> super::Reply {
+    if let Error::Failed { response: Some(stored) } = error {
+        if let Ok(record) = serde_json::from_value::<HttpRecord>(stored.clone()) {
+            return record.into_reply();
+        }
+    }
+    problem_of(error).into_reply()
+}
+
 /// The answer for a handler that calls the client itself: the layer's problem for the error, or, for
 /// [`Error::Failed`] holding a stored [`crate::StoredResponse`], that response replayed (with
 /// `Idempotent-Replayed: true`). A 5xx never carries the error's text.
+#[cfg(feature = "axum")]
 impl<E: std::fmt::Display> axum::response::IntoResponse for Error<E> {
     fn into_response(self) -> axum::response::Response {
-        if let Error::Failed { response: Some(stored) } = &self {
-            if let Ok(record) = serde_json::from_value::<HttpRecord>(stored.clone()) {
-                return record.into_response();
-            }
-        }
-        problem_of(&self).into_response()
+        reply_of(&self).into_response()
     }
 }
 
-#[cfg(test)]
+/// The same answer for actix-web: a handler returning `Result<HttpResponse, Error>` answers an
+/// error with the layer's problem+json (or the stored failure, replayed).
+#[cfg(feature = "actix")]
+impl<E: std::fmt::Debug + std::fmt::Display> actix_web::ResponseError for Error<E> {
+    fn status_code(&self) -> actix_web::http::StatusCode {
+        actix_web::http::StatusCode::from_u16(super::http::http_status(self)).unwrap_or(actix_web::http::StatusCode::INTERNAL_SERVER_ERROR)
+    }
+
+    fn error_response(&self) -> actix_web::HttpResponse {
+        super::actix::response_of(reply_of(self))
+    }
+}
+
+#[cfg(all(test, feature = "axum"))]
 mod tests {
     use crate::Error;
     use axum::response::IntoResponse;
@@ -95,5 +116,25 @@ mod tests {
         let response = error.into_response();
         assert_eq!(response.status().as_u16(), 402);
         assert_eq!(response.headers()["idempotent-replayed"], "true");
+    }
+}
+
+#[cfg(all(test, feature = "actix"))]
+mod actix_tests {
+    use crate::Error;
+    use actix_web::ResponseError;
+
+    #[test]
+    fn errors_answer_problem_json_on_actix_too() {
+        let error: Error = Error::InProgress { retry_after: std::time::Duration::from_secs(2) };
+        let response = error.error_response();
+        assert_eq!(response.status().as_u16(), 409);
+        assert_eq!(response.headers().get("content-type").unwrap(), "application/problem+json");
+        assert_eq!(response.headers().get("retry-after").unwrap(), "2");
+        let stored = crate::StoredResponse::json(402, serde_json::json!({"error": "card declined"}));
+        let error: Error = Error::Failed { response: Some(serde_json::to_value(stored).unwrap()) };
+        assert_eq!(error.status_code().as_u16(), 402);
+        let response = error.error_response();
+        assert_eq!((response.status().as_u16(), response.headers().get("idempotent-replayed").unwrap().to_str().unwrap()), (402, "true"));
     }
 }
