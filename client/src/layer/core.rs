@@ -345,8 +345,6 @@ fn answer_of<D: Driver, SE>(config: &Config<D>, result: Result<Outcome<HttpRecor
 }
 
 fn error_answer<D: Driver, SE>(config: &Config<D>, e: Error<Failure<SE>>) -> (Answer<SE>, Seen) {
-    let status = super::http::http_status(&e);
-    let after = super::http::retry_after(&e, config.idem.settings().retry_after);
     let outcome = e.decision();
     let problem = match e {
         Error::Failed { response: Some(stored) } => match serde_json::from_value::<HttpRecord>(stored) {
@@ -357,14 +355,6 @@ fn error_answer<D: Driver, SE>(config: &Config<D>, e: Error<Failure<SE>>) -> (An
                 return (Answer::Refuse(problem), Seen::Error);
             }
         },
-        Error::Failed { response: None } => Problem::new(status, types::FAILED, "Request failed", "an earlier attempt with this key failed for good"),
-        Error::InProgress { .. } => Problem::new(status, types::IN_PROGRESS, "Request in progress", "another request with this key is being processed"),
-        Error::Mismatch => Problem::new(status, types::MISMATCH, "Idempotency key reused", "this key was used with a different request"),
-        Error::LeaseLost { .. } => Problem::new(status, types::LEASE_LOST, "Lease lost", "this attempt lost its hold on the key; retry"),
-        Error::StoreUnavailable(source) => {
-            let cause = Chain(source.as_ref());
-            Problem::failure(status, types::STORE_UNAVAILABLE, "Idempotency store unavailable", details::STORE_UNAVAILABLE, &cause)
-        }
         Error::Handler { error } | Error::Poisoned { error } => match error {
             Failure::Service(e) => return (Answer::ServiceError(e), outcome),
             Failure::TooLarge { effect_stands, .. } => return too_large(effect_stands, outcome, &error),
@@ -385,14 +375,9 @@ fn error_answer<D: Driver, SE>(config: &Config<D>, e: Error<Failure<SE>>) -> (An
                 Err(e) => Problem::failure(500, types::INTERNAL, "Internal error", details::INTERNAL, &e),
             }
         }
-        other => {
-            let cause = described(&other);
-            Problem::failure(500, types::INTERNAL, "Internal error", details::INTERNAL, &cause)
-        }
-    };
-    let problem = match after {
-        Some(after) => problem.retry_after(after),
-        None => problem,
+        // The one mapping of every other error, shared with the handlers that call `run`
+        // themselves (`IntoResponse`, `ResponseError`).
+        other => Problem::of_error(&other, config.idem.settings().retry_after),
     };
     if problem.status() < 500 {
         tracing::warn!(status = problem.status(), "idempotency answered with a problem");
@@ -411,43 +396,4 @@ fn too_large<SE>(effect_stands: bool, outcome: Seen, cause: &dyn std::fmt::Displ
     let status = StoredResponse::TOO_LARGE_STATUS;
     let problem = Problem::failure(status, types::RESPONSE_TOO_LARGE, StoredResponse::TOO_LARGE_TITLE, detail, cause);
     (Answer::Refuse(problem), outcome)
-}
-
-/// An error of the flow with its sources, for the log only.
-fn described<SE>(e: &Error<Failure<SE>>) -> String {
-    let source: Option<&(dyn std::error::Error + 'static)> = match e {
-        Error::Database(db) => Some(db),
-        Error::StoreUnavailable(s) => Some(s.as_ref()),
-        Error::IncompatibleExtension { source: Some(s), .. } | Error::Configuration { source: Some(s), .. } | Error::Protocol { source: Some(s), .. } => {
-            Some(s.as_ref())
-        }
-        Error::Decode(d) => Some(d),
-        _ => None,
-    };
-    let mut text = e.to_string();
-    if let Some(source) = source {
-        text.push_str(": ");
-        text.push_str(&Chain(source).to_string());
-    }
-    text
-}
-
-/// An error and its sources, `: `-separated (a source that repeats its error's text is skipped).
-pub(crate) struct Chain<'a>(pub(crate) &'a (dyn std::error::Error + 'static));
-
-impl std::fmt::Display for Chain<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let mut last = self.0.to_string();
-        f.write_str(&last)?;
-        let mut next = self.0.source();
-        while let Some(e) = next {
-            let text = e.to_string();
-            if text != last {
-                write!(f, ": {text}")?;
-            }
-            last = text;
-            next = e.source();
-        }
-        Ok(())
-    }
 }

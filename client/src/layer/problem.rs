@@ -114,6 +114,42 @@ impl Problem {
         self.status.as_u16()
     }
 
+    /// The one mapping of the client's errors to the layer's answers (their statuses from
+    /// [`super::http::http_status`]): 409 in progress or lease lost and 503 store unavailable
+    /// with `Retry-After` (`unavailable` for the store), 422 mismatch, 409 (or the stored
+    /// status) failed, 400 invalid key, 502 too large, 500 a handler's error or anything else
+    /// (the error and its sources only in the log, under the answer's correlation id).
+    pub(crate) fn of_error<E: std::fmt::Display>(error: &crate::Error<E>, unavailable: Duration) -> Self {
+        use crate::Error;
+        let status = super::http::http_status(error);
+        let problem = match error {
+            Error::InProgress { .. } => Problem::new(status, types::IN_PROGRESS, "Request in progress", "another request with this key is being processed"),
+            Error::Mismatch => Problem::new(status, types::MISMATCH, "Idempotency key reused", "this key was used with a different request"),
+            Error::LeaseLost { .. } => Problem::new(status, types::LEASE_LOST, "Lease lost", "this attempt lost its hold on the key; retry"),
+            Error::Failed { .. } => Problem::new(status, types::FAILED, "Request failed", "an earlier attempt with this key failed for good"),
+            Error::InvalidKey(e) => Problem::new(400, types::KEY_INVALID, "Invalid idempotency key", e.to_string()),
+            Error::StoreUnavailable(source) => {
+                let cause = Chain(source.as_ref());
+                Problem::failure(status, types::STORE_UNAVAILABLE, "Idempotency store unavailable", details::STORE_UNAVAILABLE, &cause)
+            }
+            Error::ResponseTooLarge { .. } => Problem::failure(
+                status,
+                types::RESPONSE_TOO_LARGE,
+                crate::StoredResponse::TOO_LARGE_TITLE,
+                crate::StoredResponse::TOO_LARGE_DETAIL,
+                error,
+            ),
+            Error::Handler { .. } | Error::Poisoned { .. } => {
+                Problem::failure(500, types::HANDLER_FAILED, "Handler failed", details::HANDLER_FAILED, error)
+            }
+            other => Problem::failure(500, types::INTERNAL, "Internal error", details::INTERNAL, &described(other)),
+        };
+        match super::http::retry_after(error, unavailable) {
+            Some(after) => problem.retry_after(after),
+            None => problem,
+        }
+    }
+
     /// The problem's `type`.
     #[cfg_attr(not(feature = "tonic"), allow(dead_code))]
     pub(crate) fn kind(&self) -> &'static str {
@@ -156,6 +192,46 @@ impl Problem {
             headers.insert(RETRY_AFTER, HeaderValue::from(after.as_secs().max(1)));
         }
         response
+    }
+}
+
+/// An error with its sources, for the log only.
+fn described<E: std::fmt::Display>(e: &crate::Error<E>) -> String {
+    use crate::Error;
+    let source: Option<&(dyn std::error::Error + 'static)> = match e {
+        Error::Database(db) => Some(db),
+        Error::StoreUnavailable(s) => Some(s.as_ref()),
+        Error::IncompatibleExtension { source: Some(s), .. } | Error::Configuration { source: Some(s), .. } | Error::Protocol { source: Some(s), .. } => {
+            Some(s.as_ref())
+        }
+        Error::Decode(d) => Some(d),
+        _ => None,
+    };
+    let mut text = e.to_string();
+    if let Some(source) = source {
+        text.push_str(": ");
+        text.push_str(&Chain(source).to_string());
+    }
+    text
+}
+
+/// An error and its sources, `: `-separated (a source that repeats its error's text is skipped).
+struct Chain<'a>(&'a (dyn std::error::Error + 'static));
+
+impl std::fmt::Display for Chain<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut last = self.0.to_string();
+        f.write_str(&last)?;
+        let mut next = self.0.source();
+        while let Some(e) = next {
+            let text = e.to_string();
+            if text != last {
+                write!(f, ": {text}")?;
+            }
+            last = text;
+            next = e.source();
+        }
+        Ok(())
     }
 }
 

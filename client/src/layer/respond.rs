@@ -2,7 +2,7 @@
 //! (or `run_statement`, `run_external`) itself: axum's `IntoResponse` (feature `axum`) and
 //! actix-web's `ResponseError` (feature `actix`: return `Result<_, Error>` from a handler).
 
-use super::problem::{details, types, Problem};
+use super::problem::Problem;
 use super::record::HttpRecord;
 use crate::Error;
 use std::time::Duration;
@@ -10,39 +10,6 @@ use std::time::Duration;
 /// The `Retry-After` of a 503 for a store that could not be used, where no handle's setting is
 /// at hand: the default of [`crate::Settings::retry_after`].
 const UNAVAILABLE_RETRY_AFTER: Duration = Duration::from_secs(1);
-
-/// The problem the layer would answer `error` with: 409 + `Retry-After` in progress or lease
-/// lost, 422 mismatch, the stored failure replayed (when it is a [`crate::StoredResponse`]) or
-/// 409 `failed`, 400 invalid key, 503 + `Retry-After` store unavailable, 502 too large, 500
-/// otherwise (its text only in the log, under the answer's `correlation_id`).
-pub(crate) fn problem_of<E: std::fmt::Display>(error: &Error<E>) -> Problem {
-    let status = super::http::http_status(error);
-    let problem = match error {
-        Error::InProgress { .. } => Problem::new(status, types::IN_PROGRESS, "Request in progress", "another request with this key is being processed"),
-        Error::Mismatch => Problem::new(status, types::MISMATCH, "Idempotency key reused", "this key was used with a different request"),
-        Error::LeaseLost { .. } => Problem::new(status, types::LEASE_LOST, "Lease lost", "this attempt lost its hold on the key; retry"),
-        Error::Failed { .. } => Problem::new(status, types::FAILED, "Request failed", "an earlier attempt with this key failed for good"),
-        Error::InvalidKey(e) => Problem::new(400, types::KEY_INVALID, "Invalid idempotency key", e.to_string()),
-        Error::StoreUnavailable(_) => {
-            Problem::failure(status, types::STORE_UNAVAILABLE, "Idempotency store unavailable", details::STORE_UNAVAILABLE, error)
-        }
-        Error::ResponseTooLarge { .. } => Problem::failure(
-            status,
-            types::RESPONSE_TOO_LARGE,
-            crate::StoredResponse::TOO_LARGE_TITLE,
-            crate::StoredResponse::TOO_LARGE_DETAIL,
-            error,
-        ),
-        Error::Handler { .. } | Error::Poisoned { .. } => {
-            Problem::failure(500, types::HANDLER_FAILED, "Handler failed", details::HANDLER_FAILED, error)
-        }
-        _ => Problem::failure(500, types::INTERNAL, "Internal error", details::INTERNAL, error),
-    };
-    match super::http::retry_after(error, UNAVAILABLE_RETRY_AFTER) {
-        Some(after) => problem.retry_after(after),
-        None => problem,
-    }
-}
 
 /// The answer for `error`: its problem, or, for [`Error::Failed`] holding a stored
 /// [`crate::StoredResponse`], that response replayed.
@@ -52,7 +19,7 @@ fn reply_of<E: std::fmt::Display>(error: &Error<E>) -> super::Reply {
             return record.into_reply();
         }
     }
-    problem_of(error).into_reply()
+    Problem::of_error(error, UNAVAILABLE_RETRY_AFTER).into_reply()
 }
 
 /// The answer for a handler that calls the client itself: the layer's problem for the error, or, for
@@ -98,15 +65,15 @@ mod tests {
         let problem = Some("application/problem+json".to_owned());
         let (status, kind, after, body) = answer(Error::InProgress { retry_after: std::time::Duration::from_secs(3) }).await;
         assert_eq!((status, &kind, after.as_deref()), (409, &problem, Some("3")));
-        assert_eq!(body["type"], super::types::IN_PROGRESS);
+        assert_eq!(body["type"], crate::layer::problem::types::IN_PROGRESS);
         let (status, kind, _, body) = answer(Error::Mismatch).await;
-        assert_eq!((status, &kind, body["type"].as_str()), (422, &problem, Some(super::types::MISMATCH)));
+        assert_eq!((status, &kind, body["type"].as_str()), (422, &problem, Some(crate::layer::problem::types::MISMATCH)));
         let (status, _, after, body) = answer(Error::StoreUnavailable("10.0.0.7 refused".into())).await;
         assert_eq!((status, after.as_deref()), (503, Some("1")));
         assert!(!body.to_string().contains("10.0.0.7"), "a 5xx never carries the error's text: {body}");
         assert!(body["correlation_id"].is_string());
         let (status, _, _, body) = answer(Error::Failed { response: None }).await;
-        assert_eq!((status, body["type"].as_str()), (409, Some(super::types::FAILED)));
+        assert_eq!((status, body["type"].as_str()), (409, Some(crate::layer::problem::types::FAILED)));
     }
 
     #[tokio::test]
