@@ -307,7 +307,14 @@ idempotency_testkit::for_each_driver! {
                 .expect("an answer");
             answer.problem(409, types::IN_PROGRESS);
         }
-        assert_eq!(served.app.runs.load(Ordering::SeqCst), 1, "one handler holds the key; no duplicate reached it");
+        // The holder's handler starts after its reservation is visible (two-phase: committed
+        // first), so the 63 may all have been answered before it counts its run: awaited.
+        let runs = &served.app.runs;
+        idempotency_testkit::server::eventually("the holder's handler runs", deadline, || async {
+            if runs.load(Ordering::SeqCst) > 0 { Ok(()) } else { Err("not yet".to_owned()) }
+        })
+        .await;
+        assert_eq!(runs.load(Ordering::SeqCst), 1, "one handler holds the key; no duplicate reached it");
         served.app.gate.add_permits(1);
         let holder = tokio::time::timeout(deadline, answers.recv()).await.expect("the holder finishes").expect("an answer");
         assert_eq!((holder.status, holder.replayed()), (StatusCode::CREATED, false), "{}", holder.body);
