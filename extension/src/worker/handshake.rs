@@ -110,5 +110,5 @@ pub(crate) fn vacuumed() -> Option<Vacuumed> {
         return None;
     }
     let word = VACUUMED.get().load(Ordering::SeqCst);
-    (word != NOTHING_LEFT).then(|| Vacuumed { horizon: word as u32, left: (word >> 32) as u32 })
+    (word != NOTHING_LEFT).then_some(Vacuumed { horizon: word as u32, left: (word >> 32) as u32 })
 }
