@@ -1,4 +1,4 @@
-//! Every relative link in the repository's Markdown resolves.
+//! Every relative link in the repository's Markdown resolves, and the README stays within its line bound.
 //!
 //! Walks every `*.md` file (skipping `target/` and `.git/`), finds inline links and images
 //! (`[text](path)`, `[text](path#anchor)`, `![alt](path)`) and reference definitions
@@ -379,4 +379,14 @@ fn the_checker_reports_exactly_the_broken_links() {
             (11, "docs/absent.md".to_string()),
         ]
     );
+}
+
+/// The front page stays readable in five minutes (issue 33): at most this many lines.
+const README_LINES: usize = 220;
+
+#[test]
+fn the_readme_stays_within_its_bound() {
+    let text = fs::read_to_string(repo_root().join("README.md")).expect("README.md");
+    let lines = text.lines().count();
+    assert!(lines <= README_LINES, "README.md has {lines} lines, more than {README_LINES}: move detail to docs/");
 }
