@@ -328,7 +328,7 @@ idempotency_testkit::for_each_driver! {
         // one runs, the others replay (from the database, which fills the cache), then a late
         // duplicate is answered from memory.
         let (cache, settings) = cached(1_000, Duration::from_secs(60));
-        let (idem, proxy) = through_proxy(settings.wait(true), 64).await;
+        let (idem, _proxy) = through_proxy(settings.wait(true), 64).await;
         let key = unique_key("cache.concurrent");
         let runs = Arc::new(AtomicUsize::new(0));
         let start = Arc::new(tokio::sync::Barrier::new(64));
