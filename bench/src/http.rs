@@ -102,6 +102,9 @@ pub(crate) struct Service {
     child: Child,
     pid: u32,
     pub(crate) addr: SocketAddr,
+    /// A second address the process serves the baseline on, when it prints one (the gRPC
+    /// service of stacks.rs: a tonic server serves one service per method path).
+    pub(crate) plain: Option<SocketAddr>,
 }
 
 impl Service {
@@ -129,9 +132,14 @@ impl Service {
             }
             Err(_) => ("127.0.0.1:0".to_owned(), "127.0.0.1:0".to_owned()),
         };
+        Service::process(&["--serve-http", database_url, &bind, &provider_bind]).await
+    }
+
+    /// Starts this binary with `args` and waits for its line `listening on ADDR [PLAIN_ADDR]`.
+    pub(crate) async fn process(args: &[&str]) -> Service {
         let exe = std::env::current_exe().expect("the bench binary's path");
         let mut child = Command::new(exe)
-            .args(["--serve-http", database_url, &bind, &provider_bind])
+            .args(args)
             .stdout(Stdio::piped())
             .kill_on_drop(true)
             .spawn()
@@ -140,16 +148,21 @@ impl Service {
         let mut lines = BufReader::new(stdout).lines();
         let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
             .await
-            .expect("the HTTP service did not print its address within 60 s")
+            .expect("the service did not print its address within 60 s")
             .expect("read the service's stdout");
-        let addr = line
-            .as_deref()
-            .and_then(|l| l.strip_prefix("listening on "))
-            .and_then(|a| a.parse().ok())
-            .unwrap_or_else(|| panic!("the HTTP service printed {line:?}, not `listening on ADDR`"));
+        let addrs: Option<Vec<SocketAddr>> =
+            line.as_deref().and_then(|l| l.strip_prefix("listening on ")).and_then(|a| a.split(' ').map(str::parse).collect::<Result<_, _>>().ok());
+        let Some(&[addr, ref plain @ ..]) = addrs.as_deref() else {
+            panic!("the service printed {line:?}, not `listening on ADDR [PLAIN_ADDR]`");
+        };
+        let plain = plain.first().copied();
         let pid = child.id().expect("the service's pid");
-        eprintln!("HTTP service pid {pid} on {addr}");
-        Service { child, pid, addr }
+        let label = match args {
+            ["--serve-stack", stack, ..] => stack,
+            _ => "HTTP",
+        };
+        eprintln!("{label} service pid {pid} on {addr}");
+        Service { child, pid, addr, plain }
     }
 
     /// Stops the service process.

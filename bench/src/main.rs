@@ -5,7 +5,8 @@
 //!
 //! Writes `target/bench/results.csv` and `target/bench/benchmark.png`, and the soak's
 //! `target/bench/soak.csv` and `target/bench/soak.png`. `--http` runs only the HTTP rows (see
-//! [`http`]) and writes `target/bench/http.csv`; `--soak` only the soak; `--rust` only the Rust
+//! [`http`]) and writes `target/bench/http.csv`; `--stacks` only the actix-web and gRPC rows (see
+//! [`stacks`]) into `target/bench/stacks.csv`; `--soak` only the soak; `--rust` only the Rust
 //! client's rows; `--rust-case CASE TASKS SECONDS` one case of them for a profiler
 //! (bench/profile-client.sh); `--fingerprint` only the fingerprint rows (see [`fingerprint`], no
 //! database), into `target/bench/fingerprint.csv`; `--chart CSV PNG [TITLE]` draws the chart of a
@@ -20,6 +21,7 @@ mod latency;
 mod pgbench;
 mod seed_twin;
 mod soak;
+mod stacks;
 
 use idempotency_testkit::{cluster_addr, fresh_database, pg_bin, root};
 use pgbench::Measure;
@@ -184,12 +186,48 @@ async fn http_rows(s: &Settings, rows: &mut Vec<Row>, bound: Option<String>) {
     service.stop().await;
 }
 
+/// The other stacks' rows (see [`stacks`]): the actix-web and tonic examples' in-transaction
+/// route behind its layer (fresh keys, replays) against the same route without it, interleaved
+/// as [`http_rows`] does. No goal: issue 35 asks for one figure per stack.
+async fn stack_rows(s: &Settings, rows: &mut Vec<Row>) {
+    let url = fresh_database("idem_bench_stacks").await;
+    let db = connect(&url).await;
+    let stacks = [
+        (stacks::Stack::Actix, "actix-web /charges (in-transaction)", "the same insert in a plain transaction, same pool, same server"),
+        (stacks::Stack::Grpc, "gRPC Charges/Create (in-transaction)", "the same insert in a plain transaction, same pool, a tonic service without the layer"),
+    ];
+    for (stack, name, baseline) in stacks {
+        let service = stacks::start(stack, &url).await;
+        for &c in &s.http_connections {
+            let sides = [http::Side::Plain, http::Side::Fresh, http::Side::Replay];
+            let mut runs: [Vec<Measure>; 3] = Default::default();
+            for rep in 0..s.reps {
+                for i in 0..3 {
+                    let i = if rep % 2 == 0 { i } else { 2 - i };
+                    runs[i].push(stacks::load(stack, &service, &db, sides[i], c, s.run).await);
+                }
+            }
+            let [plain, fresh, replay] = runs.map(|r| Measure::mean(&r));
+            let clients = format!("{c} conns");
+            rows.push(Row { figure: format!("{name}: fresh vs plain route"), clients: clients.clone(), baseline: baseline.into(), base: plain.clone(), ours: fresh, goal: None, work: None });
+            rows.push(Row { figure: format!("{name}: replay vs plain route"), clients, baseline: baseline.into(), base: plain, ours: replay, goal: None, work: None });
+        }
+        service.stop().await;
+    }
+}
+
 #[tokio::main]
 async fn main() {
     let args: Vec<String> = std::env::args().collect();
     if let [_, flag, database_url, bind, provider_bind] = args.as_slice() {
         if flag == "--serve-http" {
             http::serve(database_url, bind, provider_bind).await;
+            return;
+        }
+    }
+    if let [_, flag, stack, database_url, bind, plain_bind] = args.as_slice() {
+        if let (true, Some(stack)) = (flag == "--serve-stack", stacks::Stack::parse(stack)) {
+            stacks::serve(stack, database_url, bind, plain_bind).await;
             return;
         }
     }
@@ -241,6 +279,15 @@ async fn main() {
         std::fs::write(out.join("http.csv"), csv(&rows, None)).expect("csv");
         check_numbers(&rows, None);
         println!("{} cases measured; wrote target/bench/http.csv", rows.len());
+        return;
+    }
+    if args.iter().any(|a| a == "--stacks") {
+        let mut rows = Vec::new();
+        stack_rows(&s, &mut rows).await;
+        print!("{}", render(&rows, None, &s, started.elapsed().as_secs()));
+        std::fs::write(out.join("stacks.csv"), csv(&rows, None)).expect("csv");
+        check_numbers(&rows, None);
+        println!("{} cases measured; wrote target/bench/stacks.csv", rows.len());
         return;
     }
     if let Some(at) = args.iter().position(|a| a == "--soak-check") {
@@ -348,6 +395,7 @@ async fn main() {
         .zip(ratio_of("Rust run vs raw tokio-postgres transaction", "8 tasks"))
         .map(|(sql, rust)| format!("bounds: SQL fresh/bare {}; Rust run/raw {rust} (8 tasks)", sql.join(", ")));
     http_rows(&s, &mut rows, bound).await;
+    stack_rows(&s, &mut rows).await;
     // 6b: latency at a real round trip (latency.rs).
     let lat = latency::rows(cluster_addr(), "idem_bench", &url, s.smoke).await;
 
