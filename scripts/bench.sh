@@ -8,6 +8,8 @@
 # command runs this). `--soak`: the soak alone. `--rust`: the Rust client's rows alone. `--http`:
 # only the HTTP rows (the example services against their routes without the layer, ≈ 2.5
 # minutes), into target/bench/http.csv; IDEM_BENCH_HTTP_PORT=N serves them on port N (and N+1).
+# `--stacks`: only the actix-web and tonic rows (each example's route behind its layer against the
+# same route without it), into target/bench/stacks.csv.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
