@@ -62,6 +62,27 @@ pub(crate) fn test_timed(checks: &mut Checks, dir: &Path, args: &[&str], envs: &
     test(checks, dir, &timed, envs);
 }
 
+/// Seconds cargo spent building, from the `Finished `PROFILE` profile [..] target(s) in 1m 35s`
+/// lines of its output in `text` (one per cargo command; a command that built nothing says
+/// `in 0.25s`): the summary's build column.
+pub(crate) fn build_seconds(text: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.trim_start().starts_with("Finished `"))
+        .filter_map(|l| l.rsplit_once(" target(s) in "))
+        .map(|(_, took)| took.split_whitespace().map(duration_part).sum::<f64>())
+        .sum()
+}
+
+/// `1m` → 60, `35s` → 35, `0.25s` → 0.25 (a part of cargo's elapsed time).
+fn duration_part(part: &str) -> f64 {
+    let unit = match part.chars().last() {
+        Some('h') => 3600.0,
+        Some('m') => 60.0,
+        _ => 1.0,
+    };
+    part.trim_end_matches(['h', 'm', 's']).parse::<f64>().map_or(0.0, |n| n * unit)
+}
+
 /// The seconds libtest reported for a test (`test NAME ... ok <0.233s>`).
 fn reported_time(line: &str) -> Option<f64> {
     line.strip_suffix("s>")?.rsplit_once(" <")?.1.parse().ok()
@@ -100,7 +121,7 @@ fn count_before(summary: &str, word: &str) -> u32 {
 
 #[cfg(test)]
 mod tests {
-    use super::{binary_of, count_before, reported_time, test_name, without_time};
+    use super::{binary_of, build_seconds, count_before, reported_time, test_name, without_time};
 
     #[test]
     fn reads_libtest_summaries() {
@@ -118,6 +139,14 @@ mod tests {
         assert_eq!(test_name("test failover ... "), Some("failover"));
         assert_eq!(test_name("test pg_upgrade ... ignored, its own layer"), None);
         assert_eq!(test_name("test result: ok. 3 passed"), None);
+    }
+
+    #[test]
+    fn reads_build_times() {
+        let log = "   Compiling tokio v1.54.1\n    Finished `test` profile [unoptimized + debuginfo] target(s) in 1m 35s\n\
+                   \u{1b}[32m    Finished\u{1b}[0m installing idempotency\n    Finished `release` profile [optimized] target(s) in 2.50s\n";
+        assert!((build_seconds(log) - 97.5).abs() < 1e-9);
+        assert_eq!(build_seconds("test result: ok. 3 passed"), 0.0);
     }
 
     #[test]

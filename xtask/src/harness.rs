@@ -120,6 +120,8 @@ pub(crate) struct Harness {
     servers_kept: Vec<String>,
     /// Each timed test's seconds and where it ran (`pg15 e2e checklist::name`).
     times: Vec<(f64, String)>,
+    /// Seconds cargo spent building, over every layer ([`crate::cargo::build_seconds`]).
+    build_seconds: f64,
 }
 
 /// How many of the slowest tests the summary names.
@@ -224,6 +226,9 @@ impl Harness {
             (Some(before), Some(after)) => format!("  {:>+6} MB disk", (i128::from(after) - i128::from(before)) / 1_000_000),
             _ => String::new(),
         };
+        let build = crate::cargo::build_seconds(&std::fs::read_to_string(log).unwrap_or_default());
+        self.build_seconds += build;
+        let build = if build >= 0.5 { format!(" (build {build:>3.0}s)") } else { " ".repeat(13) };
         let log = log.strip_prefix(idempotency_pgserver::root()).unwrap_or(log).display().to_string();
         let skipped = u32::try_from(o.skipped.len()).unwrap_or(u32::MAX);
         for t in [&mut self.total, &mut self.major] {
@@ -245,7 +250,7 @@ impl Harness {
             println!("   skipped: {why}");
         }
         let why = if o.skipped.is_empty() { String::new() } else { format!("  (skipped: {})", o.skipped.join("; ")) };
-        self.summary.push(format!("{:<4} {name:<16} {:>5} passed, {} failed, {} skipped  {secs:>4}s{disk}{why}", ctx.label, o.passed, o.failed, skipped));
+        self.summary.push(format!("{:<4} {name:<16} {:>5} passed, {} failed, {} skipped  {secs:>4}s{build}{disk}{why}", ctx.label, o.passed, o.failed, skipped));
     }
 }
 
@@ -303,6 +308,7 @@ pub(crate) fn run(options: &Options) -> ExitCode {
     let version = workspace_version();
 
     let mut default_ctx = None;
+    let run_started = Instant::now();
     let mut h = Harness { only: options.layers.clone(), ..Harness::default() };
     for major in order {
         let started = Instant::now();
@@ -386,6 +392,11 @@ pub(crate) fn run(options: &Options) -> ExitCode {
     }
     let cargo_runs = crate::sh::CARGO_RUNS.load(std::sync::atomic::Ordering::Relaxed);
     println!("cargo: {cargo_runs} commands started by the harness (scripts/package.sh runs one more per major)");
+    println!(
+        "cargo builds: {:.0}s of the run's {}s (the layers' cargo `Finished .. in` lines: compilation, not tests)",
+        h.build_seconds,
+        run_started.elapsed().as_secs()
+    );
     println!("{}", closing_line(&h));
     if h.total.failed == 0 && h.failed_layers == 0 {
         ExitCode::SUCCESS

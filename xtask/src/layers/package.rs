@@ -17,6 +17,11 @@ pub(crate) fn run(ctx: &Ctx, layer: &mut Record<'_>) {
     let built = layer("package", &mut |ctx, checks| {
         let log = checks.log_path().to_owned();
         let ok = crate::sh::to_log(Command::new("bash").arg("scripts/package.sh").arg(ctx.major.to_string()), &log);
+        // The release build's own log (the summary's build column reads cargo's `Finished` line).
+        let build = std::fs::read_to_string(format!("target/packages/pg{}/build.log", ctx.major)).unwrap_or_default();
+        for l in build.lines().filter(|l| l.trim_start().starts_with("Finished `")) {
+            checks.log(l);
+        }
         let text = std::fs::read_to_string(&log).unwrap_or_default();
         checks.check(&format!("the release command builds the packages (bash scripts/package.sh {})", ctx.major), if ok { Ok(()) } else { Err(crate::sh::tail(&text, 30)) });
     });
