@@ -44,7 +44,10 @@ impl Checks {
         if let Some(dir) = log.parent() {
             std::fs::create_dir_all(dir).unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
         }
-        let file = File::create(log).unwrap_or_else(|e| panic!("cannot create {}: {e}", log.display()));
+        // Appending, like the child processes that write to the same log (crate::sh::to_log): a
+        // handle at its own offset would write over their output.
+        File::create(log).unwrap_or_else(|e| panic!("cannot create {}: {e}", log.display()));
+        let file = std::fs::OpenOptions::new().append(true).open(log).unwrap_or_else(|e| panic!("cannot open {}: {e}", log.display()));
         Checks { layer: layer.to_owned(), passed: 0, failed: 0, skipped: vec![], names: BTreeSet::new(), times: vec![], log: file, path: log.to_owned() }
     }
 
