@@ -261,7 +261,7 @@ fn resolve(schema: Oid) -> Catalog {
         reservation,
         rec,
         ret,
-        plans: Plans::new(schema_sql, owned),
+        plans: Plans::new(schema_sql, owned, distributed),
     }
 }
 

@@ -55,6 +55,22 @@ fn refuse_stranger(catalog: &catalog::Catalog, scope_and_token: &[Option<Datum>]
     }
 }
 
+/// Runs the fenced UPDATE `stmt` (Complete or Heartbeat) with `params` (scope, then token
+/// first); answers whether it changed the record. 42501 for a record of a role the caller may
+/// not act on: found by [`refuse_stranger`] after the statement changed nothing, or before it on
+/// Citus, whose statement has no owner fence (plans.rs, `owns`). Must run inside
+/// [`plans::connected`].
+fn fenced(catalog: &catalog::Catalog, stmt: Stmt, params: &[Option<Datum>], action: &str) -> bool {
+    if catalog.distributed {
+        refuse_stranger(catalog, params, action);
+    }
+    let done = plans::execute(&catalog.plans, stmt, params) > 0;
+    if !done && !catalog.distributed {
+        refuse_stranger(catalog, params, action);
+    }
+    done
+}
+
 fn now() -> pg_sys::TimestampTz {
     // SAFETY: reads the clock.
     unsafe { pg_sys::GetCurrentTimestamp() }
@@ -115,13 +131,7 @@ pub unsafe extern "C-unwind" fn idem_complete_native(fcinfo: pg_sys::FunctionCal
             Some(Datum::from(now)),
             Some(Datum::from(owner::caller())),
         ];
-        plans::connected(|| {
-            let done = plans::execute(&catalog.plans, Stmt::Complete, &params) > 0;
-            if !done {
-                refuse_stranger(&catalog, &params, "complete a key");
-            }
-            done
-        })
+        plans::connected(|| fenced(&catalog, Stmt::Complete, &params, "complete a key"))
     };
     let event = match (done, status.str) {
         (false, _) => "stale_tokens",
@@ -206,13 +216,7 @@ pub unsafe extern "C-unwind" fn idem_heartbeat_native(fcinfo: pg_sys::FunctionCa
         Some(Datum::from(now)),
         Some(Datum::from(owner::caller())),
     ];
-    let done = plans::connected(|| {
-        let done = plans::execute(&catalog.plans, Stmt::Heartbeat, &params) > 0;
-        if !done {
-            refuse_stranger(&catalog, &params, "extend a lease");
-        }
-        done
-    });
+    let done = plans::connected(|| fenced(&catalog, Stmt::Heartbeat, &params, "extend a lease"));
     if !done {
         metrics::add("stale_tokens", 1);
     }

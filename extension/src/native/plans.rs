@@ -67,6 +67,12 @@ const SCOPE: &str = "r.operation OPERATOR(pg_catalog.=) $1 AND r.user_id OPERATO
 /// The owner fence of Complete, Heartbeat and LockForRelease, with the caller's parameter `$n`:
 /// a record without an owner (written before 0.6.0), or one whose owner the caller is or is a
 /// member of (pg_has_role MEMBER, as sql/internal.sql's _idem_owns).
+///
+/// Not in Complete and Heartbeat on a Citus distributed table: Citus refuses a STABLE function
+/// of a column in an UPDATE ("STABLE functions used in UPDATE queries cannot be called with
+/// column references"), so there the caller checks the owner of the record holding the token
+/// first ([`super::finish`]; a record never changes owner under one token: a takeover writes a
+/// new token with its new owner). The parameter stays declared, unused.
 fn owns(owned: bool, n: u8) -> String {
     if owned {
         format!(" AND (r.owner IS NULL OR pg_catalog.pg_has_role(${n}, r.owner::pg_catalog.oid, 'MEMBER'))")
@@ -75,7 +81,7 @@ fn owns(owned: bool, n: u8) -> String {
     }
 }
 
-fn text(stmt: Stmt, s: &str, owned: bool) -> (String, &'static [Oid]) {
+fn text(stmt: Stmt, s: &str, owned: bool, distributed: bool) -> (String, &'static [Oid]) {
     use pg_sys::{
         INT4OID as INT4, INT8OID as INT8, JSONBOID as JSONB, OIDOID as OID, REGROLEOID as REGROLE, TEXTOID as TEXT,
         TIMESTAMPTZOID as TSTZ,
@@ -116,7 +122,7 @@ fn text(stmt: Stmt, s: &str, owned: bool) -> (String, &'static [Oid]) {
             format!(
                 "UPDATE {s}.idem_records AS r SET status = $5, response = $6, updated_at = $7 \
                  WHERE {SCOPE} AND r.token OPERATOR(pg_catalog.=) $4 AND {PROCESSING}{}",
-                owns(owned, 8)
+                owns(owned && !distributed, 8)
             ),
             if owned { &[TEXT, TEXT, TEXT, INT8, TEXT, JSONB, TSTZ, OID] } else { &[TEXT, TEXT, TEXT, INT8, TEXT, JSONB, TSTZ] },
         ),
@@ -125,7 +131,7 @@ fn text(stmt: Stmt, s: &str, owned: bool) -> (String, &'static [Oid]) {
                 "UPDATE {s}.idem_records AS r SET lease_expires_at = $5, expires_at = GREATEST(r.expires_at, $5), \
                  updated_at = $6 \
                  WHERE {SCOPE} AND r.token OPERATOR(pg_catalog.=) $4 AND {PROCESSING}{}",
-                owns(owned, 7)
+                owns(owned && !distributed, 7)
             ),
             if owned { &[TEXT, TEXT, TEXT, INT8, TSTZ, TSTZ, OID] } else { &[TEXT, TEXT, TEXT, INT8, TSTZ, TSTZ] },
         ),
@@ -171,13 +177,16 @@ pub(crate) struct Plans {
     /// Whether `idem_records` has the `owner` column (0.6.0): the statements then write and
     /// fence on it.
     owned: bool,
+    /// Whether `idem_records` is a Citus distributed table: its UPDATEs leave the owner fence
+    /// to the caller ([`owns`]).
+    distributed: bool,
     kept: [Cell<Option<std::ptr::NonNull<pg_sys::_SPI_plan>>>; STATEMENTS],
 }
 
 impl Plans {
     /// No plan yet for the schema named `schema_sql` (quoted for SQL text).
-    pub(crate) fn new(schema_sql: String, owned: bool) -> Self {
-        Plans { schema_sql, owned, kept: Default::default() }
+    pub(crate) fn new(schema_sql: String, owned: bool, distributed: bool) -> Self {
+        Plans { schema_sql, owned, distributed, kept: Default::default() }
     }
 
     /// The schema's name, quoted for SQL text.
@@ -224,7 +233,7 @@ fn plan(plans: &Plans, stmt: Stmt) -> pg_sys::SPIPlanPtr {
     if let Some(plan) = slot.get() {
         return plan.as_ptr();
     }
-    let (sql, types) = text(stmt, &plans.schema_sql, plans.owned);
+    let (sql, types) = text(stmt, &plans.schema_sql, plans.owned, plans.distributed);
     let Ok(sql) = CString::new(sql) else { spi_failed("prepare", 0) };
     let mut types = types.to_vec();
     let nargs = types.len() as i32;
