@@ -9,7 +9,13 @@
 # only the HTTP rows (the example services against their routes without the layer, ≈ 2.5
 # minutes), into target/bench/http.csv; IDEM_BENCH_HTTP_PORT=N serves them on port N (and N+1).
 # `--stacks`: only the actix-web and tonic rows (each example's route behind its layer against the
-# same route without it), into target/bench/stacks.csv.
+# same route without it), into target/bench/stacks.csv. `--scale`: only the ten-million-key rows
+# (bench/src/scale.rs: reserve at 10M vs 10k records, the sweep of a 10M backlog, bytes per record,
+# the worker's effect on p99, the 0.5.0 upgrade over 10M records) on a server of their own (data
+# directory target/scale, port IDEM_SCALE_PORT, default 56230, the PostgreSQL of PG_CONFIG; it takes
+# no URL and uses no other cluster), into target/bench/scale.csv; `--scale --smoke`: 20,000 rows.
+# The binary alone runs it too, without the install: PG_CONFIG=target/postgres/16/bin/pg_config
+# target/release/bench --scale.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"

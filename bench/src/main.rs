@@ -9,8 +9,9 @@
 //! [`stacks`]) into `target/bench/stacks.csv`; `--soak` only the soak; `--rust` only the Rust
 //! client's rows; `--rust-case CASE TASKS SECONDS` one case of them for a profiler
 //! (bench/profile-client.sh); `--fingerprint` only the fingerprint rows (see [`fingerprint`], no
-//! database), into `target/bench/fingerprint.csv`; `--chart CSV PNG [TITLE]` draws the chart of a
-//! results CSV.
+//! database), into `target/bench/fingerprint.csv`; `--scale` only the ten-million-key rows (see
+//! [`scale`], on a server of its own) into `target/bench/scale.csv`; `--chart CSV PNG [TITLE]`
+//! draws the chart of a results CSV.
 
 mod chart;
 mod client;
@@ -19,6 +20,7 @@ mod fingerprint;
 mod http;
 mod latency;
 mod pgbench;
+mod scale;
 mod seed_twin;
 mod soak;
 mod stacks;
@@ -288,6 +290,19 @@ async fn main() {
         std::fs::write(out.join("stacks.csv"), csv(&rows, None)).expect("csv");
         check_numbers(&rows, None);
         println!("{} cases measured; wrote target/bench/stacks.csv", rows.len());
+        return;
+    }
+    if args.iter().any(|a| a == "--scale") {
+        let report = scale::run(s.smoke).await;
+        let s = Settings { run: report.run, reps: report.reps, ..s };
+        print!("{}{}", render(std::slice::from_ref(&report.reserve), None, &s, started.elapsed().as_secs()), report.render());
+        std::fs::write(out.join("scale.csv"), report.csv()).expect("csv");
+        check_numbers(std::slice::from_ref(&report.reserve), None);
+        if !report.empty().is_empty() {
+            eprintln!("scale figures without numbers: {:?}", report.empty());
+            std::process::exit(1);
+        }
+        println!("wrote target/bench/scale.csv and target/bench/scale-sweep.csv");
         return;
     }
     if let Some(at) = args.iter().position(|a| a == "--soak-check") {

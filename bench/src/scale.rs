@@ -1,0 +1,662 @@
+//! `bench --scale`: ten million keys (issue 34, item 3), on a server of its own.
+//!
+//! What each figure measures (the 10M sizes; `--smoke` uses 20,000 rows and 1 s runs, which
+//! checks only that every figure produced numbers):
+//!
+//! 1. **Reserve at scale**: the `fresh` pgbench script (reserve, business insert, complete; 8
+//!    clients) in a database holding 10,000,000 live records (finished, unexpired) against one
+//!    holding 10,000, interleaved A/B/B/A/A/B/B/A (10 s runs). The figure is the 10M side's tps over the
+//!    10k side's (goal ≥ 0.85), with p99 on both sides. The filled records look like the script's
+//!    own: same operation, users `u1`..`u1000`, keys `k` + a uniform 63-bit number (so new keys
+//!    land all over the primary key, not at one edge), a 64-hex-digit request hash, a 34-byte
+//!    response, expiries spread over the next 2 to 24 hours.
+//! 2. **Sweep of a 10M backlog**: `idem_sweep(10000)` (the worker's batch, the default of
+//!    `idempotency.maintenance_batch_size`), one transaction per call as the worker runs it, until
+//!    a batch comes back less than full, over 10,000,000 expired records (expiries spread over 22
+//!    hours). Reports rows/s over the whole drain, the mean time of the first and of the last
+//!    decile of full batches and their ratio (goal ≤ 1.5), the slowest batch, the autovacuums that
+//!    ran meanwhile, and the buffers one batch's candidate scan touches at the start of each of the
+//!    two deciles (a read-only `EXPLAIN (ANALYZE, BUFFERS)` of the sweep's inner SELECT). Every
+//!    batch's time goes to `target/bench/scale-sweep.csv`.
+//! 3. **Bytes per record**: `pg_relation_size` of the heap, of the TOAST table and of each index of
+//!    idem_records (main forks), over the row count, in the 10M database of row 1 right after its
+//!    fill and `VACUUM ANALYZE` (the primary key grown by inserts in random order, as in use).
+//! 4. **The worker's effect on p99**: the `fresh` script (8 clients, 10 s runs) in a database
+//!    holding a backlog of 6,000,000 expired records, with the maintenance worker idle (no
+//!    database listed) and while it drains that backlog (`idempotency.maintenance_databases`
+//!    set by `ALTER SYSTEM` and a reload), in the order idle, draining, draining, idle. Reports
+//!    both p99s and their ratio, both tps, the worker's rate meanwhile and its VACUUMs, and
+//!    whether the backlog lasted through both draining runs.
+//! 5. **The upgrade's rewrite cost**: a database created at extension version 0.5.0 holding
+//!    10,000,000 records (0.5.0's columns), then `ALTER EXTENSION idempotency UPDATE` in a
+//!    transaction: its duration (the statement, then the commit), whether it rewrote the table
+//!    (relfilenode and size before and after), and the locks the transaction holds on idem_records
+//!    at its end (`pg_locks`).
+//!
+//! The server: a new cluster in `target/scale` (the data directory; `IDEM_SCALE_DIR` another) on
+//! 127.0.0.1 port 56230 (`IDEM_SCALE_PORT` another) from the PostgreSQL of `PG_CONFIG` (the test
+//! kit's, as every server of the bench), with `shared_buffers = 256MB`, `max_wal_size = 4GB`,
+//! fsync on, idempotency preloaded and its worker idle but in row 4; started as the `postgres` OS
+//! user when run as root. The extension must be installed in that tree already. Each data set is
+//! filled by one `INSERT .. SELECT generate_series` with fsync turned off for the fill only
+//! (`ALTER SYSTEM`, reload), then `VACUUM ANALYZE`, `CHECKPOINT`, fsync back on and an OS `sync`,
+//! before anything is timed; the fill's duration is reported. Each database is dropped after its
+//! figure, and the cluster is stopped and its directory removed at the end (kept after a panic).
+//! `IDEM_SCALE_ROWS=N` gives the 10M figures another size (the worker's backlog is 60 % of it).
+
+use crate::pgbench::{self, Measure};
+use crate::{human, script, Row};
+use idempotency_testkit::server::{as_server, chown_to_server};
+use idempotency_testkit::{pg_bin, root};
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+use tokio_postgres::{Client, NoTls};
+
+/// The worker's batch: the default of `idempotency.maintenance_batch_size` (extension/src/guc.rs).
+const WORKER_BATCH: i64 = 10_000;
+/// pgbench clients of rows 1 and 4.
+const CLIENTS: u32 = 8;
+
+/// The sizes of one run.
+struct Sizes {
+    smoke: bool,
+    /// Records of the large side of row 1 (and of row 3).
+    large: i64,
+    small: i64,
+    /// The sweep's backlog (row 2).
+    backlog: i64,
+    /// The worker's backlog (row 4).
+    worker_backlog: i64,
+    /// Records of the 0.5.0 database (row 5).
+    upgrade: i64,
+    run: Duration,
+    /// Rounds of A/B/B/A in row 1.
+    rounds: usize,
+}
+
+impl Sizes {
+    fn new(smoke: bool) -> Sizes {
+        let large = match std::env::var("IDEM_SCALE_ROWS") {
+            Ok(v) => v.parse().unwrap_or_else(|_| panic!("IDEM_SCALE_ROWS={v} is not a number of rows")),
+            Err(_) if smoke => 20_000,
+            Err(_) => 10_000_000,
+        };
+        let (small, run, rounds) = if smoke { (1_000, Duration::from_secs(1), 1) } else { (10_000, Duration::from_secs(10), 2) };
+        Sizes { smoke, large, small, backlog: large, worker_backlog: large * 6 / 10, upgrade: large, run, rounds }
+    }
+}
+
+/// A goal and which side of it is met.
+#[derive(Clone, Copy)]
+enum Goal {
+    AtLeast(f64),
+    AtMost(f64),
+}
+
+impl Goal {
+    fn verdict(self, value: f64) -> String {
+        match self {
+            Goal::AtLeast(g) => format!("≥ {g} {}", if value >= g { "met" } else { "not met" }),
+            Goal::AtMost(g) => format!("≤ {g} {}", if value <= g { "met" } else { "not met" }),
+        }
+    }
+}
+
+/// One measured figure of the section.
+struct Figure {
+    figure: String,
+    value: f64,
+    unit: &'static str,
+    goal: Option<Goal>,
+    detail: String,
+}
+
+impl Figure {
+    fn new(figure: impl Into<String>, value: f64, unit: &'static str, detail: impl Into<String>) -> Figure {
+        Figure { figure: figure.into(), value, unit, goal: None, detail: detail.into() }
+    }
+
+    fn goal(self, goal: Goal) -> Figure {
+        Figure { goal: Some(goal), ..self }
+    }
+
+    fn value_text(&self) -> String {
+        match self.unit {
+            "" => format!("{:.3}", self.value),
+            "rows" | "rows/s" => format!("{:.0} {}", self.value, self.unit),
+            "B" => format!("{:.1} B", self.value),
+            unit => format!("{:.2} {unit}", self.value),
+        }
+    }
+}
+
+/// What `bench --scale` measured.
+pub(crate) struct Report {
+    /// Row 1 as a benchmark row (tps, p50/p99 of both sides).
+    pub(crate) reserve: Row,
+    figures: Vec<Figure>,
+    pub(crate) run: Duration,
+    /// Runs per side in row 1.
+    pub(crate) reps: usize,
+    header: String,
+}
+
+impl Report {
+    /// The figures as a Markdown table, after a line on the server and the sizes.
+    pub(crate) fn render(&self) -> String {
+        let mut t = format!("\n{}\n\n| figure | value | goal | detail |\n|---|---|---|---|\n", self.header);
+        for f in &self.figures {
+            let goal = f.goal.map(|g| g.verdict(f.value)).unwrap_or_else(|| "—".into());
+            let _ = writeln!(t, "| {} | {} | {goal} | {} |", f.figure, f.value_text(), f.detail);
+        }
+        t
+    }
+
+    /// `target/bench/scale.csv`: one line per figure.
+    pub(crate) fn csv(&self) -> String {
+        let mut c = String::from("figure,value,unit,goal,detail\n");
+        for f in &self.figures {
+            let goal = f.goal.map(|g| g.verdict(f.value)).unwrap_or_default();
+            let _ = writeln!(c, "\"{}\",{},{},\"{goal}\",\"{}\"", f.figure, f.value, f.unit, f.detail.replace('"', "'"));
+        }
+        c
+    }
+
+    /// The figures that produced no number (the smoke mode's check).
+    pub(crate) fn empty(&self) -> Vec<&str> {
+        self.figures.iter().filter(|f| !f.value.is_finite()).map(|f| f.figure.as_str()).collect()
+    }
+}
+
+/// The cluster of this section (see the module docs): stopped when dropped, its directory removed
+/// unless the thread is panicking.
+struct ScaleServer {
+    bindir: PathBuf,
+    data: PathBuf,
+    port: u16,
+}
+
+impl ScaleServer {
+    fn start() -> ScaleServer {
+        let port = std::env::var("IDEM_SCALE_PORT").ok().map(|p| p.parse().unwrap_or_else(|_| panic!("IDEM_SCALE_PORT={p} is not a port"))).unwrap_or(56230);
+        let data = std::env::var_os("IDEM_SCALE_DIR").map(PathBuf::from).unwrap_or_else(|| root().join("target/scale"));
+        let bindir = pg_bin("initdb").parent().expect("bindir").to_owned();
+        let server = ScaleServer { bindir, data, port };
+        if server.data.join("PG_VERSION").is_file() {
+            let _ = server.pg_ctl(&["-m", "immediate", "-w", "stop"]);
+        }
+        let _ = std::fs::remove_dir_all(&server.data);
+        std::fs::create_dir_all(&server.data).unwrap_or_else(|e| panic!("{}: {e}", server.data.display()));
+        chown_to_server(&server.data);
+        let out = as_server(&server.bindir.join("initdb"))
+            .args(["-U", "postgres", "--auth=trust", "--encoding=UTF8", "--locale=C.UTF-8", "--no-sync", "-D"])
+            .arg(&server.data)
+            .output()
+            .expect("run initdb");
+        assert!(out.status.success(), "initdb: {}", String::from_utf8_lossy(&out.stderr));
+        server.configure();
+        let log = server.data.join("server.log");
+        let out = server.pg_ctl(&["-l", log.to_str().expect("UTF-8 path"), "-w", "-t", "120", "start"]);
+        assert!(out.status.success(), "pg_ctl start: {}{}", String::from_utf8_lossy(&out.stdout), std::fs::read_to_string(&log).unwrap_or_default());
+        server
+    }
+
+    fn configure(&self) {
+        let conf = self.data.join("postgresql.conf");
+        let mut text = std::fs::read_to_string(&conf).expect("postgresql.conf");
+        let _ = write!(
+            text,
+            "\n# bench --scale\nlisten_addresses = '127.0.0.1'\nport = {}\nunix_socket_directories = '{}'\n\
+             shared_buffers = 256MB\nmax_wal_size = 4GB\nfsync = on\nlog_min_messages = warning\n\
+             log_line_prefix = '%m [%p] %b: '\nshared_preload_libraries = 'idempotency'\n\
+             idempotency.maintenance_databases = ''\nidempotency.maintenance_interval = 1\n",
+            self.port,
+            self.data.display()
+        );
+        std::fs::write(&conf, text).expect("write postgresql.conf");
+    }
+
+    fn pg_ctl(&self, args: &[&str]) -> std::process::Output {
+        as_server(&self.bindir.join("pg_ctl")).arg("-D").arg(&self.data).args(args).output().expect("run pg_ctl")
+    }
+
+    fn url(&self, db: &str) -> String {
+        format!("postgresql://postgres@127.0.0.1:{}/{db}", self.port)
+    }
+}
+
+impl Drop for ScaleServer {
+    fn drop(&mut self) {
+        let mode = if std::thread::panicking() { "immediate" } else { "fast" };
+        let _ = self.pg_ctl(&["-m", mode, "-w", "-t", "120", "stop"]);
+        if std::thread::panicking() {
+            eprintln!("kept {} (server.log inside)", self.data.display());
+        } else if let Err(e) = std::fs::remove_dir_all(&self.data) {
+            eprintln!("cannot remove {}: {e}", self.data.display());
+        }
+    }
+}
+
+async fn connect(url: &str) -> Client {
+    let (client, conn) = tokio_postgres::connect(url, NoTls).await.unwrap_or_else(|e| panic!("connect to {url}: {e}"));
+    tokio::spawn(conn);
+    client
+}
+
+/// The load average (1, 5, 15 min) as /proc/loadavg says it.
+fn load() -> String {
+    std::fs::read_to_string("/proc/loadavg").map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" ")).unwrap_or_default()
+}
+
+/// A new database `name` with the extension (at `version`, else the default) and the business
+/// table of the pgbench scripts.
+async fn database(server: &ScaleServer, admin: &Client, name: &str, version: Option<&str>) -> (String, Client) {
+    drop_database(admin, name).await;
+    admin.batch_execute(&format!("CREATE DATABASE {name}")).await.expect("create database");
+    let url = server.url(name);
+    let db = connect(&url).await;
+    let create = match version {
+        Some(v) => format!("CREATE EXTENSION idempotency VERSION '{v}'"),
+        None => "CREATE EXTENSION idempotency".into(),
+    };
+    db.batch_execute(&format!("{create}; CREATE TABLE bench_charges (id bigserial PRIMARY KEY, user_id text NOT NULL, amount bigint NOT NULL)"))
+        .await
+        .unwrap_or_else(|e| panic!("{name}: {create}: {e}"));
+    (url, db)
+}
+
+async fn drop_database(admin: &Client, name: &str) {
+    admin.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).await.expect("drop database");
+}
+
+/// Which records a fill writes.
+#[derive(Clone, Copy, PartialEq)]
+enum Records {
+    /// Finished, expiring 2 to 24 hours from now.
+    Live,
+    /// Finished, expired 4 to 26 hours ago.
+    Expired,
+}
+
+/// `fsync` on or off for the whole server (ALTER SYSTEM and a reload).
+async fn set_fsync(admin: &Client, on: bool) {
+    let sql = if on { "ALTER SYSTEM RESET fsync" } else { "ALTER SYSTEM SET fsync = off" };
+    admin.batch_execute(sql).await.expect("fsync setting");
+    admin.batch_execute("SELECT pg_reload_conf()").await.expect("reload");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+}
+
+/// Fills idem_records of `db` with `rows` records in one INSERT .. SELECT under fsync off, then
+/// VACUUM ANALYZE, CHECKPOINT, fsync on and an OS sync. `owner`: the table has 0.6.0's owner
+/// column. Returns the seconds of the INSERT and of the VACUUM ANALYZE.
+async fn fill(admin: &Client, db: &Client, records: Records, rows: i64, owner: bool) -> (f64, f64) {
+    set_fsync(admin, false).await;
+    let hours_from_now = if records == Records::Live { 2 } else { -26 };
+    let (owner_column, owner_value) = if owner { (", owner", ", to_regrole(current_user)") } else { ("", "") };
+    let sql = format!(
+        "INSERT INTO idem_records (operation, user_id, key, request_hash, status, token, response, lease_expires_at, expires_at, created_at, updated_at{owner_column})
+         SELECT 'bench.fresh', 'u' || (1 + i % 1000), 'k' || abs(hashint8extended(i, 0)), encode(sha256(i::text::bytea), 'hex'), 'SUCCESS', i,
+                '{{\"status\": 201, \"body\": {{\"id\": 1}}}}', e - interval '1 day' + interval '5 minutes', e, e - interval '1 day', e - interval '1 day'{owner_value}
+           FROM generate_series(1, {rows}::bigint) AS i,
+                LATERAL (SELECT now() + interval '{hours_from_now} hours' + (i::float8 / {rows}) * interval '22 hours' AS e) AS t"
+    );
+    let started = Instant::now();
+    db.batch_execute(&sql).await.expect("fill idem_records");
+    db.batch_execute(&format!("SELECT setval('idem_token_seq', {rows})")).await.expect("setval");
+    let inserted = started.elapsed().as_secs_f64();
+    let started = Instant::now();
+    db.batch_execute("VACUUM ANALYZE idem_records").await.expect("vacuum");
+    let vacuumed = started.elapsed().as_secs_f64();
+    admin.batch_execute("CHECKPOINT").await.expect("checkpoint");
+    set_fsync(admin, true).await;
+    admin.batch_execute("CHECKPOINT").await.expect("checkpoint");
+    let synced = Command::new("sync").status();
+    assert!(synced.is_ok_and(|s| s.success()), "sync failed");
+    (inserted, vacuumed)
+}
+
+/// One pgbench run of the `fresh` script (8 clients) against `url`; its log under
+/// target/bench/scale-logs.
+fn fresh(url: &str, run: Duration) -> Measure {
+    pgbench::run(&pg_bin("pgbench"), url, &script("fresh"), CLIENTS, run, &root().join("target/bench/scale-logs"))
+}
+
+/// [`fresh`] with the WAL written (pgbench's counters) and the blocks the database read into
+/// shared buffers, added to `reads` (pg_stat_database, flushed when the pgbench sessions end).
+async fn counted(url: &str, db: &Client, run: Duration, reads: &mut i64) -> Measure {
+    let blocks_read = || async { db.query_one("SELECT blks_read FROM pg_stat_database WHERE datname = current_database()", &[]).await.expect("blks_read").get::<_, i64>(0) };
+    let (before, read_before) = (pgbench::counters(db).await, blocks_read().await);
+    let mut m = fresh(url, run);
+    pgbench::delta(db, &before, &mut m).await;
+    *reads += blocks_read().await - read_before;
+    m
+}
+
+/// Row 1 (and row 3 in the same large database).
+async fn reserve_at_scale(server: &ScaleServer, admin: &Client, z: &Sizes, figures: &mut Vec<Figure>) -> Row {
+    let (small_url, small_db) = database(server, admin, "idem_scale_small", None).await;
+    fill(admin, &small_db, Records::Live, z.small, true).await;
+    let (large_url, large_db) = database(server, admin, "idem_scale_large", None).await;
+    let (inserted, vacuumed) = fill(admin, &large_db, Records::Live, z.large, true).await;
+    figures.push(Figure::new(
+        format!("fill: {} live records, one INSERT .. SELECT", human(z.large)),
+        inserted,
+        "s",
+        format!("{:.0} rows/s under fsync off; then VACUUM ANALYZE {vacuumed:.1} s", z.large as f64 / inserted),
+    ));
+    figures.extend(bytes_per_record(&large_db, z.large).await);
+    let load_before = load();
+    let (mut small, mut large) = (Vec::new(), Vec::new());
+    let (mut small_reads, mut large_reads) = (0, 0);
+    for _ in 0..z.rounds {
+        for small_side in [true, false, false, true] {
+            if small_side {
+                small.push(counted(&small_url, &small_db, z.run, &mut small_reads).await);
+            } else {
+                large.push(counted(&large_url, &large_db, z.run, &mut large_reads).await);
+            }
+        }
+    }
+    let (small, large) = (Measure::mean(&small), Measure::mean(&large));
+    let per_op = |reads: i64, m: &Measure| reads as f64 / m.transactions.max(1) as f64;
+    let (small_reads, large_reads) = (per_op(small_reads, &small), per_op(large_reads, &large));
+    let row = Row {
+        figure: format!("reserve (fresh script) at {} vs {} live records", human(z.large), human(z.small)),
+        clients: CLIENTS.to_string(),
+        baseline: format!("the same, {} live records", human(z.small)),
+        base: small.clone(),
+        ours: large.clone(),
+        goal: Some(0.85),
+        work: Some(format!("load {load_before} before, {} after", load())),
+    };
+    figures.push(
+        Figure::new(
+            format!("reserve tps at {} / at {} live records", human(z.large), human(z.small)),
+            row.ratio(),
+            "",
+            format!(
+                "{:.0} / {:.0} tps; p99 {:.2} / {:.2} ms; p50 {:.2} / {:.2} ms; WAL {:.0} / {:.0} B per transaction; blocks read into shared buffers {large_reads:.2} / {small_reads:.2} per transaction; {} x {} s runs per side, A/B/B/A; load {load_before}",
+                large.tps, small.tps, large.p99_ms, small.p99_ms, large.p50_ms, small.p50_ms, large.wal_per_op(), small.wal_per_op(), 2 * z.rounds, z.run.as_secs()
+            ),
+        )
+        .goal(Goal::AtLeast(0.85)),
+    );
+    figures.push(Figure::new(format!("reserve p99 at {} / at {} live records", human(z.large), human(z.small)), large.p99_ms / small.p99_ms, "", format!("{:.2} / {:.2} ms", large.p99_ms, small.p99_ms)));
+    drop_database(admin, "idem_scale_small").await;
+    drop_database(admin, "idem_scale_large").await;
+    row
+}
+
+/// Row 3: bytes per record of each relation of idem_records.
+async fn bytes_per_record(db: &Client, rows: i64) -> Vec<Figure> {
+    let relations = db
+        .query(
+            "SELECT 'heap' AS what, pg_relation_size('idem_records') AS bytes
+             UNION ALL SELECT 'TOAST (table and index)', coalesce(pg_total_relation_size(NULLIF(reltoastrelid, 0)), 0) FROM pg_class WHERE oid = 'idem_records'::regclass
+             UNION ALL (SELECT indexrelid::regclass::text, pg_relation_size(indexrelid) FROM pg_index WHERE indrelid = 'idem_records'::regclass ORDER BY 1)",
+            &[],
+        )
+        .await
+        .expect("relation sizes");
+    let mut figures = Vec::new();
+    let mut total = 0i64;
+    for r in relations {
+        let (what, bytes): (String, i64) = (r.get("what"), r.get("bytes"));
+        total += bytes;
+        figures.push(Figure::new(format!("bytes per record at {}: {what}", human(rows)), bytes as f64 / rows as f64, "B", format!("{:.1} MiB", bytes as f64 / 1048576.0)));
+    }
+    figures.push(Figure::new(format!("bytes per record at {}: all of the above", human(rows)), total as f64 / rows as f64, "B", format!("{:.1} MiB; main forks, right after fill and VACUUM ANALYZE", total as f64 / 1048576.0)));
+    figures
+}
+
+/// Shared buffers (hit + read) and milliseconds of one batch's candidate scan (the sweep's inner
+/// SELECT without its row locks, so the probe changes nothing), and the index it walks.
+async fn probe(db: &Client) -> (i64, f64, String) {
+    let sql = format!(
+        "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) SELECT x.ctid FROM idem_records AS x WHERE x.status <> 'PROCESSING' AND x.expires_at <= now() LIMIT {WORKER_BATCH}"
+    );
+    let plan: serde_json::Value = db.query_one(&sql, &[]).await.expect("explain").get(0);
+    let top = &plan[0];
+    let node = &top["Plan"];
+    let buffers = node["Shared Hit Blocks"].as_i64().unwrap_or(0) + node["Shared Read Blocks"].as_i64().unwrap_or(0);
+    let mut scan = node;
+    while let Some(child) = scan["Plans"].get(0) {
+        scan = child;
+    }
+    let how = format!("{} {}", scan["Node Type"].as_str().unwrap_or("?"), scan["Index Name"].as_str().unwrap_or(""));
+    (buffers, top["Execution Time"].as_f64().unwrap_or(f64::NAN), how.trim().to_owned())
+}
+
+async fn autovacuums(db: &Client) -> i64 {
+    db.query_one("SELECT autovacuum_count FROM pg_stat_user_tables WHERE relname = 'idem_records'", &[]).await.expect("autovacuum_count").get(0)
+}
+
+fn mean(v: &[f64]) -> f64 {
+    v.iter().sum::<f64>() / v.len().max(1) as f64
+}
+
+/// Row 2: the sweep draining the backlog, every batch timed.
+async fn sweep_backlog(server: &ScaleServer, admin: &Client, z: &Sizes, figures: &mut Vec<Figure>) {
+    let (_, db) = database(server, admin, "idem_scale_sweep", None).await;
+    let (inserted, _) = fill(admin, &db, Records::Expired, z.backlog, true).await;
+    let full = (z.backlog / WORKER_BATCH) as usize;
+    let last_decile_start = full - full / 10;
+    let load_before = load();
+    let autovacuums_before = autovacuums(&db).await;
+    let mut probes = Vec::new();
+    let mut batches: Vec<(f64, i64)> = Vec::new();
+    let started = Instant::now();
+    loop {
+        if batches.is_empty() || batches.len() == last_decile_start {
+            probes.push(probe(&db).await);
+        }
+        let t = Instant::now();
+        let n: i64 = db.query_one("SELECT idem_sweep($1::int)", &[&(WORKER_BATCH as i32)]).await.expect("idem_sweep").get(0);
+        batches.push((t.elapsed().as_secs_f64() * 1000.0, n));
+        if n < WORKER_BATCH {
+            break;
+        }
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    let autovacuums = autovacuums(&db).await - autovacuums_before;
+    let deleted: i64 = batches.iter().map(|b| b.1).sum();
+    let times: Vec<f64> = batches.iter().filter(|b| b.1 == WORKER_BATCH).map(|b| b.0).collect();
+    let decile = (times.len() / 10).max(1);
+    let (first, last) = (mean(&times[..decile.min(times.len())]), mean(&times[times.len().saturating_sub(decile)..]));
+    let slowest = times.iter().copied().fold(0.0, f64::max);
+    let mut csv = String::from("batch,ms,rows\n");
+    for (i, (ms, n)) in batches.iter().enumerate() {
+        let _ = writeln!(csv, "{i},{ms:.3},{n}");
+    }
+    std::fs::write(root().join("target/bench/scale-sweep.csv"), csv).expect("scale-sweep.csv");
+    figures.push(Figure::new(
+        format!("sweep: rows/s draining {} expired records", human(z.backlog)),
+        deleted as f64 / seconds,
+        "rows/s",
+        format!("{deleted} rows in {} batches of {WORKER_BATCH}, {seconds:.1} s (fill {inserted:.0} s); {autovacuums} autovacuums of idem_records meanwhile; load {load_before}", batches.len()),
+    ));
+    let probe_text = |p: Option<&(i64, f64, String)>| p.map(|(b, ms, how)| format!("{b} buffers, {ms:.1} ms ({how})")).unwrap_or_else(|| "—".into());
+    figures.push(
+        Figure::new(
+            "sweep: mean batch time, last decile / first decile",
+            last / first,
+            "",
+            format!(
+                "{first:.1} ms first, {last:.1} ms last ({decile} full batches each), slowest {slowest:.1} ms; one batch's candidate scan: {} at the start, {} at the last decile",
+                probe_text(probes.first()),
+                probe_text(probes.get(1))
+            ),
+        )
+        .goal(Goal::AtMost(1.5)),
+    );
+    drop_database(admin, "idem_scale_sweep").await;
+}
+
+/// A counter of idem_metrics() (shared memory, the whole server).
+async fn counter(db: &Client, name: &str) -> i64 {
+    db.query_one("SELECT value FROM idem_metrics() WHERE name = $1", &[&name]).await.expect("idem_metrics").get(0)
+}
+
+async fn vacuums(db: &Client) -> i64 {
+    db.query_one("SELECT vacuum_count + autovacuum_count FROM pg_stat_user_tables WHERE relname = 'idem_records'", &[]).await.expect("vacuum_count").get(0)
+}
+
+/// Lists `database` for the worker (None: no database, the worker idles) and reloads.
+async fn set_worker(admin: &Client, database: Option<&str>) {
+    let sql = match database {
+        Some(d) => format!("ALTER SYSTEM SET idempotency.maintenance_databases = '{d}'"),
+        None => "ALTER SYSTEM RESET idempotency.maintenance_databases".into(),
+    };
+    admin.batch_execute(&sql).await.expect("worker setting");
+    admin.batch_execute("SELECT pg_reload_conf()").await.expect("reload");
+}
+
+/// Polls `ready` every 100 ms for at most 2 minutes.
+async fn until<F, Fut>(what: &str, mut ready: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !ready().await {
+        assert!(Instant::now() < deadline, "bench --scale: {what} not within 2 minutes");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Waits until no maintenance worker has run for 3 s in a row (the pass running at the reload
+/// finishes its batches first).
+async fn worker_stopped(admin: &Client) {
+    let deadline = Instant::now() + Duration::from_secs(300);
+    let mut quiet_since = Instant::now();
+    loop {
+        if workers_running(admin).await > 0 {
+            quiet_since = Instant::now();
+        } else if quiet_since.elapsed() >= Duration::from_secs(3) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "bench --scale: the maintenance worker still runs 5 minutes after its database was unlisted");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn workers_running(admin: &Client) -> i64 {
+    admin.query_one("SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'idempotency maintenance'", &[]).await.expect("pg_stat_activity").get(0)
+}
+
+/// Row 4: fresh-script p99 with the worker idle and while it drains a backlog: idle, draining,
+/// draining, idle.
+async fn worker_effect(server: &ScaleServer, admin: &Client, z: &Sizes, figures: &mut Vec<Figure>) {
+    const NAME: &str = "idem_scale_worker";
+    let (url, db) = database(server, admin, NAME, None).await;
+    fill(admin, &db, Records::Expired, z.worker_backlog, true).await;
+    let load_before = load();
+    let swept_at_start = counter(&db, "swept").await;
+    let mut idle = vec![fresh(&url, z.run)];
+    set_worker(admin, Some(NAME)).await;
+    let db_ref = &db;
+    until("the worker's first sweep", || async move { counter(db_ref, "swept").await > swept_at_start }).await;
+    let (swept_before, vacuums_before, started) = (counter(&db, "swept").await, vacuums(&db).await, Instant::now());
+    let draining = vec![fresh(&url, z.run), fresh(&url, z.run)];
+    let (swept_after, vacuums_after, seconds) = (counter(&db, "swept").await, vacuums(&db).await, started.elapsed().as_secs_f64());
+    set_worker(admin, None).await;
+    worker_stopped(admin).await;
+    let swept_while_draining = swept_after - swept_before;
+    let swept_total = counter(&db, "swept").await - swept_at_start;
+    idle.push(fresh(&url, z.run));
+    let (idle, draining) = (Measure::mean(&idle), Measure::mean(&draining));
+    let lasted = swept_after - swept_at_start < z.worker_backlog;
+    figures.push(
+        Figure::new(
+            format!("worker: fresh p99 while it drains a {} backlog / idle", human(z.worker_backlog)),
+            draining.p99_ms / idle.p99_ms,
+            "",
+            format!(
+                "p99 {:.2} ms draining, {:.2} ms idle; tps {:.0} / {:.0}; p50 {:.2} / {:.2} ms; idle, draining, draining, idle, {} s runs; load {load_before}",
+                draining.p99_ms, idle.p99_ms, draining.tps, idle.tps, draining.p50_ms, idle.p50_ms, z.run.as_secs()
+            ),
+        ),
+    );
+    figures.push(Figure::new(
+        "worker: rows/s swept during the draining runs",
+        swept_while_draining as f64 / seconds,
+        "rows/s",
+        format!(
+            "{swept_while_draining} rows in {seconds:.1} s, {} VACUUMs of idem_records meanwhile; {} of the backlog swept by the end of the draining runs, {swept_total} by the time it stopped ({})",
+            vacuums_after - vacuums_before,
+            swept_after - swept_at_start,
+            if lasted { "the backlog lasted through both runs" } else { "THE BACKLOG RAN OUT during the draining runs" }
+        ),
+    ));
+    drop_database(admin, NAME).await;
+}
+
+/// The relfilenode and main-fork size of idem_records.
+async fn storage(db: &Client) -> (u32, i64) {
+    let r = db.query_one("SELECT relfilenode, pg_relation_size(oid) FROM pg_class WHERE oid = 'idem_records'::regclass", &[]).await.expect("relfilenode");
+    (r.get::<_, tokio_postgres::types::Oid>(0), r.get(1))
+}
+
+/// Row 5: `ALTER EXTENSION idempotency UPDATE` from 0.5.0 over a filled table.
+async fn upgrade_cost(server: &ScaleServer, admin: &Client, z: &Sizes, figures: &mut Vec<Figure>) {
+    const NAME: &str = "idem_scale_upgrade";
+    let (_, db) = database(server, admin, NAME, Some("0.5.0")).await;
+    let (inserted, _) = fill(admin, &db, Records::Live, z.upgrade, false).await;
+    let (node_before, size_before) = storage(&db).await;
+    let load_before = load();
+    db.batch_execute("BEGIN").await.expect("begin");
+    let started = Instant::now();
+    db.batch_execute("ALTER EXTENSION idempotency UPDATE").await.expect("ALTER EXTENSION idempotency UPDATE");
+    let statement = started.elapsed().as_secs_f64() * 1000.0;
+    let locks: Vec<String> = db
+        .query("SELECT mode FROM pg_locks WHERE locktype = 'relation' AND relation = 'idem_records'::regclass AND pid = pg_backend_pid() AND granted ORDER BY mode", &[])
+        .await
+        .expect("pg_locks")
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let started = Instant::now();
+    db.batch_execute("COMMIT").await.expect("commit");
+    let commit = started.elapsed().as_secs_f64() * 1000.0;
+    let version: String = db.query_one("SELECT extversion FROM pg_extension WHERE extname = 'idempotency'", &[]).await.expect("extversion").get(0);
+    let (node_after, size_after) = storage(&db).await;
+    figures.push(Figure::new(
+        format!("upgrade 0.5.0 -> {version} over {} records: ALTER EXTENSION UPDATE", human(z.upgrade)),
+        statement + commit,
+        "ms",
+        format!(
+            "statement {statement:.0} ms + commit {commit:.0} ms; table {} (relfilenode {node_before} -> {node_after}, {:.0} -> {:.0} MiB); locks held on idem_records until commit: {}; fill {inserted:.0} s; load {load_before}",
+            if node_before == node_after { "not rewritten" } else { "REWRITTEN" },
+            size_before as f64 / 1048576.0,
+            size_after as f64 / 1048576.0,
+            if locks.is_empty() { "none".to_owned() } else { locks.join(", ") }
+        ),
+    ));
+    drop_database(admin, NAME).await;
+}
+
+/// Runs the section (see the module docs) on its own server.
+pub(crate) async fn run(smoke: bool) -> Report {
+    let z = Sizes::new(smoke);
+    std::fs::create_dir_all(root().join("target/bench")).expect("target/bench");
+    let server = ScaleServer::start();
+    let admin = connect(&server.url("postgres")).await;
+    let version: String = admin.query_one("SHOW server_version", &[]).await.expect("server_version").get(0);
+    let mut figures = Vec::new();
+    let reserve = reserve_at_scale(&server, &admin, &z, &mut figures).await;
+    sweep_backlog(&server, &admin, &z, &mut figures).await;
+    worker_effect(&server, &admin, &z, &mut figures).await;
+    upgrade_cost(&server, &admin, &z, &mut figures).await;
+    let fsync: String = admin.query_one("SHOW fsync", &[]).await.expect("fsync").get(0);
+    let header = format!(
+        "bench --scale — PostgreSQL {version} on port {}, shared_buffers 256MB, fsync {fsync} (off only while filling), {} records{}",
+        server.port,
+        human(z.large),
+        if z.smoke { " (SMOKE: numbers are not meaningful)" } else { "" }
+    );
+    drop(admin);
+    drop(server);
+    Report { reserve, figures, run: z.run, reps: 2 * z.rounds, header }
+}
