@@ -18,7 +18,7 @@ const DUPLICATES: usize = 32;
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let url = idempotency_testkit::fresh_database("idem_demo").await;
+    let url = fresh_database().await?;
     let idem = Idempotency::connect(&url, DUPLICATES + 4)?;
     let version = idem.check_extension().await?;
     let db = idem.pool().get().await?;
@@ -151,6 +151,22 @@ async fn post(url: &str, key: &str, amount: i64) -> Result<(u16, bool, Value), r
         .await?;
     let replayed = answer.headers().get("idempotent-replayed").is_some();
     Ok((answer.status().as_u16(), replayed, answer.json().await.unwrap_or(Value::Null)))
+}
+
+/// A database `idem_demo` made afresh on the private cluster (scripts/demo.sh starts it), with the
+/// extension and the `charges` table both implementations write.
+async fn fresh_database() -> Result<String, Box<dyn std::error::Error>> {
+    let server = idempotency_pgserver::Server::private(&idempotency_pgserver::pg_config());
+    server.ensure_started();
+    let (admin, conn) = tokio_postgres::connect(&server.url("postgres"), tokio_postgres::NoTls).await?;
+    tokio::spawn(conn);
+    admin.batch_execute("DROP DATABASE IF EXISTS idem_demo WITH (FORCE)").await?;
+    admin.batch_execute("CREATE DATABASE idem_demo").await?;
+    let url = server.url("idem_demo");
+    let (db, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await?;
+    tokio::spawn(conn);
+    db.batch_execute("CREATE EXTENSION idempotency; CREATE TABLE charges (id bigserial PRIMARY KEY, user_id text NOT NULL, amount bigint NOT NULL, k text)").await?;
+    Ok(url)
 }
 
 async fn count_key(db: &deadpool_postgres::Client, key: &str) -> Result<i64, tokio_postgres::Error> {
