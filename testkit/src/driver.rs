@@ -239,6 +239,15 @@ macro_rules! driver_module {
                 TestDriver::try_connect(url, pool_size, crate::replay_cache::from_env(settings))
             }
 
+            /// A handle on a store that is down (nothing listens on port 1) with a pool of
+            /// `pool_size`: a call ends at the client's own bounds, never hangs: at once over
+            /// tokio-postgres (the refused connection), after its 1 s pool wait plus the URL's 1 s
+            /// connect_timeout over sqlx (it retries the refused connection until then).
+            pub fn store_down(pool_size: usize) -> Idem {
+                let settings = Settings::default().pool_timeout(Duration::from_secs(1));
+                connect_with("postgresql://postgres@127.0.0.1:1/postgres?connect_timeout=1", pool_size, settings)
+            }
+
             /// The database of this test process for this driver (shared by its tests).
             pub async fn test_database() -> &'static str {
                 crate::cluster::test_database_of(<TestDriver as Kit>::SHORT).await

@@ -37,7 +37,7 @@ idempotency_testkit::for_each_driver! {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_actix_example_answers_503_when_the_store_is_down() {
-        let idem = connect_with("postgresql://postgres@127.0.0.1:1/postgres?connect_timeout=2", 2, Settings::default());
+        let idem = store_down(2);
         let url = serve(idem, false).await;
         idempotency_testkit::ietf::store_down_answers_503(&url).await;
     }

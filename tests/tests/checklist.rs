@@ -188,7 +188,7 @@ idempotency_testkit::for_each_driver! {
     #[tokio::test]
     async fn store_down_is_store_unavailable_within_a_bounded_time() {
         // Nothing listens on port 1.
-        let idem = connect_with("postgresql://postgres@127.0.0.1:1/postgres?connect_timeout=2", 4, Settings::default());
+        let idem = store_down(4);
         let key = unique_key("checklist.down");
         let runs = Arc::new(AtomicUsize::new(0));
         let fingerprint = fp(json!({}));

@@ -189,7 +189,7 @@ idempotency_testkit::for_each_driver! {
         let bad = try_connect_with("postgresql://127.0.0.1:not-a-port/db", 2, Settings::default());
         assert!(matches!(bad, Err(Error::Configuration { source: Some(_), .. })), "a malformed URL is not the store being down: {:?}", bad.err());
 
-        let down = connect_with("postgresql://postgres@127.0.0.1:1/postgres?connect_timeout=2", 2, Settings::default());
+        let down = store_down(2);
         let err = down.check_extension().await.unwrap_err();
         assert!(matches!(err, Error::StoreUnavailable(_)), "{err:?}");
         let source = err.source().expect("StoreUnavailable keeps its source");

@@ -208,7 +208,7 @@ idempotency_testkit::for_each_driver! {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_store_down_is_unavailable() {
-        let idem = connect_with("postgresql://postgres@127.0.0.1:1/postgres?connect_timeout=2", 2, Settings::default());
+        let idem = store_down(2);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = format!("http://{}", listener.local_addr().unwrap());
         tokio::spawn(serve(idem, Mode::InTransaction, KeyFrom::Metadata, None, listener));

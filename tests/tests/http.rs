@@ -84,7 +84,7 @@ idempotency_testkit::for_each_driver! {
 
     #[tokio::test]
     async fn store_down_answers_503() {
-        let idem = connect_with("postgresql://postgres@127.0.0.1:1/postgres?connect_timeout=2", 2, Settings::default());
+        let idem = store_down(2);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}/charges", listener.local_addr().unwrap());
         tokio::spawn(async move { axum::serve(listener, <TestDriver as App>::router(idem)).await });

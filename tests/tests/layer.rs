@@ -267,8 +267,8 @@ idempotency_testkit::for_each_driver! {
         every_answer(Mode::TwoPhase).await;
     }
 
-    async fn store_down(mode: Mode) {
-        let idem = connect_with("postgresql://postgres@127.0.0.1:1/postgres?connect_timeout=2", 2, Settings::default());
+    async fn answers_with_the_store_down(mode: Mode) {
+        let idem = store_down(2);
         let served = serve(idem, mode, |b| b).await;
         let down = send(&served.url, Some("k"), Some("u"), json!({"amount": 1})).await;
         down.problem(503, types::STORE_UNAVAILABLE);
@@ -278,8 +278,8 @@ idempotency_testkit::for_each_driver! {
 
     #[tokio::test]
     async fn store_down_answers_503_in_both_modes() {
-        store_down(Mode::InTransaction).await;
-        store_down(Mode::TwoPhase).await;
+        answers_with_the_store_down(Mode::InTransaction).await;
+        answers_with_the_store_down(Mode::TwoPhase).await;
     }
 
     /// 64 concurrent duplicates, started together: the one that reaches the handler holds the key

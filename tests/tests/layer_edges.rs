@@ -437,7 +437,7 @@ idempotency_testkit::for_each_driver! {
     async fn no_internal_text_in_a_5xx() {
         for mode in [Mode::InTransaction, Mode::TwoPhase] {
             // The store is down: a pool to a closed port.
-            let down = try_connect_with("postgresql://postgres@127.0.0.1:1/postgres?connect_timeout=2", 1, Settings::default()).unwrap();
+            let down = store_down(1);
             let served = serve(down, mode, |b| b).await;
             let answer = send(&served.url, "down-1", json!({})).await;
             let body = answer.problem(503, types::STORE_UNAVAILABLE);
