@@ -11,6 +11,8 @@
 //!   duplicates  clients hammer a set of keys through the coordinator: exactly one business row
 //!               and one SUCCESS record per executed key, no PROCESSING left
 //!   tokens      tokens issued on both workers are unique; a stale token never completes
+//!   roles       another role sending a record's token is refused (42501) by idem_complete and
+//!               idem_heartbeat, a wrong token is stale; the owner completes
 //!   maintenance idem_recover_stuck (fail and release) and idem_sweep across shards, in
 //!               batches; the maintenance worker preloaded on the coordinator does both
 //!   move        a shard move under load loses no record and no business row
@@ -133,6 +135,7 @@ pub(crate) fn run(ctx: &Ctx, checks: &mut Checks) {
     flow(checks, &k, &u1, &u2, p1, p2);
     duplicates(checks, &k);
     tokens(checks, &k, &u1);
+    roles(checks, &k, &u1);
     maintenance(checks, &k, &u1, &nodes[0]);
     shard_move(checks, &k);
     lock_budget(checks, &k, p1, p2);
@@ -332,6 +335,34 @@ fn tokens(checks: &mut Checks, k: &Citus, u1: &str) {
     let new_token = k.run(c, "stale_new_reserve", &user);
     checks.check("a stale token never completes", eq(k.q(c, "stale_complete", &[("u1", u1), ("token", &stale)]).unwrap_or_else(|e| e), "f"));
     checks.check("the new token does", eq(k.q(c, "stale_complete", &[("u1", u1), ("token", &new_token)]).unwrap_or_else(|e| e), "t"));
+}
+
+fn roles(checks: &mut Checks, k: &Citus, u1: &str) {
+    checks.note("-- roles");
+    k.run(&k.c, "roles_create", &[]);
+    let (alice, bob) = (k.c.user("idem_alice"), k.c.user("idem_bob"));
+    let token = k.run(&alice, "roles_reserve", &[("u1", u1)]);
+    let (own, wrong) = ([("u1", u1), ("token", token.as_str())], [("u1", u1), ("token", "1")]);
+    // An error naming the owner as 42501 (psql prints no SQLSTATE), any other as it is.
+    let out = |r: Result<String, String>| {
+        r.unwrap_or_else(|e| if e.contains("permission denied") && e.contains("the key belongs to role idem_alice") { "42501".to_owned() } else { e })
+    };
+    checks.check(
+        "another role sending the record's token: idem_complete and idem_heartbeat refuse (42501), a wrong token is stale",
+        eq(
+            format!(
+                "{}|{}|{}",
+                out(k.q(&bob, "roles_complete", &own)),
+                out(k.q(&bob, "roles_heartbeat", &own)),
+                out(k.q(&bob, "roles_complete", &wrong))
+            ),
+            "42501|42501|f",
+        ),
+    );
+    checks.check(
+        "the owner extends its lease and completes",
+        eq(format!("{}|{}", out(k.q(&alice, "roles_heartbeat", &own)), out(k.q(&alice, "roles_complete", &own))), "t|t"),
+    );
 }
 
 fn maintenance(checks: &mut Checks, k: &Citus, u1: &str, coordinator: &Server) {
