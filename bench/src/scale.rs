@@ -209,7 +209,7 @@ impl ScaleServer {
         let _ = write!(
             text,
             "\n# bench --scale\nlisten_addresses = '127.0.0.1'\nport = {}\nunix_socket_directories = '{}'\n\
-             shared_buffers = 256MB\nmax_wal_size = 4GB\nfsync = on\nlog_min_messages = warning\n\
+             shared_buffers = 256MB\nmax_wal_size = 4GB\nfsync = on\nlog_checkpoints = on\n\
              log_line_prefix = '%m [%p] %b: '\nshared_preload_libraries = 'idempotency'\n\
              idempotency.maintenance_databases = ''\nidempotency.maintenance_interval = 1\n",
             self.port,
@@ -231,6 +231,7 @@ impl Drop for ScaleServer {
     fn drop(&mut self) {
         let mode = if std::thread::panicking() { "immediate" } else { "fast" };
         let _ = self.pg_ctl(&["-m", mode, "-w", "-t", "120", "stop"]);
+        let _ = std::fs::copy(self.data.join("server.log"), root().join("target/bench/scale-server.log"));
         if std::thread::panicking() {
             eprintln!("kept {} (server.log inside)", self.data.display());
         } else if let Err(e) = std::fs::remove_dir_all(&self.data) {
@@ -429,6 +430,25 @@ async fn probe(db: &Client) -> (i64, f64, String) {
     (buffers, top["Execution Time"].as_f64().unwrap_or(f64::NAN), how.trim().to_owned())
 }
 
+/// Checkpoints so far (timed and requested).
+async fn checkpoints(db: &Client) -> i64 {
+    db.query_one("SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter", &[]).await.expect("pg_stat_bgwriter").get(0)
+}
+
+/// The checkpointer's wait event (`CheckpointerMain` when idle between checkpoints) and the WAL
+/// bytes written since `lsn`.
+async fn checkpointer(db: &Client, lsn: &str) -> (String, f64) {
+    let r = db
+        .query_one(
+            "SELECT coalesce((SELECT wait_event FROM pg_stat_activity WHERE backend_type = 'checkpointer'), 'none'),
+                    pg_wal_lsn_diff(pg_current_wal_lsn(), $1::text::pg_lsn)::float8",
+            &[&lsn],
+        )
+        .await
+        .expect("checkpointer");
+    (r.get(0), r.get(1))
+}
+
 async fn autovacuums(db: &Client) -> i64 {
     db.query_one("SELECT autovacuum_count FROM pg_stat_user_tables WHERE relname = 'idem_records'", &[]).await.expect("autovacuum_count").get(0)
 }
@@ -447,35 +467,54 @@ async fn sweep_backlog(server: &ScaleServer, admin: &Client, z: &Sizes, figures:
     let autovacuums_before = autovacuums(&db).await;
     let mut probes = Vec::new();
     let mut batches: Vec<(f64, i64)> = Vec::new();
-    let started = Instant::now();
+    let mut states: Vec<(String, f64)> = Vec::new();
+    let checkpoints_before = checkpoints(&db).await;
+    let lsn_before: String = db.query_one("SELECT pg_current_wal_lsn()::text", &[]).await.expect("lsn").get(0);
+    let mut seconds = 0.0;
     loop {
         if batches.is_empty() || batches.len() == last_decile_start {
             probes.push(probe(&db).await);
         }
         let t = Instant::now();
         let n: i64 = db.query_one("SELECT idem_sweep($1::int)", &[&(WORKER_BATCH as i32)]).await.expect("idem_sweep").get(0);
-        batches.push((t.elapsed().as_secs_f64() * 1000.0, n));
+        let elapsed = t.elapsed().as_secs_f64();
+        seconds += elapsed;
+        batches.push((elapsed * 1000.0, n));
+        // Not timed: what the checkpointer is doing right after the batch, and the WAL so far.
+        states.push(checkpointer(&db, &lsn_before).await);
         if n < WORKER_BATCH {
             break;
         }
     }
-    let seconds = started.elapsed().as_secs_f64();
+    let checkpoints = checkpoints(&db).await - checkpoints_before;
+    let wal = states.last().map(|s| s.1).unwrap_or(0.0);
     let autovacuums = autovacuums(&db).await - autovacuums_before;
     let deleted: i64 = batches.iter().map(|b| b.1).sum();
     let times: Vec<f64> = batches.iter().filter(|b| b.1 == WORKER_BATCH).map(|b| b.0).collect();
     let decile = (times.len() / 10).max(1);
     let (first, last) = (mean(&times[..decile.min(times.len())]), mean(&times[times.len().saturating_sub(decile)..]));
     let slowest = times.iter().copied().fold(0.0, f64::max);
-    let mut csv = String::from("batch,ms,rows\n");
-    for (i, (ms, n)) in batches.iter().enumerate() {
-        let _ = writeln!(csv, "{i},{ms:.3},{n}");
+    let median = {
+        let mut sorted = times.clone();
+        sorted.sort_by(f64::total_cmp);
+        sorted.get(sorted.len() / 2).copied().unwrap_or(0.0)
+    };
+    let slow: Vec<usize> = (0..batches.len()).filter(|&i| batches[i].0 > 3.0 * median).collect();
+    let slow_in_checkpoint = slow.iter().filter(|&&i| states[i].0 != "CheckpointerMain").count();
+    let mut csv = String::from("batch,ms,rows,checkpointer_after,wal_bytes_so_far\n");
+    for (i, ((ms, n), (state, wal))) in batches.iter().zip(&states).enumerate() {
+        let _ = writeln!(csv, "{i},{ms:.3},{n},{state},{wal:.0}");
     }
     std::fs::write(root().join("target/bench/scale-sweep.csv"), csv).expect("scale-sweep.csv");
     figures.push(Figure::new(
         format!("sweep: rows/s draining {} expired records", human(z.backlog)),
         deleted as f64 / seconds,
         "rows/s",
-        format!("{deleted} rows in {} batches of {WORKER_BATCH}, {seconds:.1} s (fill {inserted:.0} s); {autovacuums} autovacuums of idem_records meanwhile; load {load_before}", batches.len()),
+        format!(
+            "{deleted} rows in {} batches of {WORKER_BATCH}, {seconds:.1} s of batches (fill {inserted:.0} s); WAL {:.0} B per row; {checkpoints} checkpoints and {autovacuums} autovacuums of idem_records meanwhile; load {load_before}",
+            batches.len(),
+            wal / deleted.max(1) as f64
+        ),
     ));
     let probe_text = |p: Option<&(i64, f64, String)>| p.map(|(b, ms, how)| format!("{b} buffers, {ms:.1} ms ({how})")).unwrap_or_else(|| "—".into());
     figures.push(
@@ -484,7 +523,9 @@ async fn sweep_backlog(server: &ScaleServer, admin: &Client, z: &Sizes, figures:
             last / first,
             "",
             format!(
-                "{first:.1} ms first, {last:.1} ms last ({decile} full batches each), slowest {slowest:.1} ms; one batch's candidate scan: {} at the start, {} at the last decile",
+                "{first:.1} ms first, {last:.1} ms last ({decile} full batches each), median {median:.1} ms, slowest {slowest:.1} ms; {} batches over 3x the median, {slow_in_checkpoint} of them ending while a checkpoint ran (batches {}); one batch's candidate scan: {} at the start, {} at the last decile",
+                slow.len(),
+                slow.iter().map(|i| format!("{i}: {:.0} ms", batches[*i].0)).collect::<Vec<_>>().join(", "),
                 probe_text(probes.first()),
                 probe_text(probes.get(1))
             ),
