@@ -13,11 +13,11 @@
 //! 2. **Sweep of a 10M backlog**: `idem_sweep(10000)` (the worker's batch, the default of
 //!    `idempotency.maintenance_batch_size`), one transaction per call as the worker runs it, until
 //!    a batch comes back less than full, over 10,000,000 expired records (expiries spread over 22
-//!    hours). Reports rows/s over the whole drain, the mean time of the first and of the last
+//!    hours). Reports rows/s over the timed batches, the mean time of the first and of the last
 //!    decile of full batches and their ratio (goal ≤ 1.5), the slowest batch, the autovacuums that
-//!    ran meanwhile, and the buffers one batch's candidate scan touches at the start of each of the
-//!    two deciles (a read-only `EXPLAIN (ANALYZE, BUFFERS)` of the sweep's inner SELECT). Every
-//!    batch's time goes to `target/bench/scale-sweep.csv`.
+//!    ran meanwhile, and the plan and buffers of two probed batches (the sweep's own DELETE under
+//!    `EXPLAIN (ANALYZE, BUFFERS)`, untimed: the first batch and the first of the last decile).
+//!    Every timed batch's time goes to `target/bench/scale-sweep.csv`.
 //! 3. **Bytes per record**: `pg_relation_size` of the heap, of the TOAST table and of each index of
 //!    idem_records (main forks), over the row count, in the 10M database of row 1 right after its
 //!    fill and `VACUUM ANALYZE` (the primary key grown by inserts in random order, as in use).
@@ -412,22 +412,44 @@ async fn bytes_per_record(db: &Client, rows: i64) -> Vec<Figure> {
     figures
 }
 
-/// Shared buffers (hit + read) and milliseconds of one batch's candidate scan (the sweep's inner
-/// SELECT without its row locks, so the probe changes nothing), and the index it walks.
-async fn probe(db: &Client) -> (i64, f64, String) {
+/// What one probed batch did.
+struct Probe {
+    rows: i64,
+    /// Shared buffers hit + read by the whole statement.
+    buffers: i64,
+    ms: f64,
+    /// The scan under the candidate SELECT (`Seq Scan`, `Index Scan idem_records_expiry_idx`).
+    scan: String,
+}
+
+/// One batch run as the sweep's own DELETE (sql/maintenance.sql, with `now()` for its `v_now`)
+/// under `EXPLAIN (ANALYZE, BUFFERS)`: it deletes what a batch deletes, so it leaves the table and
+/// the synchronized-scan position as a batch does (a read-only probe of the candidate SELECT moved
+/// that position past the rows it read, and the sweep came back for them at the end of the drain,
+/// through the emptied heap: the first two runs' last full batches). Not among the timed batches.
+async fn probe(db: &Client) -> Probe {
     let sql = format!(
-        "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) SELECT x.ctid FROM idem_records AS x WHERE x.status <> 'PROCESSING' AND x.expires_at <= now() LIMIT {WORKER_BATCH}"
+        "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON)
+         DELETE FROM idem_records AS r
+          WHERE r.ctid = ANY (ARRAY(
+                    SELECT x.ctid FROM idem_records AS x
+                     WHERE x.status <> 'PROCESSING' AND x.expires_at <= now()
+                     LIMIT {WORKER_BATCH}
+                       FOR UPDATE OF x SKIP LOCKED))
+            AND r.status <> 'PROCESSING' AND r.expires_at <= now()"
     );
     let plan: serde_json::Value = db.query_one(&sql, &[]).await.expect("explain").get(0);
     let top = &plan[0];
     let node = &top["Plan"];
     let buffers = node["Shared Hit Blocks"].as_i64().unwrap_or(0) + node["Shared Read Blocks"].as_i64().unwrap_or(0);
-    let mut scan = node;
+    // The InitPlan (the candidate SELECT): Limit, LockRows, then the scan.
+    let mut scan = &node["Plans"][0];
+    let rows = scan["Actual Rows"].as_i64().unwrap_or(0);
     while let Some(child) = scan["Plans"].get(0) {
         scan = child;
     }
     let how = format!("{} {}", scan["Node Type"].as_str().unwrap_or("?"), scan["Index Name"].as_str().unwrap_or(""));
-    (buffers, top["Execution Time"].as_f64().unwrap_or(f64::NAN), how.trim().to_owned())
+    Probe { rows, buffers, ms: top["Execution Time"].as_f64().unwrap_or(f64::NAN), scan: how.trim().to_owned() }
 }
 
 /// Checkpoints so far (timed and requested).
@@ -462,7 +484,12 @@ async fn sweep_backlog(server: &ScaleServer, admin: &Client, z: &Sizes, figures:
     let (_, db) = database(server, admin, "idem_scale_sweep", None).await;
     let (inserted, _) = fill(admin, &db, Records::Expired, z.backlog, true).await;
     let full = (z.backlog / WORKER_BATCH) as usize;
-    let last_decile_start = full - full / 10;
+    // Two of the full batches are probed (the first, and the first of the last decile of the
+    // timed ones).
+    // (None in a backlog of fewer than 20 batches: the smoke mode's.)
+    let probing = full >= 20;
+    let timed = full.saturating_sub(2);
+    let last_decile_start = timed - timed / 10;
     let load_before = load();
     let autovacuums_before = autovacuums(&db).await;
     let mut probes = Vec::new();
@@ -472,8 +499,14 @@ async fn sweep_backlog(server: &ScaleServer, admin: &Client, z: &Sizes, figures:
     let lsn_before: String = db.query_one("SELECT pg_current_wal_lsn()::text", &[]).await.expect("lsn").get(0);
     let mut seconds = 0.0;
     loop {
-        if batches.is_empty() || batches.len() == last_decile_start {
-            probes.push(probe(&db).await);
+        if probing && ((batches.is_empty() && probes.is_empty()) || (batches.len() == last_decile_start && probes.len() == 1)) {
+            let p = probe(&db).await;
+            let n = p.rows;
+            probes.push(p);
+            if n < WORKER_BATCH {
+                break;
+            }
+            continue;
         }
         let t = Instant::now();
         let n: i64 = db.query_one("SELECT idem_sweep($1::int)", &[&(WORKER_BATCH as i32)]).await.expect("idem_sweep").get(0);
@@ -489,7 +522,8 @@ async fn sweep_backlog(server: &ScaleServer, admin: &Client, z: &Sizes, figures:
     let checkpoints = checkpoints(&db).await - checkpoints_before;
     let wal = states.last().map(|s| s.1).unwrap_or(0.0);
     let autovacuums = autovacuums(&db).await - autovacuums_before;
-    let deleted: i64 = batches.iter().map(|b| b.1).sum();
+    let deleted: i64 = batches.iter().map(|b| b.1).sum::<i64>() + probes.iter().map(|p| p.rows).sum::<i64>();
+    let timed_rows: i64 = batches.iter().map(|b| b.1).sum();
     let times: Vec<f64> = batches.iter().filter(|b| b.1 == WORKER_BATCH).map(|b| b.0).collect();
     let decile = (times.len() / 10).max(1);
     let (first, last) = (mean(&times[..decile.min(times.len())]), mean(&times[times.len().saturating_sub(decile)..]));
@@ -508,22 +542,24 @@ async fn sweep_backlog(server: &ScaleServer, admin: &Client, z: &Sizes, figures:
     std::fs::write(root().join("target/bench/scale-sweep.csv"), csv).expect("scale-sweep.csv");
     figures.push(Figure::new(
         format!("sweep: rows/s draining {} expired records", human(z.backlog)),
-        deleted as f64 / seconds,
+        timed_rows as f64 / seconds,
         "rows/s",
         format!(
-            "{deleted} rows in {} batches of {WORKER_BATCH}, {seconds:.1} s of batches (fill {inserted:.0} s); WAL {:.0} B per row; {checkpoints} checkpoints and {autovacuums} autovacuums of idem_records meanwhile; load {load_before}",
+            "{deleted} rows: {timed_rows} in {} timed batches of {WORKER_BATCH}, {seconds:.1} s, and {} in {} probed batches (fill {inserted:.0} s); WAL {:.0} B per row; {checkpoints} checkpoints and {autovacuums} autovacuums of idem_records meanwhile; load {load_before}",
             batches.len(),
+            deleted - timed_rows,
+            probes.len(),
             wal / deleted.max(1) as f64
         ),
     ));
-    let probe_text = |p: Option<&(i64, f64, String)>| p.map(|(b, ms, how)| format!("{b} buffers, {ms:.1} ms ({how})")).unwrap_or_else(|| "—".into());
+    let probe_text = |p: Option<&Probe>| p.map(|p| format!("{} rows, {} buffer accesses, {:.1} ms ({})", p.rows, p.buffers, p.ms, p.scan)).unwrap_or_else(|| "—".into());
     figures.push(
         Figure::new(
             "sweep: mean batch time, last decile / first decile",
             last / first,
             "",
             format!(
-                "{first:.1} ms first, {last:.1} ms last ({decile} full batches each), median {median:.1} ms, slowest {slowest:.1} ms; {} batches over 3x the median, {slow_in_checkpoint} of them ending while a checkpoint ran (batches {}); one batch's candidate scan: {} at the start, {} at the last decile",
+                "{first:.1} ms first, {last:.1} ms last ({decile} full batches each), median {median:.1} ms, slowest {slowest:.1} ms; {} batches over 3x the median, {slow_in_checkpoint} of them ending while a checkpoint ran (batches {}); probed batches (the sweep's DELETE under EXPLAIN ANALYZE, BUFFERS): {} at the start, {} at the last decile",
                 slow.len(),
                 slow.iter().map(|i| format!("{i}: {:.0} ms", batches[*i].0)).collect::<Vec<_>>().join(", "),
                 probe_text(probes.first()),
