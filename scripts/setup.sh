@@ -4,8 +4,11 @@
 # major (scripts/pg-env.sh), cargo-pgrx registered with all of them, pgspot, psycopg. Debian 12, as root.
 #
 #   scripts/setup.sh                  every supported major
-#   scripts/setup.sh --majors "15"    only these majors' PostgreSQL (the demo: Debian's 15, no
-#                                     download); pgrx keeps every major it already knew
+#   scripts/setup.sh --majors "15"    only these majors' PostgreSQL (Debian's 15: no download);
+#                                     pgrx keeps every major it already knew
+#   scripts/setup.sh --demo           only what the demo needs: the packages (Debian's 15); no
+#                                     cargo-pgrx (the demo builds with plain cargo), no pgrx init,
+#                                     no other major, no psycopg
 set -euo pipefail
 
 PGRX_VERSION=0.18.1
@@ -13,10 +16,12 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 env_sh=$repo/scripts/pg-env.sh
 
 majors=$("$env_sh" majors)
+demo=
 case "${1:-}" in
 "") ;;
 --majors) majors=${2:?setup.sh --majors: give a list such as \"15\"} ;;
-*) echo "usage: scripts/setup.sh [--majors \"15 17\"]" >&2; exit 2 ;;
+--demo) demo=1 ;;
+*) echo "usage: scripts/setup.sh [--majors \"15 17\" | --demo]" >&2; exit 2 ;;
 esac
 
 say() { printf '[setup] %s\n' "$*"; }
@@ -35,6 +40,9 @@ if [ ${#missing[@]} -gt 0 ]; then
     # dev package would upgrade a running server underneath us).
     root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${packages[@]}" >/dev/null
 fi
+
+# The demo needs nothing more: Debian's 15 came with the packages (or PG_CONFIG names a server).
+[ -z "$demo" ] || exit 0
 
 if ! cargo pgrx --version 2>/dev/null | grep -q " $PGRX_VERSION\$"; then
     say "cargo: installing cargo-pgrx $PGRX_VERSION (3-5 minutes)"

@@ -5,6 +5,9 @@
     sqlbuild.py upgrade FROM TO               the extension's update script idempotency--FROM--TO.sql
     sqlbuild.py install-files DIR             writes every released install script and every update
                                               script of the chain into DIR (an extension directory)
+    sqlbuild.py install-files DIR --current   the same, and the current version's install script
+                                              and control file, as `cargo pgrx install` writes them
+                                              (the demo installs a plain `cargo build` with them)
     sqlbuild.py portable [VERSION]            the portable install (psql -v schema=NAME -f ...)
     sqlbuild.py portable-upgrade FROM TO      the portable upgrade between two consecutive versions
     sqlbuild.py pgtle                         the pg_tle wrapper (pgtle.install_extension and
@@ -412,9 +415,17 @@ def cmd_upgrade(old, new):
     sys.stdout.write("\n".join(out))
 
 
-def cmd_install_files(dest):
+def cmd_install_files(dest, current=False):
     versions = chain()
     cur = current_version()
+    if current:
+        # What pgrx's schema generation writes for this extension: its extension_sql_file!s in
+        # load order (every function is declared there by hand), without pgrx's comments.
+        with open(os.path.join(dest, f"{EXT}--{cur}.sql"), "w", encoding="utf-8") as f:
+            f.write("\n".join(read(path) for path in source_files()))
+        control = read(os.path.join(ROOT, "extension", f"{EXT}.control"))
+        with open(os.path.join(dest, f"{EXT}.control"), "w", encoding="utf-8") as f:
+            f.write(control.replace("@CARGO_VERSION@", cur))
     for v in versions:
         if v != cur:
             with open(os.path.join(dest, f"{EXT}--{v}.sql"), "w", encoding="utf-8") as f:
@@ -468,8 +479,8 @@ def main(argv):
         print("\n".join(chain()))
     elif cmd == "upgrade" and len(args) == 2:
         cmd_upgrade(*args)
-    elif cmd == "install-files" and len(args) == 1:
-        cmd_install_files(args[0])
+    elif cmd == "install-files" and len(args) in (1, 2) and args[1:] in ([], ["--current"]):
+        cmd_install_files(args[0], current=args[1:] == ["--current"])
     elif cmd == "portable" and len(args) <= 1:
         cmd_portable(*args)
     elif cmd == "portable-upgrade" and len(args) == 2:
