@@ -2,8 +2,8 @@
 # The demo: installs what is missing for the default major only (Debian's PostgreSQL 15: no other
 # major is downloaded, and no cargo-pgrx: the test command installs it when it first needs it),
 # starts the private cluster, builds the extension with plain cargo (pgrx's bindings found through
-# PGRX_PG_CONFIG_PATH; the same flags as `cargo pgrx install`, so the test command's install layer
-# reuses the build) and installs the library with its control file and SQL scripts
+# PGRX_PG_CONFIG_PATH; the same rustflags as `cargo pgrx install`, so the test command's builds
+# can reuse its dependencies) and installs the library with its control file and SQL scripts
 # (scripts/sqlbuild.py writes the current install script as pgrx would), runs the demo program
 # (demo/src/main.rs), prints its findings, and stops the cluster.
 set -euo pipefail
