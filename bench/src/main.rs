@@ -65,8 +65,9 @@ impl Row {
     }
 }
 
+/// A connection to `url`, driven by a task of its own (every section's).
 async fn connect(url: &str) -> tokio_postgres::Client {
-    let (client, conn) = tokio_postgres::connect(url, NoTls).await.expect("connect");
+    let (client, conn) = tokio_postgres::connect(url, NoTls).await.unwrap_or_else(|e| panic!("connect to {url}: {e}"));
     tokio::spawn(conn);
     client
 }

@@ -45,14 +45,15 @@
 //! `IDEM_SCALE_ROWS=N` gives the 10M figures another size (the worker's backlog is 60 % of it).
 
 use crate::pgbench::{self, Measure};
-use crate::{human, script, Row};
+use crate::soak::counter;
+use crate::{connect, human, script, Row};
 use idempotency_testkit::server::{as_server, chown_to_server};
 use idempotency_testkit::{pg_bin, root};
 use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::Client;
 
 /// The worker's batch: the default of `idempotency.maintenance_batch_size` (extension/src/guc.rs).
 const WORKER_BATCH: i64 = 10_000;
@@ -238,12 +239,6 @@ impl Drop for ScaleServer {
             eprintln!("cannot remove {}: {e}", self.data.display());
         }
     }
-}
-
-async fn connect(url: &str) -> Client {
-    let (client, conn) = tokio_postgres::connect(url, NoTls).await.unwrap_or_else(|e| panic!("connect to {url}: {e}"));
-    tokio::spawn(conn);
-    client
 }
 
 /// The load average (1, 5, 15 min) as /proc/loadavg says it.
@@ -569,11 +564,6 @@ async fn sweep_backlog(server: &ScaleServer, admin: &Client, z: &Sizes, figures:
         .goal(Goal::AtMost(1.5)),
     );
     drop_database(admin, "idem_scale_sweep").await;
-}
-
-/// A counter of idem_metrics() (shared memory, the whole server).
-async fn counter(db: &Client, name: &str) -> i64 {
-    db.query_one("SELECT value FROM idem_metrics() WHERE name = $1", &[&name]).await.expect("idem_metrics").get(0)
 }
 
 async fn vacuums(db: &Client) -> i64 {

@@ -12,7 +12,7 @@ use idempotency_testkit::server::Server;
 use idempotency_testkit::{pg_bin, pg_config, root};
 use std::process::Command;
 use std::time::{Duration, Instant};
-use tokio_postgres::NoTls;
+use crate::connect;
 
 /// The cycle whose size is the baseline of the plateau figure (the table has warmed up by then).
 pub(crate) const BASE_CYCLE: usize = 5;
@@ -99,15 +99,9 @@ fn start_server() -> Server {
     server
 }
 
-async fn connect(url: &str) -> tokio_postgres::Client {
-    let (client, conn) = tokio_postgres::connect(url, NoTls).await.unwrap_or_else(|e| panic!("connect to {url}: {e}"));
-    tokio::spawn(conn);
-    client
-}
-
 /// A counter of idem_metrics() (shared memory: reading it touches no table, so the wait itself
 /// prunes no page).
-async fn counter(db: &tokio_postgres::Client, name: &str) -> i64 {
+pub(crate) async fn counter(db: &tokio_postgres::Client, name: &str) -> i64 {
     db.query_one("SELECT value FROM idem_metrics() WHERE name = $1", &[&name]).await.expect("idem_metrics").get("value")
 }
 

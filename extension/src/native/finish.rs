@@ -41,11 +41,11 @@ unsafe fn scope_and_token<'a>(fcinfo: pg_sys::FunctionCallInfo) -> ([Text<'a>; 3
     (scope, token)
 }
 
-/// After a fenced statement changed nothing: 42501 when the record holds the caller's token
-/// (`scope_and_token`: scope, then token) and belongs to a role the caller may not act on
-/// (guarantee 8: a token is a fence, not a password); else nothing (the token is stale, a
-/// value, as for the owner's stale worker of a key another role has taken over since). Must
-/// run inside [`plans::connected`]; nothing to check on a schema without owners.
+/// After a fenced statement changed nothing (before it on Citus: [`fenced`]): 42501 when the
+/// record holds the caller's token (`scope_and_token`: scope, then token) and belongs to a role
+/// the caller may not act on (guarantee 8: a token is a fence, not a password); else nothing (the
+/// token is stale, a value, as for the owner's stale worker of a key another role has taken over
+/// since). Must run inside [`plans::connected`]; nothing to check on a schema without owners.
 fn refuse_stranger(catalog: &catalog::Catalog, scope_and_token: &[Option<Datum>], action: &str) {
     if catalog.rec.owner.is_none() {
         return;

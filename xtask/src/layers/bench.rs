@@ -24,6 +24,7 @@ pub(crate) fn run(ctx: &Ctx, checks: &mut Checks) {
     let soak = built.then(|| {
         let mut check = Command::new(BENCH);
         check.args(["--soak-check", &cycles]).env("IDEM_SOAK_PORT", SOAK_CHECK_PORT.to_string());
+        let soak_log = soak_log.clone();
         std::thread::spawn(move || crate::sh::to_log(&mut check, &soak_log))
     });
 
@@ -35,7 +36,7 @@ pub(crate) fn run(ctx: &Ctx, checks: &mut Checks) {
     checks.check(&format!("{BENCH} --smoke"), if ok { Ok(()) } else { Err(crate::sh::tail(&text, 20)) });
 
     let ok = soak.is_some_and(|t| t.join().unwrap_or(false));
-    let text = std::fs::read_to_string(ctx.logs.join("bench-soak-check.log")).unwrap_or_default();
+    let text = std::fs::read_to_string(&soak_log).unwrap_or_default();
     checks.log(&text);
     let verdict = text.lines().rev().find(|l| l.starts_with("soak check ")).unwrap_or("no soak check line");
     checks.note(verdict);
