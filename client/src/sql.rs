@@ -8,9 +8,9 @@ use idempotency_core::{Fingerprint, Key};
 use std::fmt;
 use std::sync::Arc;
 
-/// The extension versions this client speaks (major.minor): 0.2 to 0.6 changed no signature or
+/// The extension versions this client speaks (major.minor): 0.2 to 0.7 changed no signature or
 /// outcome of the functions it calls (0.6 refuses another role's key with 42501).
-pub(crate) const SUPPORTED_EXTENSIONS: &[&str] = &["0.1", "0.2", "0.3", "0.4", "0.5", "0.6"];
+pub(crate) const SUPPORTED_EXTENSIONS: &[&str] = &["0.1", "0.2", "0.3", "0.4", "0.5", "0.6", "0.7"];
 
 /// Where the extension lives and its version: the extension's schema, else the schema of a
 /// portable install (which records its version in `_idem_portable_version()`), so the client

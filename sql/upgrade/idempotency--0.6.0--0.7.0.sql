@@ -1,0 +1,4 @@
+-- idempotency 0.6.0 -> 0.7.0, the part a replay of the functions cannot do.
+--
+-- The new and changed functions arrive with the replay of every 0.7.0 function that
+-- scripts/sqlbuild.py appends to this file, with their comments and privilege statements.
