@@ -296,7 +296,8 @@ impl<D: Driver> Builder<D> {
     /// A prefix of every operation this layer scopes keys to (`billing` makes `POST /charges`
     /// the operation `billing:POST /charges`), so two services or environments sharing one
     /// database never reach each other's records with the same key and route. Not part of the
-    /// `operation` label of spans and metrics.
+    /// `operation` label of spans and metrics. A `:` or `\` in the namespace or the operation
+    /// name is escaped (`\:`, `\\`), so no two (namespace, name) pairs share an operation.
     pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
         self.namespace = Some(namespace.into());
         self

@@ -25,17 +25,38 @@ pub(crate) struct Operation {
 /// The configured operation name, else the method and the matched route (`POST /charges/{id}`,
 /// when axum put a `MatchedPath` in the request, the layer being added with `route_layer`, or an
 /// adapter put a [`MatchedRoute`]), else the method and the path (whose label is bounded:
-/// `POST (unmatched)`). The namespace prefixes the scoped name.
+/// `POST (unmatched)`). The namespace prefixes the scoped name ([`scoped`]).
 pub(crate) fn operation<D: Driver>(config: &Config<D>, parts: &Parts) -> Operation {
     let (name, label) = match named(config, parts) {
         Some(name) => (name.clone(), name),
         None => (format!("{} {}", parts.method, parts.uri.path()), format!("{} (unmatched)", parts.method)),
     };
-    let scoped = match &config.namespace {
-        Some(namespace) => format!("{namespace}:{name}"),
-        None => name,
-    };
-    Operation { scoped, label }
+    Operation { scoped: scoped(config.namespace.as_deref(), &name), label }
+}
+
+/// The one rule that joins a namespace and an operation name into the operation a key is scoped
+/// to, so that two different pairs never give one name: `namespace:name`, each part with `\`
+/// written `\\` and `:` written `\:`, so the one unescaped `:` is the separator; a name
+/// without a namespace is written with the same escapes, so it has no unescaped `:` and never
+/// equals a namespaced one. A part without `:` or `\` is written as it is, so every name that
+/// has neither (`billing:POST /charges`, `POST /charges/{id}`) is the name 0.6.0 wrote: keys in
+/// flight across the update keep their scope.
+pub(crate) fn scoped(namespace: Option<&str>, name: &str) -> String {
+    fn escaped(part: &str, out: &mut String) {
+        for c in part.chars() {
+            if c == '\\' || c == ':' {
+                out.push('\\');
+            }
+            out.push(c);
+        }
+    }
+    let mut out = String::with_capacity(name.len() + namespace.map_or(0, |n| n.len() + 1));
+    if let Some(namespace) = namespace {
+        escaped(namespace, &mut out);
+        out.push(':');
+    }
+    escaped(name, &mut out);
+    out
 }
 
 /// The configured name or the matched route, the names with few values.
@@ -215,6 +236,38 @@ mod tests {
         let mut matched = parts("POST", "/charges/7", true);
         matched.extensions.insert(MatchedRoute("/charges/{id}".into()));
         assert_eq!(operation(&config(None), &matched).label, "POST /charges/{id}");
+    }
+
+    #[test]
+    fn namespace_and_operation_pairs_never_share_a_scope() {
+        let scope = |namespace: Option<&str>, name: &str| {
+            let c = configured(|b| {
+                let b = b.operation(name);
+                match namespace {
+                    Some(ns) => b.namespace(ns),
+                    None => b,
+                }
+            });
+            operation(&c, &parts("POST", "/x", true)).scoped
+        };
+        // The pairs: one scope each in 0.6.0 ("a:b:c").
+        let pairs = [(Some("a:b"), "c"), (Some("a"), "b:c"), (None, "a:b:c"), (Some("a\\"), "b:c"), (Some("a"), "\\b:c")];
+        let scopes: Vec<String> = pairs.iter().map(|(ns, name)| scope(*ns, name)).collect();
+        for (i, a) in scopes.iter().enumerate() {
+            for (j, b) in scopes.iter().enumerate().skip(i + 1) {
+                assert_ne!(a, b, "{:?} and {:?} share the scope {a}", pairs[i], pairs[j]);
+            }
+        }
+        // Names without ':' or '\\' keep the scope 0.6.0 gave them (keys in flight across the update).
+        assert_eq!(scope(Some("billing"), "charges.create"), "billing:charges.create");
+        assert_eq!(scope(None, "charges.create"), "charges.create");
+        let mut matched = parts("POST", "/charges/7", true);
+        matched.extensions.insert(MatchedRoute("/charges/{id}".into()));
+        assert_eq!(operation(&configured(|b| b.namespace("billing")), &matched).scoped, "billing:POST /charges/{id}");
+        // The escapes, written out.
+        assert_eq!(scoped(Some("a:b"), "c"), "a\\:b:c");
+        assert_eq!(scoped(Some("a"), "b:c"), "a:b\\:c");
+        assert_eq!(scoped(None, "a:b\\c"), "a\\:b\\\\c");
     }
 
     #[test]
