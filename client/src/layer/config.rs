@@ -463,14 +463,16 @@ impl<D: Driver> Builder<D> {
                 Some(pointers)
             }
         };
-        if let Some(name) = &self.operation {
-            crate::Key::new(name.as_str(), "u", "k").map_err(|e| ConfigError(format!("operation: {e}")))?;
-        }
         if let Some(namespace) = &self.namespace {
             if namespace.is_empty() {
                 return Err(ConfigError("namespace: leave it unset, or give at least one character".into()));
             }
             crate::Key::new(namespace.as_str(), "u", "k").map_err(|e| ConfigError(format!("namespace: {e}")))?;
+        }
+        if let Some(name) = &self.operation {
+            // The operation as it is sent: escaped and after the namespace (its length counts).
+            let scoped = super::names::scoped(self.namespace.as_deref(), name);
+            crate::Key::new(scoped.as_str(), "u", "k").map_err(|e| ConfigError(format!("operation: {e}")))?;
         }
         let mut settings = self.idem.settings().clone();
         settings.ttl = self.ttl.or(settings.ttl);

@@ -89,6 +89,7 @@ mod extract;
 pub mod grpc;
 pub mod http;
 mod key_header;
+mod names;
 mod observe;
 mod pointer;
 pub mod problem;

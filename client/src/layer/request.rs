@@ -2,6 +2,7 @@
 
 use super::config::{Config, ANONYMOUS_USER};
 use super::extract::Scope;
+use super::names;
 use super::pointer;
 use super::problem::{types, Problem};
 use crate::driver::Driver;
@@ -25,38 +26,13 @@ pub(crate) struct Operation {
 /// The configured operation name, else the method and the matched route (`POST /charges/{id}`,
 /// when axum put a `MatchedPath` in the request, the layer being added with `route_layer`, or an
 /// adapter put a [`MatchedRoute`]), else the method and the path (whose label is bounded:
-/// `POST (unmatched)`). The namespace prefixes the scoped name ([`scoped`]).
+/// `POST (unmatched)`). The namespace prefixes the scoped name ([`names::scoped`]).
 pub(crate) fn operation<D: Driver>(config: &Config<D>, parts: &Parts) -> Operation {
     let (name, label) = match named(config, parts) {
         Some(name) => (name.clone(), name),
         None => (format!("{} {}", parts.method, parts.uri.path()), format!("{} (unmatched)", parts.method)),
     };
-    Operation { scoped: scoped(config.namespace.as_deref(), &name), label }
-}
-
-/// The one rule that joins a namespace and an operation name into the operation a key is scoped
-/// to, so that two different pairs never give one name: `namespace:name`, each part with `\`
-/// written `\\` and `:` written `\:`, so the one unescaped `:` is the separator; a name
-/// without a namespace is written with the same escapes, so it has no unescaped `:` and never
-/// equals a namespaced one. A part without `:` or `\` is written as it is, so every name that
-/// has neither (`billing:POST /charges`, `POST /charges/{id}`) is the name 0.6.0 wrote: keys in
-/// flight across the update keep their scope.
-pub(crate) fn scoped(namespace: Option<&str>, name: &str) -> String {
-    fn escaped(part: &str, out: &mut String) {
-        for c in part.chars() {
-            if c == '\\' || c == ':' {
-                out.push('\\');
-            }
-            out.push(c);
-        }
-    }
-    let mut out = String::with_capacity(name.len() + namespace.map_or(0, |n| n.len() + 1));
-    if let Some(namespace) = namespace {
-        escaped(namespace, &mut out);
-        out.push(':');
-    }
-    escaped(name, &mut out);
-    out
+    Operation { scoped: names::scoped(config.namespace.as_deref(), &name), label }
 }
 
 /// The configured name or the matched route, the names with few values.
@@ -265,9 +241,9 @@ mod tests {
         matched.extensions.insert(MatchedRoute("/charges/{id}".into()));
         assert_eq!(operation(&configured(|b| b.namespace("billing")), &matched).scoped, "billing:POST /charges/{id}");
         // The escapes, written out.
-        assert_eq!(scoped(Some("a:b"), "c"), "a\\:b:c");
-        assert_eq!(scoped(Some("a"), "b:c"), "a:b\\:c");
-        assert_eq!(scoped(None, "a:b\\c"), "a\\:b\\\\c");
+        assert_eq!(names::scoped(Some("a:b"), "c"), "a\\:b:c");
+        assert_eq!(names::scoped(Some("a"), "b:c"), "a:b\\:c");
+        assert_eq!(names::scoped(None, "a:b\\c"), "a\\:b\\\\c");
     }
 
     #[test]
