@@ -68,8 +68,8 @@ pub(crate) enum Failure<SE> {
     /// The body is longer than the response limit (`limit` bytes); `effect_stands` in two-phase.
     TooLarge { limit: usize, effect_stands: bool },
     /// The stack dropped the request before the route answered (actix-web, when its client went
-    /// away).
-    #[cfg_attr(not(feature = "actix"), allow(dead_code))]
+    /// away; tower and tonic, when the request's future was dropped while the inner service was
+    /// not ready, so it was never called).
     Gone,
     /// A gRPC answer of more than one message (a server-streaming RPC).
     #[cfg_attr(not(feature = "tonic"), allow(dead_code))]

@@ -44,6 +44,7 @@ use super::config::Config;
 use super::core::{self, Answer, Failure, Head, Reply, RouteFuture};
 use super::problem::{types, Problem};
 use super::request::MatchedRoute;
+use super::service::{ready_and_call, ready_then_call};
 use super::transaction::Transaction;
 use super::{IdempotencyLayer, Mode};
 use crate::driver::{postgres_by_default, Driver};
@@ -57,6 +58,7 @@ use http_body_util::{BodyExt, Full, LengthLimitError, Limited, StreamBody};
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
+use tokio::sync::watch;
 use tonic::body::Body;
 use tonic::{Code, Status};
 use tower_service::Service;
@@ -163,18 +165,19 @@ where
     type Error = S::Error;
     type Future = BoxFuture<'static, Result<Response<Body>, S::Error>>;
 
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
-        self.inner.poll_ready(cx)
+    /// Always ready, as the HTTP layer is ([`super::service`]): each call that reaches the inner
+    /// service drives a clone of it to readiness first.
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        Poll::Ready(Ok(()))
     }
 
     fn call(&mut self, req: Request<Body>) -> Self::Future {
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let inner = self.inner.clone();
         let (mut parts, body) = req.into_parts();
         parts.extensions.insert(MatchedRoute(parts.uri.path().to_owned()));
         let header_key = match core::head(&self.config, &parts) {
             Head::Uncovered | Head::PassThrough => {
-                let called = inner.call(Request::from_parts(parts, body));
+                let called = ready_then_call(inner, Request::from_parts(parts, body));
                 return Box::pin(async move { Ok(called.await?.map(Body::new)) });
             }
             Head::Refuse(problem) => return Box::pin(std::future::ready(Ok(status_of(&problem)))),
@@ -205,16 +208,15 @@ where
         );
         return Ok(status_of(&Problem::new(400, types::STREAMING, "Streaming RPC", detail)));
     }
-    let route = GrpcRoute { inner: Arc::new(Mutex::new(inner.clone())), mode: config.mode };
+    // Held until the core answers: dropped with this future, it tells the route to stop waiting.
+    let (_present, gone) = watch::channel(());
+    let route = GrpcRoute { inner: Arc::new(Mutex::new(inner.clone())), mode: config.mode, gone };
     let call = move |p: Parts, b: Bytes, tx: Option<Transaction<D>>, limit: usize| route.call::<R, D>(p, b, tx, limit);
     match core::serve(config, parts, bytes, header_key, call).await {
         Answer::Respond(reply) => Ok(response_of(reply)),
         Answer::Refuse(problem) => Ok(status_of(&problem)),
         Answer::ServiceError(e) => Err(e),
-        Answer::PassThrough(parts, bytes) => {
-            let mut inner = inner;
-            Ok(inner.call(Request::from_parts(parts, Body::new(Full::new(bytes)))).await?.map(Body::new))
-        }
+        Answer::PassThrough(parts, bytes) => Ok(ready_then_call(inner, Request::from_parts(parts, Body::new(Full::new(bytes)))).await?.map(Body::new)),
     }
 }
 
@@ -222,16 +224,18 @@ where
 struct GrpcRoute<S> {
     inner: Arc<Mutex<S>>,
     mode: Mode,
+    /// Ends when the request's future is dropped ([`ready_and_call`]).
+    gone: watch::Receiver<()>,
 }
 
 impl<S> Clone for GrpcRoute<S> {
     fn clone(&self) -> Self {
-        GrpcRoute { inner: self.inner.clone(), mode: self.mode }
+        GrpcRoute { inner: self.inner.clone(), mode: self.mode, gone: self.gone.clone() }
     }
 }
 
 impl<S> GrpcRoute<S> {
-    /// Calls a clone of the inner service with the request rebuilt (the transaction in its
+    /// Calls a clone of the inner service, driven to readiness, with the request rebuilt (the transaction in its
     /// extensions, where `tonic::Request::extensions` finds it) and reads the answer: its status
     /// for the policy is the HTTP status its gRPC code maps to.
     fn call<R, D>(&self, parts: Parts, body: Bytes, tx: Option<Transaction<D>>, limit: usize) -> RouteFuture<S::Error>
@@ -247,13 +251,13 @@ impl<S> GrpcRoute<S> {
         if let Some(tx) = tx {
             req.extensions_mut().insert(tx);
         }
-        let called = match self.inner.lock() {
-            Ok(inner) => inner.clone().call(req),
-            Err(poisoned) => poisoned.into_inner().clone().call(req),
+        let service = match self.inner.lock() {
+            Ok(inner) => inner.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
         };
-        let effect_stands = self.mode == Mode::TwoPhase;
+        let (effect_stands, gone) = (self.mode == Mode::TwoPhase, self.gone.clone());
         Box::pin(async move {
-            let response = called.await.map_err(Failure::Service)?;
+            let response = ready_and_call(service, req, gone).await?;
             let mut reply = super::service::reply_of(response, limit, effect_stands).await?;
             if frames(&reply.body).is_some_and(|n| n > 1) {
                 return Err(Failure::Streaming);

@@ -1,5 +1,13 @@
 //! The tower adapter of the layer's [core](super::core): read the body, hand the core the route
 //! (the inner service), answer with its response type.
+//!
+//! tower's readiness contract: a service is called only after its `poll_ready` said ready, and
+//! the readiness belongs to the instance that was polled. The layer does not know, when it is
+//! polled, whether a request will reach the inner service at all (a replay, a refusal, a
+//! duplicate in progress never does), so it is always ready itself and drives a clone of the
+//! inner service to readiness each time it calls it ([`ready_and_call`]): replays never wait for
+//! the inner service, and middleware below the layer (`ConcurrencyLimit`, `Buffer`, `RateLimit`,
+//! `LoadShed`) bounds exactly the calls that run the handler.
 
 use super::config::Config;
 use super::core::{self, Answer, Failure, Head, Reply, RouteFuture};
@@ -14,6 +22,7 @@ use http_body::Body;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
+use tokio::sync::watch;
 use tower_service::Service;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -55,17 +64,17 @@ where
     type Error = S::Error;
     type Future = BoxFuture<'static, Result<Response<R>, S::Error>>;
 
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
-        self.inner.poll_ready(cx)
+    /// Always ready: each call that reaches the inner service drives a clone of it to
+    /// readiness first (see the module's docs), and a readiness error is that call's error.
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        Poll::Ready(Ok(()))
     }
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
-        // The clone that was driven to readiness serves this request.
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let inner = self.inner.clone();
         let (parts, body) = req.into_parts();
         let header_key = match core::head(&self.config, &parts) {
-            Head::Uncovered | Head::PassThrough => return Box::pin(inner.call(Request::from_parts(parts, body))),
+            Head::Uncovered | Head::PassThrough => return Box::pin(ready_then_call(inner, Request::from_parts(parts, body))),
             Head::Refuse(problem) => return Box::pin(std::future::ready(Ok(problem.into_response()))),
             Head::ReadBody(key) => key,
         };
@@ -91,41 +100,63 @@ where
         Ok(collected) => collected.to_bytes(),
         Err(e) => return Ok(core::unreadable(&config, &parts, e.is::<LengthLimitError>(), &e).into_response()),
     };
-    let mode = config.mode;
-    let route = TowerRoute { inner: Arc::new(Mutex::new(inner.clone())), mode };
+    // Held until the core answers: dropped with this future, it tells the route to stop waiting.
+    let (_present, gone) = watch::channel(());
+    let route = TowerRoute { inner: Arc::new(Mutex::new(inner.clone())), mode: config.mode, gone };
     match core::serve(config, parts, bytes, header_key, move |p, b, tx, limit| route.call(p, b, tx, limit)).await {
         Answer::Respond(reply) => Ok(reply.into_response()),
         Answer::Refuse(problem) => Ok(problem.into_response()),
         Answer::ServiceError(e) => Err(e),
-        Answer::PassThrough(parts, bytes) => {
-            let mut inner = inner;
-            inner.call(Request::from_parts(parts, B::from(bytes))).await
-        }
+        Answer::PassThrough(parts, bytes) => ready_then_call(inner, Request::from_parts(parts, B::from(bytes))).await,
     }
+}
+
+/// Drives `service` to readiness, then calls it: a request the layer passes through.
+pub(crate) async fn ready_then_call<S: Service<Req>, Req>(mut service: S, req: Req) -> Result<S::Response, S::Error> {
+    std::future::poll_fn(|cx| service.poll_ready(cx)).await?;
+    service.call(req).await
+}
+
+/// Drives `service` (a clone of the inner service) to readiness, then calls it: every call of a
+/// route. A readiness error is the route's service error (the key is released, the error
+/// answered). While the service is not ready, a dropped request (`gone`: its sender dropped
+/// with the adapter's future, a `Timeout` above the layer, a client gone) ends the wait with
+/// [`Failure::Gone`]: the inner service is not called and the key is released. Once it is
+/// ready, the call runs to its end in the core's task whatever happens to the request.
+pub(crate) async fn ready_and_call<S: Service<Req>, Req>(mut service: S, req: Req, mut gone: watch::Receiver<()>) -> Result<S::Response, Failure<S::Error>> {
+    tokio::select! {
+        biased;
+        ready = std::future::poll_fn(|cx| service.poll_ready(cx)) => ready.map_err(Failure::Service)?,
+        // Nothing is ever sent: this ends only when the request's sender is dropped.
+        _ = gone.changed() => return Err(Failure::Gone),
+    }
+    service.call(req).await.map_err(Failure::Service)
 }
 
 /// The inner service as the core's route.
 struct TowerRoute<S> {
     inner: Arc<Mutex<S>>,
     mode: Mode,
+    /// Ends when the request's future is dropped ([`ready_and_call`]).
+    gone: watch::Receiver<()>,
 }
 
 impl<S> Clone for TowerRoute<S> {
     fn clone(&self) -> Self {
-        TowerRoute { inner: self.inner.clone(), mode: self.mode }
+        TowerRoute { inner: self.inner.clone(), mode: self.mode, gone: self.gone.clone() }
     }
 }
 
 impl<S> TowerRoute<S> {
-    /// Calls a clone of the inner service with the request rebuilt (the transaction in its
-    /// extensions), and reads the response up to `limit` bytes.
+    /// Calls a clone of the inner service, driven to readiness, with the request rebuilt (the
+    /// transaction in its extensions), and reads the response up to `limit` bytes.
     fn call<B, R, D>(&self, parts: Parts, body: Bytes, tx: Option<Transaction<D>>, limit: usize) -> RouteFuture<S::Error>
     where
         D: Driver,
         S: Service<Request<B>, Response = Response<R>> + Clone + Send + 'static,
         S::Future: Send + 'static,
         S::Error: Send + 'static,
-        B: From<Bytes>,
+        B: From<Bytes> + Send + 'static,
         R: Body + Send + 'static,
         R::Data: Send,
         R::Error: Into<BoxError>,
@@ -134,13 +165,13 @@ impl<S> TowerRoute<S> {
         if let Some(tx) = tx {
             req.extensions_mut().insert(tx);
         }
-        let called = match self.inner.lock() {
-            Ok(inner) => inner.clone().call(req),
-            Err(poisoned) => poisoned.into_inner().clone().call(req),
+        let service = match self.inner.lock() {
+            Ok(inner) => inner.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
         };
-        let effect_stands = self.mode == Mode::TwoPhase;
+        let (effect_stands, gone) = (self.mode == Mode::TwoPhase, self.gone.clone());
         Box::pin(async move {
-            let response = called.await.map_err(Failure::Service)?;
+            let response = ready_and_call(service, req, gone).await?;
             reply_of(response, limit, effect_stands).await
         })
     }
