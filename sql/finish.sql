@@ -222,7 +222,10 @@ CREATE FUNCTION @extschema@.idem_heartbeat(
 #variable_conflict use_variable
 DECLARE
     v_now     timestamptz := clock_timestamp();
+    v_lease   interval;
     v_until   timestamptz;
+    v_ttl     interval;
+    v_ceiling timestamptz;
     v_counted boolean; -- receives _idem_count
 BEGIN
     -- The argument rules (native: see idem_reserve); a failed check raises.
@@ -230,25 +233,41 @@ BEGIN
             AND @extschema@._idem_require('token', token IS NULL)) THEN
         RETURN NULL; -- not reached
     END IF;
-    -- The lease obeys the reservation's rule with ttl => NULL: at most idempotency.ttl (an
-    -- explicit longer lease is 22023), so a heartbeat cannot wedge a key for longer.
-    v_until := v_now + @extschema@._idem_lease(lease, @extschema@._idem_ttl(NULL));
+    -- The lease's ceiling is the record's own: its expiry, or idempotency.ttl past now,
+    -- whichever is later (a record reserved with a ttl above the session's keeps a lease within
+    -- that ttl, as idem_reserve allowed it). An explicit longer lease is 22023 (checked below,
+    -- against the record); the default, idempotency.lease, is capped there. So a heartbeat
+    -- cannot wedge a key for longer than its reservation or one idempotency.ttl from now.
+    v_lease := @extschema@._idem_lease(lease, NULL);
+    v_until := v_now + v_lease;
+    v_ttl := @extschema@._idem_ttl(NULL);
+    v_ceiling := v_now + v_ttl;
     v_counted := @extschema@._idem_require_writable('extend a lease');
 
     -- expires_at moves to at least the lease end, so a live, heartbeating attempt is never
     -- taken over as expired.
     UPDATE @extschema@.idem_records AS r
-       SET lease_expires_at = v_until, expires_at = greatest(r.expires_at, v_until),
+       SET lease_expires_at = least(v_until, greatest(r.expires_at, v_ceiling)),
+           expires_at = greatest(r.expires_at, least(v_until, greatest(r.expires_at, v_ceiling))),
            updated_at = v_now
      WHERE r.operation = operation AND r.user_id = user_id AND r.key = key
        AND r.token = token AND r.status = ('PROCESSING' COLLATE pg_catalog."C")
-       AND @extschema@._idem_owns(r.owner);
+       AND @extschema@._idem_owns(r.owner)
+       AND (lease IS NULL OR v_until <= greatest(r.expires_at, v_ceiling));
     IF NOT FOUND THEN
-        -- Another role's record holding this token is refused (guarantee 8); else stale.
+        -- Another role's record holding this token is refused (guarantee 8).
         v_counted := @extschema@._idem_check_owner(
             (SELECT r.owner FROM @extschema@.idem_records AS r
               WHERE r.operation = operation AND r.user_id = user_id AND r.key = key
                 AND r.token = token), 'extend a lease');
+        -- The attempt holding this token asked for a lease past its ceiling; else stale.
+        IF lease IS NOT NULL AND EXISTS (
+               SELECT FROM @extschema@.idem_records AS r
+                WHERE r.operation = operation AND r.user_id = user_id AND r.key = key
+                  AND r.token = token AND r.status = ('PROCESSING' COLLATE pg_catalog."C")) THEN
+            RAISE EXCEPTION 'lease must not exceed the record''s remaining ttl or idempotency.ttl (%), whichever is longer, got %',
+                v_ttl, v_lease USING ERRCODE = '22023';
+        END IF;
         v_counted := @extschema@._idem_count('stale_tokens');
         RETURN false;
     END IF;
@@ -257,4 +276,4 @@ END
 $fn$;
 
 COMMENT ON FUNCTION @extschema@.idem_heartbeat(text, text, text, bigint, interval) IS
-    'Extends the lease of the PROCESSING attempt holding token to now + lease (default idempotency.lease, capped at idempotency.ttl; an explicit lease longer than idempotency.ttl is 22023); false when the token is stale; 42501 for another role''s key.';
+    'Extends the lease of the PROCESSING attempt holding token to now + lease (default idempotency.lease), within the record''s own ceiling: its expiry, or idempotency.ttl past now, whichever is later (an explicit lease past it is 22023); false when the token is stale; 42501 for another role''s key.';

@@ -301,14 +301,23 @@ CREATE FUNCTION @extschema@._idem_release_locked(
 DECLARE
     v_now      timestamptz := clock_timestamp();
     v_attempts integer;
+    v_owner    oid;
     v_counted  boolean; -- receives _idem_count
 BEGIN
+    -- The count belongs to the record's owner (guarantee 8; a statement of its own, which
+    -- Citus routes to the key's shard as the INSERT below).
+    SELECT r.owner INTO v_owner
+      FROM @extschema@.idem_records AS r
+     WHERE r.operation = operation AND r.user_id = user_id AND r.key = key;
     -- A counter that expired before this record was created belongs to an earlier life of the
-    -- key: start again from 1.
-    INSERT INTO @extschema@.idem_retries AS t (operation, user_id, key, attempts, expires_at)
-    VALUES (operation, user_id, key, 1, expires_at)
+    -- key: start again from 1, as the record's owner's. A live one continues, and keeps its
+    -- owner (this record's owner or a role it is a member of: idem_reserve refuses anyone else
+    -- while the counter lives; or none, a counter from before 0.7.0).
+    INSERT INTO @extschema@.idem_retries AS t (operation, user_id, key, attempts, expires_at, owner)
+    VALUES (operation, user_id, key, 1, expires_at, v_owner)
     ON CONFLICT ON CONSTRAINT idem_retries_pkey DO UPDATE
         SET attempts   = CASE WHEN t.expires_at > created_at THEN t.attempts + 1 ELSE 1 END,
+            owner      = CASE WHEN t.expires_at > created_at THEN t.owner ELSE excluded.owner END,
             expires_at = greatest(t.expires_at, excluded.expires_at)
     RETURNING t.attempts INTO v_attempts;
 

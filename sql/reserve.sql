@@ -4,10 +4,12 @@
 --   1. Read the committed record (and its retry counter) in one primary-key probe. A live record
 --      answers at once: replay, failed, in_progress or mismatch. No lock is taken, so a replay
 --      costs one statement and never makes a concurrent duplicate wait.
---   2. The key is absent or expired: take the key's transaction-scoped advisory lock. Every
---      transaction that creates or takes over a record holds it until it commits or rolls back,
---      so an uncommitted reservation is detected without blocking (wait => false answers
---      in_progress) or waited for (wait => true).
+--   2. The key is absent or expired: a live retry counter of a role the caller may not act on
+--      refuses (42501: a released key stays its owner's while its count lives). Then take the
+--      key's transaction-scoped advisory lock. Every transaction that creates or takes over a
+--      record holds it until it commits or rolls back, so an uncommitted reservation is
+--      detected without blocking (wait => false answers in_progress) or waited for
+--      (wait => true).
 --   3. Create with INSERT ... ON CONFLICT DO NOTHING, or take over an expired record with an
 --      UPDATE that re-checks expiry on the newest row version. The primary key and the re-check,
 --      not the lock, are what make two `created` for one key impossible; if either loses a
@@ -110,16 +112,18 @@ BEGIN
 
     FOR attempt IN 1..8 LOOP
         v_now := clock_timestamp();
-        -- One primary-key probe; the retry counter counts if it was live when the record was
-        -- created (a scalar subquery, evaluated only when the record exists).
+        -- One statement, a primary-key probe of each table: the record, and the retry counter
+        -- (which counts toward the record if it was live when the record was created). With no
+        -- record the row is all NULL but the counter's.
         SELECT r.request_hash, r.status, r.response, r.lease_expires_at, r.expires_at, r.owner,
-               (SELECT t.attempts
-                  FROM @extschema@.idem_retries AS t
-                 WHERE t.operation = operation AND t.user_id = user_id AND t.key = key
-                   AND t.expires_at > r.created_at) AS attempts
+               CASE WHEN t.expires_at > r.created_at THEN t.attempts END AS attempts,
+               t.expires_at AS counter_expires_at, t.owner AS counter_owner
           INTO v_rec
-          FROM @extschema@.idem_records AS r
-         WHERE r.operation = operation AND r.user_id = user_id AND r.key = key;
+          FROM (SELECT) AS one
+          LEFT JOIN @extschema@.idem_records AS r
+            ON r.operation = operation AND r.user_id = user_id AND r.key = key
+          LEFT JOIN @extschema@.idem_retries AS t
+            ON t.operation = operation AND t.user_id = user_id AND t.key = key;
 
         IF v_rec.status IS NOT NULL
            AND (v_rec.expires_at > v_now
@@ -137,7 +141,13 @@ BEGIN
                        coalesce(v_rec.attempts, 0), v_rec.expires_at)::@extschema@.idem_reservation;
         END IF;
 
-        -- Absent, or expired and free to take over: a new attempt would start now, and write.
+        -- Absent, or expired and free to take over. A live retry counter keeps a released key
+        -- its owner's (guarantee 8): another role may not start an attempt that would count
+        -- toward it, or reset it.
+        IF v_rec.counter_expires_at > v_now THEN
+            v_counted := @extschema@._idem_check_owner(v_rec.counter_owner, 'reserve a key');
+        END IF;
+        -- A new attempt would start now, and write.
         v_counted := @extschema@._idem_require_writable('reserve a key');
         IF NOT v_locked THEN
             -- Keep the key's lock until the transaction ends while this transaction keeps fewer

@@ -58,6 +58,11 @@ CREATE TABLE @extschema@.idem_retries (
     key        text        NOT NULL,
     attempts   integer     NOT NULL CHECK (attempts OPERATOR(pg_catalog.>) 0),
     expires_at timestamptz NOT NULL,
+    -- The owner of the record whose failure started the count (guarantee 8, as idem_records'
+    -- owner): while the counter lives the released key stays that role's, so another role can
+    -- neither reserve it (42501) nor count toward it. NULL on counters written before 0.7.0:
+    -- any role's, as before, until they expire.
+    owner      regrole,
     CONSTRAINT idem_retries_pkey PRIMARY KEY (operation, user_id, key)
 ) WITH (vacuum_truncate = false);
 

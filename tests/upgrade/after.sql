@@ -8,7 +8,9 @@ SELECT 'the update changed no record and no retry counter',
                                      lease_expires_at, expires_at, created_at, updated_at
                                 FROM idem_records) AS d) = 0
        AND (SELECT count(*) FROM idem_records) = (SELECT count(*) FROM upgrade_test.records)
-       AND (SELECT count(*) FROM (SELECT * FROM upgrade_test.retries EXCEPT SELECT * FROM idem_retries) AS d) = 0
+       AND (SELECT count(*) FROM (SELECT * FROM upgrade_test.retries
+                              EXCEPT
+                              SELECT operation, user_id, key, attempts, expires_at FROM idem_retries) AS d) = 0
        AND (SELECT count(*) FROM idem_retries) = (SELECT count(*) FROM upgrade_test.retries);
 SELECT 'the answers before the update were replay, failed, in_progress and mismatch',
        array_agg(DISTINCT outcome ORDER BY outcome) = '{failed,in_progress,mismatch,replay}'
@@ -39,6 +41,13 @@ SELECT 'a second release counts 2 of 3: released',
 SELECT 'a third attempt counts 3 of 3: poisoned',
        idem_release('up', 'u', 'released', r.token, max_retries => 3) = 'poisoned'
   FROM idem_reserve('up', 'u', 'released', 'h') AS r;
+-- 0.7.0: a retry counter belongs to the owner of the record that started it; the ones kept
+-- from before the update have none (any role's, as before, until they expire), and counting on
+-- them again gives them none.
+SELECT 'the retry counters kept from before the update have no owner, counted again or not',
+       (SELECT count(*) FROM idem_retries AS t JOIN upgrade_test.retries AS o USING (operation, user_id, key)
+         WHERE t.owner IS NULL) = (SELECT count(*) FROM upgrade_test.retries)
+       AND (SELECT attempts FROM idem_retries WHERE key = 'released') = 3;
 SELECT 'recovery takes the old stuck row (and only it)', idem_recover_stuck() = 1;
 SELECT 'the stuck row is now FAILED', status = 'FAILED' FROM idem_records WHERE key = 'stuck';
 SELECT 'sweep deletes the old expired row (and only it)', idem_sweep() = 1;

@@ -34,6 +34,9 @@ pub(crate) struct RecordColumns {
 pub(crate) struct RetryColumns {
     pub(crate) attempts: AttrNumber,
     pub(crate) expires_at: AttrNumber,
+    /// The role the counter belongs to (0.7.0, as `RecordColumns::owner`); `None` on a schema
+    /// of an older version still running this library.
+    pub(crate) owner: Option<AttrNumber>,
 }
 
 pub(crate) struct Catalog {
@@ -230,7 +233,9 @@ fn resolve(schema: Oid) -> Catalog {
     let ret = RetryColumns {
         attempts: column(retries, "idem_retries", "attempts"),
         expires_at: column(retries, "idem_retries", "expires_at"),
+        owner: optional_column(retries, "owner"),
     };
+    let counters_owned = ret.owner.is_some();
     // SAFETY: a pg_class OID of a composite type; InvalidOid if it has no row type.
     let reservation_type = unsafe { pg_sys::get_rel_type_id(reservation_rel) };
     if reservation_type == pg_sys::InvalidOid {
@@ -261,7 +266,7 @@ fn resolve(schema: Oid) -> Catalog {
         reservation,
         rec,
         ret,
-        plans: Plans::new(schema_sql, owned, distributed),
+        plans: Plans::new(schema_sql, owned, counters_owned, distributed),
     }
 }
 

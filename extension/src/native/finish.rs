@@ -200,10 +200,16 @@ pub unsafe extern "C-unwind" fn idem_heartbeat_native(fcinfo: pg_sys::FunctionCa
     let ([operation, user_id, key], token) = unsafe { scope_and_token(fcinfo) };
     // SAFETY: as above.
     let (lease, fn_oid) = unsafe { (call::arg::<Interval>(fcinfo, 4), call::function_oid(fcinfo)) };
-    // The reservation's rule with ttl => NULL: at most idempotency.ttl (an explicit longer lease
-    // is 22023), so a heartbeat cannot wedge a key for longer.
-    let lease = args::_idem_lease(lease, Some(args::_idem_ttl(None))).into_datum().unwrap_or(Datum::from(0));
-    let until = call::plus(now, lease);
+    // The lease's ceiling is the record's own: its expiry, or idempotency.ttl past now, whichever
+    // is later (a record reserved with a ttl above the session's keeps a lease within that ttl,
+    // as idem_reserve allowed it). The statement caps the default lease there and fences an
+    // explicit one, which is 22023 past it (below). So a heartbeat cannot wedge a key for
+    // longer than its reservation or one idempotency.ttl from now.
+    let explicit = lease.is_some();
+    let lease = args::_idem_lease(lease, None);
+    let ttl = args::_idem_ttl(None);
+    let until = call::plus(now, lease.into_datum().unwrap_or(Datum::from(0)));
+    let ceiling = call::plus(now, ttl.into_datum().unwrap_or(Datum::from(0)));
     let catalog = catalog::for_function(fn_oid);
     writable::require(&catalog, "extend a lease");
     let _ = pending::materialize(&catalog, &Scope { operation, user_id, key });
@@ -214,9 +220,22 @@ pub unsafe extern "C-unwind" fn idem_heartbeat_native(fcinfo: pg_sys::FunctionCa
         Some(Datum::from(token)),
         Some(Datum::from(until)),
         Some(Datum::from(now)),
+        Some(Datum::from(ceiling)),
+        Some(Datum::from(explicit)),
         Some(Datum::from(owner::caller())),
     ];
-    let done = plans::connected(|| fenced(&catalog, Stmt::Heartbeat, &params, "extend a lease"));
+    let done = plans::connected(|| {
+        let done = fenced(&catalog, Stmt::Heartbeat, &params, "extend a lease");
+        // Not extended, yet the caller's attempt holds the token: the explicit lease passed the
+        // ceiling (else the token is stale, a value).
+        if !done && explicit && plans::execute(&catalog.plans, Stmt::ReadProcessing, &params[..4]) > 0 {
+            raise(
+                PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+                format!("lease must not exceed the record's remaining ttl or idempotency.ttl ({ttl}), whichever is longer, got {lease}"),
+            );
+        }
+        done
+    });
     if !done {
         metrics::add("stale_tokens", 1);
     }

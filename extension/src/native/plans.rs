@@ -34,7 +34,10 @@ pub(crate) enum Stmt {
     /// $1-$3 scope, $4 token, $5 status, $6 response, $7 now, $8 the caller (on a schema with
     /// owners: only a record the caller may act on is completed).
     Complete,
-    /// $1-$3 scope, $4 token, $5 lease end, $6 now, $7 the caller (as Complete).
+    /// $1-$3 scope, $4 token, $5 the asked lease end, $6 now, $7 the session's ceiling (now +
+    /// idempotency.ttl), $8 whether the lease was explicit, $9 the caller (as Complete). The
+    /// lease ends at most at the record's expiry or $7, whichever is later: the default is
+    /// capped there, an explicit lease past it changes nothing (sql/finish.sql).
     Heartbeat,
     /// $1-$3 scope, $4 token, $5 the caller (as Complete): lock the PROCESSING record, answer
     /// created_at, expires_at.
@@ -44,15 +47,20 @@ pub(crate) enum Stmt {
     /// $1-$3 scope, $4 request_hash: the record as the probe reads it, through the planner
     /// (a Citus distributed table; [`super::probe`]).
     ReadRecord,
-    /// $1-$3 scope: the retry counter, through the planner (as `ReadRecord`).
+    /// $1-$3 scope: the retry counter (attempts, expires_at, and owner on a schema whose
+    /// counters have owners), through the planner (as `ReadRecord`).
     ReadRetries,
     /// $1-$3 scope, $4 token: the owner of the record holding that token (only on a schema with
     /// owners), after a fenced statement changed nothing: another role sending a key's token is
     /// refused; a token the record does not hold stays a stale token (a value).
     ReadOwner,
+    /// $1-$3 scope, $4 token: whether the record holding that token is PROCESSING, after a
+    /// heartbeat changed nothing and [`ReadOwner`](Stmt::ReadOwner) refused no one: its
+    /// explicit lease passed the record's ceiling.
+    ReadProcessing,
 }
 
-const STATEMENTS: usize = 11;
+const STATEMENTS: usize = 12;
 
 /// The fence on a keyed statement: the record is still PROCESSING. Compared under the C
 /// collation (the same answer: equality of a deterministic collation is bytewise) so that the
@@ -60,6 +68,10 @@ const STATEMENTS: usize = 11;
 /// statistics (a transaction holding thousands of uncommitted PROCESSING rows) a generic plan
 /// would otherwise scan that whole index instead of probing the primary key, once per key.
 const PROCESSING: &str = "r.status OPERATOR(pg_catalog.=) ('PROCESSING' COLLATE pg_catalog.\"C\")";
+
+/// The lease end a heartbeat writes (Heartbeat's $5 asked, $7 the session's ceiling): at most the
+/// record's expiry or $7, whichever is later.
+const LEASE_END: &str = "LEAST($5, GREATEST(r.expires_at, $7))";
 
 const SCOPE: &str = "r.operation OPERATOR(pg_catalog.=) $1 AND r.user_id OPERATOR(pg_catalog.=) $2 \
                      AND r.key OPERATOR(pg_catalog.=) $3";
@@ -81,9 +93,9 @@ fn owns(owned: bool, n: u8) -> String {
     }
 }
 
-fn text(stmt: Stmt, s: &str, owned: bool, distributed: bool) -> (String, &'static [Oid]) {
+fn text(stmt: Stmt, s: &str, owned: bool, counters_owned: bool, distributed: bool) -> (String, &'static [Oid]) {
     use pg_sys::{
-        INT4OID as INT4, INT8OID as INT8, JSONBOID as JSONB, OIDOID as OID, REGROLEOID as REGROLE, TEXTOID as TEXT,
+        BOOLOID as BOOL, INT4OID as INT4, INT8OID as INT8, JSONBOID as JSONB, OIDOID as OID, REGROLEOID as REGROLE, TEXTOID as TEXT,
         TIMESTAMPTZOID as TSTZ,
     };
     const RESERVE: &[Oid] = &[TEXT, TEXT, TEXT, TEXT, INT8, TSTZ, TSTZ, TSTZ];
@@ -128,12 +140,13 @@ fn text(stmt: Stmt, s: &str, owned: bool, distributed: bool) -> (String, &'stati
         ),
         Stmt::Heartbeat => (
             format!(
-                "UPDATE {s}.idem_records AS r SET lease_expires_at = $5, expires_at = GREATEST(r.expires_at, $5), \
-                 updated_at = $6 \
-                 WHERE {SCOPE} AND r.token OPERATOR(pg_catalog.=) $4 AND {PROCESSING}{}",
-                owns(owned && !distributed, 7)
+                "UPDATE {s}.idem_records AS r SET lease_expires_at = {LEASE_END}, \
+                 expires_at = GREATEST(r.expires_at, {LEASE_END}), updated_at = $6 \
+                 WHERE {SCOPE} AND r.token OPERATOR(pg_catalog.=) $4 AND {PROCESSING} \
+                 AND (NOT $8 OR $5 OPERATOR(pg_catalog.<=) GREATEST(r.expires_at, $7)){}",
+                owns(owned && !distributed, 9)
             ),
-            if owned { &[TEXT, TEXT, TEXT, INT8, TSTZ, TSTZ, OID] } else { &[TEXT, TEXT, TEXT, INT8, TSTZ, TSTZ] },
+            if owned { &[TEXT, TEXT, TEXT, INT8, TSTZ, TSTZ, TSTZ, BOOL, OID] } else { &[TEXT, TEXT, TEXT, INT8, TSTZ, TSTZ, TSTZ, BOOL] },
         ),
         Stmt::LockForRelease => (
             format!(
@@ -159,11 +172,18 @@ fn text(stmt: Stmt, s: &str, owned: bool, distributed: bool) -> (String, &'stati
             &[TEXT, TEXT, TEXT, TEXT],
         ),
         Stmt::ReadRetries => (
-            format!("SELECT r.attempts, r.expires_at FROM {s}.idem_retries AS r WHERE {SCOPE}"),
+            format!(
+                "SELECT r.attempts, r.expires_at{} FROM {s}.idem_retries AS r WHERE {SCOPE}",
+                if counters_owned { ", r.owner" } else { "" }
+            ),
             &[TEXT, TEXT, TEXT],
         ),
         Stmt::ReadOwner => (
             format!("SELECT r.owner FROM {s}.idem_records AS r WHERE {SCOPE} AND r.token OPERATOR(pg_catalog.=) $4"),
+            &[TEXT, TEXT, TEXT, INT8],
+        ),
+        Stmt::ReadProcessing => (
+            format!("SELECT FROM {s}.idem_records AS r WHERE {SCOPE} AND r.token OPERATOR(pg_catalog.=) $4 AND {PROCESSING}"),
             &[TEXT, TEXT, TEXT, INT8],
         ),
     }
@@ -177,6 +197,8 @@ pub(crate) struct Plans {
     /// Whether `idem_records` has the `owner` column (0.6.0): the statements then write and
     /// fence on it.
     owned: bool,
+    /// Whether `idem_retries` has the `owner` column (0.7.0): `ReadRetries` then reads it.
+    counters_owned: bool,
     /// Whether `idem_records` is a Citus distributed table: its UPDATEs leave the owner fence
     /// to the caller ([`owns`]).
     distributed: bool,
@@ -185,8 +207,8 @@ pub(crate) struct Plans {
 
 impl Plans {
     /// No plan yet for the schema named `schema_sql` (quoted for SQL text).
-    pub(crate) fn new(schema_sql: String, owned: bool, distributed: bool) -> Self {
-        Plans { schema_sql, owned, distributed, kept: Default::default() }
+    pub(crate) fn new(schema_sql: String, owned: bool, counters_owned: bool, distributed: bool) -> Self {
+        Plans { schema_sql, owned, counters_owned, distributed, kept: Default::default() }
     }
 
     /// The schema's name, quoted for SQL text.
@@ -233,7 +255,7 @@ fn plan(plans: &Plans, stmt: Stmt) -> pg_sys::SPIPlanPtr {
     if let Some(plan) = slot.get() {
         return plan.as_ptr();
     }
-    let (sql, types) = text(stmt, &plans.schema_sql, plans.owned, plans.distributed);
+    let (sql, types) = text(stmt, &plans.schema_sql, plans.owned, plans.counters_owned, plans.distributed);
     let Ok(sql) = CString::new(sql) else { spi_failed("prepare", 0) };
     let mut types = types.to_vec();
     let nargs = types.len() as i32;

@@ -164,11 +164,13 @@ fn probe<T>(
     }
 }
 
-/// A retry counter: the transient failures counted, and until when the counter lives.
+/// A retry counter: the transient failures counted, until when the counter lives, and whose it
+/// is (`None`: no owner, a counter from before 0.7.0, or a schema without counter owners).
 #[derive(Clone, Copy)]
 pub(crate) struct Counter {
     attempts: i32,
     expires_at: pg_sys::TimestampTz,
+    owner: Option<Oid>,
 }
 
 /// What one read of a key finds: its record and its retry counter, both seen by one snapshot
@@ -185,6 +187,12 @@ impl Key {
             Some(c) if c.expires_at > after => c.attempts,
             _ => 0,
         }
+    }
+
+    /// The owner of a counter still live after `after`: a released key stays that role's while
+    /// its count lives (`None`: no live counter, or one without an owner).
+    pub(crate) fn counter_owner(&self, after: pg_sys::TimestampTz) -> Option<Oid> {
+        self.counter.filter(|c| c.expires_at > after).and_then(|c| c.owner)
     }
 }
 
@@ -272,11 +280,13 @@ fn record(snapshot: &Snapshot, catalog: &Catalog, scope: &Scope<'_>, request_has
 fn counter(snapshot: &Snapshot, catalog: &Catalog, scope: &Scope<'_>) -> Option<Counter> {
     let cols = &catalog.ret;
     probe(snapshot.0, catalog.retries, catalog.retries_pkey, scope, |slot| {
-        // SAFETY: slot holds an idem_retries row; both columns are by-value NOT NULL.
+        // SAFETY: slot holds an idem_retries row; attempts and expires_at are by-value NOT
+        // NULL, owner (a regrole, by value) may be NULL.
         unsafe {
             Counter {
                 attempts: required(slot, cols.attempts).value() as i32,
                 expires_at: required(slot, cols.expires_at).value() as i64,
+                owner: cols.owner.and_then(|attnum| column(slot, attnum)).map(super::owner::from_datum),
             }
         }
     })
@@ -328,6 +338,7 @@ fn planned(catalog: &Catalog, scope: &Scope<'_>, request_hash: &str) -> Key {
         let counter = (plans::execute(&catalog.plans, Stmt::ReadRetries, &args[..3]) > 0).then(|| Counter {
             attempts: not_null(plans::first_row(1), "attempts").value() as i32,
             expires_at: not_null(plans::first_row(2), "expires_at").value() as i64,
+            owner: if catalog.ret.owner.is_some() { plans::first_row(3).map(super::owner::from_datum) } else { None },
         });
         Key { record, counter }
     })

@@ -4,10 +4,11 @@
 //!    snapshot ([`probe::key`]: the calling statement's, a new one after waiting or losing a
 //!    race); a live record answers at once (replay, failed, in_progress, mismatch). No lock, no
 //!    executor, no SPI.
-//! 2. Absent or expired: take the key's transaction-scoped advisory lock, the same lock as the
-//!    PL/pgSQL version (`pg_advisory_xact_lock(hashtextextended(operation || E'\x1f' || user_id
-//!    || E'\x1f' || key, 0))`), so both versions see each other's uncommitted reservations
-//!    during an upgrade.
+//! 2. Absent or expired: a live retry counter of a role the caller may not act on refuses
+//!    (42501: a released key stays its owner's while its count lives). Then take the key's
+//!    transaction-scoped advisory lock, the same lock as the PL/pgSQL version
+//!    (`pg_advisory_xact_lock(hashtextextended(operation || E'\x1f' || user_id || E'\x1f' ||
+//!    key, 0))`), so both versions see each other's uncommitted reservations during an upgrade.
 //! 3. Create, or take over with the re-checking UPDATE (kept SPI plans). A new key whose record
 //!    is still absent under a fresh snapshot once the lock is held is kept pending (write-once,
 //!    [`pending`]): `idem_complete` or the pre-commit callback inserts its record. Otherwise
@@ -241,7 +242,11 @@ fn reserve_locking(
                 return answer(record, found.attempts(record.created_at));
             }
         }
-        // Absent, or expired and free to take over: a new attempt would start now, and write.
+        // Absent, or expired and free to take over. A live retry counter keeps a released key
+        // its owner's (guarantee 8): another role may not start an attempt that would count
+        // toward it, or reset it.
+        owner::require(found.counter_owner(now), "reserve a key");
+        // A new attempt would start now, and write.
         writable::require(catalog, "reserve a key");
         let Some(lock_id) = locked.or_else(|| lock(scope, wait)) else {
             // Another transaction is creating this key and has not committed.

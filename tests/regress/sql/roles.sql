@@ -43,8 +43,8 @@ RESET ROLE;
 -- Nothing changed.
 SELECT status, response, lease_expires_at - created_at AS lease FROM idem_records WHERE operation = 'roles';
 
--- A heartbeat's lease has the reservation's ceiling: at most idempotency.ttl (22023), even for
--- the owner; a lease within it extends.
+-- A heartbeat's lease has the record's ceiling: at most its remaining ttl or idempotency.ttl,
+-- whichever is longer (22023), even for the owner; a lease within it extends.
 SET ROLE idem_alice;
 SELECT err(format('SELECT idem_heartbeat(%L, %L, %L, %s, lease => %L)', 'roles', 'u', 'k', :t, '10 years'));
 SELECT idem_heartbeat('roles', 'u', 'k', :t, lease => '1 hour');
@@ -115,6 +115,47 @@ SELECT idem_heartbeat('roles', 'u', 'legacy', :t3, lease => '1 minute');
 SELECT idem_complete('roles', 'u', 'legacy', :t3, '{"id": 4}');
 SELECT * FROM res('roles', 'u', 'legacy', 'h');
 RESET ROLE;
+
+-- A key's retry counter is owned like its record (issue 40): the transient failures Mallory
+-- counts on a key never count toward Alice's reservations of it. While Mallory's counter lives
+-- (as long as her record would have), the released key stays hers: Alice's reservation is
+-- refused (alone or in a batch) and changes nothing.
+SET ROLE idem_mallory;
+SELECT idem_release('roles', 'u', 'counted', token) FROM idem_reserve('roles', 'u', 'counted', 'h');
+SELECT idem_release('roles', 'u', 'counted', token) FROM idem_reserve('roles', 'u', 'counted', 'h');
+RESET ROLE;
+SELECT owner, attempts FROM idem_retries WHERE operation = 'roles' AND key = 'counted';
+SET ROLE idem_alice;
+SELECT err($$SELECT idem_reserve('roles', 'u', 'counted', 'h')$$);
+SELECT err($$SELECT * FROM idem_reserve_many('roles', 'u', ARRAY['counted'], ARRAY['h'])$$);
+RESET ROLE;
+SELECT owner, attempts FROM idem_retries WHERE operation = 'roles' AND key = 'counted';
+SELECT count(*) AS records FROM idem_records WHERE operation = 'roles' AND key = 'counted';
+-- Once it expired, Alice's reservation starts a count of its own, hers.
+UPDATE idem_retries SET expires_at = now() - interval '1 second'
+ WHERE operation = 'roles' AND key = 'counted';
+SET ROLE idem_alice;
+SELECT outcome, attempts, idem_release('roles', 'u', 'counted', token) AS released
+  FROM idem_reserve('roles', 'u', 'counted', 'h');
+RESET ROLE;
+SELECT owner, attempts FROM idem_retries WHERE operation = 'roles' AND key = 'counted';
+-- Her worker (a member) continues her count, which stays hers; Mallory cannot touch it.
+SET ROLE idem_alice_worker;
+SELECT outcome, attempts, idem_release('roles', 'u', 'counted', token) AS released
+  FROM idem_reserve('roles', 'u', 'counted', 'h');
+RESET ROLE;
+SELECT owner, attempts FROM idem_retries WHERE operation = 'roles' AND key = 'counted';
+SET ROLE idem_mallory;
+SELECT err($$SELECT idem_reserve('roles', 'u', 'counted', 'h')$$);
+RESET ROLE;
+-- A counter without an owner (counted before 0.7.0) is any role's, as before, until it expires.
+UPDATE idem_retries SET owner = NULL WHERE operation = 'roles' AND key = 'counted';
+SET ROLE idem_mallory;
+SELECT outcome, attempts, idem_release('roles', 'u', 'counted', token) AS released
+  FROM idem_reserve('roles', 'u', 'counted', 'h');
+RESET ROLE;
+SELECT owner, attempts FROM idem_retries WHERE operation = 'roles' AND key = 'counted';
+DELETE FROM idem_retries WHERE operation = 'roles';
 
 -- A superuser is a member of every role.
 SELECT * FROM res('roles', 'u', 'k', 'h');
