@@ -87,8 +87,32 @@ impl TlsServer {
     /// reads `hostaddr` as the host, so the certificate would be checked against the address):
     /// `localhost`, the certificate's name, or `127.0.0.1`, an address it does not name.
     pub fn direct_url(&self, host: &str, params: &str) -> String {
+        self.database_url("postgres", host, params)
+    }
+
+    /// [`TlsServer::direct_url`] to the database `database`.
+    pub fn database_url(&self, database: &str, host: &str, params: &str) -> String {
         let sep = if params.is_empty() { "" } else { "?" };
-        format!("postgresql://postgres@{host}:{}/postgres{sep}{params}", self.port)
+        format!("postgresql://postgres@{host}:{}/{database}{sep}{params}", self.port)
+    }
+
+    /// A new database `name` (dropped first if an earlier run left it) with the extension and the
+    /// test kit's `charges` table, as `crate::fresh_database` makes one on the private cluster.
+    pub fn fresh_database(&self, name: &str) {
+        let dir = self._server.dir();
+        let psql = |database: &str, sql: &str| {
+            run(Command::new(pg_bin("psql"))
+                .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-U", "postgres", "-d", database, "-h"])
+                .arg(dir)
+                .args(["-p", &self.port.to_string(), "-c", sql]))
+        };
+        psql("postgres", &format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"));
+        psql("postgres", &format!("CREATE DATABASE {name}"));
+        psql(
+            name,
+            "CREATE EXTENSION idempotency; \
+             CREATE TABLE charges (id bigserial PRIMARY KEY, user_id text NOT NULL, amount bigint NOT NULL, k text)",
+        );
     }
 }
 

@@ -28,6 +28,7 @@ idempotency_testkit::for_each_driver! {
     use idempotency_client::layer::{IdempotencyLayer, Mode, Transaction};
     use idempotency_client::{BatchItem, Error, Fingerprint, Key, OneStatement, Outcome, Settings, StoredResponse, TxFuture};
     use idempotency_testkit::server::eventually;
+    use idempotency_testkit::tls_server::TlsServer;
     use idempotency_testkit::{admin_at, charges_for, fresh_database, unique_key, Failure};
     use serde_json::{json, Value};
     use std::future::Future;
@@ -58,7 +59,7 @@ idempotency_testkit::for_each_driver! {
     /// connection, and a handle whose pool has one connection.
     struct Stage {
         admin: Arc<deadpool_postgres::Client>,
-        gate: tokio_postgres::Client,
+        gate: deadpool_postgres::Client,
         gate_pid: i32,
         idem: Idem,
     }
@@ -66,13 +67,18 @@ idempotency_testkit::for_each_driver! {
     impl Stage {
         async fn new(name: &str, settings: Settings) -> Stage {
             let url = fresh_database(&db(name)).await;
-            let admin = admin_at(&url).await;
+            Stage::at(&url, &url, settings).await
+        }
+
+        /// The stage on the database of `admin_url` (the admin's and the gate's sessions), the
+        /// handle connected through `url` (the same database, its own TLS options).
+        async fn at(admin_url: &str, url: &str, settings: Settings) -> Stage {
+            let admin = admin_at(admin_url).await;
             admin.batch_execute(SETUP).await.expect("the stall trigger");
-            let (gate, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.expect("the gate's session");
-            tokio::spawn(conn);
+            let gate = admin_at(admin_url).await;
             let gate_pid: i32 = gate.query_one("SELECT pg_catalog.pg_backend_pid()", &[]).await.unwrap().get(0);
             gate.execute("SELECT pg_catalog.pg_advisory_lock($1)", &[&GATE]).await.expect("take the gate");
-            Stage { admin: Arc::new(admin), gate, gate_pid, idem: connect_with(&url, 1, settings) }
+            Stage { admin: Arc::new(admin), gate, gate_pid, idem: connect_with(url, 1, settings) }
         }
 
         /// Statements `point` (`INSERT charges`, `* idem_records`, ...) wait at the gate from now.
@@ -130,10 +136,15 @@ idempotency_testkit::for_each_driver! {
         /// Until no session of this database but the admin's and the gate's is inside a
         /// transaction or running a statement.
         async fn quiet(&self, what: &str) {
+            self.quiet_within(what, Duration::from_secs(60)).await
+        }
+
+        /// [`Stage::quiet`], failing after `bound`.
+        async fn quiet_within(&self, what: &str, bound: Duration) {
             let sql = "SELECT count(*), string_agg(a.pid || ' ' || a.state, ', ') FROM pg_catalog.pg_stat_activity a
                         WHERE a.datname = pg_catalog.current_database() AND a.pid NOT IN ($1, pg_catalog.pg_backend_pid())
                           AND (a.xact_start IS NOT NULL OR a.state <> 'idle')";
-            eventually(what, Duration::from_secs(60), || async {
+            eventually(what, bound, || async {
                 let row = self.admin.query_one(sql, &[&self.gate_pid]).await.map_err(|e| e.to_string())?;
                 let n: i64 = row.get(0);
                 if n == 0 { Ok(()) } else { Err(row.get::<_, Option<String>>(1).unwrap_or_default()) }
@@ -592,5 +603,104 @@ idempotency_testkit::for_each_driver! {
         stage.settled().await;
         let n: i64 = stage.admin.query_one("SELECT count(*) FROM charges", &[]).await.unwrap().get(0);
         assert_eq!(n, 1, "{NAME}");
+    }
+
+    /// How long the backend of a dropped call may go on after the drop, with the blocker still
+    /// holding its lock: the documented bound (at once over tokio-postgres, whose cancel request
+    /// goes through the pool's own TLS connector; within the 1 s `client_connection_check_interval`
+    /// over sqlx, which closes the connection) and room for a loaded machine. Without either, the
+    /// backend waits as long as the blocker lives.
+    const DROPPED_BACKEND_ENDS: Duration = Duration::from_secs(15);
+
+    /// A URL to `database` on the TLS-only server in `mode`, through `localhost` (the name its
+    /// certificate carries), the verify modes trusting the test CA.
+    fn tls_url(server: &TlsServer, database: &str, mode: &str) -> String {
+        let params = match mode {
+            "prefer" | "require" => format!("sslmode={mode}"),
+            _ => format!("sslmode={mode}&sslrootcert={}", server.ca.display()),
+        };
+        server.database_url(database, "localhost", &params)
+    }
+
+    /// The reservation and closure cases over a server that accepts TLS only (a plain TCP
+    /// connection is refused there, so every session of the database is encrypted; `disable` is
+    /// refused, tests/tests/tls.rs), the handle connected in `mode`: the dropped call's backend
+    /// ends while the blocker still holds its lock, within [`DROPPED_BACKEND_ENDS`]. At the
+    /// closure the blocker is an unrelated lock, so a duplicate of the key then runs at once (it
+    /// would be told the key is in progress, a 409, for as long as the backend held the key); at
+    /// the reservation the blocker is the gate's own uncommitted reservation of the key, so the
+    /// gate is opened first. Then nothing is left, and the next attempt runs once.
+    async fn dropped_over_tls(at: At, mode: &str) {
+        let server = TlsServer::shared();
+        let case = if at == At::Reservation { "reserve" } else { "closure" };
+        let name = db(&format!("idem_cancel_tls_{case}_{}", mode.replace('-', "_")));
+        server.fresh_database(&name);
+        let admin_url = server.database_url(&name, "localhost", "sslmode=require");
+        let stage = Stage::at(&admin_url, &tls_url(server, &name, mode), waiting()).await;
+        let key = unique_key("cancel.tls");
+        match at {
+            At::Reservation => stage.stall_reservations_of(&key).await,
+            _ => stage.stall_at("INSERT charges").await,
+        }
+        drop_when_stalled(&stage, run_charge(&stage.idem, &key, &Arc::default())).await;
+        let what = format!("sslmode={mode}: the dropped call's backend ends with the blocker still holding its lock");
+        stage.quiet_within(&what, DROPPED_BACKEND_ENDS).await;
+        if at == At::Closure {
+            // The blocker keeps its lock; only the stall point goes, so a new write passes.
+            stage.admin.execute("DELETE FROM stall_points", &[]).await.unwrap();
+            let duplicate = connect_with(&tls_url(server, &name, mode), 1, Settings::default());
+            let runs = Arc::new(AtomicUsize::new(0));
+            let answer = run_charge(&duplicate, &key, &runs).await;
+            assert!(matches!(answer, Ok(Outcome::Executed(_))), "{NAME} sslmode={mode}: a duplicate while the blocker lives: {answer:?}");
+            assert_eq!((runs.load(Ordering::SeqCst), stage.charges(&key).await), (1, 1), "{NAME} sslmode={mode}");
+            stage.open().await;
+            stage.settled().await;
+            assert_eq!(stage.status(&key).await.as_deref(), Some("SUCCESS"), "{NAME} sslmode={mode}");
+            assert_eq!(stage.attempts(&key).await, 0, "{NAME} sslmode={mode}: a drop is not a failure of the key");
+        } else {
+            stage.open().await;
+            stage.settled().await;
+            nothing_left_and_next_runs(&stage, &key).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn run_dropped_at_its_reservation_over_tls_prefer_ends_its_backend() {
+        dropped_over_tls(At::Reservation, "prefer").await;
+    }
+
+    #[tokio::test]
+    async fn run_dropped_at_its_reservation_over_tls_require_ends_its_backend() {
+        dropped_over_tls(At::Reservation, "require").await;
+    }
+
+    #[tokio::test]
+    async fn run_dropped_at_its_reservation_over_tls_verify_ca_ends_its_backend() {
+        dropped_over_tls(At::Reservation, "verify-ca").await;
+    }
+
+    #[tokio::test]
+    async fn run_dropped_at_its_reservation_over_tls_verify_full_ends_its_backend() {
+        dropped_over_tls(At::Reservation, "verify-full").await;
+    }
+
+    #[tokio::test]
+    async fn run_dropped_in_its_closure_over_tls_prefer_ends_its_backend_and_frees_the_key() {
+        dropped_over_tls(At::Closure, "prefer").await;
+    }
+
+    #[tokio::test]
+    async fn run_dropped_in_its_closure_over_tls_require_ends_its_backend_and_frees_the_key() {
+        dropped_over_tls(At::Closure, "require").await;
+    }
+
+    #[tokio::test]
+    async fn run_dropped_in_its_closure_over_tls_verify_ca_ends_its_backend_and_frees_the_key() {
+        dropped_over_tls(At::Closure, "verify-ca").await;
+    }
+
+    #[tokio::test]
+    async fn run_dropped_in_its_closure_over_tls_verify_full_ends_its_backend_and_frees_the_key() {
+        dropped_over_tls(At::Closure, "verify-full").await;
     }
 }

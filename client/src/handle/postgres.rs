@@ -1,5 +1,5 @@
 //! The handle over tokio-postgres: made from a deadpool pool or from a URL
-//! (`driver::postgres::connect` builds the pool).
+//! (`driver::postgres::connect` builds the pool and the driver over it).
 
 use super::Idempotency;
 use crate::driver::postgres::connect;
@@ -10,7 +10,9 @@ use deadpool_postgres::Pool;
 
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 impl Idempotency<Postgres> {
-    /// A handle over `pool` with `settings`.
+    /// A handle over `pool` with `settings`. The cancel requests of dropped calls cannot use
+    /// the pool's own TLS connector, which a pool does not tell: see [`Postgres::new`], and give
+    /// it with `Idempotency::with_driver(Postgres::new(pool).cancel_tls(tls), settings)`.
     pub fn new(pool: Pool, settings: Settings) -> Self {
         Idempotency::with_driver(Postgres::new(pool), settings)
     }
@@ -38,7 +40,7 @@ impl Idempotency<Postgres> {
     /// [`Error::Configuration`] error naming the feature.
     pub fn connect_with(url: &str, pool_size: usize, settings: Settings) -> Result<Self, Error> {
         settings.check()?;
-        Ok(Self::new(connect::pool(url, pool_size, &settings)?, settings))
+        Ok(Self::with_driver(connect::driver(url, pool_size, &settings)?, settings))
     }
 
     /// The pool.

@@ -160,6 +160,8 @@ mod postgres;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use postgres::{connect_params, ConnectParams, Connector, TlsOptions};
+#[cfg(feature = "postgres")]
+pub(crate) use postgres::unverified_connector;
 #[cfg(feature = "tls")]
 mod rustls_connector;
 mod url;

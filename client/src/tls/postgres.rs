@@ -68,13 +68,20 @@ impl std::fmt::Debug for Connector {
 /// `tls` feature.
 pub fn connect_params(url: &str) -> Result<ConnectParams, String> {
     let options = TlsOptions::parse(url)?;
-    let connector = connector(&options)?;
+    let connector = connector(options.mode, &options.roots)?;
     Ok(ConnectParams { options, connector })
 }
 
+/// The connector of `require` (with the `tls` feature: rustls, no certificate check), else the
+/// plain one: what can reach a server over a connection made elsewhere, whose connector is not
+/// known (the cancel requests of a handle over your own pool, `crate::Postgres::cancel_tls`).
+pub(crate) fn unverified_connector() -> Connector {
+    connector(SslMode::Require, &RootCerts::System).unwrap_or(Connector::NoTls(tokio_postgres::NoTls))
+}
+
 #[cfg(not(feature = "tls"))]
-fn connector(options: &TlsOptions) -> Result<Connector, String> {
-    usable(options.mode, &options.roots)?;
+fn connector(mode: SslMode, roots: &RootCerts) -> Result<Connector, String> {
+    usable(mode, roots)?;
     Ok(Connector::NoTls(tokio_postgres::NoTls))
 }
 

@@ -2,26 +2,27 @@
 
 use super::RootCerts;
 #[cfg(feature = "postgres")]
-use super::{Connector, SslMode, TlsOptions};
+use super::{Connector, SslMode};
 
+/// The connector of `mode` with the trusted `roots` (read for the verify modes only).
 #[cfg(feature = "postgres")]
-pub(super) fn connector(options: &TlsOptions) -> Result<Connector, String> {
+pub(super) fn connector(mode: SslMode, roots: &RootCerts) -> Result<Connector, String> {
     use rustls::ClientConfig;
     use std::sync::Arc;
 
-    if options.mode == SslMode::Disable {
+    if mode == SslMode::Disable {
         return Ok(Connector::NoTls(tokio_postgres::NoTls));
     }
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
         .map_err(|e| format!("the TLS provider has no usable protocol version: {e}"))?;
-    let config = match options.mode {
-        SslMode::VerifyFull => builder.with_root_certificates(root_store(&options.roots)?).with_no_client_auth(),
+    let config = match mode {
+        SslMode::VerifyFull => builder.with_root_certificates(root_store(roots)?).with_no_client_auth(),
         SslMode::VerifyCa => builder
             .dangerous()
             .with_custom_certificate_verifier(Arc::new(verify::Verifier {
-                roots: Some(Arc::new(root_store(&options.roots)?)),
+                roots: Some(Arc::new(root_store(roots)?)),
                 provider,
             }))
             .with_no_client_auth(),

@@ -1,16 +1,18 @@
 //! The tokio-postgres pool a handle makes from a URL (`Idempotency::connect_with`): its TLS
 //! options read by `crate::tls`, its waits bounded and its keepalives and `statement_timeout`
-//! set by the [`Settings`] where the URL does not name them.
+//! set by the [`Settings`] where the URL does not name them; the driver over it sends its cancel
+//! requests through the pool's own connector.
 
+use super::Postgres;
 use crate::error::Error;
 use crate::settings::{Settings, KEEPALIVES_INTERVAL, KEEPALIVES_RETRIES};
-use deadpool_postgres::Pool;
 
-/// A pool of `pool_size` connections to `url`, nothing connected yet; a malformed URL, or an
-/// `sslmode` this build cannot honour, is a [`Error::Configuration`] error.
-pub(crate) fn pool(url: &str, pool_size: usize, settings: &Settings) -> Result<Pool, Error> {
+/// A driver over a pool of `pool_size` connections to `url`, nothing connected yet, whose cancel
+/// requests go through the connector of its connections; a malformed URL, or an `sslmode` this
+/// build cannot honour, is a [`Error::Configuration`] error.
+pub(crate) fn driver(url: &str, pool_size: usize, settings: &Settings) -> Result<Postgres, Error> {
     use crate::tls::{connect_params, Connector};
-    use deadpool_postgres::{Manager, ManagerConfig, Runtime};
+    use deadpool_postgres::{Manager, ManagerConfig, Pool, Runtime};
     let params = connect_params(url).map_err(|reason| Error::Configuration {
         reason,
         // The driver's own parse error, when it is the rest of the URL (its TLS options
@@ -23,7 +25,7 @@ pub(crate) fn pool(url: &str, pool_size: usize, settings: &Settings) -> Result<P
     let mut config = params.options.config;
     bounds(&mut config, url, settings);
     let connect = config.get_connect_timeout().copied().unwrap_or(settings.connect_timeout);
-    let manager = match params.connector {
+    let manager = match params.connector.clone() {
         Connector::NoTls(tls) => Manager::from_config(config, tls, ManagerConfig::default()),
         #[cfg(feature = "tls")]
         Connector::Rustls(tls) => Manager::from_config(config, tls, ManagerConfig::default()),
@@ -39,7 +41,7 @@ pub(crate) fn pool(url: &str, pool_size: usize, settings: &Settings) -> Result<P
             reason: format!("cannot build a connection pool for the given URL: {e}"),
             source: Some(Box::new(e)),
         })?;
-    Ok(pool)
+    Ok(Postgres::with_connector(pool, params.connector))
 }
 
 /// The settings' bounds on `config`, each where the URL `url` does not name its own: the

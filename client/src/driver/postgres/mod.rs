@@ -2,6 +2,7 @@
 //! prepared (cached) statements, and pipelining by issuing requests together (tokio-postgres
 //! sends a request when its future is first polled, and `join_all` polls in order).
 
+mod cancel;
 pub(crate) mod connect;
 mod errors;
 mod tx;
@@ -22,12 +23,40 @@ use tokio_postgres::types::ToSql;
 #[derive(Clone)]
 pub struct Postgres {
     pub(crate) pool: Pool,
+    /// The connector of the cancel requests of dropped guards (tx.rs).
+    cancel: cancel::CancelTls,
 }
 
 impl Postgres {
-    /// A driver over `pool`.
+    /// A driver over `pool`. A call dropped mid-request sends a cancel request (see [`Tx`]) on a
+    /// connection of its own, which must be made as the pool's are; the pool's TLS connector
+    /// cannot be read from it, so this driver's are encrypted with rustls without checking the
+    /// certificate whenever the connection's `sslmode` asks for TLS (with the `tls` feature;
+    /// without it they are plain text, which a connection made with `sslmode=require` does not
+    /// send). Give it your pool's own connector with [`Postgres::cancel_tls`] for its certificate
+    /// rules; a handle made from a URL (`Idempotency::connect_with`) uses the URL's.
     pub fn new(pool: Pool) -> Self {
-        Postgres { pool }
+        Postgres { pool, cancel: cancel::CancelTls::unknown() }
+    }
+
+    /// The same driver, its cancel requests made through `tls`: the connector your pool's
+    /// `deadpool_postgres::Manager` was made with, so they reach the server under the same
+    /// `sslmode` and certificate rules as its connections
+    /// (`Idempotency::with_driver(Postgres::new(pool).cancel_tls(tls), settings)`).
+    pub fn cancel_tls<T>(mut self, tls: T) -> Self
+    where
+        T: tokio_postgres::tls::MakeTlsConnect<tokio_postgres::Socket> + Clone + Sync + Send + 'static,
+        T::Stream: Sync + Send,
+        T::TlsConnect: Sync + Send,
+        <T::TlsConnect as tokio_postgres::tls::TlsConnect<tokio_postgres::Socket>>::Future: Send,
+    {
+        self.cancel = cancel::CancelTls::new(tls);
+        self
+    }
+
+    /// A driver over `pool`, made by `connect::pool` with `connector`.
+    pub(crate) fn with_connector(pool: Pool, connector: crate::tls::Connector) -> Self {
+        Postgres { pool, cancel: cancel::CancelTls::of(connector) }
     }
 
     /// The pool.
@@ -66,11 +95,11 @@ impl Driver for Postgres {
     }
 
     async fn connection(&self) -> Result<Tx, Error> {
-        Ok(Tx::new(self.pool.get().await?))
+        Ok(Tx::new(self.pool.get().await?, self.cancel.clone()))
     }
 
     async fn send<'a>(tx: &'a mut Tx, steps: &'a [Step<'a>]) -> Result<Vec<tokio_postgres::Row>, Error> {
-        let Tx { client, open, busy } = tx;
+        let Tx { client, open, busy, .. } = tx;
         let Some(client) = client.as_ref() else {
             return Err(super::not_given_back());
         };

@@ -1,6 +1,7 @@
 //! The connection guard of the tokio-postgres driver: [`Tx`], a pooled connection that knows
 //! whether a transaction may be open on it and whether a request of ours is still unanswered.
 
+use super::cancel::CancelTls;
 use crate::driver::lent::{Lendable, Lent};
 use deadpool_postgres::Client;
 use std::ops::Deref;
@@ -17,7 +18,10 @@ use std::ops::Deref;
 /// (a dropped future, a timeout, a panic), the guard does not give the connection back to the
 /// pool: it asks the server to cancel what the connection is running and closes it, so the
 /// server rolls the transaction back and nobody ever gets a connection in the middle of someone
-/// else's transaction.
+/// else's transaction. The cancel request travels on a connection of its own, opened through the
+/// pool's TLS connector under the connection's `sslmode` (see [`crate::Postgres::cancel_tls`]): a
+/// statement waiting on a lock ends at once, over TLS as in plain text, and with it the
+/// transaction, the reservation and the key's lock.
 ///
 /// A closure cannot keep it past its future: it is lent as `&mut Tx` and cannot be cloned.
 ///
@@ -32,11 +36,13 @@ pub struct Tx {
     pub(super) open: bool,
     /// A request was sent whose answers have not all arrived.
     pub(super) busy: bool,
+    /// How a cancel request reaches the server (None for a guard lent out).
+    cancel: Option<CancelTls>,
 }
 
 impl Tx {
-    pub(super) fn new(client: Client) -> Self {
-        Tx { client: Some(client), open: false, busy: false }
+    pub(super) fn new(client: Client, cancel: CancelTls) -> Self {
+        Tx { client: Some(client), open: false, busy: false, cancel: Some(cancel) }
     }
 
     /// The connection, or None for a guard lent out (see [`Lent`]).
@@ -72,7 +78,7 @@ impl Lendable for Tx {
     }
 
     fn empty() -> Self {
-        Tx { client: None, open: false, busy: false }
+        Tx { client: None, open: false, busy: false, cancel: None }
     }
 }
 
@@ -88,12 +94,11 @@ impl Drop for Tx {
             return; // back to the pool
         }
         // A statement may be running (a lock wait, a stalled server): ask the server to cancel
-        // it, so the backend ends its transaction now rather than when the statement ends.
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let cancel = client.cancel_token();
-            runtime.spawn(async move {
-                let _ = cancel.cancel_query(tokio_postgres::NoTls).await;
-            });
+        // it, so the backend ends its transaction now rather than when the statement ends. The
+        // request is made through the pool's connector: one without TLS never reaches a server
+        // the connection's sslmode says to reach over TLS.
+        if let (Ok(runtime), Some(cancel)) = (tokio::runtime::Handle::try_current(), &self.cancel) {
+            runtime.spawn(cancel.send(client.cancel_token()));
         }
         // Detached from the pool and closed: the server rolls the transaction back.
         drop(deadpool_postgres::Object::take(client));

@@ -3,6 +3,14 @@
 //! `statement_timeout` set by the [`Settings`] where the URL does not name them. sqlx reads
 //! neither `connect_timeout` nor the keepalives: the first is taken out of the URL and read
 //! here, the others are refused (sqlx opens its sockets with no keepalive option).
+//!
+//! sqlx sends no cancel request (it keeps no cancel key one could use), so a dropped guard can
+//! only close its connection (tx.rs), and a server that runs a statement reads nothing from the
+//! client until it ends: a statement waiting on a lock would wait on, holding its transaction,
+//! its reservation and its key's lock. Each connection of this pool therefore sets
+//! `client_connection_check_interval` ([`CHECK_STATEMENT`], where the URL's `options` do not
+//! name it): the server looks at the socket that often while a statement runs, and ends a
+//! backend whose client has gone, over TLS as in plain text.
 
 use crate::error::Error;
 use crate::settings::Settings;
@@ -13,6 +21,13 @@ use std::time::Duration;
 
 /// The keepalive options of libpq, which sqlx cannot honour.
 const KEEPALIVES: [&str; 4] = ["keepalives", "keepalives_idle", "keepalives_interval", "keepalives_retries"];
+
+/// How often the server checks, while a statement runs, that the client of a connection of this
+/// pool is still there (`client_connection_check_interval`, 1 s): the bound on how long the
+/// backend of a dropped call goes on after its connection was closed. Sent on each new connection
+/// as a statement of its own whose error is ignored (a server that cannot check, as on Windows,
+/// refuses any value but 0, and the connection is kept).
+const CHECK_STATEMENT: &str = "SET client_connection_check_interval = 1000";
 
 /// A pool of `pool_size` connections to `url`, nothing connected yet (call it inside a tokio
 /// runtime); a malformed URL, a host list, an `sslmode` this build cannot honour or a
@@ -45,12 +60,21 @@ pub(crate) fn pool(url: &str, pool_size: u32, settings: &Settings) -> Result<PgP
             options = options.options([("statement_timeout", limit.as_millis())]);
         }
     }
+    let check = !options.get_options().unwrap_or("").contains("client_connection_check_interval");
     // No test on acquire: sqlx already checks every connection when it is given back. sqlx
     // bounds the wait for a free connection and the opening of a new one together.
     let pool = PgPoolOptions::new()
         .max_connections(pool_size)
         .acquire_timeout(settings.pool_timeout + connect)
         .test_before_acquire(false)
+        .after_connect(move |conn, _| {
+            Box::pin(async move {
+                if check {
+                    let _ = sqlx::raw_sql(CHECK_STATEMENT).execute(&mut *conn).await;
+                }
+                Ok(())
+            })
+        })
         .connect_lazy_with(options);
     Ok(pool)
 }

@@ -12,9 +12,13 @@ use sqlx::PgConnection;
 /// `COMMIT` or `ROLLBACK` there (use `SAVEPOINT` statements if you need one). A transaction
 /// counts as open from the moment its `BEGIN` is sent until its end is answered (or queued), and
 /// a request as in flight until its answer arrived; dropped in either state, the guard closes
-/// the connection instead of returning it to the pool (the server rolls back when it sees the
-/// close: at once when idle, after the running statement otherwise; sqlx sends no cancel
-/// request).
+/// the connection instead of returning it to the pool. sqlx sends no cancel request: the server
+/// rolls back when it sees the close, at once when idle, and while a statement runs (a lock wait)
+/// within `client_connection_check_interval`, which a handle made from a URL
+/// (`Idempotency::connect_sqlx_with`) sets to 1 s on each connection, TLS or not: the same end as
+/// the tokio-postgres driver's cancel request, one check later. Over a pool of your own
+/// (`Idempotency::from_sqlx`), set it yourself (`PgPoolOptions::after_connect`), or the backend
+/// runs on until its statement ends.
 pub struct SqlxTx {
     pub(super) conn: Option<PoolConnection<sqlx::Postgres>>,
     pub(super) open: bool,
@@ -51,7 +55,8 @@ impl Drop for SqlxTx {
     fn drop(&mut self) {
         if let Some(conn) = &mut self.conn {
             if self.open || self.busy {
-                // The server rolls the transaction back when the connection closes.
+                // The server rolls the transaction back when it sees the close (a running
+                // statement: at its next client_connection_check_interval, see connect.rs).
                 conn.close_on_drop();
             }
         }
