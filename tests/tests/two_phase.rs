@@ -96,6 +96,69 @@ idempotency_testkit::for_each_driver! {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn heartbeat_keeps_a_key_whose_ttl_is_above_the_sessions_idempotency_ttl() {
+        // Issue 40: the heartbeat's ceiling is the record's own ttl, not the session's
+        // idempotency.ttl. The database's idempotency.ttl is 1 s; the handle reserves for an hour
+        // with a 15 s lease (within the record's ttl, as idem_reserve requires). The operator
+        // ends the lease; a heartbeat must renew it (before the fix every beat was 22023, and
+        // the swallowed error let recovery release the key and a duplicate call out again).
+        let name = db("idem_two_phase_record_ttl");
+        let url = idempotency_testkit::fresh_database(&name).await;
+        idempotency_testkit::admin_at(&url)
+            .await
+            .batch_execute(&format!("ALTER DATABASE {name} SET idempotency.ttl = '1s'"))
+            .await
+            .unwrap();
+        let lease = Duration::from_secs(15);
+        let idem = connect_with(&url, 32, Settings::builder().ttl(Duration::from_secs(3600)).lease(lease));
+        let operator = Idempotency::connect(&url, 4).expect("pool").pool().clone();
+        let key = unique_key("external.record_ttl");
+        let fp = Fingerprint::of_json(&json!({"a": 1})).unwrap();
+        let calls = Arc::new(AtomicUsize::new(0));
+        let schema = idem.schema().await.unwrap();
+
+        let call = {
+            let (idem, key, fp, calls, operator, schema) =
+                (idem.clone(), key.clone(), fp.clone(), calls.clone(), operator.clone(), schema.clone());
+            async move {
+                calls.fetch_add(1, Ordering::SeqCst);
+                let client = operator.get().await.unwrap();
+                let ttl: bool = client.query_one("SELECT current_setting('idempotency.ttl') = '1s'", &[]).await.unwrap().get(0);
+                assert!(ttl, "the session's idempotency.ttl is 1 s");
+                eventually("the call's reservation is recorded", Duration::from_secs(60), || async {
+                    match ops::lookup(&client, &schema, &key).await {
+                        Ok(Some(r)) if r.status == ops::Status::Processing => Ok(()),
+                        other => Err(format!("{other:?}")),
+                    }
+                })
+                .await;
+                let own_ttl = "SELECT expires_at - created_at = interval '1 hour' FROM idem_records WHERE key = $1";
+                assert!(client.query_one(own_ttl, &[&key.key()]).await.unwrap().get::<_, bool>(0), "the record's own ttl");
+                let ended = "UPDATE idem_records SET lease_expires_at = clock_timestamp() - interval '1 second' WHERE key = $1";
+                assert_eq!(client.execute(ended, &[&key.key()]).await.unwrap(), 1);
+                let live = "SELECT lease_expires_at > clock_timestamp() FROM idem_records WHERE key = $1";
+                eventually("a heartbeat renews the ended lease", Duration::from_secs(60), || async {
+                    let renewed: bool = client.query_one(live, &[&key.key()]).await.map_err(|e| e.to_string())?.get(0);
+                    if renewed { Ok(()) } else { Err("the lease is still over".into()) }
+                })
+                .await;
+                let n = ops::recover_stuck(&client, &schema, 100, RecoverAction::Release, None).await.unwrap();
+                assert_eq!(n, 0, "a heartbeating key is never recovered");
+                let dup = Box::pin(idem.run_external(&key, &fp, async { Ok::<_, DbError>(StoredResponse::json(201, json!({}))) }, record("dup".into())))
+                    .await;
+                assert!(matches!(dup, Err(Error::InProgress { .. })), "{dup:?}");
+                Ok::<_, DbError>(StoredResponse::json(201, json!({"network_ref": "ch_2"})))
+            }
+        };
+        let outcome = Box::pin(idem.run_external(&key, &fp, Box::pin(call), record(key.to_string()))).await.unwrap();
+
+        assert!(matches!(&outcome, Outcome::Executed(r) if r.body_json().unwrap_or_default()["network_ref"] == "ch_2"));
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+        let client = operator.get().await.unwrap();
+        assert_eq!(charges_for(&client, &key).await, 1);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_worker_that_lost_its_key_cannot_complete_it() {
         let lease = Duration::from_millis(300);
         let (idem, operator) = private(&db("idem_two_phase_lost"), lease).await;
