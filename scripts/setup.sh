@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the tests, the demo and the benchmarks need, when it is missing; cheap when
 # everything is already there: Debian's PostgreSQL 15, a relocatable tree of every other supported
-# major (scripts/pg-env.sh), cargo-pgrx registered with all of them, pgspot, psycopg. Debian 12, as root.
+# major (scripts/pg-env.sh), cargo-pgrx registered with all of them, pgspot, psycopg, grpcio. Debian 12, as root.
 #
 #   scripts/setup.sh                  every supported major
 #   scripts/setup.sh --majors "15"    only these majors' PostgreSQL (Debian's 15: no download);
@@ -85,6 +85,13 @@ fi
 if ! python3 -c "import psycopg" 2>/dev/null; then
     say "pip: installing psycopg[binary]"
     python3 -m pip install --quiet --disable-pip-version-check 'psycopg[binary]' 2>&1 | grep -v 'Running pip as the' || true
+fi
+
+# grpcio and grpcio-tools: the gRPC layer's client that is not tonic
+# (tests/tests/grpc_conformance.rs runs examples/python/grpc_check.py; protoc from grpc-tools).
+if ! python3 -c "import grpc, grpc_tools" 2>/dev/null; then
+    say "pip: installing grpcio grpcio-tools"
+    python3 -m pip install --quiet --disable-pip-version-check grpcio grpcio-tools 2>&1 | grep -v 'Running pip as the' || true
 fi
 
 if ! python3 -c "import pgspot" 2>/dev/null; then

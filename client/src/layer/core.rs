@@ -180,7 +180,7 @@ pub(crate) fn unreadable<D: Driver>(config: &Config<D>, parts: &Parts, too_large
 }
 
 /// Observes a request answered before it was identified, and gives its problem back.
-fn refused<D: Driver>(config: &Config<D>, parts: &Parts, problem: Problem) -> Problem {
+pub(crate) fn refused<D: Driver>(config: &Config<D>, parts: &Parts, problem: Problem) -> Problem {
     let Operation { label, .. } = request::operation(config, parts);
     Observed::start(&label, config.mode.label()).refused(&problem);
     problem

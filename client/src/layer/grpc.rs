@@ -21,51 +21,59 @@
 //! - The operation is the method's path (`/charges.v1.Charges/Create`, prefixed `POST `).
 //! - The first call's answer is stored: its initial metadata (the allow-listed headers), its
 //!   message bytes and its trailers (`grpc-status`, `grpc-message`, `grpc-status-details-bin`
-//!   and any others; an error answered "trailers-only" is stored with its status as trailers),
-//!   and replayed byte for byte with `idempotent-replayed: true` in the initial metadata.
-//! - The status policy gets the HTTP status that the answer's gRPC code maps to (OK 200,
-//!   INVALID_ARGUMENT 400, NOT_FOUND 404, ALREADY_EXISTS and ABORTED 409, RESOURCE_EXHAUSTED 429,
-//!   UNAVAILABLE 503, INTERNAL 500, ...), so the default stores successes and permanent errors
-//!   and releases the key on UNAVAILABLE, INTERNAL, ABORTED, ALREADY_EXISTS, RESOURCE_EXHAUSTED,
-//!   DEADLINE_EXCEEDED and the other 5xx-like codes.
+//!   and any others; an error answered "trailers-only" is stored with everything it carries as
+//!   trailers, the metadata of `Status::with_metadata` and its `-bin` keys included), and
+//!   replayed byte for byte with `idempotent-replayed: true` in the initial metadata.
+//! - The status policy gets the HTTP status that the answer's gRPC code maps to, one table for
+//!   every code (`codes.rs`, shown in docs/rust-client.md): the default remembers OK and the
+//!   deterministic client errors (INVALID_ARGUMENT, NOT_FOUND, PERMISSION_DENIED,
+//!   FAILED_PRECONDITION, OUT_OF_RANGE, UNAUTHENTICATED) and releases the key on the codes of a
+//!   call that did not complete (CANCELLED, DEADLINE_EXCEEDED, UNAVAILABLE, ABORTED,
+//!   RESOURCE_EXHAUSTED, ALREADY_EXISTS) and the server faults (UNKNOWN, INTERNAL,
+//!   UNIMPLEMENTED, DATA_LOSS).
+//! - Compression (`encoding.rs`): a covered call is handled uncompressed. A gzip or deflate
+//!   request is decompressed before the fingerprint and the key extractor read it (a retry that
+//!   differs only in compression is the same request); the service answers uncompressed (the
+//!   request reaches it without `grpc-accept-encoding`), so a replay decodes in any client.
+//! - Every answer is a gRPC answer, in both modes (`answer.rs`): a stored answer that is not
+//!   one (the two-phase too-large marker) is replayed as the status its problem stands for.
+//! - gRPC's health and reflection services are never covered: a layer on every route lets them
+//!   through.
 //! - The layer's own answers are gRPC statuses (their message is the problem's `detail`, a
 //!   `retry-after` metadata where HTTP has `Retry-After`): no or a bad key INVALID_ARGUMENT, no
 //!   user UNAUTHENTICATED, **in progress ABORTED** (and lease lost: retry later; ABORTED is the
 //!   code gRPC clients retry), **mismatch INVALID_ARGUMENT** (the request is wrong for this key:
 //!   retrying it never helps), failed for good FAILED_PRECONDITION, store unavailable
 //!   UNAVAILABLE, a body or answer over its limit RESOURCE_EXHAUSTED, a streaming RPC
-//!   FAILED_PRECONDITION, anything else INTERNAL.
+//!   FAILED_PRECONDITION, a compression it cannot read UNIMPLEMENTED, anything else INTERNAL.
 //! - Streaming RPCs are refused: a request of more than one message before anything is
 //!   reserved, an answer of more than one message after the fact (not stored; the key released,
 //!   in-transaction its writes rolled back), both FAILED_PRECONDITION with a message that says
 //!   to leave the method out of the layer ([`problem::types::STREAMING`](super::problem::types::STREAMING)).
 
+mod answer;
+mod codes;
+mod encoding;
+
 use super::config::Config;
-use super::core::{self, Answer, Failure, Head, Reply, RouteFuture};
+use super::core::{self, Answer, Head, RouteFuture};
 use super::problem::{types, Problem};
 use super::request::MatchedRoute;
 use super::service::{ready_and_call, ready_then_call};
 use super::transaction::Transaction;
 use super::{IdempotencyLayer, Mode};
+use answer::{response_of, status_of};
 use crate::driver::{postgres_by_default, Driver};
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
-use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::request::Parts;
-use http::{Request, Response, StatusCode};
-use http_body::Frame;
-use http_body_util::{BodyExt, Full, LengthLimitError, Limited, StreamBody};
-use std::convert::Infallible;
+use http::{Request, Response};
+use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use tokio::sync::watch;
 use tonic::body::Body;
-use tonic::{Code, Status};
 use tower_service::Service;
-
-const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
-const GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
-const GRPC_STATUS_DETAILS: HeaderName = HeaderName::from_static("grpc-status-details-bin");
 
 /// The message of a unary gRPC request or answer body: the bytes after its 5-byte frame header
 /// (an uncompressed frame holding the whole body), for a [`super::Builder::key_from`] extractor
@@ -175,7 +183,7 @@ where
         let inner = self.inner.clone();
         let (mut parts, body) = req.into_parts();
         parts.extensions.insert(MatchedRoute(parts.uri.path().to_owned()));
-        let header_key = match core::head(&self.config, &parts) {
+        let header_key = match head(&self.config, &parts) {
             Head::Uncovered | Head::PassThrough => {
                 let called = ready_then_call(inner, Request::from_parts(parts, body));
                 return Box::pin(async move { Ok(called.await?.map(Body::new)) });
@@ -184,6 +192,19 @@ where
             Head::ReadBody(key) => key,
         };
         Box::pin(covered(self.config.clone(), inner, parts, body, header_key))
+    }
+}
+
+/// gRPC's own services, which the layer never covers: health checking and server reflection
+/// change nothing, carry no key, and stream (reflection, health's `Watch`), so a layer installed
+/// on every route (`Server::builder().layer(..)`) lets them through as if it were not there.
+const INFRASTRUCTURE: [&str; 3] = ["/grpc.health.v1.Health/", "/grpc.reflection.v1.ServerReflection/", "/grpc.reflection.v1alpha.ServerReflection/"];
+
+/// The core's look at the head, gRPC's own services left out ([`INFRASTRUCTURE`]).
+fn head<D: Driver>(config: &Config<D>, parts: &Parts) -> Head {
+    match INFRASTRUCTURE.iter().any(|service| parts.uri.path().starts_with(service)) {
+        true => Head::Uncovered,
+        false => core::head(config, parts),
     }
 }
 
@@ -200,6 +221,11 @@ where
     let bytes = match Limited::new(body, config.body_limit).collect().await {
         Ok(collected) => collected.to_bytes(),
         Err(e) => return Ok(status_of(&core::unreadable(&config, &parts, e.is::<LengthLimitError>(), &e))),
+    };
+    let mut parts = parts;
+    let bytes = match encoding::identity_request(&mut parts.headers, bytes, config.body_limit) {
+        Ok(bytes) => bytes,
+        Err(unreadable) => return Ok(status_of(&encoding::refused(&config, &parts, &unreadable))),
     };
     if frames(&bytes).is_some_and(|n| n > 1) {
         let detail = format!(
@@ -258,82 +284,10 @@ impl<S> GrpcRoute<S> {
         let (effect_stands, gone) = (self.mode == Mode::TwoPhase, self.gone.clone());
         Box::pin(async move {
             let response = ready_and_call(service, req, gone).await?;
-            let mut reply = super::service::reply_of(response, limit, effect_stands).await?;
-            if frames(&reply.body).is_some_and(|n| n > 1) {
-                return Err(Failure::Streaming);
-            }
-            // A trailers-only answer (an error) carries its status in the headers: store it as
-            // trailers, which every client reads the same way.
-            if reply.headers.contains_key(GRPC_STATUS) {
-                let trailers = reply.trailers.get_or_insert_with(HeaderMap::new);
-                for name in [GRPC_STATUS, GRPC_MESSAGE, GRPC_STATUS_DETAILS] {
-                    if let Some(value) = reply.headers.remove(&name) {
-                        trailers.insert(name, value);
-                    }
-                }
-            }
-            let code = reply.trailers.as_ref().and_then(|t| t.get(GRPC_STATUS)).and_then(|v| v.to_str().ok()?.parse::<i32>().ok());
-            reply.status = http_equivalent(Code::from_i32(code.unwrap_or(Code::Unknown as i32)));
-            Ok(reply)
+            let reply = super::service::reply_of(response, limit, effect_stands).await?;
+            answer::recorded(reply, limit, effect_stands)
         })
     }
-}
-
-/// The HTTP status a gRPC code maps to (Google's mapping), for the status policy and the
-/// stored form.
-pub(crate) fn http_equivalent(code: Code) -> StatusCode {
-    let status = match code {
-        Code::Ok => 200,
-        Code::Cancelled => 499,
-        Code::InvalidArgument | Code::FailedPrecondition | Code::OutOfRange => 400,
-        Code::Unauthenticated => 401,
-        Code::PermissionDenied => 403,
-        Code::NotFound => 404,
-        Code::AlreadyExists | Code::Aborted => 409,
-        Code::ResourceExhausted => 429,
-        Code::Unimplemented => 501,
-        Code::Unavailable => 503,
-        Code::DeadlineExceeded => 504,
-        Code::Unknown | Code::Internal | Code::DataLoss => 500,
-    };
-    StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
-}
-
-/// The gRPC answer of a stored or live reply: HTTP 200, its initial metadata, its message, its
-/// trailers.
-fn response_of(reply: Reply) -> Response<Body> {
-    let mut frames: Vec<Result<Frame<Bytes>, Infallible>> = Vec::with_capacity(2);
-    if !reply.body.is_empty() {
-        frames.push(Ok(Frame::data(reply.body)));
-    }
-    if let Some(trailers) = reply.trailers {
-        frames.push(Ok(Frame::trailers(trailers)));
-    }
-    let mut response = Response::new(Body::new(StreamBody::new(futures_util::stream::iter(frames))));
-    *response.headers_mut() = reply.headers;
-    response
-}
-
-/// The layer's own answer as a gRPC status.
-fn status_of(problem: &Problem) -> Response<Body> {
-    let code = match problem.kind() {
-        types::USER_MISSING => Code::Unauthenticated,
-        types::IN_PROGRESS | types::LEASE_LOST => Code::Aborted,
-        types::KEY_MISSING | types::KEY_INVALID | types::BODY_UNREADABLE | types::FINGERPRINT_LIMIT | types::MISMATCH => Code::InvalidArgument,
-        types::FAILED | types::STREAMING => Code::FailedPrecondition,
-        types::STORE_UNAVAILABLE => Code::Unavailable,
-        types::BODY_TOO_LARGE | types::RESPONSE_TOO_LARGE => Code::ResourceExhausted,
-        _ => Code::Internal,
-    };
-    let mut response: Response<Body> = Status::new(code, problem.message()).into_http();
-    let headers = response.headers_mut();
-    if let Ok(kind) = HeaderValue::from_str(problem.kind()) {
-        headers.insert("idempotency-problem", kind);
-    }
-    if let Some(after) = problem.retry_after_hint() {
-        headers.insert("retry-after", HeaderValue::from(after.as_secs().max(1)));
-    }
-    response
 }
 
 #[cfg(test)]
@@ -350,23 +304,5 @@ mod tests {
         assert_eq!(frames(&one[..4]), None);
         assert_eq!(message(&[1, 0, 0, 0, 0]), None, "a compressed frame");
         assert_eq!(frames(b""), Some(0));
-    }
-
-    #[test]
-    fn codes_map_to_the_statuses_the_policy_reads() {
-        let policy = crate::layer::default_status_policy;
-        use crate::Verdict::{Failure, Success, Transient};
-        for (code, verdict) in [
-            (Code::Ok, Success),
-            (Code::InvalidArgument, Failure),
-            (Code::NotFound, Failure),
-            (Code::FailedPrecondition, Failure),
-            (Code::Aborted, Transient),
-            (Code::Unavailable, Transient),
-            (Code::Internal, Transient),
-            (Code::ResourceExhausted, Transient),
-        ] {
-            assert_eq!(policy(http_equivalent(code).as_u16()), verdict, "{code:?}");
-        }
     }
 }

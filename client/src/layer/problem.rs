@@ -58,6 +58,10 @@ pub mod types {
     /// is released. Leave streaming RPCs out of the layer (wrap only the unary service, or
     /// `require_key(false)` and send no key).
     pub const STREAMING: &str = "urn:idempotency:problem:streaming";
+    /// gRPC only (`UNIMPLEMENTED`, with `grpc-accept-encoding: gzip,deflate,identity`): the
+    /// request is compressed in an encoding the layer cannot read, so it has no fingerprint;
+    /// nothing was reserved. Send it uncompressed, or gzip or deflate.
+    pub const ENCODING_UNSUPPORTED: &str = "urn:idempotency:problem:encoding-unsupported";
 }
 
 /// The fixed `detail` of each 5xx answer (the real error is in the log, under the answer's

@@ -94,7 +94,11 @@ impl<D: Charges> ChargesRpc for ChargeService<D> {
         let id = inserted.map_err(Status::unavailable)?;
         if message.fail_code != 0 {
             // The charge is written, then the call fails: in-transaction it rolls back.
-            return Err(Status::new(tonic::Code::from_i32(message.fail_code), "failed after the write"));
+            let code = tonic::Code::from_i32(message.fail_code);
+            return Err(match message.fail_metadata {
+                true => Status::with_details_and_metadata(code, "failed after the write", FAIL_DETAILS.into(), fail_metadata()),
+                false => Status::new(code, "failed after the write"),
+            });
         }
         Ok(Response::new(Charge { id, amount: message.amount }))
     }
@@ -106,6 +110,18 @@ impl<D: Charges> ChargesRpc for ChargeService<D> {
         let charges = vec![Ok(Charge { id: 1, amount }), Ok(Charge { id: 2, amount })];
         Ok(Response::new(futures_util::stream::iter(charges)))
     }
+}
+
+/// The `grpc-status-details-bin` of a failure with `fail_metadata` (any bytes: a test lever).
+pub const FAIL_DETAILS: &[u8] = b"\x08\x05\x12\x0bdetails\x00\xff";
+
+/// The metadata of a failure with `fail_metadata`: `x-reason: card-declined` and the binary
+/// `x-trace-bin` (bytes 0, 159, 255).
+pub fn fail_metadata() -> tonic::metadata::MetadataMap {
+    let mut metadata = tonic::metadata::MetadataMap::new();
+    metadata.insert("x-reason", tonic::metadata::MetadataValue::from_static("card-declined"));
+    metadata.insert_bin("x-trace-bin", tonic::metadata::MetadataValue::from_bytes(&[0, 159, 255]));
+    metadata
 }
 
 /// The layer: the user from the `x-user` metadata, the key from `key_from`.
@@ -121,10 +137,14 @@ pub fn layer<D: Driver>(idem: Idempotency<D>, mode: Mode, key_from: KeyFrom) -> 
     builder.build().expect("a complete layer configuration").grpc()
 }
 
-/// The service behind its layer, ready for `Server::builder().add_service(..)`.
+/// The service behind its layer, ready for `Server::builder().add_service(..)`; it reads and
+/// sends gzip (answers of the methods the layer covers are sent uncompressed: see the layer's
+/// docs).
 pub fn service<D: Charges>(idem: Idempotency<D>, mode: Mode, key_from: KeyFrom, hold: Option<Arc<Hold>>) -> idempotency_client::layer::GrpcService<ChargesServer<ChargeService<D>>, D> {
     use tower_layer::Layer;
-    layer(idem.clone(), mode, key_from).layer(ChargesServer::new(ChargeService::new(idem, mode, hold)))
+    use tonic::codec::CompressionEncoding::Gzip;
+    let server = ChargesServer::new(ChargeService::new(idem.clone(), mode, hold)).accept_compressed(Gzip).send_compressed(Gzip);
+    layer(idem, mode, key_from).layer(server)
 }
 
 /// Serves the service on `listener` until the process ends.
