@@ -185,6 +185,10 @@ idempotency_testkit::for_each_driver! {
         let other = create(&mut client, None, &u, CreateCharge { amount: 5, request_id: "req-1".into(), ..Default::default() }).await;
         assert_eq!(other.expect_err("mismatch").code(), Code::InvalidArgument);
         assert_eq!(create(&mut client, None, &u, charge(4)).await.expect_err("no request_id").code(), Code::InvalidArgument);
+        // A gzip request: the extractor reads the decompressed message, so the same key.
+        let mut gzip = client.clone().send_compressed(tonic::codec::CompressionEncoding::Gzip);
+        let compressed = create(&mut gzip, None, &u, CreateCharge { amount: 4, request_id: "req-1".into(), ..Default::default() }).await;
+        assert!(replayed(&compressed.expect("replayed, compressed")));
         assert_eq!(charges_of(&u).await, 1);
     }
 
