@@ -41,23 +41,77 @@ $fn$;
 COMMENT ON FUNCTION @extschema@._idem_conf(text) IS
     'Internal: the text of setting idempotency.<name>, its default when unset or empty; raises 22023 naming the setting when invalid.';
 
--- The rule of one key part or request_hash, for the PL/pgSQL twins of the native checks.
+-- A text argument as UTF-8 bytes, as the native functions read every text argument
+-- (extension/src/encoding.rs): converted from the database's encoding by PostgreSQL (its own
+-- error, 22P05, for a character with no UTF-8 equivalent); in SQL_ASCII, which converts nothing,
+-- its bytes as they are when they are valid UTF-8 (the longest valid prefix, matched on their hex
+-- form, is all of them), else 22021 naming the argument and the first invalid byte.
+CREATE FUNCTION @extschema@._idem_utf8(name text, value text) RETURNS bytea
+    LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
+    SET search_path = pg_catalog, pg_temp
+    AS $fn$
+DECLARE
+    b     bytea;
+    valid integer;
+BEGIN
+    IF getdatabaseencoding() <> 'SQL_ASCII' THEN
+        RETURN convert_to(value, 'UTF8');
+    END IF;
+    b := convert_to(value, 'SQL_ASCII');
+    valid := octet_length(substring(encode(b, 'hex') FROM
+        '^(?:[0-7][0-9a-f]|(?:c[2-9a-f]|d[0-9a-f])[89ab][0-9a-f]|e0[ab][0-9a-f][89ab][0-9a-f]'
+        '|(?:e[1-9a-cef])(?:[89ab][0-9a-f]){2}|ed[89][0-9a-f][89ab][0-9a-f]'
+        '|f0(?:9[0-9a-f]|[ab][0-9a-f])(?:[89ab][0-9a-f]){2}|f[1-3](?:[89ab][0-9a-f]){3}'
+        '|f48[0-9a-f](?:[89ab][0-9a-f]){2})*')) / 2;
+    IF valid < length(b) THEN
+        RAISE EXCEPTION '% must be valid UTF-8 (SQL_ASCII text is not converted), found an invalid byte sequence at byte %',
+            name, valid USING ERRCODE = '22021';
+    END IF;
+    RETURN b;
+END
+$fn$;
+
+COMMENT ON FUNCTION @extschema@._idem_utf8(text, text) IS
+    'Internal: a text argument as UTF-8 bytes (converted from the database''s encoding); in SQL_ASCII its bytes, or 22021 naming the argument when they are not UTF-8.';
+
+-- The rule of one key part or request_hash, for the PL/pgSQL twins of the native checks: on the
+-- value's UTF-8 bytes, as the native checks (in a UTF-8 database, the text itself).
 CREATE FUNCTION @extschema@._idem_check_part(name text, value text, forbid_controls boolean)
     RETURNS boolean
     LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
     SET search_path = pg_catalog, pg_temp
     AS $fn$
+DECLARE
+    utf8 boolean := getdatabaseencoding() = 'UTF8';
+    b    bytea;
+    n    integer;
 BEGIN
     IF value IS NULL THEN
         RAISE EXCEPTION '% must not be NULL', name USING ERRCODE = '22004';
     END IF;
-    IF octet_length(value) NOT BETWEEN 1 AND 255 THEN
-        RAISE EXCEPTION '% must be 1 to 255 bytes, got %', name, octet_length(value)
+    IF utf8 THEN
+        n := octet_length(value);
+    ELSE
+        b := @extschema@._idem_utf8(name, value);
+        n := length(b);
+    END IF;
+    IF n NOT BETWEEN 1 AND 255 THEN
+        RAISE EXCEPTION '% must be 1 to 255 bytes, got %', name, n
             USING ERRCODE = '22023';
     END IF;
-    IF forbid_controls AND value ~ E'[\\x01-\\x1f\\x7f-\\x9f]' THEN
+    IF NOT forbid_controls THEN
+        RETURN true;
+    END IF;
+    -- The first control character's byte offset in UTF-8 (U+0080-U+009F are C2 80-C2 9F), or NULL.
+    IF utf8 THEN
+        n := CASE WHEN value ~ E'[\\x01-\\x1f\\x7f-\\x9f]'
+                  THEN octet_length(substring(value FROM E'^[^\\x01-\\x1f\\x7f-\\x9f]*')) END;
+    ELSE
+        n := octet_length(substring(encode(b, 'hex') FROM '^((?:..)*?)(?:0[1-9a-f]|1[0-9a-f]|7f|c2[89][0-9a-f])')) / 2;
+    END IF;
+    IF n IS NOT NULL THEN
         RAISE EXCEPTION '% must not contain control characters (U+0000-U+001F, U+007F-U+009F), found one at byte %',
-            name, octet_length(substring(value FROM E'^[^\\x01-\\x1f\\x7f-\\x9f]*'))
+            name, n
             USING ERRCODE = '22023';
     END IF;
     RETURN true;
@@ -248,14 +302,19 @@ $fn$;
 COMMENT ON FUNCTION @extschema@._idem_check_owner(oid, text) IS
     'Internal: true, or 42501 when the session''s role may not act on a record owned by owner_role (guarantee 8).';
 
--- How an error message shows a rejected word: quoted when short, only its size otherwise, so
--- a huge argument is never echoed.
+-- How an error message shows a rejected word: quoted when short (at most 32 bytes of UTF-8),
+-- only its size otherwise, so a huge argument is never echoed; by its size too when it is not
+-- ASCII in a database that is not UTF-8 (extension/src/encoding.rs: the native messages keep to
+-- ASCII there, and SQL_ASCII bytes need not be UTF-8).
 CREATE FUNCTION @extschema@._idem_echo(value text) RETURNS text
     LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
     SET search_path = pg_catalog, pg_temp
     AS $fn$
-    SELECT CASE WHEN octet_length(value) <= 32 THEN quote_literal(value)
-                ELSE format('a %s-byte value', octet_length(value)) END
+    SELECT CASE WHEN x.n <= 32 AND (x.utf8 OR value ~ '^[\x01-\x7f]*$') THEN quote_literal(value)
+                ELSE format('a %s-byte value', x.n) END
+      FROM (SELECT getdatabaseencoding() = 'UTF8' AS utf8,
+                   CASE WHEN getdatabaseencoding() IN ('UTF8', 'SQL_ASCII') THEN octet_length(value)
+                        ELSE octet_length(convert_to(value, 'UTF8')) END AS n) AS x
 $fn$;
 
 COMMENT ON FUNCTION @extschema@._idem_echo(text) IS

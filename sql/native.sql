@@ -9,7 +9,7 @@
 -- search_path: they resolve nothing by name at call time (relations, the row type and the
 -- sequence by OID, looked up in their own schema once per backend; the SPI statements qualify
 -- every relation with the schema and every operator with pg_catalog; builtins called directly),
--- so a SET clause would only cost its GUC save and restore on every call — measured: a replay
+-- so a SET clause would only cost its GUC save and restore on every call - measured: a replay
 -- at 0.80x a primary-key SELECT with it, 0.90x without, 8 clients (bench/ab.sh, 6 x 5 s).
 -- pgspot's PS003 is expected for exactly these functions (scripts/test.sh), and the regress
 -- file search_path hijacks a caller's path.

@@ -1,4 +1,4 @@
--- idempotency 0.2.0: operations — the counters, the operators' statistics and the maintenance
+-- idempotency 0.2.0: operations - the counters, the operators' statistics and the maintenance
 -- procedure for pg_cron. docs/operations.md is the guide.
 
 -- Counting is an atomic add in shared memory (no table write); a no-op returning false unless
@@ -6,7 +6,7 @@
 -- PL/pgSQL evaluates as a simple expression, without executor start-up. STABLE, truthfully: it
 -- changes no database state and answers the same for the same arguments; so the assignment
 -- takes no new snapshot (a VOLATILE one would). No pinned search_path: it runs no SQL, and a SET
--- clause would cost a GUC save and restore on every call (measured: ~2.5 µs of ~3 µs).
+-- clause would cost a GUC save and restore on every call (measured: ~2.5 us of ~3 us).
 CREATE FUNCTION @extschema@._idem_count(event text, n bigint DEFAULT 1) RETURNS boolean
     LANGUAGE c STABLE STRICT PARALLEL SAFE
     AS 'MODULE_PATHNAME', '_idem_count_wrapper';

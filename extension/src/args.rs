@@ -4,7 +4,9 @@
 //! expressions; each raises the documented SQLSTATE with a message naming the argument and the
 //! rule, and returns its (settled) value otherwise.
 
+use crate::encoding;
 use crate::guc;
+use crate::native::call::{self, v1_function_info};
 use idempotency_core::key::{self, KeyError};
 use pgrx::datum::Interval;
 use pgrx::pg_sys::errcodes::PgSqlErrorCode;
@@ -15,9 +17,11 @@ use pgrx::prelude::*;
 const MAX_YEARS: i32 = 1000;
 const USECS_PER_DAY: i128 = 86_400_000_000;
 
+/// Raises `message` (UTF-8, made readable in the database's encoding: [`encoding::message`])
+/// with SQLSTATE `code`.
 #[allow(unreachable_code)] // ereport!(ERROR) diverges, but is typed `()`
 pub(crate) fn raise(code: PgSqlErrorCode, message: String) -> ! {
-    ereport!(ERROR, code, message);
+    ereport!(ERROR, code, encoding::message(message));
     unreachable!("ereport(ERROR) returned")
 }
 
@@ -29,9 +33,9 @@ fn refuse(e: KeyError) -> ! {
     raise(PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE, e.to_string())
 }
 
-/// `_idem_check_scope(operation text, user_id text, key text) RETURNS boolean`: true, or the
-/// error of the first argument that breaks the key rules.
-#[pg_extern(sql = false, immutable, parallel_safe)]
+/// The key rules of `operation`, `user_id` and `key` (as UTF-8: [`encoding::utf8`]): true, or
+/// the error of the first argument that breaks them. The native functions call it with their
+/// arguments; SQL calls it through [`_idem_check_scope_wrapper`].
 pub(crate) fn _idem_check_scope(operation: Option<&str>, user_id: Option<&str>, key: Option<&str>) -> bool {
     for (name, value) in [("operation", operation), ("user_id", user_id), ("key", key)] {
         key::check_part(name, required(name, value)).unwrap_or_else(|e| refuse(e));
@@ -39,17 +43,51 @@ pub(crate) fn _idem_check_scope(operation: Option<&str>, user_id: Option<&str>, 
     true
 }
 
-/// `_idem_check_request_hash(request_hash text) RETURNS boolean`: true, or 22004/22023.
-#[pg_extern(sql = false, immutable, parallel_safe)]
+/// The rule of `request_hash` (as UTF-8): true, or 22004/22023. SQL calls it through
+/// [`_idem_check_request_hash_wrapper`].
 pub(crate) fn _idem_check_request_hash(request_hash: Option<&str>) -> bool {
     key::check_request_hash(required("request_hash", request_hash)).unwrap_or_else(|e| refuse(e));
     true
 }
 
-/// `_idem_require(name text, is_null boolean) RETURNS boolean`: true, or 22004 naming `name`.
+v1_function_info!(pg_finfo__idem_check_scope_wrapper);
+
+/// `_idem_check_scope(operation text, user_id text, key text) RETURNS boolean` (the symbol
+/// every released install script names): each argument read as UTF-8 naming itself
+/// ([`call::text`]), then [`_idem_check_scope`].
+///
+/// # Safety
+/// Called by PostgreSQL's function manager with the 3 text arguments declared in sql/internal.sql.
+#[pg_guard]
+#[no_mangle]
+pub unsafe extern "C-unwind" fn _idem_check_scope_wrapper(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
+    // SAFETY: the declaration fixes the argument types.
+    let (operation, user_id, key) =
+        unsafe { (call::text(fcinfo, 0, "operation"), call::text(fcinfo, 1, "user_id"), call::text(fcinfo, 2, "key")) };
+    pg_sys::Datum::from(_idem_check_scope(operation.map(|t| t.str), user_id.map(|t| t.str), key.map(|t| t.str)))
+}
+
+v1_function_info!(pg_finfo__idem_check_request_hash_wrapper);
+
+/// `_idem_check_request_hash(request_hash text) RETURNS boolean`: the argument read as UTF-8,
+/// then [`_idem_check_request_hash`].
+///
+/// # Safety
+/// Called by PostgreSQL's function manager with the text argument declared in sql/internal.sql.
+#[pg_guard]
+#[no_mangle]
+pub unsafe extern "C-unwind" fn _idem_check_request_hash_wrapper(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
+    // SAFETY: the declaration fixes the argument type.
+    let request_hash = unsafe { call::text(fcinfo, 0, "request_hash") };
+    pg_sys::Datum::from(_idem_check_request_hash(request_hash.map(|t| t.str)))
+}
+
+/// `_idem_require(name text, is_null boolean) RETURNS boolean`: true, or 22004 naming `name`
+/// (read as the database's bytes, converted: [`encoding::utf8`]).
 #[pg_extern(sql = false, immutable, parallel_safe)]
-pub(crate) fn _idem_require(name: &str, is_null: Option<bool>) -> bool {
+pub(crate) fn _idem_require(name: &[u8], is_null: Option<bool>) -> bool {
     if is_null != Some(false) {
+        let name = encoding::utf8("name", name);
         raise(PgSqlErrorCode::ERRCODE_NULL_VALUE_NOT_ALLOWED, format!("{name} must not be NULL"));
     }
     true

@@ -1,6 +1,10 @@
-//! `idem_fingerprint(jsonb)` and `idem_fingerprint(bytea)`: thin wrappers over the client crate's
-//! fingerprint module, so the server and the client compute the same string by construction.
+//! `idem_fingerprint(jsonb)`, `idem_fingerprint(text)` and `idem_fingerprint(bytea)`: thin
+//! wrappers over the client crate's fingerprint module, so the server and the client compute the
+//! same string by construction: over the request's UTF-8 text in any database encoding
+//! ([`crate::encoding`]), as the client sends it.
 
+use crate::args::raise;
+use crate::encoding;
 use idempotency_core::fingerprint::{Fingerprint, FingerprintError};
 use pgrx::pg_sys::errcodes::PgSqlErrorCode;
 use pgrx::prelude::*;
@@ -18,9 +22,10 @@ impl FromDatum for JsonbText {
             return None;
         }
         // SAFETY: the caller hands us a jsonb datum (the SQL signature says so); jsonb_out
-        // detoasts it and returns a palloc'd, NUL-terminated UTF-8 string.
+        // detoasts it and returns a palloc'd, NUL-terminated string in the database's encoding.
         let text = unsafe { direct_function_call::<&CStr>(pg_sys::jsonb_out, &[Some(datum)]) }?;
-        Some(JsonbText(text.to_string_lossy().into_owned()))
+        // As UTF-8, as the client reads it: never lossily, or two requests would be one.
+        Some(JsonbText(encoding::utf8("request", text.to_bytes()).to_owned()))
     }
 }
 
@@ -46,12 +51,10 @@ fn fingerprint_json(text: &str) -> String {
         // The limits (depth, and the canonical form's length against the text's): 54000,
         // raised before the canonical form is written.
         Err(e @ (FingerprintError::TooDeep | FingerprintError::TooLarge { .. })) => {
-            ereport!(ERROR, PgSqlErrorCode::ERRCODE_PROGRAM_LIMIT_EXCEEDED, e.to_string());
+            raise(PgSqlErrorCode::ERRCODE_PROGRAM_LIMIT_EXCEEDED, e.to_string())
         }
         // Only the text form can get here: a jsonb value is always valid JSON.
-        Err(e) => {
-            ereport!(ERROR, PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE, e.to_string());
-        }
+        Err(e) => raise(PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE, e.to_string()),
     }
 }
 
@@ -62,8 +65,10 @@ fn _idem_fingerprint_bytea(request: &[u8]) -> String {
 }
 
 /// `idem_fingerprint(request text) RETURNS text`: the text read as JSON, so an untyped literal
-/// (`idem_fingerprint('{"amount": 100}')`) resolves here and equals the jsonb form.
+/// (`idem_fingerprint('{"amount": 100}')`) resolves here and equals the jsonb form. Read as the
+/// database's bytes and converted to UTF-8 ([`encoding::utf8`]), never by pgrx's `&str`, which
+/// panics on bytes that are not UTF-8.
 #[pg_extern(sql = false, immutable, strict, parallel_safe)]
-fn _idem_fingerprint_text(request: &str) -> String {
-    fingerprint_json(request)
+fn _idem_fingerprint_text(request: &[u8]) -> String {
+    fingerprint_json(encoding::utf8("request", request))
 }

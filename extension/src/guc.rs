@@ -304,9 +304,11 @@ pub(crate) fn register() {
 }
 
 /// `_idem_setting(name text) RETURNS text`: the current value of a setting, as `current_setting`
-/// shows it. Calling it loads this library, which defines the `idempotency.*` settings.
+/// shows it. Calling it loads this library, which defines the `idempotency.*` settings. Name and
+/// value stay the database's bytes (a text datum is laid out as a bytea one), never read as a
+/// Rust string: a name or a value need not be UTF-8 ([`crate::encoding`]).
 #[pg_extern(sql = false)]
-fn _idem_setting(name: &str) -> Option<String> {
+fn _idem_setting(name: &[u8]) -> Option<Vec<u8>> {
     let name = CString::new(name).ok()?;
     // SAFETY: a valid C string; with missing_ok the call returns NULL rather than raising.
     unsafe {
@@ -314,7 +316,7 @@ fn _idem_setting(name: &str) -> Option<String> {
         if value.is_null() {
             None
         } else {
-            Some(CStr::from_ptr(value).to_string_lossy().into_owned())
+            Some(CStr::from_ptr(value).to_bytes().to_vec())
         }
     }
 }

@@ -11,6 +11,7 @@
 use pgrx::prelude::*;
 
 mod args;
+mod encoding;
 mod fingerprint;
 mod guc;
 mod metrics;

@@ -55,13 +55,10 @@ fn shared() -> Option<&'static Shared> {
 fn index_of(event: &str) -> usize {
     match EVENTS.iter().position(|e| *e == event) {
         Some(i) => i,
-        None => {
-            ereport!(
-                ERROR,
-                PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
-                format!("event must be one of {}, got {event:?}", EVENTS.join(", "))
-            );
-        }
+        None => crate::args::raise(
+            PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+            format!("event must be one of {}, got {event:?}", EVENTS.join(", ")),
+        ),
     }
 }
 
@@ -76,8 +73,8 @@ pub(crate) fn add(event: &str, n: u64) -> Option<u64> {
 /// changes no database state and answers the same for the same arguments, so PL/pgSQL evaluates
 /// the assignment that calls it as a simple expression without taking a new snapshot.
 #[pg_extern(sql = false)]
-fn _idem_count(event: &str, n: i64) -> bool {
-    add(event, u64::try_from(n).unwrap_or(0)).is_some()
+fn _idem_count(event: &[u8], n: i64) -> bool {
+    add(crate::encoding::utf8("event", event), u64::try_from(n).unwrap_or(0)).is_some()
 }
 
 /// `idem_metrics() RETURNS TABLE (name text, value bigint)`: every counter since the server

@@ -23,7 +23,7 @@ CREATE FUNCTION @extschema@.idem_fingerprint(request text) RETURNS text
     AS $fn$
 DECLARE
     max_depth CONSTANT integer := 1024;                -- fingerprint.rs MAX_DEPTH
-    b        bytea   := convert_to(request, 'UTF8');
+    b        bytea   := @extschema@._idem_utf8('request', request);  -- as the extension reads it
     n        integer := length(b);
     pos      integer := 0;                            -- byte offset, as in the Rust errors
     -- What numbers may add to the text's own length: max_canonical_len(n) - n in fingerprint.rs.

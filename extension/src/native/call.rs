@@ -34,10 +34,14 @@ pub(crate) mod builtins {
     }
 }
 
-/// A text argument, detoasted: its datum (for scan keys and SPI parameters) and its text.
+/// A text argument, detoasted: its datum (for scan keys and SPI parameters), its bytes in the
+/// database's encoding (what is compared with and written to the tables) and its text as UTF-8
+/// (what the rules check and messages show; the same bytes in a UTF-8 database:
+/// [`crate::encoding`]).
 #[derive(Clone, Copy)]
 pub(crate) struct Text<'a> {
     pub(crate) datum: Datum,
+    pub(crate) bytes: &'a [u8],
     pub(crate) str: &'a str,
 }
 
@@ -54,10 +58,7 @@ pub(crate) unsafe fn text<'a>(fcinfo: pg_sys::FunctionCallInfo, n: usize, name: 
         let varlena = pg_sys::pg_detoast_datum_packed(raw.cast_mut_ptr());
         (varlena, pgrx::varlena::varlena_to_byte_slice(varlena))
     };
-    let str = std::str::from_utf8(bytes).unwrap_or_else(|_| {
-        raise(PgSqlErrorCode::ERRCODE_CHARACTER_NOT_IN_REPERTOIRE, format!("{name} must be valid UTF-8"))
-    });
-    Some(Text { datum: Datum::from(varlena), str })
+    Some(Text { datum: Datum::from(varlena), bytes, str: crate::encoding::utf8(name, bytes) })
 }
 
 /// Argument `n` converted by pgrx, or `None` when it is NULL.
@@ -107,9 +108,10 @@ pub(crate) fn plus(ts: pg_sys::TimestampTz, interval: Datum) -> pg_sys::Timestam
 }
 
 /// How an error message shows a rejected word (the rule of `_idem_echo`): quoted if at most 32
-/// bytes, otherwise only its size, so a huge argument is never echoed.
+/// bytes (of UTF-8), otherwise only its size, so a huge argument is never echoed; by its size
+/// too when it is not ASCII in a database that is not UTF-8 ([`crate::encoding`]).
 pub(crate) fn echo(value: &str) -> String {
-    if value.len() > 32 {
+    if value.len() > 32 || !(value.is_ascii() || crate::encoding::utf8_database()) {
         return format!("a {}-byte value", value.len());
     }
     let Ok(c) = std::ffi::CString::new(value) else {

@@ -51,10 +51,11 @@ use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 #[derive(Clone)]
 pub(crate) struct Reservation {
     pub(crate) catalog: Rc<Catalog>,
-    pub(crate) operation: String,
-    pub(crate) user_id: String,
-    pub(crate) key: String,
-    pub(crate) request_hash: String,
+    /// The key and the request's hash, as the database's bytes (what the record stores).
+    pub(crate) operation: Vec<u8>,
+    pub(crate) user_id: Vec<u8>,
+    pub(crate) key: Vec<u8>,
+    pub(crate) request_hash: Vec<u8>,
     pub(crate) token: i64,
     pub(crate) lease_end: pg_sys::TimestampTz,
     pub(crate) expires_at: pg_sys::TimestampTz,
@@ -78,9 +79,9 @@ impl Entry {
         let r = &self.reservation;
         self.written_in.is_none()
             && r.catalog.records == catalog.records
-            && r.key == scope.key.str
-            && r.user_id == scope.user_id.str
-            && r.operation == scope.operation.str
+            && r.key == scope.key.bytes
+            && r.user_id == scope.user_id.bytes
+            && r.operation == scope.operation.bytes
     }
 }
 
@@ -148,10 +149,10 @@ impl Reservation {
     /// Inserts the record: `status` with `response`, last updated at `updated_at`.
     fn write(&self, owner: pg_sys::Oid, status: &str, response: Option<Datum>, updated_at: pg_sys::TimestampTz) {
         let params = [
-            Some(call::text_datum(self.operation.as_bytes())),
-            Some(call::text_datum(self.user_id.as_bytes())),
-            Some(call::text_datum(self.key.as_bytes())),
-            Some(call::text_datum(self.request_hash.as_bytes())),
+            Some(call::text_datum(&self.operation)),
+            Some(call::text_datum(&self.user_id)),
+            Some(call::text_datum(&self.key)),
+            Some(call::text_datum(&self.request_hash)),
             Some(Datum::from(self.token)),
             Some(Datum::from(self.lease_end)),
             Some(Datum::from(self.expires_at)),

@@ -200,7 +200,7 @@ impl Key {
 /// calling statement's snapshot, or, if `fresh`, one taken now as a statement of a VOLATILE
 /// function would (after waiting for the key's lock or losing a race). On Citus, through the
 /// planner.
-pub(crate) fn key(catalog: &Catalog, scope: &Scope<'_>, request_hash: &str, fresh: bool) -> Key {
+pub(crate) fn key(catalog: &Catalog, scope: &Scope<'_>, request_hash: &[u8], fresh: bool) -> Key {
     if catalog.distributed {
         return planned(catalog, scope, request_hash);
     }
@@ -252,14 +252,14 @@ pub(crate) fn latest(catalog: &Catalog, scope: &Scope<'_>) -> Latest {
     }
 }
 
-fn record(snapshot: &Snapshot, catalog: &Catalog, scope: &Scope<'_>, request_hash: &str) -> Option<Record> {
+fn record(snapshot: &Snapshot, catalog: &Catalog, scope: &Scope<'_>, request_hash: &[u8]) -> Option<Record> {
     let cols = &catalog.rec;
     probe(snapshot.0, catalog.records, catalog.records_pkey, scope, |slot| {
         // SAFETY: slot holds an idem_records row; the columns are the catalog's; text values
         // are read while the buffer is pinned, the response is copied out.
         unsafe {
             let status = status(bytes(required(slot, cols.status)));
-            let same_hash = bytes(required(slot, cols.request_hash)) == request_hash.as_bytes();
+            let same_hash = bytes(required(slot, cols.request_hash)) == request_hash;
             let response = match status {
                 Status::Processing => None,
                 _ => column(slot, cols.response).map(|v| Datum::from(pg_sys::pg_detoast_datum_copy(v.cast_mut_ptr()))),
@@ -307,8 +307,8 @@ fn status(text: &[u8]) -> Status {
 /// READ COMMITTED. What decides the outcome is the record, read first; a counter changed between
 /// the two reads only moves the reported `attempts` to a later moment. As on the direct path,
 /// the primary key and the re-checking takeover, not this read, keep a key at most once.
-fn planned(catalog: &Catalog, scope: &Scope<'_>, request_hash: &str) -> Key {
-    let hash = call::text_datum(request_hash.as_bytes());
+fn planned(catalog: &Catalog, scope: &Scope<'_>, request_hash: &[u8]) -> Key {
+    let hash = call::text_datum(request_hash);
     let args = [Some(scope.operation.datum), Some(scope.user_id.datum), Some(scope.key.datum), Some(hash)];
     let not_null = |value: Option<Datum>, what: &str| {
         value.unwrap_or_else(|| raise(PgSqlErrorCode::ERRCODE_DATA_CORRUPTED, format!("NULL in NOT NULL column {what}")))

@@ -95,12 +95,13 @@ fn answer(record: &probe::Record, attempts: i32) -> Answer {
 /// The key's advisory lock: its id, once taken (waiting if `wait`), or `None` when another
 /// transaction holds it.
 fn lock(scope: &Scope<'_>, wait: bool) -> Option<i64> {
-    let mut joined = Vec::with_capacity(scope.operation.str.len() + scope.user_id.str.len() + scope.key.str.len() + 2);
-    joined.extend_from_slice(scope.operation.str.as_bytes());
+    // The database's bytes, as the PL/pgSQL expression hashes them.
+    let mut joined = Vec::with_capacity(scope.operation.bytes.len() + scope.user_id.bytes.len() + scope.key.bytes.len() + 2);
+    joined.extend_from_slice(scope.operation.bytes);
     joined.push(0x1f);
-    joined.extend_from_slice(scope.user_id.str.as_bytes());
+    joined.extend_from_slice(scope.user_id.bytes);
     joined.push(0x1f);
-    joined.extend_from_slice(scope.key.str.as_bytes());
+    joined.extend_from_slice(scope.key.bytes);
     let joined = call::text_datum(&joined);
     // SAFETY: builtins called as SQL calls them: hashtextextended(text, bigint) under the
     // database's default collation (as the PL/pgSQL expression), then the bigint advisory lock
@@ -232,7 +233,7 @@ fn reserve_locking(
         let now = unsafe { pg_sys::GetCurrentTimestamp() };
         // First under the statement's snapshot (a replay builds none); after writing this
         // transaction's pending reservation, waiting for the lock or losing a race, a new one.
-        let found = probe::key(catalog, scope, request_hash.str, wrote || attempt > 0);
+        let found = probe::key(catalog, scope, request_hash.bytes, wrote || attempt > 0);
         if let Some(record) = &found.record {
             if record.live(now) {
                 // A live record decides, for its owner (and the owner's members) only: another
@@ -292,10 +293,10 @@ fn reserve_locking(
             // No record, and none can appear while we hold the lock: write it once, later.
             pending::add(pending::Reservation {
                 catalog: Rc::clone(catalog),
-                operation: scope.operation.str.to_owned(),
-                user_id: scope.user_id.str.to_owned(),
-                key: scope.key.str.to_owned(),
-                request_hash: request_hash.str.to_owned(),
+                operation: scope.operation.bytes.to_owned(),
+                user_id: scope.user_id.bytes.to_owned(),
+                key: scope.key.bytes.to_owned(),
+                request_hash: request_hash.bytes.to_owned(),
                 token,
                 lease_end,
                 expires_at,
@@ -353,5 +354,5 @@ fn reserve_locking(
     // the transient failures counted for it so far (read again, as sql/reserve.sql does).
     // SAFETY: reads the clock.
     let now = unsafe { pg_sys::GetCurrentTimestamp() };
-    Answer::busy(probe::key(catalog, scope, request_hash.str, true).attempts(now), None)
+    Answer::busy(probe::key(catalog, scope, request_hash.bytes, true).attempts(now), None)
 }
