@@ -294,6 +294,32 @@ idempotency_testkit::for_each_driver! {
         assert!(!replayed(create(&mut client, "s-2", &u, fits).await.expect("within the limit").metadata()));
         assert_eq!((records_of(&u).await, charges_of(&u).await), (1, 1), "nothing reserved for the refused calls");
     }
+
+    /// With tonic's decode limit set below the layer's body limit, tonic's applies first (the
+    /// layer cannot know it): tonic's own OUT_OF_RANGE, an answer like any other (never a hang or
+    /// a 500), remembered per the table; the handler never ran. Hence the docs' advice: keep
+    /// `body_limit` at or below `max_decoding_message_size`.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lower_decode_limit_of_tonics_answers_first_with_its_own_code() {
+        admin().await.batch_execute(SCHEMA).await.unwrap();
+        let idem = handle(Settings::default()).await;
+        let charges = ChargesServer::new(ChargeService::new(idem.clone(), Mode::InTransaction, None)).max_decoding_message_size(1024);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let server = tonic::transport::Server::builder()
+            .layer(layer(idem, Mode::InTransaction, None))
+            .add_service(charges)
+            .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener));
+        tokio::spawn(server);
+        let mut client = client(&addr, false).await;
+        let u = user("decode-limit", Mode::InTransaction);
+        let message = CreateCharge { amount: 1, request_id: "y".repeat(2048), ..Default::default() };
+        for attempt in 0..2 {
+            let status = create(&mut client, "d-1", &u, message.clone()).await.expect_err("over tonic's limit");
+            assert_eq!((status.code(), replayed(status.metadata())), (Code::OutOfRange, attempt == 1), "{status:?}");
+        }
+        assert_eq!(charges_of(&u).await, 0);
+    }
 }
 
 /// Python's grpcio (not tonic) against the example behind a layer on every route: the checks of

@@ -18,8 +18,9 @@ pub(crate) struct Ctx {
     pub(crate) is_default: bool,
     /// The private cluster's port; the layers' own servers use ports above it (ops +20/+21,
     /// the TLS server +25, citus +30..+32, no_subtransaction +41/+43, lock_budget_default +42,
-    /// maintenance_fairness +44, maintenance_vacuum_backoff +45, failover +400/+401; pg_upgrade from
-    /// 56000; the bench layer's soak check 55916, the smoke's soak 55915).
+    /// maintenance_fairness +44, maintenance_vacuum_backoff +45, the package layers +60,
+    /// failover +400/+401; pg_upgrade from 56000; the bench layer's soak check 55916, the
+    /// smoke's soak 55915).
     pub(crate) port: u16,
     /// target/test-logs/pgNN.
     pub(crate) logs: PathBuf,

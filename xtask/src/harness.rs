@@ -439,7 +439,9 @@ fn ci_cleanup(ctx: &Ctx, passed: bool) {
 /// The layers of one major, in the table's order; the private cluster started before the first
 /// layer that runs on it (when one of those is to run) and stopped after the last (also when
 /// this run did not start it: a test process leaves it running, and the next layers use its
-/// port).
+/// port): before the first later layer that is to run (some use the port for servers of their
+/// own), else at the end when a layer ran on it. A run of no layer on the private cluster or
+/// after it (`--layers package`) leaves it as it is: another run may be using it.
 fn run_major(h: &mut Harness, ctx: &Ctx) {
     let private = Server::private(&ctx.config);
     let here: Vec<&Layer> = LAYERS.iter().filter(|l| l.runs_on(ctx)).collect();
@@ -455,7 +457,7 @@ fn run_major(h: &mut Harness, ctx: &Ctx) {
             let started = if needed { catch_unwind(AssertUnwindSafe(|| private.ensure_started())) } else { Ok(()) };
             cluster = Some(started.map_err(|p| format!("{}\n{}", panic_text(&*p), idempotency_pgserver::root().join("target/servers").display())));
         }
-        if !layer.private && cluster.is_some() && !stopped {
+        if !layer.private && cluster.is_some() && !stopped && h.wants(layer.name) {
             stop();
             stopped = true;
         }
@@ -468,7 +470,7 @@ fn run_major(h: &mut Harness, ctx: &Ctx) {
             _ => h.run(ctx, layer),
         }
     }
-    if cluster.is_some() && !stopped {
+    if cluster.is_some() && !stopped && needed {
         stop();
     }
 }

@@ -103,8 +103,10 @@ fn code_of_http(status: StatusCode) -> Code {
 }
 
 /// The layer's own answer as a gRPC status (trailers-only): the code each problem maps to, the
-/// problem's `detail` as the message, its type as the `idempotency-problem` metadata, and
-/// `retry-after` (whole seconds) where HTTP sends `Retry-After`.
+/// problem's `detail` as the message, its type as the `idempotency-problem` metadata, and where
+/// HTTP sends `Retry-After` (in progress, lease lost: ABORTED; store unavailable: UNAVAILABLE)
+/// `retry-after` in whole seconds and gRPC's own `grpc-retry-pushback-ms` (gRFC A6: a client
+/// whose retry policy lists the code waits that long before its retry).
 pub(crate) fn status_of(problem: &Problem) -> Response<Body> {
     let code = match problem.kind() {
         types::USER_MISSING => Code::Unauthenticated,
@@ -123,6 +125,7 @@ pub(crate) fn status_of(problem: &Problem) -> Response<Body> {
     }
     if let Some(after) = problem.retry_after_hint() {
         headers.insert("retry-after", HeaderValue::from(after.as_secs().max(1)));
+        headers.insert("grpc-retry-pushback-ms", HeaderValue::from(u64::try_from(after.as_millis()).unwrap_or(u64::MAX)));
     }
     if problem.kind() == types::ENCODING_UNSUPPORTED {
         headers.insert("grpc-accept-encoding", HeaderValue::from_static(encoding::READABLE));
@@ -160,6 +163,19 @@ mod tests {
         for name in ["grpc-status", "grpc-message", "grpc-status-details-bin", "x-reason", "x-trace-bin"] {
             assert!(trailers.contains_key(name), "{name} in {trailers:?}");
         }
+    }
+
+    #[test]
+    fn a_refusal_to_retry_later_carries_the_pushback() {
+        let problem = Problem::new(409, types::IN_PROGRESS, "In progress", "busy").retry_after(std::time::Duration::from_millis(1500));
+        let response = status_of(&problem);
+        let headers = response.headers();
+        assert_eq!(headers.get("grpc-status").unwrap(), &(Code::Aborted as i32).to_string());
+        assert_eq!((headers.get("retry-after").unwrap(), headers.get("grpc-retry-pushback-ms").unwrap()), (&HeaderValue::from(1u64), &HeaderValue::from(1500u64)));
+        let refused = status_of(&Problem::new(415, types::ENCODING_UNSUPPORTED, "Unsupported grpc-encoding", "zstd"));
+        assert_eq!(refused.headers().get("grpc-status").unwrap(), &(Code::Unimplemented as i32).to_string());
+        assert_eq!(refused.headers().get("grpc-accept-encoding").unwrap(), encoding::READABLE);
+        assert!(refused.headers().get("grpc-retry-pushback-ms").is_none());
     }
 
     #[tokio::test]

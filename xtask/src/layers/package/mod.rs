@@ -1,16 +1,28 @@
-//! Layers package, package_tarball, package_deb: scripts/package.sh builds the packages of the
-//! major; the tarball is installed by its install.sh into a fresh copy of the major's tree, the
-//! .deb by dpkg into Debian's own directories when the major is Debian's (and removed again),
-//! else unpacked into a fresh copy of the tree; each is smoke-tested (tests/package) on the
-//! private cluster's data run with that tree's binaries.
+//! Layers package, package_tarball, package_deb, package_out_of_tree (PostgreSQL 18 and later)
+//! and package_pgxn: scripts/package.sh builds the major's tarball and .deb and the PGXN
+//! distribution; the tarball is installed by its install.sh into a fresh copy of the major's
+//! tree; the .deb is inspected and installed by dpkg where Debian's PostgreSQL of the major is
+//! installed, else unpacked into a fresh copy of the tree ([`deb`]); on 18 the tarball is also
+//! loaded from where it was unpacked ([`out_of_tree`]); META.json is validated against the PGXN
+//! Meta Spec ([`pgxn`]). Each install is smoke-tested (tests/package) on a server of its own on
+//! [`port`], never on the private cluster (another layer's, or another run's, may be using it).
+
+mod deb;
+mod out_of_tree;
+mod pgxn;
 
 use super::Record;
 use crate::ctx::Ctx;
 use crate::report::Checks;
 use crate::suite::{self, Driver};
-use idempotency_pgserver::{debian, pg_config_value, unpack, Server, Stop};
+use idempotency_pgserver::unpack;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+/// The port of the layers' own servers: the private cluster's + 60 (one server at a time).
+fn port(ctx: &Ctx) -> u16 {
+    ctx.port + 60
+}
 
 /// Runs the layers, each recorded through `layer`.
 pub(crate) fn run(ctx: &Ctx, layer: &mut Record<'_>) {
@@ -35,14 +47,9 @@ pub(crate) fn run(ctx: &Ctx, layer: &mut Record<'_>) {
 
     layer("package_tarball", &mut |ctx, checks| {
         let log = checks.log_path().to_owned();
-        let prefix = format!("idempotency-{}-pg{}-linux-", ctx.version, ctx.major);
-        let tarball = find(&pkg, &prefix, ".tar.gz");
-        let installed = tarball.ok_or_else(|| format!("no {prefix}*.tar.gz in {}", pkg.display())).and_then(|tarball| {
+        let installed = untar(ctx, &pkg, &tested.join("tarball")).and_then(|dir| {
             let copy = unpack(ctx.major, &tested.join("tree"))?;
-            let untar = crate::sh::to_log(Command::new("tar").arg("-xzf").arg(&tarball).arg("-C").arg(&tested), &log);
-            let dir = find(&tested, "idempotency-", "").ok_or("the tarball holds no idempotency-* directory")?;
-            let ok = untar && crate::sh::to_log(Command::new(dir.join("install.sh")).env("PG_CONFIG", &copy), &log);
-            if ok {
+            if crate::sh::to_log(Command::new(dir.join("install.sh")).env("PG_CONFIG", &copy), &log) {
                 Ok(copy)
             } else {
                 Err(crate::sh::tail(&std::fs::read_to_string(&log).unwrap_or_default(), 20))
@@ -56,49 +63,22 @@ pub(crate) fn run(ctx: &Ctx, layer: &mut Record<'_>) {
             Err(e) => checks.fail("the tarball's install.sh into a fresh copy of the tree", &e),
         }
     });
-
-    let deb = find(&pkg, &format!("postgresql-{}-idempotency_", ctx.major), ".deb");
-    if let Some(deb) = deb {
-        layer("package_deb", &mut |ctx, checks| {
-            let log = checks.log_path().to_owned();
-            if ctx.config == debian() {
-                if crate::sh::to_log(Command::new("dpkg").arg("-i").arg(&deb), &log) {
-                    checks.pass("dpkg -i the .deb into Debian's PostgreSQL");
-                    smoke(ctx, checks, "package_deb", &ctx.config);
-                    let removed = crate::sh::to_log(Command::new("dpkg").arg("-r").arg(format!("postgresql-{}-idempotency", ctx.major)), &log);
-                    checks.check("dpkg -r removes it again", if removed { Ok(()) } else { Err("dpkg -r failed (see the log)".into()) });
-                } else {
-                    checks.fail("dpkg -i the .deb into Debian's PostgreSQL", &crate::sh::tail(&std::fs::read_to_string(&log).unwrap_or_default(), 20));
-                }
-            } else {
-                let unpacked = (|| -> Result<PathBuf, String> {
-                    let copy = unpack(ctx.major, &tested.join("deb-tree"))?;
-                    let root = tested.join("deb-root");
-                    crate::sh::capture(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&root))?;
-                    let deb_lib = format!("{}{}", root.display(), pg_config_value(&debian(), "--pkglibdir"));
-                    let deb_ext = format!("{}{}/extension", root.display(), pg_config_value(&debian(), "--sharedir"));
-                    let lib = pg_config_value(&copy, "--pkglibdir");
-                    std::fs::copy(Path::new(&deb_lib).join("idempotency.so"), Path::new(&lib).join("idempotency.so")).map_err(|e| format!("copy the library: {e}"))?;
-                    let ext = PathBuf::from(pg_config_value(&copy, "--sharedir")).join("extension");
-                    for entry in std::fs::read_dir(&deb_ext).map_err(|e| format!("{deb_ext}: {e}"))? {
-                        let entry = entry.map_err(|e| e.to_string())?;
-                        if entry.file_name().to_string_lossy().starts_with("idempotency") {
-                            std::fs::copy(entry.path(), ext.join(entry.file_name())).map_err(|e| format!("copy {:?}: {e}", entry.file_name()))?;
-                        }
-                    }
-                    Ok(copy)
-                })();
-                match unpacked {
-                    Ok(copy) => {
-                        checks.pass("the .deb's files into a fresh copy of the tree");
-                        smoke(ctx, checks, "package_deb", &copy);
-                    }
-                    Err(e) => checks.fail("the .deb's files into a fresh copy of the tree", &e),
-                }
-            }
-        });
+    layer("package_deb", &mut |ctx, checks| deb::run(ctx, checks, &pkg, &tested));
+    if ctx.major >= 18 {
+        layer("package_out_of_tree", &mut |ctx, checks| out_of_tree::run(ctx, checks, &pkg, &tested));
     }
+    layer("package_pgxn", &mut |ctx, checks| pgxn::run(ctx, checks));
     let _ = std::fs::remove_dir_all(&tested);
+}
+
+/// The major's tarball unpacked into `into`: the one directory it holds.
+fn untar(ctx: &Ctx, pkg: &Path, into: &Path) -> Result<PathBuf, String> {
+    let prefix = format!("idempotency-{}-pg{}-linux-", ctx.version, ctx.major);
+    let tarball = find(pkg, &prefix, ".tar.gz").ok_or_else(|| format!("no {prefix}*.tar.gz in {}", pkg.display()))?;
+    let _ = std::fs::remove_dir_all(into);
+    std::fs::create_dir_all(into).map_err(|e| format!("create {}: {e}", into.display()))?;
+    crate::sh::capture(Command::new("tar").arg("-xzf").arg(&tarball).arg("-C").arg(into))?;
+    find(into, "idempotency-", "").ok_or_else(|| format!("{} holds no idempotency-* directory", tarball.display()))
 }
 
 /// The first entry of `dir` named `prefix*suffix`.
@@ -113,12 +93,10 @@ fn find(dir: &Path, prefix: &str, suffix: &str) -> Option<PathBuf> {
     found.into_iter().next()
 }
 
-/// The package smoke test (tests/package) on the private cluster's data, run with `config`'s
-/// binaries.
+/// The package smoke test (tests/package) on a fresh server of `config`'s binaries on [`port`],
+/// stopped afterwards (its directory deleted, or kept when a check failed).
 fn smoke(ctx: &Ctx, checks: &mut Checks, name: &str, config: &Path) {
-    Server::private(&ctx.config).stop(Stop::Fast);
-    let server = Server::private(config);
-    server.ensure_started();
+    let server = super::throwaway_of(config, &format!("{name}-{}", ctx.major), port(ctx), "");
     let run = suite::Run {
         pg_config: config,
         driver: Driver::Regress,
@@ -130,5 +108,5 @@ fn smoke(ctx: &Ctx, checks: &mut Checks, name: &str, config: &Path) {
     };
     let log = ctx.logs.join(format!("{name}-smoke.log"));
     suite::run(checks, &run, &log);
-    server.stop(Stop::Fast);
+    super::finish(server, checks);
 }
