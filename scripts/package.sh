@@ -173,8 +173,16 @@ case "\$got" in
 "PostgreSQL $major."*) ;;
 *) echo "install.sh: this package is for PostgreSQL $major; \$pg_config is \$got" >&2; exit 1 ;;
 esac
-cp "\$here"/lib/idempotency.so "\$("\$pg_config" --pkglibdir)/"
-cp "\$here"/share/extension/idempotency* "\$("\$pg_config" --sharedir)/extension/"
+# Each file written beside its old copy and renamed over it: a running backend that has the old
+# library mapped keeps it (copying over it in place can crash that backend with SIGBUS).
+put() {
+    cp "\$1" "\$2/.\$(basename "\$1").new"
+    mv -f "\$2/.\$(basename "\$1").new" "\$2/\$(basename "\$1")"
+}
+put "\$here"/lib/idempotency.so "\$("\$pg_config" --pkglibdir)"
+for f in "\$here"/share/extension/idempotency*; do
+    put "\$f" "\$("\$pg_config" --sharedir)/extension"
+done
 echo "installed idempotency $version into \$("\$pg_config" --pkglibdir) and \$("\$pg_config" --sharedir)/extension"
 INSTALL
     chmod +x "$out/$name/install.sh"
