@@ -168,10 +168,11 @@ async fn another_role_cannot_complete_extend_release_or_replay_a_key_whatever_it
         .expect("the record");
     assert_eq!((row.get::<_, String>(0), row.get::<_, bool>(1), row.get::<_, bool>(2)), ("PROCESSING".to_owned(), true, true));
 
-    // A ten-year heartbeat lease is refused even to the owner: at most idempotency.ttl.
+    // A ten-year heartbeat lease is refused even to the owner: at most the record's remaining
+    // ttl or idempotency.ttl, whichever is longer.
     let (code, message) = refused(&alice, &format!("SELECT idem_heartbeat('roles', 'u', 'k1', {t}, lease => '10 years')")).await;
     assert_eq!(code, "22023", "{message}");
-    assert_eq!(message, "lease must not exceed ttl, got lease 10 years and ttl 1 day");
+    assert_eq!(message, "lease must not exceed the record's remaining ttl or idempotency.ttl (1 day), whichever is longer, got 10 years");
     let extended: bool = alice
         .query_one("SELECT idem_heartbeat('roles', 'u', 'k1', $1, lease => '1 hour')", &[&t])
         .await

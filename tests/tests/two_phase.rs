@@ -158,6 +158,103 @@ idempotency_testkit::for_each_driver! {
         assert_eq!(charges_for(&client, &key).await, 1);
     }
 
+    /// The client's events at warn level and above, as (level, message, sqlstate), seen by a
+    /// subscriber set as this thread's default: the test runs on a current-thread runtime, so
+    /// the heartbeat task it spawns reports here too.
+    #[derive(Clone, Default)]
+    struct Events(Arc<std::sync::Mutex<Vec<(tracing::Level, String, String)>>>);
+
+    impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Events {
+        fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+            struct Fields(String, String);
+            impl tracing::field::Visit for Fields {
+                fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+                    if field.name() == "sqlstate" {
+                        self.1 = value.to_owned();
+                    }
+                }
+                fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                    if field.name() == "message" {
+                        self.0 = format!("{value:?}");
+                    }
+                }
+            }
+            let meta = event.metadata();
+            if meta.target().starts_with("idempotency_client") && *meta.level() <= tracing::Level::WARN {
+                let mut fields = Fields(String::new(), String::new());
+                event.record(&mut fields);
+                self.0.lock().unwrap().push((*meta.level(), fields.0, fields.1));
+            }
+        }
+    }
+
+    impl Events {
+        fn refused(&self) -> Vec<String> {
+            let seen = self.0.lock().unwrap();
+            seen.iter().filter(|(level, message, _)| *level == tracing::Level::ERROR && message.contains("heartbeat was refused"))
+                .map(|(_, _, sqlstate)| sqlstate.clone())
+                .collect()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_refused_heartbeat_is_traced_at_error_level_and_stops_and_a_lapsed_lease_is_lost() {
+        // Issue 40: the heartbeat task swallowed every error. A beat the server refuses (here
+        // 22023: the record, 1 s from its expiry, cannot take a 3 s lease under a session whose
+        // idempotency.ttl is 1 s) is traced at error level once and ends the task; the lease
+        // lapses, recovery releases the key, and run_external answers LeaseLost (the fence).
+        use tracing_subscriber::layer::SubscriberExt;
+        let events = Events::default();
+        let _default = tracing::subscriber::set_default(tracing_subscriber::registry().with(events.clone()));
+        let name = db("idem_two_phase_refused_beat");
+        let url = idempotency_testkit::fresh_database(&name).await;
+        idempotency_testkit::admin_at(&url)
+            .await
+            .batch_execute(&format!("ALTER DATABASE {name} SET idempotency.ttl = '1s'"))
+            .await
+            .unwrap();
+        let lease = Duration::from_secs(3);
+        let idem = connect_with(&url, 8, Settings::builder().ttl(Duration::from_secs(3600)).lease(lease));
+        let operator = Idempotency::connect(&url, 2).expect("pool").pool().clone();
+        let key = unique_key("external.refused_beat");
+        let fp = Fingerprint::of_json(&json!({"a": 1})).unwrap();
+        let schema = idem.schema().await.unwrap();
+
+        let call = {
+            let (key, operator, schema, events) = (key.clone(), operator.clone(), schema.clone(), events.clone());
+            async move {
+                let client = operator.get().await.unwrap();
+                eventually("the call's reservation is recorded", Duration::from_secs(60), || async {
+                    match ops::lookup(&client, &schema, &key).await {
+                        Ok(Some(r)) if r.status == ops::Status::Processing => Ok(()),
+                        other => Err(format!("{other:?}")),
+                    }
+                })
+                .await;
+                let near = "UPDATE idem_records SET expires_at = clock_timestamp() + interval '1 second' WHERE key = $1";
+                assert_eq!(client.execute(near, &[&key.key()]).await.unwrap(), 1);
+                eventually("a refused heartbeat is traced at error level", Duration::from_secs(60), || async {
+                    let refused = events.refused();
+                    if refused.is_empty() { Err("no event yet".to_owned()) } else { Ok(()) }
+                })
+                .await;
+                // Three more beats' worth of time: a task that kept beating would be refused again.
+                tokio::time::sleep(lease).await;
+                let lapsed = "UPDATE idem_records SET lease_expires_at = clock_timestamp() - interval '1 second' WHERE key = $1";
+                assert_eq!(client.execute(lapsed, &[&key.key()]).await.unwrap(), 1);
+                let n = ops::recover_stuck(&client, &schema, 100, RecoverAction::Release, None).await.unwrap();
+                assert_eq!(n, 1, "the lapsed lease is recovered");
+                Ok::<_, DbError>(StoredResponse::json(201, json!({"network_ref": "ch_3"})))
+            }
+        };
+        let outcome = Box::pin(idem.run_external(&key, &fp, Box::pin(call), record(key.to_string()))).await;
+
+        assert!(matches!(outcome, Err(Error::LeaseLost { .. })), "{outcome:?}");
+        assert_eq!(events.refused(), vec!["22023".to_owned()], "one refused beat, then no more");
+        let client = operator.get().await.unwrap();
+        assert_eq!(charges_for(&client, &key).await, 0, "the local write rolled back");
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_worker_that_lost_its_key_cannot_complete_it() {
         let lease = Duration::from_millis(300);

@@ -208,6 +208,12 @@ impl<D: Driver> Idempotency<D> {
     /// error stores it as `FAILED`. If the lease was lost meanwhile (recovered or taken over),
     /// `record`'s writes are rolled back and [`Error::LeaseLost`] is returned.
     ///
+    /// A heartbeat the server refuses (an error other than a lost connection, a serialization
+    /// failure or a deadlock, which are tried again a third of a lease later) is traced at error
+    /// level (feature `tracing`) and stops the heartbeats: the lease lapses while `call` runs
+    /// on, and the completion's fence decides as above (`LeaseLost` if recovery or another
+    /// attempt took the key meanwhile).
+    ///
     /// Once `call` has succeeded the outside effect has happened, so the key is never released
     /// again: the local transaction is retried (with the heartbeat still running) on 40001,
     /// 40P01 and lost connections, up to [`Settings::serialization_retries`] times; `record` is
