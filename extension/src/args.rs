@@ -83,11 +83,13 @@ pub unsafe extern "C-unwind" fn _idem_check_request_hash_wrapper(fcinfo: pg_sys:
 }
 
 /// `_idem_require(name text, is_null boolean) RETURNS boolean`: true, or 22004 naming `name`
-/// (read as the database's bytes, converted: [`encoding::utf8`]).
+/// (read as the database's bytes, converted: [`encoding::utf8`]; a NULL name shows as `<NULL>`,
+/// as PL/pgSQL's RAISE shows it in the portable twin). Not STRICT, so every argument may be
+/// NULL: a non-`Option` one would be pgrx's panic (XX000) instead.
 #[pg_extern(sql = false, immutable, parallel_safe)]
-pub(crate) fn _idem_require(name: &[u8], is_null: Option<bool>) -> bool {
+pub(crate) fn _idem_require(name: Option<&[u8]>, is_null: Option<bool>) -> bool {
     if is_null != Some(false) {
-        let name = encoding::utf8("name", name);
+        let name = name.map_or("<NULL>", |name| encoding::utf8("name", name));
         raise(PgSqlErrorCode::ERRCODE_NULL_VALUE_NOT_ALLOWED, format!("{name} must not be NULL"));
     }
     true

@@ -39,10 +39,13 @@ unsafe impl<'fcx> ArgAbi<'fcx> for JsonbText {
 
 pgrx::impl_sql_translatable!(JsonbText, arg_only = "jsonb");
 
+// Every SQL-callable function here takes its argument as an `Option`: declared STRICT, but a
+// NULL reaching a non-`Option` argument (a declaration without STRICT) would be pgrx's panic.
+
 /// `idem_fingerprint(request jsonb) RETURNS text`
 #[pg_extern(sql = false, immutable, strict, parallel_safe)]
-fn _idem_fingerprint_jsonb(request: JsonbText) -> String {
-    fingerprint_json(&request.0)
+fn _idem_fingerprint_jsonb(request: Option<JsonbText>) -> Option<String> {
+    request.map(|request| fingerprint_json(&request.0))
 }
 
 fn fingerprint_json(text: &str) -> String {
@@ -60,8 +63,8 @@ fn fingerprint_json(text: &str) -> String {
 
 /// `idem_fingerprint(request bytea) RETURNS text`
 #[pg_extern(sql = false, immutable, strict, parallel_safe)]
-fn _idem_fingerprint_bytea(request: &[u8]) -> String {
-    Fingerprint::of_bytes(request).to_string()
+fn _idem_fingerprint_bytea(request: Option<&[u8]>) -> Option<String> {
+    request.map(|request| Fingerprint::of_bytes(request).to_string())
 }
 
 /// `idem_fingerprint(request text) RETURNS text`: the text read as JSON, so an untyped literal
@@ -69,6 +72,6 @@ fn _idem_fingerprint_bytea(request: &[u8]) -> String {
 /// database's bytes and converted to UTF-8 ([`encoding::utf8`]), never by pgrx's `&str`, which
 /// panics on bytes that are not UTF-8.
 #[pg_extern(sql = false, immutable, strict, parallel_safe)]
-fn _idem_fingerprint_text(request: &[u8]) -> String {
-    fingerprint_json(encoding::utf8("request", request))
+fn _idem_fingerprint_text(request: Option<&[u8]>) -> Option<String> {
+    request.map(|request| fingerprint_json(encoding::utf8("request", request)))
 }

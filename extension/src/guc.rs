@@ -308,8 +308,9 @@ pub(crate) fn register() {
 /// value stay the database's bytes (a text datum is laid out as a bytea one), never read as a
 /// Rust string: a name or a value need not be UTF-8 ([`crate::encoding`]).
 #[pg_extern(sql = false)]
-fn _idem_setting(name: &[u8]) -> Option<Vec<u8>> {
-    let name = CString::new(name).ok()?;
+fn _idem_setting(name: Option<&[u8]>) -> Option<Vec<u8>> {
+    // STRICT, but total: a NULL name is a NULL value.
+    let name = CString::new(name?).ok()?;
     // SAFETY: a valid C string; with missing_ok the call returns NULL rather than raising.
     unsafe {
         let value = pg_sys::GetConfigOptionByName(name.as_ptr(), std::ptr::null_mut(), true);

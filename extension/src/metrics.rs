@@ -73,8 +73,10 @@ pub(crate) fn add(event: &str, n: u64) -> Option<u64> {
 /// changes no database state and answers the same for the same arguments, so PL/pgSQL evaluates
 /// the assignment that calls it as a simple expression without taking a new snapshot.
 #[pg_extern(sql = false)]
-fn _idem_count(event: &[u8], n: i64) -> bool {
-    add(crate::encoding::utf8("event", event), u64::try_from(n).unwrap_or(0)).is_some()
+fn _idem_count(event: Option<&[u8]>, n: Option<i64>) -> Option<bool> {
+    // STRICT, but total: a NULL argument is a NULL answer, as STRICT makes it.
+    let (event, n) = (event?, n?);
+    Some(add(crate::encoding::utf8("event", event), u64::try_from(n).unwrap_or(0)).is_some())
 }
 
 /// `idem_metrics() RETURNS TABLE (name text, value bigint)`: every counter since the server
