@@ -22,8 +22,8 @@ pub trait Kit: Driver {
     const NAME: &'static str;
     /// A short name for the databases a suite makes per driver (`pg`, `sqlx`).
     const SHORT: &'static str;
-    /// Whether a call dropped mid-request asks the server to cancel its statement (a cancel
-    /// request) besides closing the connection.
+    /// Whether the statement of a call dropped mid-request ends while it waits (a cancel request
+    /// over tokio-postgres, the server's connection check over sqlx), not when it is done.
     const CANCELS_ON_DROP: bool;
 
     /// A handle on `url` with a pool of `pool_size` connections.
@@ -142,9 +142,9 @@ impl Kit for Sqlx {
     type DbError = sqlx::Error;
     const NAME: &'static str = "sqlx";
     const SHORT: &'static str = "sqlx";
-    // sqlx has no cancel request: the connection is closed, and the server notices after the
-    // statement.
-    const CANCELS_ON_DROP: bool = false;
+    // sqlx has no cancel request: the connection is closed, and the server's connection check
+    // (client_connection_check_interval, set to 1 s by connect_sqlx_with) ends the statement.
+    const CANCELS_ON_DROP: bool = true;
 
     fn try_connect(url: &str, pool_size: usize, settings: Settings) -> Result<Idempotency<Self>, idempotency_client::Error> {
         let size = u32::try_from(pool_size).expect("a pool size that fits u32");
@@ -225,7 +225,7 @@ macro_rules! driver_module {
             pub type Charge = crate::handler::Charge<TestDriver>;
             /// The driver's name, for messages.
             pub const NAME: &str = <TestDriver as Kit>::NAME;
-            /// Whether a call dropped mid-request sends a cancel request.
+            /// Whether the statement of a call dropped mid-request ends while it waits.
             pub const CANCELS_ON_DROP: bool = <TestDriver as Kit>::CANCELS_ON_DROP;
 
             /// A handle on `url` with a pool of `pool_size` connections (and the test kit's

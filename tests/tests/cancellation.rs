@@ -7,17 +7,20 @@
 //! before it passes), `check_extension` for a lock on `pg_extension`; the test holds each lock,
 //! and the future is dropped once the server shows the call's backend waiting for it.
 //!
-//! Over tokio-postgres a dropped guard sends a cancel request, so the suite first shows the
-//! dropped backend gone while the lock is still held: nothing it sent can commit. Over sqlx
-//! (no cancel request) the backend runs until the lock is released, so a request that carried
-//! its own COMMIT may commit (whole: a completed key and its business row, replayed by the next
-//! attempt). Then the lock is released, and the suite checks what a production service needs:
-//! no session of the database is left in a transaction, the pooled connection is not inside one,
+//! Over tokio-postgres a dropped guard sends a cancel request; over sqlx (no cancel request) it
+//! closes the connection, and the server's connection check (`client_connection_check_interval`,
+//! which the sqlx handle's pool sets to 1 s) ends the backend. So the suite first shows the
+//! dropped backend gone while the lock is still held: nothing it sent can commit (a driver
+//! without either would let a request that carried its own COMMIT commit whole, once the lock
+//! is released: `CANCELS_ON_DROP`). Then the lock is released, and the suite checks what a
+//! production service needs: no session of the database is left in a transaction, the pooled
+//! connection is not inside one,
 //! the key's record is what the entry point's documentation says, and the next attempt runs (or
 //! replays) with exactly one business row. Every handle has a pool of ONE connection, so the next
 //! attempt gets whatever connection the dropped call left behind. Written once over the test
 //! kit's driver names: both drivers run it from one binary (`over_postgres::`, `over_sqlx::`),
-//! on both installs.
+//! on both installs. `run` dropped at its reservation and in its closure runs besides over a
+//! server that accepts TLS only, in each `sslmode` that reaches it (`..._over_tls_<mode>_...`).
 
 idempotency_testkit::for_each_driver! {
     use axum::body::Body;
