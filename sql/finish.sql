@@ -37,7 +37,7 @@ BEGIN
     END IF;
     IF response IS NOT NULL THEN
         v_limit := @extschema@._idem_max_response_bytes();
-        v_size := octet_length(response::text);
+        v_size := @extschema@._idem_utf8_length(response::text);  -- UTF-8 bytes, as native
         IF v_size > v_limit THEN
             -- Never echo the value: it may be huge, and it may be private.
             RAISE EXCEPTION 'response must be at most % bytes (idempotency.max_response_bytes), got %',
@@ -111,9 +111,9 @@ BEGIN
             USING ERRCODE = '22023';
     END IF;
     v_limit := @extschema@._idem_max_response_bytes();
-    SELECT x.i, octet_length(x.r::text) AS size INTO v_bad
+    SELECT x.i, @extschema@._idem_utf8_length(x.r::text) AS size INTO v_bad
       FROM unnest(idem_complete_many.responses) WITH ORDINALITY AS x(r, i)
-     WHERE octet_length(x.r::text) > v_limit
+     WHERE @extschema@._idem_utf8_length(x.r::text) > v_limit
      LIMIT 1;
     IF FOUND THEN
         -- Never echo the value: it may be huge, and it may be private.

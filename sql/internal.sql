@@ -74,6 +74,20 @@ $fn$;
 COMMENT ON FUNCTION @extschema@._idem_utf8(text, text) IS
     'Internal: a text argument as UTF-8 bytes (converted from the database''s encoding); in SQL_ASCII its bytes, or 22021 naming the argument when they are not UTF-8.';
 
+-- The length of a text in UTF-8 bytes, as the native functions measure a response: its own
+-- where text is stored unconverted (UTF8; SQL_ASCII keeps the client's bytes), else its
+-- conversion's.
+CREATE FUNCTION @extschema@._idem_utf8_length(value text) RETURNS integer
+    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+    SET search_path = pg_catalog, pg_temp
+    AS $fn$
+    SELECT CASE WHEN getdatabaseencoding() IN ('UTF8', 'SQL_ASCII') THEN octet_length(value)
+                ELSE octet_length(convert_to(value, 'UTF8')) END
+$fn$;
+
+COMMENT ON FUNCTION @extschema@._idem_utf8_length(text) IS
+    'Internal: the length of a text in UTF-8 bytes (a response''s size, as the native functions measure it).';
+
 -- The rule of one key part or request_hash, for the PL/pgSQL twins of the native checks: on the
 -- value's UTF-8 bytes, as the native checks (in a UTF-8 database, the text itself).
 CREATE FUNCTION @extschema@._idem_check_part(name text, value text, forbid_controls boolean)

@@ -42,6 +42,7 @@ REVOKE EXECUTE ON FUNCTION
     @extschema@._idem_setting(text),
     @extschema@._idem_conf(text),
     @extschema@._idem_utf8(text, text),
+    @extschema@._idem_utf8_length(text),
     @extschema@._idem_check_part(text, text, boolean),
     @extschema@._idem_checked_interval(text, interval),
     @extschema@._idem_max_response_bytes(),

@@ -74,6 +74,17 @@ pub(crate) fn utf8<'a>(name: &str, bytes: &'a [u8]) -> &'a str {
     })
 }
 
+/// The length in UTF-8 bytes of `bytes`, text in the database's encoding (a response's size, as
+/// `_idem_utf8_length` measures it for the PL/pgSQL functions): its own length where text is
+/// not converted ([`unconverted`]; SQL_ASCII bytes counted as they are), else its conversion's.
+pub(crate) fn utf8_len(bytes: &[u8]) -> usize {
+    if unconverted() || bytes.is_ascii() {
+        bytes.len()
+    } else {
+        utf8("response", bytes).len()
+    }
+}
+
 /// An error message as PostgreSQL may read it in this database: unchanged where text is UTF-8
 /// ([`unconverted`]) or the message is ASCII; otherwise each non-ASCII character as `\uXXXX`
 /// (`\UXXXXXXXX` beyond the BMP), which reads the same in every encoding. Only a message that

@@ -50,8 +50,9 @@ fn quoted(s: &str) -> String {
 
 /// The cases of one word (`i` keeps its keys apart): fingerprints (both forms, and an invalid
 /// JSON text whose error names a byte offset), the key length rule at its boundary, a reserve
-/// and complete, the replay with its response, a mismatch against every other word (the
-/// collision the lossy decoding made), a release counted, a heartbeat.
+/// and complete, the replay with its response, a release counted, a heartbeat, the response
+/// size limit at its boundary, a mismatch against every other word (the collision the lossy
+/// decoding made).
 fn cases(i: usize, word: &str, others: &[&str]) -> Vec<String> {
     let q = quoted(word);
     let (op, user, key) = (format!("pay.{q}"), format!("u-{q}"), format!("k{i}-{q}"));
@@ -81,6 +82,21 @@ fn cases(i: usize, word: &str, others: &[&str]) -> Vec<String> {
              SELECT idem_heartbeat('{op}', '{user}', 'b{i}', r.token, '1 minute')::text FROM r"
         ),
     ];
+    // The response limit counts the UTF-8 bytes of the response's jsonb text, in any database:
+    // one byte short of this one's refuses it, its size stores it.
+    let size = format!(r#"{{"name": "{word}"}}"#).len();
+    for (limit, k) in [(size - 1, "z"), (size, "y")] {
+        out.push(format!("SELECT set_config('idempotency.max_response_bytes', '{limit}', false)"));
+        out.push(format!(
+            "WITH r AS (SELECT * FROM idem_reserve('{op}', '{user}', '{k}{i}', 'h')) \
+             SELECT idem_complete('{op}', '{user}', '{k}{i}', r.token, '{{\"name\":\"{q}\"}}'::jsonb)::text FROM r"
+        ));
+        out.push(format!(
+            "SELECT string_agg(key || ' ' || completed, ',') FROM idem_complete_many('{op}', '{user}', \
+             ARRAY['m{i}'], ARRAY[1::bigint], ARRAY['{{\"name\":\"{q}\"}}'::jsonb])"
+        ));
+    }
+    out.push("SELECT set_config('idempotency.max_response_bytes', '1MB', false)".into());
     for other in others.iter().filter(|o| **o != word) {
         let o = quoted(other);
         out.push(format!(

@@ -101,10 +101,11 @@ pub unsafe extern "C-unwind" fn idem_complete_native(fcinfo: pg_sys::FunctionCal
     if let Some(response) = response {
         let (limit, setting) = guc::max_response_bytes_named();
         let limit = i64::from(limit);
-        // SAFETY: jsonb_out of a jsonb datum returns a palloc'd C string (its text form).
+        // SAFETY: jsonb_out of a jsonb datum returns a palloc'd C string (its text form), in the
+        // database's encoding: measured in UTF-8 bytes in every database (crate::encoding).
         let size = unsafe {
             let text = pg_sys::DirectFunctionCall1Coll(Some(call::builtins::jsonb_out), pg_sys::InvalidOid, response);
-            let size = std::ffi::CStr::from_ptr(text.cast_mut_ptr()).to_bytes().len();
+            let size = crate::encoding::utf8_len(std::ffi::CStr::from_ptr(text.cast_mut_ptr()).to_bytes());
             pg_sys::pfree(text.cast_mut_ptr());
             size as i64
         };
