@@ -37,11 +37,12 @@ REVOKE EXECUTE ON FUNCTION
     @extschema@.idem_sweep(integer)
     FROM PUBLIC;
 
--- Internals run inside the API functions, as their owner.
+-- Internals run inside the API functions, as their owner. Not _idem_utf8: the portable install's
+-- idem_fingerprint (PUBLIC's, running as its caller) reads its argument through it; it reads
+-- nothing but its arguments.
 REVOKE EXECUTE ON FUNCTION
     @extschema@._idem_setting(text),
     @extschema@._idem_conf(text),
-    @extschema@._idem_utf8(text, text),
     @extschema@._idem_utf8_length(text),
     @extschema@._idem_check_part(text, text, boolean),
     @extschema@._idem_checked_interval(text, interval),

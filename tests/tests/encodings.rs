@@ -229,3 +229,39 @@ async fn the_client_runs_a_non_ascii_key_in_a_latin1_database() {
     let err = idem.run(&key, &fp("Mäller"), handler("Mäller")).await.unwrap_err();
     assert!(matches!(err, Error::Mismatch), "{err:?}");
 }
+
+/// The current version's scripts are ASCII, so they read alike in every encoding: the sources
+/// (an install script is their concatenation), the portable install and the update script from
+/// the previous release, as scripts/sqlbuild.py writes them. (0.6.0's comments held dashes
+/// and a micro sign: `CREATE EXTENSION` failed in EUC_JP.)
+#[test]
+fn the_current_version_scripts_are_ascii() {
+    let root = idempotency_testkit::root();
+    let sqlbuild = |args: &[&str]| {
+        let out = std::process::Command::new("python3").arg(root.join("scripts/sqlbuild.py")).args(args).current_dir(&root).output().unwrap();
+        assert!(out.status.success(), "sqlbuild.py {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        out.stdout
+    };
+    let versions = String::from_utf8(sqlbuild(&["versions"])).unwrap();
+    let chain: Vec<&str> = versions.lines().collect();
+    let [.., previous, current] = chain[..] else { panic!("no previous release in {chain:?}") };
+    let mut scripts = vec![
+        (format!("sqlbuild.py upgrade {previous} {current}"), sqlbuild(&["upgrade", previous, current])),
+        ("sqlbuild.py portable".to_string(), sqlbuild(&["portable"])),
+    ];
+    for dir in ["sql", "sql/portable"] {
+        for entry in std::fs::read_dir(root.join(dir)).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "sql") {
+                scripts.push((path.display().to_string(), std::fs::read(&path).unwrap()));
+            }
+        }
+    }
+    assert!(scripts.len() > 10, "{} scripts", scripts.len());
+    for (name, bytes) in scripts {
+        if let Some(at) = bytes.iter().position(|b| !b.is_ascii()) {
+            let line = bytes[..at].iter().filter(|&&b| b == b'\n').count() + 1;
+            panic!("{name}: a byte that is not ASCII on line {line}");
+        }
+    }
+}

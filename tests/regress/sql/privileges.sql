@@ -3,9 +3,10 @@
 \set VERBOSITY sqlstate
 
 -- Default install (schema public): the write API is executable by idempotency_user, the
--- fingerprints by PUBLIC, the rest by neither. Whether PUBLIC may call the write API depends on
--- the install's history (none on a fresh install, below; an update keeps what PUBLIC had:
--- tests/upgrade/after.sql), so it is not shown here.
+-- fingerprints (and _idem_utf8, which the portable one calls) by PUBLIC, the rest by neither.
+-- Whether PUBLIC may call the write API depends on the install's history (none on a fresh
+-- install, below; an update keeps what PUBLIC had: tests/upgrade/after.sql), so it is not shown
+-- here.
 SELECT p.oid::regprocedure AS function,
        has_function_privilege('idempotency_user', p.oid, 'EXECUTE') AS app_execute,
        CASE WHEN p.proname IN ('idem_reserve', 'idem_complete', 'idem_release', 'idem_heartbeat',
