@@ -13,6 +13,16 @@ CREATE TEMP TABLE answers (s text, n int, clock timestamptz, a jsonb);
 -- The token of an earlier step's answer.
 CREATE FUNCTION pg_temp.tok(s text, step int) RETURNS bigint LANGUAGE sql AS
     $$ SELECT (a -> 0 ->> 'token')::bigint FROM answers WHERE answers.s = tok.s AND n = step $$;
+-- A step's error as its answer (SQLSTATE: message).
+CREATE FUNCTION pg_temp.err(q text) RETURNS text LANGUAGE plpgsql AS
+    $$ BEGIN EXECUTE q; RETURN 'ok'; EXCEPTION WHEN OTHERS THEN RETURN SQLSTATE || ': ' || SQLERRM; END $$;
+-- Two roles without privileges of their own (the superuser is a member of every role), with the
+-- API of both installs: a key's retry counter is owned like its record.
+CREATE ROLE parity_a;
+CREATE ROLE parity_b;
+GRANT USAGE ON SCHEMA ext, port TO parity_a, parity_b;
+GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA ext, port TO parity_a, parity_b;
+GRANT SELECT, INSERT ON answers TO parity_a, parity_b;
 -- Refuses to update key 'blocked': a takeover of that key loses its race on every attempt.
 CREATE FUNCTION public.parity_refuse_update() RETURNS trigger LANGUAGE plpgsql AS
     $$ BEGIN RETURN NULL; END $$;
@@ -88,7 +98,24 @@ INSERT INTO steps (n, kind, sql, expect) VALUES
     (53, 'answer', $$SELECT * FROM @s.idem_lookup('parity', 'u', 'c')$$, NULL),
     -- what is stored, every column
     (54, 'answer', $$SELECT * FROM @s.idem_records ORDER BY key$$, NULL),
-    (55, 'answer', $$SELECT * FROM @s.idem_retries ORDER BY key$$, NULL);
+    (55, 'answer', $$SELECT * FROM @s.idem_retries ORDER BY key$$, NULL),
+    -- a released key's live retry counter is its owner's: another role may not reserve the key
+    (56, 'do', 'SET ROLE parity_b', NULL),
+    (57, 'answer', $$SELECT * FROM @s.idem_reserve('parity', 'u', 'owned', 'h1')$$, '{"outcome": "created", "attempts": 0}'),
+    (58, 'answer', $$SELECT @s.idem_release('parity', 'u', 'owned', pg_temp.tok('@s', 57)) AS v$$, '{"v": "released"}'),
+    (59, 'do', 'SET ROLE parity_a', NULL),
+    (60, 'answer', $$SELECT pg_temp.err($q$SELECT @s.idem_reserve('parity', 'u', 'owned', 'h1')$q$) AS v$$,
+     '{"v": "42501: permission denied to reserve a key: the key belongs to role parity_b (only that role and its members may act on it)"}'),
+    (61, 'do', 'RESET ROLE', NULL),
+    (62, 'answer', $$SELECT owner::text, attempts FROM @s.idem_retries WHERE key = 'owned'$$, '{"owner": "parity_b", "attempts": 1}'),
+    -- a heartbeat's lease has the record's own ceiling: its expiry or idempotency.ttl past now
+    (63, 'do', $$SET idempotency.ttl = '1h'$$, NULL),
+    (64, 'answer', $$SELECT * FROM @s.idem_reserve('parity', 'u', 'long', 'h1', ttl => '48 hours', lease => '2 hours')$$, '{"outcome": "created"}'),
+    (65, 'answer', $$SELECT @s.idem_heartbeat('parity', 'u', 'long', pg_temp.tok('@s', 64), lease => '2 hours') AS v$$, '{"v": true}'),
+    (66, 'answer', $$SELECT pg_temp.err(format('SELECT %s.idem_heartbeat(%L, %L, %L, %s, lease => %L)', '@s', 'parity', 'u', 'long', pg_temp.tok('@s', 64), '49 hours')) AS v$$, NULL),
+    (67, 'answer', $$SELECT @s.idem_heartbeat('parity', 'u', 'long', pg_temp.tok('@s', 64) + 1000, lease => '100 hours') AS v$$, '{"v": false}'),
+    (68, 'do', 'RESET idempotency.ttl', NULL),
+    (69, 'answer', $$SELECT * FROM @s.idem_records WHERE key IN ('owned', 'long') ORDER BY key$$, NULL);
 
 -- Run the scenario against each schema, step by step.
 SELECT CASE kind
@@ -145,3 +172,8 @@ SELECT format('differs: step %s row %s column %s: ext=%s port=%s', n, i, key, ex
   FROM compared WHERE ext IS DISTINCT FROM port ORDER BY n, i, key LIMIT 20;
 
 DROP FUNCTION public.parity_refuse_update();
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA ext, port FROM parity_a, parity_b;
+REVOKE ALL ON SCHEMA ext, port FROM parity_a, parity_b;
+REVOKE ALL ON answers FROM parity_a, parity_b;
+DROP ROLE parity_a;
+DROP ROLE parity_b;
