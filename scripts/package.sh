@@ -11,6 +11,9 @@
 #     named and laid out as PostgreSQL's own Debian packages (Debian's and apt.postgresql.org's):
 #     /usr/lib/postgresql/NN/lib, /usr/share/postgresql/NN/extension, Depends: postgresql-NN
 #     (where dpkg-deb is installed).
+#   target/packages/pgNN/idempotency_NN-VERSION-1.ARCH.rpm
+#     named and laid out as the PostgreSQL RPM repository's: /usr/pgsql-NN/lib,
+#     /usr/pgsql-NN/share/extension, Requires: postgresqlNN-server (where rpmbuild is installed).
 # and, once per run, the PGXN distribution (the major-independent source with its META.json):
 #   target/packages/pgxn/META.json, target/packages/pgxn/idempotency-VERSION.zip
 # Builds against scripts/pg-env.sh's pg_config of each major, or PG_CONFIG for its own major. The
@@ -33,7 +36,7 @@ abstract='At-most-once execution per idempotency key: reserve, complete, recover
 
 # deb MAJOR DIR: the Debian package of DIR (the portable layout) for PostgreSQL MAJOR.
 deb() {
-    local major=$1 dir=$2 out package stage docdir years
+    local major=$1 dir=$2 out package stage docdir years shlibs
     out=$(dirname "$dir")
     package=postgresql-$major-idempotency
     stage=$out/deb
@@ -61,6 +64,15 @@ COPYRIGHT
         "$version" "$version" "$maintainer" "$(date -R -u -d "@$(git log -1 --format=%ct 2>/dev/null || date +%s)")" | gzip -9n >"$docdir/changelog.gz"
     chmod 0644 "$docdir"/*
     (cd "$stage" && find usr -type f -print0 | sort -z | xargs -0 md5sum) >"$stage/DEBIAN/md5sums"
+    # The packages of the libraries it links (libc6, libgcc-s1) with their least versions, as
+    # dpkg-shlibdeps computes them for Debian's own packages; unversioned without dpkg-dev.
+    shlibs="libc6, libgcc-s1"
+    if command -v dpkg-shlibdeps >/dev/null; then
+        mkdir -p "$out/shlibs/debian"
+        printf 'Source: idempotency\n\nPackage: %s\nArchitecture: any\n' "$package" >"$out/shlibs/debian/control"
+        shlibs=$(cd "$out/shlibs" && dpkg-shlibdeps -O -e "$stage/usr/lib/postgresql/$major/lib/idempotency.so" 2>/dev/null | sed -n 's/^shlibs:Depends=//p')
+        rm -rf "$out/shlibs"
+    fi
     cat >"$stage/DEBIAN/control" <<CONTROL
 Package: $package
 Source: idempotency
@@ -68,7 +80,7 @@ Version: $version
 Architecture: $arch
 Maintainer: $maintainer
 Installed-Size: $(du -sk --exclude=DEBIAN "$stage" | cut -f1)
-Depends: postgresql-$major, libc6
+Depends: postgresql-$major, $shlibs
 Section: database
 Priority: optional
 Description: at-most-once execution per idempotency key, for PostgreSQL $major
@@ -79,6 +91,41 @@ CONTROL
     dpkg-deb --root-owner-group -Zxz --build "$stage" "$out/${package}_${version}_$arch.deb" >/dev/null
     rm -rf "$stage"
     echo "$out/${package}_${version}_$arch.deb"
+}
+
+# rpm MAJOR DIR: the RPM of DIR (the portable layout) for PostgreSQL MAJOR, named and laid out as
+# the PostgreSQL RPM repository's (yum.postgresql.org) extension packages: idempotency_NN,
+# /usr/pgsql-NN/lib and /usr/pgsql-NN/share/extension, Requires: postgresqlNN-server.
+rpm() {
+    local major=$1 dir=$2 out top
+    out=$(dirname "$dir")
+    top=$out/rpmbuild
+    rm -rf "$top"
+    mkdir -p "$top/SPECS"
+    cat >"$top/SPECS/idempotency.spec" <<SPEC
+%global debug_package %{nil}
+Name: idempotency_$major
+Version: $version
+Release: 1
+Summary: At-most-once execution per idempotency key, for PostgreSQL $major
+License: MIT OR Apache-2.0
+Requires: postgresql$major-server
+%description
+The idempotency extension: reserve a key in the same transaction as the business write, run the
+side effect once, store its response and replay it to every retry.
+%install
+mkdir -p %{buildroot}/usr/pgsql-$major/lib %{buildroot}/usr/pgsql-$major/share/extension
+install -m 0755 $dir/lib/idempotency.so %{buildroot}/usr/pgsql-$major/lib/
+install -m 0644 $dir/share/extension/* %{buildroot}/usr/pgsql-$major/share/extension/
+%files
+/usr/pgsql-$major/lib/idempotency.so
+/usr/pgsql-$major/share/extension/idempotency*
+SPEC
+    rpmbuild -bb --quiet --nodeps --define "_topdir $top" --define "_build_id_links none" \
+        "$top/SPECS/idempotency.spec" >>"$out/build.log" 2>&1 || { tail -30 "$out/build.log" >&2; exit 1; }
+    mv "$top"/RPMS/*/"idempotency_$major-$version-1".*.rpm "$out/"
+    rm -rf "$top"
+    echo "$out"/"idempotency_$major-$version-1".*.rpm
 }
 
 # pgxn: META.json (PGXN Meta Spec 1.0, https://pgxn.org/meta/spec.txt) and the distribution,
@@ -191,6 +238,9 @@ INSTALL
 
     if command -v dpkg-deb >/dev/null; then
         deb "$major" "$out/$name"
+    fi
+    if command -v rpmbuild >/dev/null; then
+        rpm "$major" "$out/$name"
     fi
 done
 pgxn

@@ -28,8 +28,9 @@ say() { printf '[setup] %s\n' "$*"; }
 root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
 # patchelf: scripts/pg-env.sh relinks the relocatable trees' modules to their own libraries.
-# lintian: the package layer checks every major's .deb with it (about 45 s to install, 3 s a run).
-packages=(postgresql-15 postgresql-server-dev-15 postgresql-15-cron libclang-dev clang sudo make fonts-dejavu-core unzip openssl patchelf lintian)
+# lintian: the package layer checks every major's .deb with it (about 45 s to install, 3 s a run);
+# dpkg-dev: dpkg-shlibdeps, the .deb's library dependencies; rpm: rpmbuild, the .rpm (20 s).
+packages=(postgresql-15 postgresql-server-dev-15 postgresql-15-cron libclang-dev clang sudo make fonts-dejavu-core unzip openssl patchelf lintian dpkg-dev rpm)
 missing=()
 for pkg in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || missing+=("$pkg")

@@ -49,7 +49,7 @@ pub(crate) enum Run {
     /// Its checks, as one result.
     Checks(fn(&Ctx, &mut Checks)),
     /// Layers of its own, each recorded through [`Record`] (package: package, package_tarball,
-    /// package_deb, package_out_of_tree, package_pgxn).
+    /// package_deb, package_rpm, package_out_of_tree, package_pgxn).
     Family(fn(&Ctx, &mut Record<'_>)),
 }
 

@@ -51,15 +51,18 @@ fn fields(ctx: &Ctx, checks: &mut Checks, deb: &Path) {
     checks.check(".deb Version: the workspace's version", field("Version").and_then(|got| eq(got, &ctx.version)));
     checks.check(".deb Architecture: dpkg's", field("Architecture").and_then(|got| eq(got, arch)));
     checks.check(".deb Section: database", field("Section").and_then(|got| eq(got, "database")));
+    // The server of its major, and the packages of the libraries it links (libc.so.6,
+    // libgcc_s.so.1).
     let server = format!("postgresql-{}", ctx.major);
     checks.check(
-        ".deb Depends: on postgresql-NN, the server of its major",
+        ".deb Depends: on postgresql-NN, the server of its major, and on libc6 and libgcc-s1",
         field("Depends").and_then(|got| {
             let names: Vec<&str> = got.split(',').map(|d| d.split_whitespace().next().unwrap_or("")).collect();
-            if names.contains(&server.as_str()) {
+            let missing: Vec<&str> = [server.as_str(), "libc6", "libgcc-s1"].into_iter().filter(|n| !names.contains(n)).collect();
+            if missing.is_empty() {
                 Ok(())
             } else {
-                Err(format!("Depends: {got} (no {server})"))
+                Err(format!("Depends: {got} (no {})", missing.join(", ")))
             }
         }),
     );

@@ -1,15 +1,17 @@
-//! Layers package, package_tarball, package_deb, package_out_of_tree (PostgreSQL 18 and later)
-//! and package_pgxn: scripts/package.sh builds the major's tarball and .deb and the PGXN
-//! distribution; the tarball is installed by its install.sh into a fresh copy of the major's
-//! tree; the .deb is inspected and installed by dpkg where Debian's PostgreSQL of the major is
-//! installed, else unpacked into a fresh copy of the tree ([`deb`]); on 18 the tarball is also
-//! loaded from where it was unpacked ([`out_of_tree`]); META.json is validated against the PGXN
-//! Meta Spec ([`pgxn`]). Each install is smoke-tested (tests/package) on a server of its own on
+//! Layers package, package_tarball, package_deb, package_rpm, package_out_of_tree (PostgreSQL 18
+//! and later) and package_pgxn: scripts/package.sh builds the major's tarball, .deb and .rpm and
+//! the PGXN distribution; the tarball is installed by its install.sh into a fresh copy of the
+//! major's tree; the .deb is inspected and installed by dpkg where Debian's PostgreSQL of the
+//! major is installed, else unpacked into a fresh copy of the tree ([`deb`]); the .rpm is
+//! inspected and its files copied into a fresh copy of the tree ([`rpm`]); on 18 the tarball is
+//! also loaded from where it was unpacked ([`out_of_tree`]); META.json is validated against the
+//! PGXN Meta Spec ([`pgxn`]). Each install is smoke-tested (tests/package) on a server of its own on
 //! [`port`], never on the private cluster (another layer's, or another run's, may be using it).
 
 mod deb;
 mod out_of_tree;
 mod pgxn;
+mod rpm;
 
 use super::Record;
 use crate::ctx::Ctx;
@@ -64,6 +66,7 @@ pub(crate) fn run(ctx: &Ctx, layer: &mut Record<'_>) {
         }
     });
     layer("package_deb", &mut |ctx, checks| deb::run(ctx, checks, &pkg, &tested));
+    layer("package_rpm", &mut |ctx, checks| rpm::run(ctx, checks, &pkg, &tested));
     if ctx.major >= 18 {
         layer("package_out_of_tree", &mut |ctx, checks| out_of_tree::run(ctx, checks, &pkg, &tested));
     }
