@@ -2,7 +2,9 @@
 //! the client does, converted from the database's encoding by PostgreSQL
 //! (extension/src/encoding.rs, `_idem_utf8` in sql/internal.sql): in a LATIN1, WIN1252 or
 //! EUC_JP database every fingerprint, key rule, flow and response answer equals the UTF-8
-//! database's for the same characters (docs/sql-reference.md, "Databases that are not UTF-8").
+//! database's for the same characters (docs/sql-reference.md, "Databases that are not UTF-8"),
+//! and so does every other server encoding with characters of its own (Latin, Cyrillic, Greek,
+//! Hebrew, Arabic, Thai, Korean, Chinese, JIS X 0213).
 //! SQL_ASCII converts nothing: valid UTF-8 answers as in a UTF-8 database, and bytes that are
 //! not UTF-8 are refused naming the argument (22021), so two of them never read as one and
 //! nothing panics.
@@ -151,6 +153,41 @@ async fn euc_jp_answers_equal_utf8() {
 async fn sql_ascii_answers_equal_utf8_for_utf8_text() {
     // SQL_ASCII stores the client's UTF-8 bytes unconverted: they answer as in UTF-8.
     answers_equal_utf8("SQL_ASCII", &["Müller", "Mäller", "日本語", "plain"]).await;
+}
+
+/// Every other server encoding with characters of its own: the same cases, each encoding against
+/// a UTF-8 database of its own, all at once.
+#[tokio::test]
+async fn every_other_server_encoding_answers_equal_utf8() {
+    const OTHERS: &[(&str, &[&str])] = &[
+        ("LATIN2", &["Łódź", "żółw"]),
+        ("LATIN5", &["İstanbul", "ğüş"]),
+        ("LATIN7", &["Ąžuolas", "ąžuolas"]),
+        ("LATIN9", &["€uro", "Œuvre"]),
+        ("WIN1250", &["Łódź", "€5"]),
+        ("WIN1251", &["Привет", "Привес"]),
+        ("WIN1253", &["Αθήνα", "Αθηνά"]),
+        ("WIN1255", &["שלום", "שלוש"]),
+        ("WIN1256", &["سلام", "سلم"]),
+        ("WIN866", &["Привет", "Пока"]),
+        ("KOI8R", &["Привет", "Привес"]),
+        ("KOI8U", &["Україна", "Їжак"]),
+        ("ISO_8859_5", &["Привет", "Пока"]),
+        ("ISO_8859_7", &["Αθήνα", "Αθηνά"]),
+        ("WIN874", &["สวัสดี", "สวัสดิ์"]),
+        ("EUC_KR", &["한국어", "한국인"]),
+        ("EUC_CN", &["中文", "中国"]),
+        ("EUC_TW", &["臺灣", "台灣"]),
+        ("EUC_JIS_2004", &["日本語", "カタカナ"]),
+    ];
+    let mut all = tokio::task::JoinSet::new();
+    for (encoding, words) in OTHERS {
+        let words: Vec<&'static str> = words.iter().copied().chain(["plain"]).collect();
+        all.spawn(async move { answers_equal_utf8(encoding, &words).await });
+    }
+    while let Some(done) = all.join_next().await {
+        done.unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
+    }
 }
 
 /// The error of `sql`, which must name `argument` (22021, or 22023 where the install checks a
