@@ -228,6 +228,20 @@ async fn sql_ascii_refuses_bytes_that_are_not_utf8() {
         }
     }
     refused(&db, &format!("SELECT idem_complete('op', 'u', 'k', 1, '{{}}', {e9})::text"), "status").await;
+    // The internal functions too (each install's own answer): a value or a real SQLSTATE,
+    // never XX000 (a panic).
+    for sql in [
+        format!("SELECT _idem_check_scope('op', {e9}, 'k')::text"),
+        format!("SELECT _idem_check_request_hash({e9})::text"),
+        format!("SELECT _idem_require({e9}, true)::text"),
+        format!("SELECT _idem_count({e9}, 1)::text"),
+        format!("SELECT _idem_setting({e9})"),
+        format!("SELECT (idem_lookup('op', 'u', {e9})).status"),
+        format!("SELECT _idem_echo({e9})"),
+    ] {
+        let got = answer(&db, &sql).await;
+        assert!(!got.starts_with("XX000"), "{sql}: {got}");
+    }
 }
 
 /// A rejected value is quoted in an error message only where the message can carry it: in a
