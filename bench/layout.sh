@@ -47,6 +47,13 @@ setup() {
     sed '/^-- cycle$/,$d' "$file" | (cd "$root/bench/layout" && "$bindir/psql" -X -q -v ON_ERROR_STOP=1 "$(url "$db")" -f -)
     q "CREATE EXTENSION IF NOT EXISTS pg_walinspect" >/dev/null
 }
+sizes() {
+    q "SELECT '  ' || c.relname || ': ' || round(pg_relation_size(c.oid) / $1::numeric, 1) || ' B per record ('
+              || pg_size_pretty(pg_relation_size(c.oid)) || ')'
+         FROM pg_class c WHERE c.relname LIKE 'idem_records%' AND c.relkind IN ('r', 'i') ORDER BY c.relkind DESC, c.relname"
+    q "SELECT '  all: ' || round(pg_total_relation_size('idem_records') / $1::numeric, 1) || ' B per record ('
+              || pg_size_pretty(pg_total_relation_size('idem_records')) || ')'"
+}
 drop() { [ -n "${KEEP:-}" ] || "$bindir/psql" -X -q "$(url postgres)" -c "DROP DATABASE IF EXISTS $db"; }
 cycles() { "$bindir/pgbench" -n -M prepared -c "$2" -j "$(( $2 < 2 ? 1 : 2 ))" -t "$1" -f "$cycle" "$(url "$db")" >/dev/null; }
 case ${1:?usage: $0 start|stop|wal|size|scale|sweep ...} in
@@ -76,16 +83,13 @@ size)
     t0=$(date +%s.%N); q "SELECT proto_fill($rows, 2)" >/dev/null; t1=$(date +%s.%N)
     q "VACUUM ANALYZE" >/dev/null
     echo "$layout size: $rows records, fill $(echo "$t1 - $t0" | bc) s"
-    q "SELECT '  ' || c.relname || ': ' || round(pg_relation_size(c.oid) / $rows::numeric, 1) || ' B per record ('
-              || pg_size_pretty(pg_relation_size(c.oid)) || ')'
-         FROM pg_class c WHERE c.relname LIKE 'idem_records%' AND c.relkind IN ('r', 'i') ORDER BY c.relkind DESC, c.relname"
-    q "SELECT '  all: ' || round(pg_total_relation_size('idem_records') / $rows::numeric, 1) || ' B per record ('
-              || pg_size_pretty(pg_total_relation_size('idem_records')) || ')'"
+    sizes "$rows"
     drop
     ;;
 scale)
     setup "$2"; rows=$3 n=${4:-20000} clients=${5:-4}
     q "SELECT proto_fill($rows, 2)" >/dev/null; q "VACUUM ANALYZE" >/dev/null; q "CHECKPOINT" >/dev/null
+    [ -z "${SIZES:-}" ] || sizes "$rows"
     read0=$(q "SELECT sum(heap_blks_read + coalesce(idx_blks_read, 0)) FROM pg_statio_user_tables")
     a=$(q "SELECT pg_current_wal_insert_lsn()"); t0=$(date +%s.%N)
     cycles $(( n / clients )) "$clients"; t1=$(date +%s.%N); b=$(q "SELECT pg_current_wal_insert_lsn()")
@@ -98,7 +102,7 @@ scale)
          FROM pg_get_wal_stats('$a', '$b', false)"
     q "SELECT '  ' || c.relname || ': ' || count(*) || ' full-page images, ' || round(count(*) / $n::numeric, 3) || ' per cycle'
          FROM pg_get_wal_block_info('$a', '$b') w JOIN pg_class c ON c.relfilenode = w.relfilenode
-        WHERE w.fpi_length > 0 GROUP BY c.relname ORDER BY count(*) DESC"
+        WHERE w.block_fpi_length > 0 GROUP BY c.relname ORDER BY count(*) DESC"
     drop
     ;;
 cpu)
@@ -129,6 +133,57 @@ churn)
     b0=$(blocks); t0=$(date +%s.%N)
     got=$(q "SELECT proto_sweep($batch, now() + interval '1 hour')"); t1=$(date +%s.%N); b1=$(blocks)
     echo "$layout churn: $rows records, after churn one batch deleted $got rows in $(echo "($t1 - $t0) * 1000 / 1" | bc) ms, $(( b1 - b0 )) blocks touched (heap $(q "SELECT pg_relation_size('idem_records') / 8192") pages)"
+    drop
+    ;;
+upgrade)
+    # From 0.6.0's table (layout v060, ROWS live records, 1,000 of them PROCESSING) to the layout
+    # of bench/layout/TARGET.sql's idem_records: the time of each ALTER TABLE way (rolled back),
+    # then the plan's: the old table renamed aside and the new one created in one transaction,
+    # then the old rows moved in batches of BATCH (one transaction each): rows/s and WAL per row.
+    target=$2; setup v060; rows=$3 batch=${4:-10000}
+    q "SELECT proto_fill($rows, 2)" >/dev/null
+    q "UPDATE idem_records SET status = 'PROCESSING', response = NULL WHERE token <= 1000" >/dev/null
+    q "VACUUM ANALYZE" >/dev/null; q "CHECKPOINT" >/dev/null
+    timed() { local t0 t1; t0=$(date +%s.%N); q "$2" >/dev/null; t1=$(date +%s.%N); echo "  $1: $(echo "($t1 - $t0) * 1000 / 1" | bc) ms"; }
+    echo "upgrade to $target: $rows records"
+    timed "ALTER TABLE .. ALTER COLUMN request_hash TYPE bytea, status TYPE \"char\" (a rewrite, rolled back)" \
+        "BEGIN; ALTER TABLE idem_records DROP CONSTRAINT idem_records_status_check,
+                ALTER COLUMN request_hash TYPE bytea USING decode(request_hash, 'hex'),
+                ALTER COLUMN status TYPE \"char\" USING lower(left(status, 1))::\"char\"; ROLLBACK"
+    timed "ALTER TABLE .. ADD COLUMN id uuid, ADD COLUMN step integer, ADD COLUMN state jsonb, DROP COLUMN updated_at (catalog only, rolled back)" \
+        "BEGIN; ALTER TABLE idem_records ADD COLUMN id uuid, ADD COLUMN step integer, ADD COLUMN state jsonb, DROP COLUMN updated_at; ROLLBACK"
+    # The new table: the target layout's DDL, from its file, under the same names.
+    sed '/^-- cycle$/,$d' "$root/bench/layout/$target.sql" | sed -n '/^CREATE TABLE idem_records (/,/^) WITH/p;/^CREATE INDEX idem_records_/p;/^CREATE FUNCTION proto_\(id\|bucket\)/,/\$\$;$/p' >"$out/new_table.sql"
+    q "ALTER TABLE idem_records RENAME TO idem_records_060" >/dev/null
+    q "ALTER TABLE idem_records_060 RENAME TO idem_records" >/dev/null
+    t0=$(date +%s.%N)
+    { echo "BEGIN;"; echo "ALTER TABLE idem_records RENAME TO idem_records_060;"
+      echo "ALTER TABLE idem_records_060 RENAME CONSTRAINT idem_records_pkey TO idem_records_060_pkey;"
+      echo "ALTER INDEX idem_records_lease_idx RENAME TO idem_records_060_lease_idx;"
+      echo "ALTER INDEX idem_records_expiry_idx RENAME TO idem_records_060_expiry_idx;"
+      cat "$out/new_table.sql"; echo "COMMIT;"; } | "$bindir/psql" -X -q -v ON_ERROR_STOP=1 "$(url "$db")" -f - >/dev/null
+    t1=$(date +%s.%N); echo "  rename aside + create the new table (committed): $(echo "($t1 - $t0) * 1000 / 1" | bc) ms"
+    cols=$(q "SELECT string_agg(attname, ', ' ORDER BY attnum) FROM pg_attribute WHERE attrelid = 'idem_records'::regclass AND attnum > 0 AND NOT attisdropped")
+    expr=$(echo "$cols" | sed "s/\bid\b/proto_id(m.operation, m.user_id, m.key)/; s/request_hash/decode(m.request_hash, 'hex')/; s/status/lower(left(m.status, 1))::\"char\"/")
+    q "CREATE PROCEDURE proto_move(batch integer) LANGUAGE plpgsql AS \$\$
+       DECLARE got bigint;
+       BEGIN
+           LOOP
+               WITH m AS (DELETE FROM idem_records_060 AS r
+                           WHERE r.ctid = ANY (ARRAY(SELECT x.ctid FROM idem_records_060 AS x LIMIT batch FOR UPDATE OF x SKIP LOCKED))
+                          RETURNING r.*)
+               INSERT INTO idem_records ($cols) SELECT $expr FROM m;
+               GET DIAGNOSTICS got = ROW_COUNT;
+               COMMIT;
+               EXIT WHEN got < batch;
+           END LOOP;
+       END \$\$" >/dev/null
+    a=$(q "SELECT pg_current_wal_insert_lsn()"); t0=$(date +%s.%N)
+    q "CALL proto_move($batch)" >/dev/null; t1=$(date +%s.%N); b=$(q "SELECT pg_current_wal_insert_lsn()")
+    q "SELECT '  moved ' || (SELECT count(*) FROM idem_records) || ' records (' || (SELECT count(*) FROM idem_records WHERE status = 'p')
+              || ' PROCESSING, ' || (SELECT count(*) FROM idem_records_060) || ' left) in ' || round($t1 - $t0, 1) || ' s: '
+              || round((SELECT count(*) FROM idem_records) / ($t1 - $t0)) || ' rows/s, WAL '
+              || round(pg_wal_lsn_diff('$b', '$a') / (SELECT count(*) FROM idem_records), 1) || ' B per row'"
     drop
     ;;
 sweep)
