@@ -8,10 +8,12 @@
 //! Port: `IDEM_TLS_PORT`, else 25 above the private cluster's (`IDEM_PG_PORT`, or
 //! its default 554NN). Data and certificates under `target/servers/tls-<port>/`, made
 //! anew by the first test of a process that asks for it; the server stops when that process
-//! exits (a watcher process stops it, also after a crash or a kill of the tests).
+//! exits (a watcher process stops it, also after a crash or a kill of the tests), and the next
+//! process to ask for it (tests/tests/cancellation.rs and tests/tests/tls.rs use it, one after
+//! the other) waits for that watcher before it makes its own.
 
 use crate::server::{chown_to_server, running_as_root, Server};
-use crate::{pg_bin, pg_config};
+use crate::{pg_bin, pg_config, root};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
@@ -43,7 +45,12 @@ impl TlsServer {
     /// Makes the cluster and the certificates, and starts it.
     fn start() -> TlsServer {
         let port = port();
-        // A server of this name left by an earlier run that was killed is stopped first.
+        // The previous test process's server is stopped by its watcher once that process has
+        // exited: wait for the watcher, or it would stop (or pull the directory from under) the
+        // server made here. Then a server of this name left by an earlier run that was killed is
+        // stopped first.
+        let watcher = root().join(format!("target/servers/tls-{port}.watcher"));
+        previous_watcher_done(&watcher);
         let server = Server::new(&format!("tls-{port}"), &pg_config(), port);
         server.initdb(&["--no-sync"]);
         let (dir, data) = (server.dir().to_owned(), server.data());
@@ -66,7 +73,7 @@ impl TlsServer {
             panic!("chmod 600 server.key: {e}");
         }
         server.start();
-        stop_when_this_process_exits(&data);
+        stop_when_this_process_exits(&data, &watcher);
         run(Command::new(pg_bin("psql"))
             .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-U", "postgres", "-d", "postgres", "-h"])
             .arg(&dir)
@@ -117,15 +124,18 @@ impl TlsServer {
 }
 
 /// A watcher that stops the server at `data` once this process has exited: statics are never
-/// dropped, and a killed test binary runs no destructor.
-fn stop_when_this_process_exits(data: &Path) {
+/// dropped, and a killed test binary runs no destructor. Its process id is written to `record`,
+/// for the next process to wait for ([`previous_watcher_done`]).
+fn stop_when_this_process_exits(data: &Path, record: &Path) {
     let pg_ctl = pg_bin("pg_ctl");
     let sudo = if running_as_root() { "sudo -u postgres -- " } else { "" };
     let script = format!(
-        "(while kill -0 {pid} 2>/dev/null; do sleep 0.5; done; {sudo}'{pg_ctl}' -D '{data}' -m fast -w stop) &",
+        "(while kill -0 {pid} 2>/dev/null; do sleep 0.5; done; {sudo}'{pg_ctl}' -D '{data}' -m fast -w stop) \
+         </dev/null >/dev/null 2>&1 & echo $! > '{record}'",
         pid = std::process::id(),
         pg_ctl = pg_ctl.display(),
-        data = data.display()
+        data = data.display(),
+        record = record.display()
     );
     Command::new("bash")
         .args(["-c", &script])
@@ -134,6 +144,24 @@ fn stop_when_this_process_exits(data: &Path) {
         .stderr(Stdio::null())
         .status() // returns at once: the watcher runs in the background, outliving its shell
         .expect("start the watcher that stops the TLS server");
+}
+
+/// Until the watcher recorded in `record` by an earlier test process (this server's port) has
+/// exited, that is stopped its server, for at most two minutes; at once when there is none.
+fn previous_watcher_done(record: &Path) {
+    let Some(pid) = std::fs::read_to_string(record).ok().and_then(|p| p.trim().parse::<u32>().ok()) else { return };
+    // Alive: not a zombie, and still that watcher (its command line names the record).
+    let alive = || {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let state = stat.rsplit_once(") ").map_or(' ', |(_, rest)| rest.chars().next().unwrap_or(' '));
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        state != ' ' && state != 'Z' && String::from_utf8_lossy(&cmdline).contains(".watcher")
+    };
+    let start = std::time::Instant::now();
+    while alive() && start.elapsed() < std::time::Duration::from_secs(120) {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let _ = std::fs::remove_file(record);
 }
 
 /// `IDEM_TLS_PORT`, else the private cluster's port + 25.

@@ -307,4 +307,60 @@ mod connector {
         let row = client.query_one("SELECT ssl FROM pg_catalog.pg_stat_ssl WHERE pid = pg_catalog.pg_backend_pid()", &[]).await.unwrap();
         assert!(row.get::<_, bool>("ssl"));
     }
+
+    /// A handle over a deadpool pool of your own (`Idempotency::new`), made with the client's
+    /// `verify-full` connector: the handle cannot read the pool's connector, so by default its
+    /// cancel requests go through rustls without a certificate check, and with
+    /// `Postgres::cancel_tls` through the connector given. Either way a call dropped while its
+    /// closure waits for a lock this test holds has its backend ended, and its reservation
+    /// rolled back, with the lock still held (0.6.0 sent the request without TLS: under
+    /// `sslmode=require` or a verify mode it never left, and the backend waited for the lock).
+    #[tokio::test]
+    async fn a_handle_over_your_own_pool_cancels_a_dropped_call_over_tls() {
+        use deadpool_postgres::{Manager, ManagerConfig, Pool, Runtime};
+        use idempotency_client::{Fingerprint, Idempotency, Postgres, Settings, StoredResponse, Tx, TxFuture};
+        use idempotency_testkit::server::eventually;
+        let server = TlsServer::shared();
+        let url = server.url("localhost", &format!("sslmode=verify-full&{}", ca(server)));
+        for (lock, give_connector) in [(4_242_101_i64, false), (4_242_102, true)] {
+            let params = connect_params(&url).unwrap();
+            let Connector::Rustls(tls) = params.connector else { panic!("verify-full without rustls") };
+            let manager = Manager::from_config(params.options.config.clone(), tls.clone(), ManagerConfig::default());
+            let pool = Pool::builder(manager).max_size(1).runtime(Runtime::Tokio1).wait_timeout(Some(DEADLINE)).build().unwrap();
+            let idem = if give_connector {
+                Idempotency::with_driver(Postgres::new(pool).cancel_tls(tls.clone()), Settings::default())
+            } else {
+                Idempotency::new(pool, Settings::default())
+            };
+            let (blocker, conn) = params.options.config.connect(tls).await.expect("the blocker's session");
+            tokio::spawn(conn);
+            blocker.execute("SELECT pg_catalog.pg_advisory_lock($1)", &[&lock]).await.unwrap();
+            let key = idempotency_testkit::unique_key("tls.cancel");
+            let fp = Fingerprint::of_bytes(b"tls.cancel");
+            let call = idem.run(&key, &fp, move |tx: &mut Tx| {
+                Box::pin(async move {
+                    tx.execute("SELECT pg_catalog.pg_advisory_xact_lock($1)", &[&lock]).await?;
+                    Ok(StoredResponse::json(201, serde_json::json!({})))
+                }) as TxFuture<'_, StoredResponse, tokio_postgres::Error>
+            });
+            // An advisory lock below 2^32 is objid in pg_locks.
+            let waiting = "SELECT count(*) FROM pg_catalog.pg_locks WHERE locktype = 'advisory' AND NOT granted AND objid = $1::int8::oid";
+            tokio::select! {
+                _ = call => panic!("the call ended with the lock held"),
+                _ = eventually("the call waits for the lock", DEADLINE, || async {
+                    let n: i64 = blocker.query_one(waiting, &[&lock]).await.map_err(|e| e.to_string())?.get(0);
+                    if n > 0 { Ok(()) } else { Err("nothing waits".to_owned()) }
+                }) => {}
+            }
+            let what = format!("cancel_tls given: {give_connector}: the dropped call's backend ends with the lock still held");
+            eventually(&what, Duration::from_secs(15), || async {
+                let n: i64 = blocker.query_one(waiting, &[&lock]).await.map_err(|e| e.to_string())?.get(0);
+                if n == 0 { Ok(()) } else { Err(format!("{n} waiting")) }
+            })
+            .await;
+            let sql = "SELECT count(*) FROM idem_records WHERE operation = $1 AND user_id = $2 AND key = $3";
+            let left: i64 = blocker.query_one(sql, &[&key.operation(), &key.user_id(), &key.key()]).await.unwrap().get(0);
+            assert_eq!(left, 0, "cancel_tls given: {give_connector}: the dropped call's reservation was kept");
+        }
+    }
 }
