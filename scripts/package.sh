@@ -42,7 +42,8 @@ deb() {
     stage=$out/deb
     docdir=$stage/usr/share/doc/$package
     # The years of the history: the first commit's to HEAD's (one year when they are the same).
-    years=$(git log --format=%cd --date=format:%Y | sed -n '1p;$p' | sort -u | paste -sd- -)
+    years=$(git log --format=%cd --date=format:%Y 2>/dev/null | sed -n '1p;$p' | sort -u | paste -sd- -)
+    years=${years:-$(date -u +%Y)}
     rm -rf "$stage"
     mkdir -p "$stage/DEBIAN" "$stage/usr/lib/postgresql/$major/lib" "$stage/usr/share/postgresql/$major/extension" "$docdir"
     install -m 0644 "$dir/lib/idempotency.so" "$stage/usr/lib/postgresql/$major/lib/"
@@ -243,4 +244,8 @@ INSTALL
         rpm "$major" "$out/$name"
     fi
 done
-pgxn
+if git rev-parse --git-dir >/dev/null 2>&1; then
+    pgxn
+else
+    echo "package.sh: not a git clone: no PGXN distribution (it is git archive of HEAD)" >&2
+fi
