@@ -6,7 +6,9 @@
 //!   (`Idempotency::connect_with`, and `connect_sqlx_with`: `over_postgres::`, `over_sqlx::`), runs the flow
 //!   over the URL's `sslmode`: one source, both drivers.
 //! - `connector` (tokio-postgres only, once): the client's TLS connector (client/src/tls) given to
-//!   tokio-postgres and deadpool directly, and SCRAM with channel binding over each mode.
+//!   tokio-postgres and deadpool directly, SCRAM with channel binding over each mode, and a handle
+//!   over such a pool of your own cancelling a dropped call over TLS (the cancellation suite,
+//!   tests/tests/cancellation.rs, drops calls of the URL-made handles over this server).
 
 idempotency_testkit::for_each_driver! {
     use idempotency_client::{Error, Fingerprint, Outcome, Settings, StoredResponse, TxFuture};

@@ -37,8 +37,10 @@ postgres_by_default! {
 /// **Dropped futures.** Every entry point is cancellation safe: a future dropped at any await (a
 /// timeout, a `select!`) never leaves a pooled connection inside a transaction, since the guard
 /// records that a transaction may be open before its `BEGIN` leaves and closes a connection it
-/// cannot vouch for (over tokio-postgres after a cancel request), so the server rolls back and no
-/// other call can commit what the dropped one began. In the in-transaction flows the key is free
+/// cannot vouch for (over tokio-postgres after a cancel request sent through the pool's TLS
+/// connector; over sqlx the server's connection check ends a running statement within 1 s), so
+/// the server rolls back, a statement waiting on a lock included, and no other call can commit
+/// what the dropped one began. In the in-transaction flows the key is free
 /// for the next attempt (or completed, when the dropped call's own `COMMIT` had already left);
 /// `run_external` says what it keeps (the repository's docs/rust-client.md, "When a call is
 /// dropped", has the table of every entry point).
