@@ -42,7 +42,7 @@ deb() {
     stage=$out/deb
     docdir=$stage/usr/share/doc/$package
     # The years of the history: the first commit's to HEAD's (one year when they are the same).
-    years=$(git log --format=%cd --date=format:%Y 2>/dev/null | sed -n '1p;$p' | sort -u | paste -sd- -)
+    years=$( (git log --format=%cd --date=format:%Y 2>/dev/null || true) | sed -n '1p;$p' | sort -u | paste -sd- -)
     years=${years:-$(date -u +%Y)}
     rm -rf "$stage"
     mkdir -p "$stage/DEBIAN" "$stage/usr/lib/postgresql/$major/lib" "$stage/usr/share/postgresql/$major/extension" "$docdir"
