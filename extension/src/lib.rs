@@ -6,7 +6,10 @@
 //! the argument rules (shared with the client crate), request fingerprinting, and, when the
 //! library is preloaded, the shared-memory counters and the maintenance worker. Every Rust
 //! function here is declared by hand in `sql/`, so the install script is exactly the reviewed
-//! SQL, qualified with `@extschema@` throughout.
+//! SQL, qualified with `@extschema@` throughout. Every text argument is read as UTF-8 whatever
+//! the database's encoding (`encoding`), no SQL-callable function panics on any input (the
+//! pg_test `no_function_panics_on_any_input`, over `fuzz`), and no error's detail carries a
+//! Rust backtrace (`backtrace`).
 
 use pgrx::prelude::*;
 
