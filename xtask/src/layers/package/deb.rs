@@ -154,6 +154,10 @@ fn dpkg(ctx: &Ctx, checks: &mut Checks, deb: &Path, config: &Path, tested: &Path
     } else {
         checks.pass("dpkg -i the .deb into Debian's PostgreSQL");
         checks.check(
+            "dpkg --verify finds every file of the package installed as the .deb has it",
+            capture(Command::new("dpkg").arg("--verify").arg(&package)).and_then(|out| if out.is_empty() { Ok(()) } else { Err(out) }),
+        );
+        checks.check(
             "Debian's pg_config directories hold the library and the control file",
             if PathBuf::from(pg_config_value(config, "--pkglibdir")).join("idempotency.so").is_file() && PathBuf::from(pg_config_value(config, "--sharedir")).join("extension/idempotency.control").is_file() {
                 Ok(())
@@ -161,18 +165,35 @@ fn dpkg(ctx: &Ctx, checks: &mut Checks, deb: &Path, config: &Path, tested: &Path
                 Err("the installed files are not where Debian's pg_config says".into())
             },
         );
-        smoke(ctx, checks, "package_deb", config);
+        // A panic of the smoke test (a server that does not start) still removes the package
+        // and puts our files back before it goes on.
+        let smoked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| smoke(ctx, checks, "package_deb", config)));
         let removed = crate::sh::to_log(Command::new("dpkg").arg("-r").arg(&package), &log);
-        checks.check("dpkg -r removes it again", if removed { Ok(()) } else { Err("dpkg -r failed (see the log)".into()) });
-    }
-    for p in &kept {
-        let from = aside.join(p.strip_prefix("/").unwrap_or(p));
-        let beside = p.with_extension("idem-restore");
-        let back = std::fs::copy(&from, &beside).and_then(|_| std::fs::rename(&beside, p));
-        if let Err(e) = back {
-            checks.fail("the files dpkg replaced are put back", &format!("{}: {e}", p.display()));
+        let left: Vec<&PathBuf> = paths.iter().filter(|p| p.exists()).collect();
+        checks.check("dpkg -r removes it again, every file", if !removed { Err("dpkg -r failed (see the log)".into()) } else if !left.is_empty() { Err(format!("left: {left:?}")) } else { Ok(()) });
+        if let Err(panic) = smoked {
+            put_back(checks, &kept, &aside);
+            std::panic::resume_unwind(panic);
         }
     }
+    put_back(checks, &kept, &aside);
+}
+
+/// The files `kept` aside in `aside` put back where they were, each written beside itself and
+/// renamed over.
+fn put_back(checks: &mut Checks, kept: &[&PathBuf], aside: &Path) {
+    if kept.is_empty() {
+        return;
+    }
+    let failed: Vec<String> = kept
+        .iter()
+        .filter_map(|p| {
+            let from = aside.join(p.strip_prefix("/").unwrap_or(p));
+            let beside = p.with_extension("idem-restore");
+            std::fs::copy(&from, &beside).and_then(|_| std::fs::rename(&beside, p)).err().map(|e| format!("{}: {e}", p.display()))
+        })
+        .collect();
+    checks.check("the files dpkg replaced are put back", if failed.is_empty() { Ok(()) } else { Err(failed.join("\n")) });
 }
 
 /// The .deb's files copied from Debian's paths of the major into a fresh copy of the tree.
