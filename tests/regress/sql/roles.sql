@@ -155,6 +155,14 @@ SELECT outcome, attempts, idem_release('roles', 'u', 'counted', token) AS releas
   FROM idem_reserve('roles', 'u', 'counted', 'h');
 RESET ROLE;
 SELECT owner, attempts FROM idem_retries WHERE operation = 'roles' AND key = 'counted';
+-- A recovery's release (by an operator) counts toward the record's owner, not the operator.
+SET ROLE idem_alice;
+SELECT outcome FROM idem_reserve('roles', 'u', 'recovered', 'h', lease => '1 second');
+RESET ROLE;
+UPDATE idem_records SET lease_expires_at = now() - interval '1 second'
+ WHERE operation = 'roles' AND key = 'recovered';
+SELECT idem_recover_stuck(action => 'release') >= 1 AS recovered;
+SELECT owner, attempts FROM idem_retries WHERE operation = 'roles' AND key = 'recovered';
 DELETE FROM idem_retries WHERE operation = 'roles';
 
 -- A superuser is a member of every role.
