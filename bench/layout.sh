@@ -20,7 +20,10 @@
 #                                          per record of the heap and of each index
 #   bench/layout.sh scale LAYOUT ROWS [N=20000] [CLIENTS=4]
 #                                          ROWS records, CHECKPOINT, then N fresh cycles: WAL per
-#                                          cycle (full-page images apart), blocks read per cycle
+#                                          cycle (full-page images apart, and those per relation),
+#                                          blocks read per cycle; N may be a list (20000,200000),
+#                                          each figure over the cycles since the CHECKPOINT;
+#                                          SIZES=1 prints the bytes per record first
 #   bench/layout.sh cpu LAYOUT [SECONDS=6]  10,000 records: backend CPU per fresh cycle (1 client)
 #   bench/layout.sh churn LAYOUT ROWS [BATCH=10000]
 #                                          one sweep batch after churn (the expiry index's cost)
@@ -87,22 +90,26 @@ size)
     drop
     ;;
 scale)
-    setup "$2"; rows=$3 n=${4:-20000} clients=${5:-4}
+    # N may be a list (20000,200000): each figure is over the cycles since the CHECKPOINT.
+    setup "$2"; rows=$3 list=${4:-20000} clients=${5:-4}
     q "SELECT proto_fill($rows, 2)" >/dev/null; q "VACUUM ANALYZE" >/dev/null; q "CHECKPOINT" >/dev/null
     [ -z "${SIZES:-}" ] || sizes "$rows"
     read0=$(q "SELECT sum(heap_blks_read + coalesce(idx_blks_read, 0)) FROM pg_statio_user_tables")
-    a=$(q "SELECT pg_current_wal_insert_lsn()"); t0=$(date +%s.%N)
-    cycles $(( n / clients )) "$clients"; t1=$(date +%s.%N); b=$(q "SELECT pg_current_wal_insert_lsn()")
-    read1=$(q "SELECT sum(heap_blks_read + coalesce(idx_blks_read, 0)) FROM pg_statio_user_tables")
-    q "SELECT '$layout scale: $rows records, ' || $n || ' cycles after a CHECKPOINT ($clients clients, '
-              || round($n / ($t1 - $t0)) || ' tps): ' || round(pg_wal_lsn_diff('$b', '$a') / $n::numeric, 1) || ' B per cycle ('
-              || round(sum(combined_size - fpi_size) / $n::numeric, 1) || ' B without full-page images, '
-              || round(sum(fpi_size) / $n::numeric, 1) || ' B of them), blocks read per cycle '
-              || round(($read1 - $read0) / $n::numeric, 2)
-         FROM pg_get_wal_stats('$a', '$b', false)"
-    q "SELECT '  ' || c.relname || ': ' || count(*) || ' full-page images, ' || round(count(*) / $n::numeric, 3) || ' per cycle'
-         FROM pg_get_wal_block_info('$a', '$b') w JOIN pg_class c ON c.relfilenode = w.relfilenode
-        WHERE w.block_fpi_length > 0 GROUP BY c.relname ORDER BY count(*) DESC"
+    a=$(q "SELECT pg_current_wal_insert_lsn()"); t0=$(date +%s.%N); done_n=0
+    for n in ${list//,/ }; do
+        cycles $(( (n - done_n) / clients )) "$clients"; done_n=$n
+        t1=$(date +%s.%N); b=$(q "SELECT pg_current_wal_insert_lsn()")
+        read1=$(q "SELECT sum(heap_blks_read + coalesce(idx_blks_read, 0)) FROM pg_statio_user_tables")
+        q "SELECT '$layout scale: $rows records, ' || $n || ' cycles after a CHECKPOINT ($clients clients, '
+                  || round($n / ($t1 - $t0)) || ' tps): ' || round(pg_wal_lsn_diff('$b', '$a') / $n::numeric, 1) || ' B per cycle ('
+                  || round(sum(combined_size - fpi_size) / $n::numeric, 1) || ' B without full-page images, '
+                  || round(sum(fpi_size) / $n::numeric, 1) || ' B of them), blocks read per cycle '
+                  || round(($read1 - $read0) / $n::numeric, 2)
+             FROM pg_get_wal_stats('$a', '$b', false)"
+        q "SELECT '  ' || c.relname || ': ' || count(*) || ' full-page images, ' || round(count(*) / $n::numeric, 3) || ' per cycle'
+             FROM pg_get_wal_block_info('$a', '$b') w JOIN pg_class c ON c.relfilenode = w.relfilenode
+            WHERE w.block_fpi_length > 0 GROUP BY c.relname ORDER BY count(*) DESC LIMIT 3"
+    done
     drop
     ;;
 cpu)
