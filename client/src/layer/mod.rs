@@ -77,7 +77,11 @@
 //! `examples/rust/src/payouts.rs` does.
 //!
 //! In both modes the route runs to its end in a task of its own: a client that disconnects
-//! mid-request does not cancel it, and its retry replays the stored response.
+//! mid-request does not cancel it, and its retry replays the stored response. The one exception
+//! is a request dropped while the inner service is not ready yet (tower's readiness: the layer
+//! drives a clone of the inner service to readiness before each call, see
+//! `docs/rust-client.md`, "Stacking with tower middleware"): its key is released and the inner
+//! service is never called.
 
 #[cfg(feature = "actix")]
 mod actix;
