@@ -30,6 +30,10 @@
 #   bench/layout.sh sweep LAYOUT ROWS [BATCH=10000]
 #                                          ROWS expired records: proto_sweep(BATCH) until a short
 #                                          batch, time per batch (first/last decile), WAL per row
+#   bench/layout.sh upgrade TARGET ROWS [BATCH=10000]
+#                                          0.6.0's table with ROWS records to TARGET's: ALTER TABLE
+#                                          ways timed, then the plan's rename and batched move
+#                                          (LOAD=SECONDS: fresh cycles before and during the move)
 #   bench/layout.sh stop
 # Each command but start/stop creates the database l_LAYOUT and drops it at the end (KEEP=1 keeps
 # it). The fill runs with fsync on (exact WAL is not read from it).
@@ -171,7 +175,11 @@ upgrade)
       cat "$out/new_table.sql"; echo "COMMIT;"; } | "$bindir/psql" -X -q -v ON_ERROR_STOP=1 "$(url "$db")" -f - >/dev/null
     t1=$(date +%s.%N); echo "  rename aside + create the new table (committed): $(echo "($t1 - $t0) * 1000 / 1" | bc) ms"
     cols=$(q "SELECT string_agg(attname, ', ' ORDER BY attnum) FROM pg_attribute WHERE attrelid = 'idem_records'::regclass AND attnum > 0 AND NOT attisdropped")
-    expr=$(echo "$cols" | sed "s/\bid\b/proto_id(m.operation, m.user_id, m.key)/; s/request_hash/decode(m.request_hash, 'hex')/; s/status/lower(left(m.status, 1))::\"char\"/")
+    # The new columns from the old row: the digest, the decoded hash, the status code, the live
+    # retry count (as reserve reads it), no recovery point.
+    expr=$(echo "$cols" | sed "s/\bid\b/proto_id(m.operation, m.user_id, m.key)/; s/request_hash/decode(m.request_hash, 'hex')/;
+        s/status/lower(left(m.status, 1))::\"char\"/; s/\bstep\b/NULL::integer/; s/\bstate\b/NULL::jsonb/;
+        s/\battempts\b/coalesce((SELECT t.attempts FROM idem_retries AS t WHERE t.operation = m.operation AND t.user_id = m.user_id AND t.key = m.key AND t.expires_at > m.created_at), 0)/")
     q "CREATE PROCEDURE proto_move(batch integer) LANGUAGE plpgsql AS \$\$
        DECLARE got bigint;
        BEGIN
@@ -185,8 +193,37 @@ upgrade)
                EXIT WHEN got < batch;
            END LOOP;
        END \$\$" >/dev/null
+    # LOAD=SECONDS: fresh cycles of the migration (both tables probed, new records into the new
+    # table; 4 clients) for SECONDS before the move and again while it runs: tps, p99, slowest.
+    if [ -n "${LOAD:-}" ]; then
+        cat >"$out/during.sql" <<'SQL'
+\set u random(1, 1000)
+\set k random(1, 9000000000000000000)
+BEGIN;
+SELECT (SELECT r.request_hash FROM idem_records AS r WHERE r.id = proto_id('bench.fresh', 'u' || :u, 'k' || :k)
+           AND r.operation = 'bench.fresh' AND r.user_id = 'u' || :u AND r.key = 'k' || :k),
+       (SELECT o.request_hash FROM idem_records_060 AS o WHERE o.operation = 'bench.fresh' AND o.user_id = 'u' || :u AND o.key = 'k' || :k),
+       (SELECT t.attempts FROM idem_retries AS t WHERE t.operation = 'bench.fresh' AND t.user_id = 'u' || :u AND t.key = 'k' || :k),
+       pg_advisory_xact_lock(hashtextextended('bench.fresh' || E'\x1f' || 'u' || :u || E'\x1f' || 'k' || :k, 0));
+INSERT INTO bench_charges (user_id, amount) VALUES ('u' || :u, 100);
+INSERT INTO idem_records (id, operation, user_id, key, request_hash, status, token, response,
+                          lease_expires_at, expires_at, created_at, updated_at, owner, attempts)
+VALUES (proto_id('bench.fresh', 'u' || :u, 'k' || :k), 'bench.fresh', 'u' || :u, 'k' || :k, sha256(('k' || :k)::bytea), 's',
+        nextval('idem_token_seq'), '{"status": 201}', clock_timestamp() + interval '5 minutes', clock_timestamp() + interval '1 day',
+        clock_timestamp(), clock_timestamp(), to_regrole(current_user), 0);
+COMMIT;
+SQL
+        load() {
+            rm -f "$out"/load.*; (cd "$out" && "$bindir/pgbench" -n -M prepared -c 4 -j 2 -T "$LOAD" -l --log-prefix=load -f during.sql "$(url "$db")" >/dev/null)
+            cat "$out"/load.* | awk '{ print $3 }' | sort -n | awk -v what="$1" -v secs="$LOAD" '{ l[++n] = $1 }
+                END { printf "  fresh cycles %s: %d in %d s, p99 %.1f ms, slowest %.1f ms\n", what, n, secs, l[int(n * 0.99)] / 1000, l[n] / 1000 }'
+        }
+        load "before the move"
+        load "while the move runs" & loader=$!
+    fi
     a=$(q "SELECT pg_current_wal_insert_lsn()"); t0=$(date +%s.%N)
     q "CALL proto_move($batch)" >/dev/null; t1=$(date +%s.%N); b=$(q "SELECT pg_current_wal_insert_lsn()")
+    [ -z "${LOAD:-}" ] || wait "$loader"
     q "SELECT '  moved ' || (SELECT count(*) FROM idem_records) || ' records (' || (SELECT count(*) FROM idem_records WHERE status = 'p')
               || ' PROCESSING, ' || (SELECT count(*) FROM idem_records_060) || ' left) in ' || round($t1 - $t0, 1) || ' s: '
               || round((SELECT count(*) FROM idem_records) / ($t1 - $t0)) || ' rows/s, WAL '
