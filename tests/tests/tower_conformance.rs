@@ -14,7 +14,8 @@
 //!   a readiness error is answered and releases the key; a request dropped while the mock is not
 //!   ready releases its key and never reaches it;
 //! - the same for the gRPC adapter (`GrpcLayer`): the mock's readiness cases, and the tonic
-//!   example served by tonic with `ConcurrencyLimit` below the layer, called by a tonic client.
+//!   example served by tonic with each of those middleware below and above the layer (and
+//!   tonic's own per-connection limit above it all), called by a tonic client.
 //!
 //! Nothing waits on a clock: each step waits for the state it needs (the mock's readiness polled
 //! and pending, a handler started); the two timeouts bound handlers that are held until the test
@@ -612,43 +613,90 @@ idempotency_testkit::for_each_driver! {
             }
         }
 
-        /// The tonic example served by tonic with `ConcurrencyLimit` below the layer (and tonic's
-        /// own per-connection limit above it), called by a tonic client: the call runs, its retry
-        /// replays.
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn grpc_concurrency_limit_below_the_layer_runs_once_and_replays() {
+        /// Serves the tonic example on `listener` behind `stack` (`Server::builder().layer`: the
+        /// stack wraps every route), with tonic's own per-connection limit above it all.
+        macro_rules! serve_behind {
+            ($listener:expr, $idem:expr, $mode:expr, $stack:expr) => {
+                tokio::spawn(
+                    tonic::transport::Server::builder()
+                        .concurrency_limit_per_connection(8)
+                        .layer($stack)
+                        .add_service(ChargesServer::new(ChargeService::new($idem, $mode, None)))
+                        .serve_with_incoming(tonic::transport::server::TcpIncoming::from($listener)),
+                )
+            };
+        }
+
+        /// The tonic example served by tonic with `middleware` below or above the gRPC layer,
+        /// called by a tonic client, in both modes: the call runs, its retry replays, one charge.
+        async fn runs_once_and_replays(middleware: Middleware) {
             admin().await.batch_execute(SCHEMA).await.expect("schema");
             for mode in MODES {
-                let case = format!("{NAME} {mode:?} gRPC");
-                let idem = handle(Settings::default()).await;
-                let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-                let addr = format!("http://{}", listener.local_addr().expect("addr"));
-                let stack = ServiceBuilder::new().layer(layer(idem.clone(), mode, KeyFrom::Metadata)).concurrency_limit(8);
-                let server = tonic::transport::Server::builder()
-                    .concurrency_limit_per_connection(8)
-                    .layer(stack)
-                    .add_service(ChargesServer::new(ChargeService::new(idem, mode, None)))
-                    .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener));
-                let server = tokio::spawn(server);
-                let client = ChargesClient::connect(addr).await.expect("connect");
-                let key = fresh("grpc-limit");
-                let user = format!("tower-{mode:?}-{NAME}");
-                let create = || {
-                    let mut request = tonic::Request::new(CreateCharge { amount: 5, ..Default::default() });
-                    request.metadata_mut().insert("idempotency-key", key.parse().expect("key"));
-                    request.metadata_mut().insert("x-user", user.parse().expect("user"));
-                    let mut client = client.clone();
-                    async move { client.create(request).await }
-                };
-                let first = create().await.unwrap_or_else(|status| panic!("{case}: {status:?}"));
-                assert!(first.metadata().get("idempotent-replayed").is_none(), "{case}");
-                let again = create().await.unwrap_or_else(|status| panic!("{case}: {status:?}"));
-                assert_eq!(again.metadata().get("idempotent-replayed").map(|v| v.to_str().unwrap_or_default()), Some("true"), "{case}");
-                assert_eq!(again.get_ref(), first.get_ref(), "{case}");
-                let n: i64 = admin().await.query_one("SELECT count(*) FROM charges WHERE user_id = $1", &[&user]).await.expect("count").get(0);
-                assert_eq!(n, 1, "{case}: one charge");
-                server.abort();
+                for place in [Place::Below, Place::Above] {
+                    let case = format!("{NAME} {mode:?} gRPC {middleware:?} {place:?} the layer");
+                    let idem = handle(Settings::default()).await;
+                    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+                    let addr = format!("http://{}", listener.local_addr().expect("addr"));
+                    let grpc = layer(idem.clone(), mode, KeyFrom::Metadata);
+                    let (second, long) = (Duration::from_secs(1), Duration::from_secs(120));
+                    let builder = ServiceBuilder::new();
+                    let server = match (middleware, place) {
+                        (Middleware::ConcurrencyLimit, Place::Below) => serve_behind!(listener, idem, mode, builder.layer(grpc).concurrency_limit(8)),
+                        (Middleware::ConcurrencyLimit, Place::Above) => serve_behind!(listener, idem, mode, builder.concurrency_limit(8).layer(grpc)),
+                        (Middleware::Buffer, Place::Below) => serve_behind!(listener, idem, mode, builder.layer(grpc).buffer(8)),
+                        (Middleware::Buffer, Place::Above) => serve_behind!(listener, idem, mode, builder.buffer(8).layer(grpc)),
+                        (Middleware::RateLimit, Place::Below) => serve_behind!(listener, idem, mode, builder.layer(grpc).buffer(8).rate_limit(1000, second)),
+                        (Middleware::RateLimit, Place::Above) => serve_behind!(listener, idem, mode, builder.buffer(8).rate_limit(1000, second).layer(grpc)),
+                        (Middleware::LoadShed, Place::Below) => serve_behind!(listener, idem, mode, builder.layer(grpc).load_shed().concurrency_limit(8)),
+                        (Middleware::LoadShed, Place::Above) => serve_behind!(listener, idem, mode, builder.load_shed().concurrency_limit(8).layer(grpc)),
+                        (Middleware::Timeout, Place::Below) => serve_behind!(listener, idem, mode, builder.layer(grpc).timeout(long)),
+                        (Middleware::Timeout, Place::Above) => serve_behind!(listener, idem, mode, builder.timeout(long).layer(grpc)),
+                    };
+                    let client = ChargesClient::connect(addr).await.expect("connect");
+                    let key = fresh("grpc-stack");
+                    let user = format!("tower-{}", fresh(&format!("{mode:?}-{NAME}")));
+                    let create = || {
+                        let mut request = tonic::Request::new(CreateCharge { amount: 5, ..Default::default() });
+                        request.metadata_mut().insert("idempotency-key", key.parse().expect("key"));
+                        request.metadata_mut().insert("x-user", user.parse().expect("user"));
+                        let mut client = client.clone();
+                        async move { client.create(request).await }
+                    };
+                    let first = create().await.unwrap_or_else(|status| panic!("{case}: {status:?}"));
+                    assert!(first.metadata().get("idempotent-replayed").is_none(), "{case}");
+                    let again = create().await.unwrap_or_else(|status| panic!("{case}: {status:?}"));
+                    assert_eq!(again.metadata().get("idempotent-replayed").map(|v| v.to_str().unwrap_or_default()), Some("true"), "{case}");
+                    assert_eq!(again.get_ref(), first.get_ref(), "{case}");
+                    let n: i64 = admin().await.query_one("SELECT count(*) FROM charges WHERE user_id = $1", &[&user]).await.expect("count").get(0);
+                    assert_eq!(n, 1, "{case}: one charge");
+                    server.abort();
+                }
             }
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn grpc_concurrency_limit_around_the_layer_runs_once_and_replays() {
+            runs_once_and_replays(Middleware::ConcurrencyLimit).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn grpc_buffer_around_the_layer_runs_once_and_replays() {
+            runs_once_and_replays(Middleware::Buffer).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn grpc_rate_limit_around_the_layer_runs_once_and_replays() {
+            runs_once_and_replays(Middleware::RateLimit).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn grpc_load_shed_around_the_layer_runs_once_and_replays() {
+            runs_once_and_replays(Middleware::LoadShed).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn grpc_timeout_around_the_layer_runs_once_and_replays() {
+            runs_once_and_replays(Middleware::Timeout).await;
         }
     }
 }
