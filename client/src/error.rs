@@ -1,5 +1,7 @@
-//! The one error type of the client. (Its HTTP mapping lives with the layer, behind the `tower`
-//! feature: `layer::http_status` and `layer::retry_after`.)
+//! The one error type of the client, with its retry hints ([`Error::retry_after`],
+//! [`Error::is_retryable`]) for any caller, a queue consumer included. (Its HTTP mapping lives
+//! with the layer, behind the `tower` feature: `layer::http_status` and `layer::retry_after`,
+//! which call these.)
 
 use idempotency_core::KeyError;
 use std::convert::Infallible;
@@ -196,8 +198,38 @@ impl<E> Error<E> {
         }
     }
 
+    /// The wait this error asks for before the same key is tried again: the hint an
+    /// [`Error::InProgress`] or [`Error::LeaseLost`] carries ([`crate::Settings::retry_after`]);
+    /// `None` for every other error (for [`Error::StoreUnavailable`] the wait is the caller's
+    /// to choose: the layer sends its `unavailable_retry_after`).
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Error::InProgress { retry_after } | Error::LeaseLost { retry_after } => Some(*retry_after),
+            _ => None,
+        }
+    }
+
     pub(crate) fn protocol(reason: impl Into<String>) -> Self {
         Error::Protocol { reason: reason.into(), source: None }
+    }
+}
+
+impl<E: crate::HandlerError> Error<E> {
+    /// Whether the same call, with the same key, may succeed if made again later (a queue
+    /// consumer redelivers the message; an HTTP client retries): another attempt holds the key
+    /// ([`Error::InProgress`], wait [`Error::retry_after`]), the lease was lost
+    /// ([`Error::LeaseLost`]), the store could not be used ([`Error::StoreUnavailable`]:
+    /// nothing was kept), or your closure failed transiently and the key was released
+    /// ([`Error::Handler`] whose [`crate::HandlerError::disposition`] is transient). False for
+    /// every answer a retry would only repeat: a mismatch, a stored or poisoned failure, an
+    /// invalid key, a configuration or protocol error, a result too large to store, a
+    /// `run_external` whose record failed (reconcile instead), and any other database error.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Error::InProgress { .. } | Error::LeaseLost { .. } | Error::StoreUnavailable(_) => true,
+            Error::Handler { error } => error.disposition() == crate::Disposition::Transient,
+            _ => false,
+        }
     }
 }
 
@@ -264,6 +296,40 @@ mod tests {
 
     fn declined() -> Declined {
         Declined(std::io::Error::other("gateway said 402"))
+    }
+
+    /// A handler error of either disposition.
+    #[derive(Debug)]
+    struct Gave(crate::Disposition);
+
+    impl crate::HandlerError for Gave {
+        fn disposition(&self) -> crate::Disposition {
+            self.0.clone()
+        }
+    }
+
+    #[test]
+    fn the_retry_hints_are_on_the_error_itself() {
+        let wait = Duration::from_secs(3);
+        let hinted: [Error<Gave>; 2] = [Error::InProgress { retry_after: wait }, Error::LeaseLost { retry_after: wait }];
+        for e in &hinted {
+            assert_eq!((e.retry_after(), e.is_retryable()), (Some(wait), true));
+        }
+        let down: Error<Gave> = Error::StoreUnavailable("down".into());
+        assert_eq!((down.retry_after(), down.is_retryable()), (None, true));
+        let transient: Error<Gave> = Error::Handler { error: Gave(crate::Disposition::Transient) };
+        assert_eq!((transient.retry_after(), transient.is_retryable()), (None, true));
+        let final_answers: [Error<Gave>; 6] = [
+            Error::Mismatch,
+            Error::Failed { response: None },
+            Error::Handler { error: Gave(crate::Disposition::Permanent(None)) },
+            Error::Poisoned { error: Gave(crate::Disposition::Transient) },
+            Error::ResponseTooLarge { effect_stands: false, key_failed: false },
+            Error::Configuration { reason: "bad url".into(), source: None },
+        ];
+        for e in &final_answers {
+            assert_eq!((e.retry_after(), e.is_retryable()), (None, false), "{e:?}");
+        }
     }
 
     #[test]

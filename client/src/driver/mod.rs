@@ -66,7 +66,9 @@ pub(crate) fn not_given_back() -> Error {
     Error::protocol("the request's transaction was not given back: a handler kept its Transaction locked after returning")
 }
 
-/// One step of a request.
+/// One step of a request. Public only because [`Driver::send`] names it; hidden from the
+/// docs with the trait's other machinery.
+#[doc(hidden)]
 #[derive(Debug, Clone)]
 pub enum Step<'a> {
     /// `BEGIN`, at an isolation level or the server's default.
@@ -111,13 +113,17 @@ impl Step<'_> {
     }
 }
 
-/// A Postgres stack the flows run on. Implemented by this crate only; how a third one would
-/// be added: CONTRIBUTING.md, "A new driver".
+/// A Postgres stack the flows run on: [`Postgres`] or `Sqlx`. Implemented by this crate only
+/// (sealed); how a third one would be added: CONTRIBUTING.md, "A new driver". What a user of
+/// the crate names is the driver type and [`Driver::Conn`], what a closure receives; the rest
+/// (the pooled connection's guard, its shareable form, the rows, `send`, `queue`, `share`) is
+/// the flows' machinery, hidden from these docs: it may change in any release.
 pub trait Driver: Sealed + Clone + Send + Sync + 'static {
     /// A pooled connection as a flow holds it, whether a transaction may be open on it and
     /// whether a request of ours is unanswered, both recorded before the request is sent.
     /// Dropped in either state (a dropped future, a timeout, a panic), it closes the connection
     /// (the server rolls back) instead of returning it to the pool.
+    #[doc(hidden)]
     type Tx: Send + 'static;
 
     /// What your closures receive, as `&mut Self::Conn`: for [`Postgres`] its [`Tx`] (which
@@ -126,34 +132,43 @@ pub trait Driver: Sealed + Clone + Send + Sync + 'static {
 
     /// The form of the open transaction an HTTP handler is given (the layer's `Transaction`):
     /// cloneable and `'static`, so it can travel in the request.
+    #[doc(hidden)]
     type Shared: Clone + Send + Sync + 'static;
 
     /// A row of an answer.
+    #[doc(hidden)]
     type Row: Row;
 
     /// The connection inside `tx`, for a closure.
+    #[doc(hidden)]
     fn conn(tx: &mut Self::Tx) -> &mut Self::Conn;
 
     /// Lends `tx` out in its shareable form (for the layer, for the length of a request).
+    #[doc(hidden)]
     fn share(tx: &mut Self::Tx) -> Self::Shared;
 
     /// Takes back what [`Driver::share`] lent; a copy kept by the handler after that is empty.
+    #[doc(hidden)]
     fn unshare(tx: &mut Self::Tx, shared: Self::Shared);
 
     /// Whether a transaction is open on `tx` (begun and not seen to end).
+    #[doc(hidden)]
     fn in_transaction(tx: &Self::Tx) -> bool;
 
     /// A connection from the pool, outside any transaction.
+    #[doc(hidden)]
     fn connection(&self) -> impl Future<Output = Result<Self::Tx, Error>> + Send;
 
     /// Sends `steps` in order, in one round trip where the driver can, and answers the rows of
     /// its queries, in order. The first error is returned, classified as an error of this
     /// crate's own statements (`classify::Origin::Ours`; a completion that aborted because the
     /// key was lost is [`Error::LeaseLost`]); the server skipped or aborted what followed it.
+    #[doc(hidden)]
     fn send<'a>(tx: &'a mut Self::Tx, steps: &'a [Step<'a>]) -> impl Future<Output = Result<Vec<Self::Row>, Error>> + Send + 'a;
 
     /// Queues a `BEGIN` or `ROLLBACK` without waiting for its answer: it leaves with the next
     /// request on the connection (or, for a connection given back to the pool, before the pool
     /// hands it out again).
+    #[doc(hidden)]
     fn queue(tx: &mut Self::Tx, step: &Step<'_>);
 }

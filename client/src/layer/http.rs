@@ -28,12 +28,12 @@ pub fn http_status<E>(error: &Error<E>) -> u16 {
 
 /// How long a client should wait before retrying, for `Retry-After`: the hint an in-progress or
 /// lost-lease error carries ([`crate::Settings::retry_after`]), and `unavailable` for a store
-/// that could not be used; none for any other error.
+/// that could not be used; none for any other error ([`Error::retry_after`], plus the
+/// `unavailable` wait).
 pub fn retry_after<E>(error: &Error<E>, unavailable: Duration) -> Option<Duration> {
     match error {
-        Error::InProgress { retry_after } | Error::LeaseLost { retry_after } => Some(*retry_after),
         Error::StoreUnavailable(_) => Some(unavailable),
-        _ => None,
+        other => other.retry_after(),
     }
 }
 
@@ -59,5 +59,20 @@ mod tests {
         assert_eq!((http_status(&e), retry_after(&e, second)), (503, Some(second)));
         let e: Error = Error::ResponseTooLarge { effect_stands: false, key_failed: false };
         assert_eq!((http_status(&e), retry_after(&e, second)), (502, None));
+    }
+
+    #[test]
+    fn the_free_functions_agree_with_the_errors_own_hints() {
+        let second = Duration::from_secs(1);
+        let errors: [Error; 4] = [
+            Error::InProgress { retry_after: Duration::from_secs(3) },
+            Error::LeaseLost { retry_after: Duration::from_secs(2) },
+            Error::Mismatch,
+            Error::StoreUnavailable("down".into()),
+        ];
+        for e in &errors {
+            let own = if matches!(e, Error::StoreUnavailable(_)) { Some(second) } else { e.retry_after() };
+            assert_eq!(retry_after(e, second), own, "{e}");
+        }
     }
 }
