@@ -243,7 +243,7 @@ pub(crate) async fn single_case(url: &str, db: &tokio_postgres::Client, kind: Ca
 
 /// Nanoseconds on CPU of every thread of process `pid` (its /proc/PID/task/*/schedstat); 0 for
 /// a process that is gone.
-fn cpu_ns(pid: i32) -> u64 {
+pub(crate) fn cpu_ns(pid: i32) -> u64 {
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return 0 };
     tasks
         .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("schedstat")).ok())

@@ -7,7 +7,7 @@
 //! `target/bench/soak.csv` and `target/bench/soak.png`. `--http` runs only the HTTP rows (see
 //! [`http`]) and writes `target/bench/http.csv`; `--stacks` only the actix-web and gRPC rows (see
 //! [`stacks`]) into `target/bench/stacks.csv`; `--soak` only the soak; `--rust` only the Rust
-//! client's rows; `--rust-case CASE TASKS SECONDS` one case of them for a profiler
+//! client's rows (the waiters' row, [`waiters`], among them; `--waiters` that row alone); `--rust-case CASE TASKS SECONDS` one case of them for a profiler
 //! (bench/profile-client.sh); `--fingerprint` only the fingerprint rows (see [`fingerprint`], no
 //! database), into `target/bench/fingerprint.csv`; `--scale` only the ten-million-key rows (see
 //! [`scale`], on a server of its own) into `target/bench/scale.csv`; `--chart CSV PNG [TITLE]`
@@ -24,6 +24,7 @@ mod scale;
 mod seed_twin;
 mod soak;
 mod stacks;
+mod waiters;
 
 use idempotency_testkit::{cluster_addr, fresh_database, pg_bin, root};
 use pgbench::Measure;
@@ -357,6 +358,13 @@ async fn main() {
     db.batch_execute(&std::fs::read_to_string(script("setup")).expect("setup.sql")).await.expect("bench setup");
     db.batch_execute("VACUUM ANALYZE").await.expect("vacuum");
     let mut rows: Vec<Row> = Vec::new();
+    // --waiters: only the waiters' row (waiters.rs).
+    if args.iter().any(|a| a == "--waiters") {
+        rows.push(waiters::row(&url, &db, s.smoke, s.reps).await);
+        print!("{}", render(&rows, None, &s, started.elapsed().as_secs()));
+        check_numbers(&rows, None);
+        return;
+    }
     if only_rust {
         rust_rows(&s, &url, &db, &mut rows).await;
         print!("{}", render(&rows, None, &s, started.elapsed().as_secs()));
@@ -673,6 +681,8 @@ async fn rust_rows(s: &Settings, url: &str, db: &tokio_postgres::Client, rows: &
         rows.push(Row { figure: "Rust replay from the replay cache vs raw primary-key SELECT".into(), clients: format!("{n} tasks"), baseline: "prepared SELECT of the record (tokio-postgres)".into(), base: Measure::mean(&select), ours: Measure::mean(&cached), goal: Some(3.0), work: Some("round trips 0 / 1".into()) });
     }
     sqlx_rows(s, url, calls, rows).await;
+    // The waiters' row (issue 44): waiting duplicates of a two-phase holder against 409s.
+    rows.push(waiters::row(url, db, s.smoke, s.reps).await);
 }
 
 /// The same rows over the sqlx driver, against a raw sqlx transaction and SELECT, at 8 tasks.

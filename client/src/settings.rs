@@ -44,9 +44,23 @@ pub struct Settings {
     pub lease: Option<Duration>,
     /// Transient failures before a key is poisoned (`idempotency.max_retries` when None).
     pub max_retries: Option<i32>,
-    /// Wait for another transaction's uncommitted reservation of the key (then replay) instead
-    /// of answering `InProgress` at once.
+    /// Wait for the key's holder instead of answering `InProgress` at once, in `run`,
+    /// `run_statement` and `run_external` (and the layer's both modes), until the holder
+    /// completes (replayed), fails (`Failed`) or gives the key up (the call takes it and runs),
+    /// or until [`Settings::wait_timeout`] (then `InProgress`); a mismatch is answered at once.
+    /// A committed holder (a two-phase attempt while its outside call runs) is polled: the call
+    /// reserves again after a pause (20 ms, doubling up to 250 ms, half of each random), each
+    /// poll one round trip on a pooled connection, and between polls it holds nothing (no
+    /// connection, no transaction, no lock). An uncommitted holder (another transaction's
+    /// reservation) is waited for in the server, holding a pooled connection blocked on the
+    /// key's lock, as before 0.7.0 (`run_statement` and `run_batch`, whose statements also run
+    /// your writes, only within `call_timeout`). Default `false`.
     pub wait: bool,
+    /// The bound of [`Settings::wait`]: how long a call waits for the key's holder before it
+    /// answers `InProgress`, counted from its first reservation (its wait for a pooled
+    /// connection does not count). Default 5 s; shorter than [`Settings::call_timeout`]
+    /// (checked).
+    pub wait_timeout: Duration,
     /// The `Retry-After` hint of `InProgress` and `LeaseLost`.
     pub retry_after: Duration,
     /// How many times a whole transaction is retried after 40001 / 40P01 (wherever they arise,
@@ -109,6 +123,7 @@ impl Default for Settings {
             lease: None,
             max_retries: None,
             wait: false,
+            wait_timeout: DEFAULT_WAIT_TIMEOUT,
             retry_after: Duration::from_secs(1),
             serialization_retries: 5,
             isolation: None,
@@ -155,6 +170,12 @@ impl Settings {
     /// See [`Settings::wait`].
     pub fn wait(mut self, wait: bool) -> Self {
         self.wait = wait;
+        self
+    }
+
+    /// See [`Settings::wait_timeout`].
+    pub fn wait_timeout(mut self, bound: Duration) -> Self {
+        self.wait_timeout = bound;
         self
     }
 
@@ -224,6 +245,8 @@ impl Settings {
 /// The lease `run_external` sends when [`Settings::lease`] is not set.
 pub(crate) const DEFAULT_EXTERNAL_LEASE: Duration = Duration::from_secs(60);
 
+/// [`Settings::wait_timeout`]'s default.
+pub(crate) const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_secs(5);
 /// [`Settings::call_timeout`]'s default.
 pub(crate) const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// [`Settings::pool_timeout`]'s default.
@@ -241,7 +264,8 @@ pub(crate) const KEEPALIVES_RETRIES: u32 = 3;
 
 impl Settings {
     /// What a constructor checks before it builds a pool: a configured schema name is valid,
-    /// and no bound is zero (a zero wait would fail every call).
+    /// no bound is zero (a zero wait would fail every call), and the wait for a holder ends
+    /// before the call's deadline.
     #[cfg_attr(not(any(feature = "postgres", feature = "sqlx")), allow(dead_code))]
     pub(crate) fn check(&self) -> Result<(), crate::error::Error> {
         let bounds = [
@@ -250,6 +274,7 @@ impl Settings {
             ("connect_timeout", Some(self.connect_timeout)),
             ("keepalives_idle", self.keepalives_idle),
             ("statement_timeout", self.statement_timeout),
+            ("wait_timeout", Some(self.wait_timeout)),
         ];
         for (name, bound) in bounds {
             if bound.is_some_and(|d| d.is_zero()) {
@@ -259,9 +284,26 @@ impl Settings {
                 });
             }
         }
+        if let Some(reason) = self.wait_beyond_call() {
+            return Err(crate::error::Error::Configuration { reason, source: None });
+        }
         match &self.schema {
             Some(name) => crate::sql::Schema::named(name.as_str()).map(drop),
             None => Ok(()),
+        }
+    }
+}
+
+impl Settings {
+    /// Why the wait for a holder could outlast the call's deadline (which would answer
+    /// `StoreUnavailable` where the wait's bound answers `InProgress`), if it could.
+    pub(crate) fn wait_beyond_call(&self) -> Option<String> {
+        match self.call_timeout {
+            Some(call) if self.wait && self.wait_timeout >= call => Some(format!(
+                "Settings::wait_timeout ({:?}) must be shorter than Settings::call_timeout ({call:?}), which bounds the whole call, its wait included",
+                self.wait_timeout
+            )),
+            _ => None,
         }
     }
 }

@@ -17,6 +17,7 @@
 //! `idempotency.max_response_bytes` (the completion's 54000) takes the same path: rolled back
 //! and counted, answered [`Error::ResponseTooLarge`].
 
+use super::wait::Waiting;
 use super::{rollback, Context, TxFuture};
 use crate::cache::Memo;
 use crate::classify::retryable_sqlstate;
@@ -31,7 +32,11 @@ use crate::Outcome;
 use idempotency_core::{Fingerprint, Key};
 
 /// The flow, with retries of the whole transaction after 40001 / 40P01 wherever they arise
-/// (the work included), without counting a failure.
+/// (the work included), without counting a failure, and with
+/// [`Settings::wait`](crate::Settings::wait) the wait for the key's holder ([`super::wait`]):
+/// an uncommitted holder waited for in the reservation, a committed one polled (the `ROLLBACK`
+/// of the poll that found the key held is queued, and its connection goes back to the pool
+/// before the pause).
 pub(crate) async fn run<D, T, E, F>(cx: &Context<'_, D>, key: &Key, fingerprint: &Fingerprint, mut work: F) -> Result<Outcome<T>, Error<E>>
 where
     D: Driver,
@@ -39,10 +44,17 @@ where
     E: HandlerError + Send,
     F: for<'t> FnMut(&'t mut D::Tx) -> TxFuture<'t, T, E> + Send,
 {
-    super::retried!(cx, once(cx, key, fingerprint, &mut work).await)
+    let mut waiting = Waiting::start(cx.settings);
+    loop {
+        let result = super::retried!(cx, once(cx, key, fingerprint, &mut waiting, &mut work).await);
+        match waiting.after(&result) {
+            Some(pause) => tokio::time::sleep(pause).await,
+            None => break result,
+        }
+    }
 }
 
-async fn once<D, T, E, F>(cx: &Context<'_, D>, key: &Key, fingerprint: &Fingerprint, work: &mut F) -> Result<Outcome<T>, Error<E>>
+async fn once<D, T, E, F>(cx: &Context<'_, D>, key: &Key, fingerprint: &Fingerprint, waiting: &mut Waiting, work: &mut F) -> Result<Outcome<T>, Error<E>>
 where
     D: Driver,
     T: Replayable + Send,
@@ -53,7 +65,12 @@ where
     let memo = Memo::start(cx.settings.replay_cache.as_ref(), cx.settings.ttl);
     let mut tx = cx.driver.connection().await.map_err(Error::widen)?;
     let steps = [Step::Begin(cx.settings.isolation), Step::Query(&cx.schema.sql().reserve, reserve_params(key, fingerprint, &options))];
-    let reservation = match D::send(&mut tx, &steps).await.and_then(|rows| Reservation::read(&only(rows)?)) {
+    // A reservation waiting in the server for an uncommitted holder is given up at the wait's
+    // bound: its guard, dropped with the request in flight, closes the connection.
+    let Some(sent) = waiting.within(D::send(&mut tx, &steps)).await else {
+        return Err(Error::InProgress { retry_after: cx.settings.retry_after });
+    };
+    let reservation = match sent.and_then(|rows| Reservation::read(&only(rows)?)) {
         Ok(reservation) => reservation,
         Err(e) => {
             rollback::<D>(&mut tx).await;

@@ -2,7 +2,8 @@
 //! layer's in-transaction mode), its batch form [`batch`] (`run_batch`), its one-statement
 //! form [`one_statement`] (`run_statement`) and [`two_phase`] (`run_external`, and the layer's
 //! two-phase mode, whose lease the [`heartbeat`] keeps), the calls they make in a transaction
-//! of their own ([`calls`]), with the answers and rules they share: each sequence, each retry and
+//! of their own ([`calls`]), the wait for a key's holder ([`wait`]), with the answers and rules
+//! they share: each sequence, each retry and
 //! each decoding is written here once, whatever the driver.
 
 pub(crate) mod batch;
@@ -11,6 +12,7 @@ mod heartbeat;
 pub(crate) mod in_transaction;
 pub(crate) mod one_statement;
 pub(crate) mod two_phase;
+pub(crate) mod wait;
 
 use crate::classify::retryable_sqlstate;
 use crate::driver::{Driver, Step};
@@ -36,6 +38,8 @@ pub(crate) struct Context<'a, D: Driver> {
 }
 
 impl<D: Driver> Context<'_, D> {
+    /// The reservation's options: `wait` as the settings say (the in-transaction flows wait
+    /// in the server for an uncommitted holder, within [`wait`]'s bound).
     fn options(&self, lease: Option<Duration>) -> ReserveOptions {
         ReserveOptions { ttl: self.settings.ttl, lease, wait: self.settings.wait }
     }

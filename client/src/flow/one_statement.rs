@@ -4,6 +4,7 @@
 //! fresh transaction (reserve again and release, as the in-transaction flow's transient path):
 //! one more round trip, on that path only.
 
+use super::wait::Waiting;
 use super::Context;
 use crate::classify::retryable_sqlstate;
 use crate::driver::{Driver, Step};
@@ -16,7 +17,11 @@ use crate::types::{release_answer, ReserveOptions, ReserveOutcome, Reservation};
 use crate::Outcome;
 use idempotency_core::{Fingerprint, Key};
 
-/// The flow, retried after 40001 / 40P01 without counting a failure.
+/// The flow, retried after 40001 / 40P01 without counting a failure, and with
+/// [`Settings::wait`](crate::Settings::wait) the wait for the key's holder ([`super::wait`]):
+/// a committed holder polled until the wait's bound; an uncommitted one waited for inside the
+/// statement, bounded by `call_timeout` only, since the same statement runs the write, which
+/// the wait's bound must not cut.
 pub(crate) async fn run<D, T>(cx: &Context<'_, D>, key: &Key, fingerprint: &Fingerprint, write: &OneStatement<'_>) -> Result<Outcome<T>, Error<DatabaseError>>
 where
     D: Driver,
@@ -24,7 +29,14 @@ where
 {
     let options = cx.options(cx.settings.lease);
     let sql = cx.schema.one_statement(write.sql, write.params.len());
-    super::retried!(cx, once(cx, key, fingerprint, &options, &sql, write).await)
+    let mut waiting = Waiting::start(cx.settings);
+    loop {
+        let result = super::retried!(cx, once(cx, key, fingerprint, &options, &sql, write).await);
+        match waiting.after(&result) {
+            Some(pause) => tokio::time::sleep(pause).await,
+            None => break result,
+        }
+    }
 }
 
 async fn once<D, T>(

@@ -2,7 +2,9 @@
 //! effect outside the database:
 //!
 //! 1. reserve the key in its own transaction (one round trip; a replay or another answer ends
-//!    here, without calling out);
+//!    here, without calling out; with [`Settings::wait`](crate::Settings::wait), a key in
+//!    progress is reserved again after a pause until another answer or the wait's bound,
+//!    [`super::wait`], holding nothing in between);
 //! 2. run the outside call while a background task heartbeats the lease; no pooled connection
 //!    is held meanwhile;
 //! 3. in one transaction, let `record` write the local result, complete the key and commit
@@ -17,6 +19,7 @@
 //! key `FAILED` with the marker `StoredResponse::too_large()`, answered `ResponseTooLarge`.
 
 use super::heartbeat::Heartbeat;
+use super::wait::Waiting;
 use super::{backoff, calls, conflict, rollback, Context, TxFuture};
 use crate::cache::Memo;
 use crate::classify::retryable_sqlstate;
@@ -49,7 +52,19 @@ where
     let lease = cx.settings.lease.unwrap_or(DEFAULT_EXTERNAL_LEASE);
     let memo = Memo::start(cx.settings.replay_cache.as_ref(), cx.settings.ttl);
     let options = cx.options(Some(lease));
-    let reservation = calls::reserve_detached(cx.driver, cx.schema, key, fingerprint, &options).await.map_err(Error::widen)?;
+    let mut waiting = Waiting::start(cx.settings);
+    let reservation = loop {
+        // Waiting in the server for an uncommitted holder, the reservation's own task outlives
+        // the wait's bound (see `reserve_detached`: a key it creates after that is released).
+        let Some(reserved) = waiting.within(calls::reserve_detached(cx.driver, cx.schema, key, fingerprint, &options)).await else {
+            return Err(Error::InProgress { retry_after: cx.settings.retry_after });
+        };
+        let reservation = reserved.map_err(Error::widen)?;
+        match (&reservation.outcome, waiting.pause()) {
+            (ReserveOutcome::InProgress, Some(pause)) => tokio::time::sleep(pause).await,
+            _ => break reservation,
+        }
+    };
     let memo = memo.reserved(key, fingerprint, &reservation);
     let token = match reservation.outcome {
         ReserveOutcome::Created(token) => token,

@@ -137,7 +137,8 @@ postgres_by_default! {
 /// | [`operation`](Builder::operation) | method and matched route (`POST /charges`), else method and path |
 /// | [`ttl`](Builder::ttl), [`max_retries`](Builder::max_retries) | the handle's, else the server's `idempotency.*` |
 /// | [`lease`](Builder::lease) | the handle's, else the server's (in-transaction) or 60 s (two-phase) |
-/// | [`wait`](Builder::wait) | `false`: a concurrent duplicate gets 409 + `Retry-After` |
+/// | [`wait`](Builder::wait) | the handle's (`false`): a concurrent duplicate gets 409 + `Retry-After` |
+/// | [`wait_timeout`](Builder::wait_timeout) | the handle's (5 s) |
 /// | [`retry_after`](Builder::retry_after) | the handle's (1 s) |
 /// | [`body_limit`](Builder::body_limit) | 1 MiB (413 above it) |
 /// | [`response_limit`](Builder::response_limit) | the server's `idempotency.max_response_bytes`, read once (1MB if unreadable) |
@@ -161,6 +162,7 @@ pub struct Builder<D: Driver = Postgres> {
     lease: Option<Duration>,
     max_retries: Option<i32>,
     wait: Option<bool>,
+    wait_timeout: Option<Duration>,
     retry_after: Option<Duration>,
     body_limit: usize,
     response_limit: Option<usize>,
@@ -194,6 +196,7 @@ impl<D: Driver> Builder<D> {
             lease: None,
             max_retries: None,
             wait: None,
+            wait_timeout: None,
             retry_after: None,
             body_limit: 1 << 20,
             response_limit: None,
@@ -339,10 +342,20 @@ impl<D: Driver> Builder<D> {
         self
     }
 
-    /// Wait for a concurrent in-transaction holder of the key to commit, then replay its
-    /// response, instead of answering 409 at once. (A two-phase holder is never waited for.)
+    /// Wait for the key's holder, in either mode (an in-transaction holder that has not
+    /// committed, a two-phase holder whose handler runs), then answer its stored response,
+    /// instead of answering 409 at once; 409 + `Retry-After` at
+    /// [`wait_timeout`](Builder::wait_timeout), 422 at once for a mismatch. The request polls the key (see
+    /// [`Settings::wait`](crate::Settings::wait)), holding no pooled connection between polls.
     pub fn wait(mut self, wait: bool) -> Self {
         self.wait = Some(wait);
+        self
+    }
+
+    /// How long a request waits for the key's holder with [`wait`](Builder::wait) before it
+    /// answers 409 (shorter than the handle's `call_timeout`: `build` checks).
+    pub fn wait_timeout(mut self, bound: Duration) -> Self {
+        self.wait_timeout = Some(bound);
         self
     }
 
@@ -479,6 +492,13 @@ impl<D: Driver> Builder<D> {
         settings.lease = self.lease.or(settings.lease);
         settings.max_retries = self.max_retries.or(settings.max_retries);
         settings.wait = self.wait.unwrap_or(settings.wait);
+        settings.wait_timeout = self.wait_timeout.unwrap_or(settings.wait_timeout);
+        if settings.wait_timeout.is_zero() {
+            return Err(ConfigError("wait_timeout must be longer than zero".into()));
+        }
+        if let Some(reason) = settings.wait_beyond_call() {
+            return Err(ConfigError(format!("wait_timeout: {reason}")));
+        }
         settings.retry_after = self.retry_after.unwrap_or(settings.retry_after);
         let mut stored_headers = self.stored_headers;
         stored_headers.dedup();
