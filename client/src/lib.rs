@@ -54,7 +54,8 @@
 //!
 //! # Inside your transaction
 //!
-//! The [`ops`] functions take any `deadpool_postgres::GenericClient`, so they also run inside a
+//! The [`ops`] functions take any `deadpool_postgres::GenericClient` (over sqlx, `ops::sqlx`
+//! takes any `sqlx::PgExecutor`, from the same statements), so they also run inside a
 //! transaction you already hold: the reservation and your writes commit or roll back together.
 //! `?` on your own statements gives [`Error::Database`] (or [`Error::StoreUnavailable`]), never
 //! [`Error::IncompatibleExtension`], which only this crate's statements raise.
@@ -146,8 +147,6 @@ mod error;
 mod flow;
 mod handle;
 mod handler_error;
-#[cfg(feature = "postgres")]
-#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub mod ops;
 mod one_statement;
 mod outcome;

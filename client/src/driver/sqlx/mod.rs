@@ -8,7 +8,7 @@ pub(crate) mod connect;
 mod errors;
 mod hosts;
 mod tx;
-mod values;
+pub(crate) mod values;
 
 pub use tx::{SharedConnection, SqlxTx};
 

@@ -10,7 +10,7 @@ use sqlx::query::Query;
 use sqlx::Row as _;
 
 /// `query` with `param` bound as its next `$n`.
-pub(super) fn bind<'q>(query: Query<'q, sqlx::Postgres, PgArguments>, param: &Param<'q>) -> Query<'q, sqlx::Postgres, PgArguments> {
+pub(crate) fn bind<'q>(query: Query<'q, sqlx::Postgres, PgArguments>, param: &Param<'q>) -> Query<'q, sqlx::Postgres, PgArguments> {
     match param {
         Param::Text(t) => query.bind(*t),
         Param::Int4(i) => query.bind(*i),
