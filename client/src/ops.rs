@@ -1,7 +1,7 @@
 //! One function per SQL call, for the calls you make yourself (inside your own transaction, in
 //! a maintenance job): over tokio-postgres (feature `postgres`) at the top of this module,
 //! generic over the executor, a pooled client or a transaction you hold
-//! (`deadpool_postgres::GenericClient`); over sqlx (feature `sqlx`) in [`sqlx`](self::sqlx),
+//! (`deadpool_postgres::GenericClient`); over sqlx (feature `sqlx`) in `ops::sqlx`,
 //! the same functions over any `sqlx::PgExecutor` (`&PgPool`, `&mut PgConnection`, a
 //! `&mut sqlx::Transaction`). Both are written once (the macro `calls!`): the statements, their
 //! values and the decoding of their answers are the ones the flows use (`sql.rs`, `types.rs`),
@@ -51,6 +51,14 @@ fn recover_params(batch_size: i32, action: RecoverAction, max_retries: Option<i3
 macro_rules! calls {
     ([$($generics:tt)*], $exec:ident: $exec_ty:ty, $query:path) => {
         /// `idem_reserve`.
+        ///
+        /// # Errors
+        ///
+        /// Those of every call: [the module's](crate::ops#errors) (docs/rust-client.md, "Errors").
+        ///
+        /// # Cancel safety
+        ///
+        /// One statement on your executor: [the module's](crate::ops#cancel-safety).
         pub async fn reserve<$($generics)*>(
             $exec: $exec_ty,
             schema: &Schema,
@@ -62,6 +70,14 @@ macro_rules! calls {
         }
 
         /// `idem_complete`: true when this token held the key and the record is now `status`.
+        ///
+        /// # Errors
+        ///
+        /// Those of every call: [the module's](crate::ops#errors) (docs/rust-client.md, "Errors").
+        ///
+        /// # Cancel safety
+        ///
+        /// One statement on your executor: [the module's](crate::ops#cancel-safety).
         pub async fn complete<$($generics)*>(
             $exec: $exec_ty,
             schema: &Schema,
@@ -75,6 +91,14 @@ macro_rules! calls {
         }
 
         /// `idem_release`: a transient failure of the attempt holding `token`.
+        ///
+        /// # Errors
+        ///
+        /// Those of every call: [the module's](crate::ops#errors) (docs/rust-client.md, "Errors").
+        ///
+        /// # Cancel safety
+        ///
+        /// One statement on your executor: [the module's](crate::ops#cancel-safety).
         pub async fn release<$($generics)*>(
             $exec: $exec_ty,
             schema: &Schema,
@@ -87,6 +111,14 @@ macro_rules! calls {
         }
 
         /// `idem_heartbeat`: false when the token no longer holds the key.
+        ///
+        /// # Errors
+        ///
+        /// Those of every call: [the module's](crate::ops#errors) (docs/rust-client.md, "Errors").
+        ///
+        /// # Cancel safety
+        ///
+        /// One statement on your executor: [the module's](crate::ops#cancel-safety).
         pub async fn heartbeat<$($generics)*>(
             $exec: $exec_ty,
             schema: &Schema,
@@ -99,6 +131,14 @@ macro_rules! calls {
         }
 
         /// `idem_recover_stuck`: how many stuck attempts were handled.
+        ///
+        /// # Errors
+        ///
+        /// Those of every call: [the module's](crate::ops#errors) (docs/rust-client.md, "Errors").
+        ///
+        /// # Cancel safety
+        ///
+        /// One statement on your executor: [the module's](crate::ops#cancel-safety).
         pub async fn recover_stuck<$($generics)*>(
             $exec: $exec_ty,
             schema: &Schema,
@@ -111,17 +151,41 @@ macro_rules! calls {
         }
 
         /// `idem_sweep`: how many expired rows were deleted.
+        ///
+        /// # Errors
+        ///
+        /// Those of every call: [the module's](crate::ops#errors) (docs/rust-client.md, "Errors").
+        ///
+        /// # Cancel safety
+        ///
+        /// One statement on your executor: [the module's](crate::ops#cancel-safety).
         pub async fn sweep<$($generics)*>($exec: $exec_ty, schema: &Schema, batch_size: i32) -> Result<i64, Error> {
             let row = only($query($exec, &schema.sql().sweep, &[Param::Int4(batch_size)]).await?)?;
             required("deleted", row.int8("deleted"))
         }
 
         /// `idem_lookup` (operators only).
+        ///
+        /// # Errors
+        ///
+        /// Those of every call: [the module's](crate::ops#errors) (docs/rust-client.md, "Errors").
+        ///
+        /// # Cancel safety
+        ///
+        /// One statement on your executor: [the module's](crate::ops#cancel-safety).
         pub async fn lookup<$($generics)*>($exec: $exec_ty, schema: &Schema, key: &Key) -> Result<Option<Record>, Error> {
             $query($exec, &schema.sql().lookup, &key_params(key)).await?.first().map(Record::read).transpose()
         }
 
         /// `idem_stats` (operators only).
+        ///
+        /// # Errors
+        ///
+        /// Those of every call: [the module's](crate::ops#errors) (docs/rust-client.md, "Errors").
+        ///
+        /// # Cancel safety
+        ///
+        /// One statement on your executor: [the module's](crate::ops#cancel-safety).
         pub async fn stats<$($generics)*>($exec: $exec_ty, schema: &Schema) -> Result<Stats, Error> {
             Stats::read(&only($query($exec, &schema.sql().stats, &[]).await?)?)
         }
