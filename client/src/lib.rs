@@ -172,7 +172,7 @@ pub use driver::{Postgres, SharedClient, Tx};
 pub use driver::{SharedConnection, Sqlx, SqlxTx};
 pub use error::{DatabaseError, Error};
 pub use flow::TxFuture;
-pub use handle::{BatchFn, Idempotency, RecordFn, TxFn};
+pub use handle::{BatchFn, Connect, Idempotency, RecordFn, TxFn};
 pub use handler_error::{Disposition, HandlerError};
 pub use idempotency_core::fingerprint::canonical_json;
 pub use idempotency_core::{Decision, Fingerprint, FingerprintError, Key, KeyError};

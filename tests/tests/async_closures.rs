@@ -3,13 +3,14 @@
 //! `Send`), an actix-web handler (registered on an `App`), a tonic method (the generated
 //! service trait, whose futures are `Send`) and a `tokio::spawn`, over both drivers. That these
 //! compile is half the test; each then runs against the private cluster and is checked to run
-//! its closure once per key.
+//! its closure once per key. And the one constructor shape of every driver (`from_url`,
+//! `from_pool`) the handles are made with.
 
 idempotency_testkit::for_each_driver! {
     use axum::extract::State;
     use axum::http::StatusCode;
     use axum::Json;
-    use idempotency_client::{BatchItem, BatchOutcome, Fingerprint, Key, Outcome, Settings, StoredResponse};
+    use idempotency_client::{BatchItem, BatchOutcome, Error, Fingerprint, Idempotency, Key, Outcome, Settings, StoredResponse};
     use idempotency_examples::grpc_charges::proto::charges_server::Charges as ChargesRpc;
     use idempotency_examples::grpc_charges::proto::{Charge as ChargeReply, CreateCharge};
     use idempotency_testkit::{charges_for, unique_key};
@@ -166,5 +167,27 @@ idempotency_testkit::for_each_driver! {
         };
         assert!(matches!(task.await.unwrap(), Ok(Outcome::Executed(_))));
         assert_eq!(charges_for(&admin().await, &key).await, 1);
+    }
+
+    #[tokio::test]
+    async fn one_constructor_shape_for_either_driver() {
+        let url = test_database().await;
+        let opened = Idempotency::<TestDriver>::from_url(url, 2, Settings::default()).unwrap();
+        let lent = Idempotency::<TestDriver>::from_pool(opened.pool().clone(), Settings::default());
+        for idem in [opened, lent] {
+            let key = unique_key("closures.constructors");
+            let tag = key.to_string();
+            let outcome = idem
+                .run_async(&key, &fp(&json!({})), async move |tx| {
+                    exec(tx, INSERT, &[&tag]).await?;
+                    Ok::<_, DbError>(StoredResponse::json(201, json!({})))
+                })
+                .await
+                .unwrap();
+            assert!(matches!(outcome, Outcome::Executed(_)));
+            assert_eq!(charges_for(&admin().await, &key).await, 1);
+        }
+        let zero = Idempotency::<TestDriver>::from_url(url, 0, Settings::default()).unwrap_err();
+        assert!(matches!(&zero, Error::Configuration { reason, .. } if reason.contains("pool_size")), "{zero:?}");
     }
 }

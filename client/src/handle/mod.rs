@@ -1,10 +1,11 @@
 //! The handle: a driver (its pool), the settings, the extension's schema (resolved once), and
 //! the entry point of every flow (`run`, `run_external` here; `run_batch` and `run_statement`
-//! in their modules; their async-closure forms in `closures`; the constructors of each driver's
-//! handle in `postgres` and `sqlx`).
+//! in their modules; their async-closure forms in `closures`; the constructors, one shape for
+//! every driver in `connect`, each driver's own in `postgres` and `sqlx`).
 
 mod batch;
 mod closures;
+mod connect;
 mod deadline;
 mod one_statement;
 #[cfg(feature = "postgres")]
@@ -25,6 +26,7 @@ use std::sync::Arc;
 use tokio::sync::OnceCell;
 
 pub use closures::{BatchFn, RecordFn, TxFn};
+pub use connect::Connect;
 
 postgres_by_default! {
 /// A cloneable handle: a driver (for `Postgres`, a `deadpool_postgres::Pool`), the

@@ -1,12 +1,25 @@
 //! The handle over tokio-postgres: made from a deadpool pool or from a URL
 //! (`driver::postgres::connect` builds the pool and the driver over it).
 
-use super::Idempotency;
+use super::{Connect, Idempotency};
 use crate::driver::postgres::connect;
 use crate::driver::Postgres;
 use crate::error::Error;
 use crate::settings::Settings;
 use deadpool_postgres::Pool;
+
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+impl Connect for Postgres {
+    type Pool = Pool;
+
+    fn open(url: &str, pool_size: u32, settings: &Settings) -> Result<Self, Error> {
+        connect::driver(url, usize::try_from(pool_size).unwrap_or(usize::MAX), settings)
+    }
+
+    fn over(pool: Pool) -> Self {
+        Postgres::new(pool)
+    }
+}
 
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 impl Idempotency<Postgres> {

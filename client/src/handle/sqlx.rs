@@ -1,12 +1,25 @@
 //! The handle over sqlx: made from a `sqlx::PgPool` or from a URL (`driver::sqlx::connect`
 //! builds the pool).
 
-use super::Idempotency;
+use super::{Connect, Idempotency};
 use crate::driver::sqlx::connect;
 use crate::driver::Sqlx;
 use crate::error::Error;
 use crate::settings::Settings;
 use sqlx::PgPool;
+
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlx")))]
+impl Connect for Sqlx {
+    type Pool = PgPool;
+
+    fn open(url: &str, pool_size: u32, settings: &Settings) -> Result<Self, Error> {
+        Ok(Sqlx::new(connect::pool(url, pool_size, settings)?))
+    }
+
+    fn over(pool: PgPool) -> Self {
+        Sqlx::new(pool)
+    }
+}
 
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlx")))]
 impl Idempotency<Sqlx> {
