@@ -39,6 +39,22 @@ impl<D: Driver> Idempotency<D> {
     /// each request is one simple query), whatever the number of keys. A batch that created no
     /// key costs one, its `ROLLBACK` queued without waiting. (sqlx also checks a connection
     /// given back to its pool: one round trip more, which the call does not wait for.)
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidKey`] for any item's key (nothing sent), [`Error::Handler`] /
+    /// [`Error::Poisoned`] (your closure's error, as above), [`Error::LeaseLost`],
+    /// [`Error::StoreUnavailable`], [`Error::IncompatibleExtension`] (an extension older than
+    /// 0.4.0, named), [`Error::Database`], [`Error::Protocol`]; a `Transient` result, or not one
+    /// result per created key, is an [`Error::Configuration`] naming the rule (the batch rolled
+    /// back). Per-key answers (replayed, failed, in progress,
+    /// mismatch) are [`BatchOutcome`]s, not errors. the repository's docs/rust-client.md, "Errors".
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: dropped at any await, the connection is closed and the server rolls the
+    /// whole batch back, reservations included, or the batch commits whole when its `COMMIT`
+    /// had already left (docs/rust-client.md, "When a call is dropped").
     pub async fn run_batch<T, E, F>(
         &self,
         operation: &str,

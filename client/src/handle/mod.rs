@@ -76,6 +76,14 @@ impl<D: Driver> std::fmt::Debug for Idempotency<D> {
 
 impl<D: Driver> Idempotency<D> {
     /// A handle over `driver` with `settings`.
+    ///
+    /// # Errors
+    ///
+    /// None: `settings` are used as they are (the URL constructors check them).
+    ///
+    /// # Cancel safety
+    ///
+    /// Not async: nothing to cancel.
     pub fn with_driver(driver: D, settings: Settings) -> Self {
         Idempotency { driver, settings: Arc::new(settings), schema: Arc::new(OnceCell::new()) }
     }
@@ -98,6 +106,17 @@ impl<D: Driver> Idempotency<D> {
 
     /// The extension's schema: [`Settings::schema`], or looked up once in `pg_extension` (and
     /// its version checked) on first use.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::IncompatibleExtension`] when the extension is missing or at a version this client
+    /// does not speak, [`Error::StoreUnavailable`] when the store cannot be reached (or within
+    /// [`Settings::call_timeout`]), [`Error::Configuration`] for a schema name that is not one
+    /// (the repository's docs/rust-client.md, "Errors").
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: a read; dropped, nothing is kept, and the next call looks again.
     pub async fn schema(&self) -> Result<Schema, Error> {
         deadline::bounded("schema", self.settings.call_timeout, self.resolve_schema()).await
     }
@@ -122,6 +141,15 @@ impl<D: Driver> Idempotency<D> {
     /// Checks that the extension is installed, in the configured schema, at a version this
     /// client speaks (0.1 up to its own); returns the version. [`Error::IncompatibleExtension`]
     /// otherwise. One lookup: a handle whose schema was not yet resolved keeps the one found.
+    ///
+    /// # Errors
+    ///
+    /// As [`Idempotency::schema`], and [`Error::IncompatibleExtension`] naming both schemas when
+    /// the extension is installed in another one than the configured (the repository's docs/rust-client.md, "Errors").
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: a read (docs/rust-client.md, "When a call is dropped").
     pub async fn check_extension(&self) -> Result<String, Error> {
         deadline::bounded("check_extension", self.settings.call_timeout, self.check_extension_unbounded()).await
     }
@@ -181,6 +209,27 @@ impl<D: Driver> Idempotency<D> {
     /// begun by a statement sqlx's transaction manager did not send: do not `begin()`, `commit()`
     /// or `rollback()` on the connection inside the closure (write `SAVEPOINT` statements if you
     /// need one).
+    ///
+    /// The closure is boxed (`|tx| Box::pin(async move { .. })`) so that it may borrow from its
+    /// surroundings and keep state across tries; [`Idempotency::run_async`] takes an
+    /// `async move |tx| { .. }` closure instead (and says why both exist).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InProgress`] (another attempt holds the key; [`Error::retry_after`]),
+    /// [`Error::Mismatch`], [`Error::Failed`] (a stored failure: replay it), [`Error::Handler`] /
+    /// [`Error::Poisoned`] (your closure's error, as above), [`Error::LeaseLost`],
+    /// [`Error::ResponseTooLarge`], [`Error::StoreUnavailable`] (the pool, the connection or
+    /// [`Settings::call_timeout`]: nothing was kept, a retry is safe), [`Error::Decode`] (a
+    /// stored response that is not a `T`), [`Error::IncompatibleExtension`],
+    /// [`Error::Database`], [`Error::Protocol`]. [`Error::is_retryable`] says which a retry may
+    /// cure; the repository's docs/rust-client.md, "Errors", has the table.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: dropped at any await, no pooled connection is left inside a transaction (the
+    /// connection is closed and the server rolls back) and the key is free for the next attempt,
+    /// or completed when the `COMMIT` had already left (docs/rust-client.md, "When a call is dropped").
     pub async fn run<T, E, F>(&self, key: &Key, fingerprint: &Fingerprint, mut work: F) -> Result<Outcome<T>, Error<E>>
     where
         T: Replayable + Send,
@@ -247,6 +296,19 @@ impl<D: Driver> Idempotency<D> {
     /// released, so `call` is not made again for it): the answer is
     /// [`Error::StoreUnavailable`], and the key is settled by `idem_recover_stuck` once its
     /// lease has expired. The same when it fires while a failed `call`'s release is in flight.
+    ///
+    /// # Errors
+    ///
+    /// Those of [`Idempotency::run`], with [`Error::Handler`] / [`Error::Poisoned`] carrying
+    /// `call`'s error (or `record`'s, inside [`Error::RecordFailed`]), and
+    /// [`Error::RecordFailed`] when `call` succeeded but the local transaction failed for good
+    /// (reconcile from its `response`); the repository's docs/rust-client.md, "Errors".
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped before `call` started, nothing is kept; dropped once `call` may have started,
+    /// the key stays `PROCESSING` until its lease ends and `idem_recover_stuck` settles it, so
+    /// `call` is never made twice (above, and docs/rust-client.md, "When a call is dropped").
     pub async fn run_external<T, E, C, R>(
         &self,
         key: &Key,

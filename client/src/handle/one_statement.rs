@@ -27,6 +27,16 @@ impl<D: Driver> Idempotency<D> {
     /// 40001 / 40P01 retry the statement without counting; a lost connection is
     /// [`Error::StoreUnavailable`] (the statement may have committed: a retry replays it then),
     /// and so is a call cut by [`crate::Settings::call_timeout`].
+    ///
+    /// # Errors
+    ///
+    /// As listed above; [`Error::Configuration`] for a `write` that breaks [`OneStatement`]'s
+    /// rules (nothing sent). the repository's docs/rust-client.md, "Errors".
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: one statement in autocommit, committed whole or not at all; a dropped call
+    /// stops it (a cancel request over tokio-postgres, the connection check over sqlx): docs/rust-client.md, "When a call is dropped".
     pub async fn run_statement<T>(&self, key: &Key, fingerprint: &Fingerprint, write: &OneStatement<'_>) -> Result<Outcome<T>, Error<DatabaseError>>
     where
         T: Replayable + Send,

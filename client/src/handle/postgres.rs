@@ -26,12 +26,30 @@ impl Idempotency<Postgres> {
     /// A handle over `pool` with `settings`. The cancel requests of dropped calls cannot use
     /// the pool's own TLS connector, which a pool does not tell: see [`Postgres::new`], and give
     /// it with `Idempotency::with_driver(Postgres::new(pool).cancel_tls(tls), settings)`.
+    ///
+    /// The same as [`Idempotency::from_pool`], the shape every driver shares.
+    ///
+    /// # Errors
+    ///
+    /// None: the pool is used as it is.
+    ///
+    /// # Cancel safety
+    ///
+    /// Not async: nothing to cancel.
     pub fn new(pool: Pool, settings: Settings) -> Self {
         Idempotency::with_driver(Postgres::new(pool), settings)
     }
 
     /// A pool of `pool_size` connections to `url` with default [`Settings`]; see
     /// [`Idempotency::connect_with`].
+    ///
+    /// # Errors
+    ///
+    /// Those of [`Idempotency::connect_with`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Not async: nothing to cancel.
     pub fn connect(url: &str, pool_size: usize) -> Result<Self, Error> {
         Self::connect_with(url, pool_size, Settings::default())
     }
@@ -51,6 +69,19 @@ impl Idempotency<Postgres> {
     /// `verify-ca`, `verify-full`, with `sslrootcert`; see [`crate::tls`]): the encrypting modes
     /// need the `tls` feature (rustls), and without it `require` and the verify modes are a
     /// [`Error::Configuration`] error naming the feature.
+    ///
+    /// [`Idempotency::from_url`] is the same with the pool size as a `u32`, the shape every
+    /// driver shares.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Configuration`], as said above; nothing is connected, so an unreachable server
+    /// is the first call's [`Error::StoreUnavailable`] (the repository's docs/rust-client.md,
+    /// "Errors").
+    ///
+    /// # Cancel safety
+    ///
+    /// Not async: nothing to cancel.
     pub fn connect_with(url: &str, pool_size: usize, settings: Settings) -> Result<Self, Error> {
         settings.check()?;
         Ok(Self::with_driver(connect::driver(url, pool_size, &settings)?, settings))

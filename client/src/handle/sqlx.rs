@@ -24,12 +24,30 @@ impl Connect for Sqlx {
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlx")))]
 impl Idempotency<Sqlx> {
     /// A handle over the sqlx pool `pool` with `settings`.
+    ///
+    /// The same as [`Idempotency::from_pool`], the shape every driver shares.
+    ///
+    /// # Errors
+    ///
+    /// None: the pool is used as it is.
+    ///
+    /// # Cancel safety
+    ///
+    /// Not async: nothing to cancel.
     pub fn from_sqlx(pool: PgPool, settings: Settings) -> Self {
         Idempotency::with_driver(Sqlx::new(pool), settings)
     }
 
     /// A sqlx pool of `pool_size` connections to `url` with default [`Settings`]; see
     /// [`Idempotency::connect_sqlx_with`].
+    ///
+    /// # Errors
+    ///
+    /// Those of [`Idempotency::connect_sqlx_with`].
+    ///
+    /// # Cancel safety
+    ///
+    /// Not async: nothing to cancel.
     pub fn connect_sqlx(url: &str, pool_size: u32) -> Result<Self, Error> {
         Self::connect_sqlx_with(url, pool_size, Settings::default())
     }
@@ -63,6 +81,18 @@ impl Idempotency<Sqlx> {
     /// the host, so `verify-full` checks the certificate against that address, not the `host`
     /// name; and without `sslrootcert` in the URL sqlx reads `PGSSLROOTCERT` (and `PGSSLCERT`,
     /// `PGSSLKEY`) from the environment. `sslcert`, `sslkey` are refused, as for tokio-postgres.
+    ///
+    /// [`Idempotency::from_url`] is the same, the shape every driver shares.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Configuration`], as said above; nothing is connected, so an unreachable server
+    /// is the first call's [`Error::StoreUnavailable`] (the repository's docs/rust-client.md,
+    /// "Errors").
+    ///
+    /// # Cancel safety
+    ///
+    /// Not async: nothing to cancel.
     pub fn connect_sqlx_with(url: &str, pool_size: u32, settings: Settings) -> Result<Self, Error> {
         settings.check()?;
         Ok(Self::from_sqlx(connect::pool(url, pool_size, &settings)?, settings))
