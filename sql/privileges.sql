@@ -72,8 +72,15 @@ GRANT EXECUTE ON FUNCTION
     @extschema@.idem_release(text, text, text, bigint, integer),
     @extschema@.idem_heartbeat(text, text, text, bigint, interval),
     @extschema@.idem_reserve_many(text, text, text[], text[], interval, interval, boolean),
-    @extschema@.idem_complete_many(text, text, text[], bigint[], jsonb[], text)
+    @extschema@.idem_complete_many(text, text, text[], bigint[], jsonb[], text),
+    @extschema@.idem_await(text, text, text, text, interval, interval, interval)
     TO idempotency_user;
+
+-- idem_await is new in 0.7.0, so no install has an application relying on PUBLIC's EXECUTE on
+-- it: a plain REVOKE, replayed by the update too.
+REVOKE EXECUTE ON FUNCTION
+    @extschema@.idem_await(text, text, text, text, interval, interval, interval)
+    FROM PUBLIC;
 
 -- ... and for nobody else on a fresh install. A DO block, not a REVOKE statement, on purpose: the
 -- update scripts replay every GRANT and REVOKE of this file (scripts/sqlbuild.py), and an update

@@ -37,6 +37,8 @@ pgrx::extension_sql_file!("../../sql/operations.sql", name = "operations", requi
 // The native hot path replaces the PL/pgSQL idem_reserve/complete/release/heartbeat (the
 // portable install leaves this file out).
 pgrx::extension_sql_file!("../../sql/native.sql", name = "native", requires = ["operations"]);
+// idem_await, the bounded wait for a key's holder: PL/pgSQL over idem_reserve, both installs.
+pgrx::extension_sql_file!("../../sql/wait.sql", name = "wait", requires = ["native"]);
 pgrx::extension_sql_file!("../../sql/privileges.sql", name = "privileges", finalize);
 
 /// Called by PostgreSQL when it loads the library: registers the settings.
