@@ -411,3 +411,28 @@ idempotency_testkit::for_each_driver! {
         assert!(starts.try_recv().is_err(), "{NAME}: the handler ran once");
     }
 }
+
+/// The SQL API's wait (`idem_await`), whatever the driver: a waiter mid-wait answers the holder's
+/// replay once the holder completes, its lease and timeout far away; the completion does not wait
+/// for the waiter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idem_await_replays_a_holder_that_completes_while_it_waits() {
+    let url = idempotency_testkit::fresh_database("idem_wait_sql").await;
+    let (holder, waiter) = (idempotency_testkit::admin_at(&url).await, idempotency_testkit::admin_at(&url).await);
+    let token: i64 = holder.query_one("SELECT token FROM idem_reserve('sql.await', 'u', 'k', 'h', lease => '1 minute')", &[]).await.unwrap().get(0);
+    let waiting = tokio::spawn(async move {
+        let row = waiter.query_one("SELECT outcome, response FROM idem_await('sql.await', 'u', 'k', 'h', '50 seconds')", &[]).await.unwrap();
+        (row.get::<_, String>(0), row.get::<_, Option<serde_json::Value>>(1))
+    });
+    // The waiter is inside its call (its statement running) when the holder completes.
+    idempotency_testkit::server::eventually("the waiter waits", std::time::Duration::from_secs(30), || async {
+        let sql = "SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%idem_await(%' AND state = 'active' AND pid <> pg_backend_pid()";
+        let n: i64 = holder.query_one(sql, &[]).await.map_err(|e| e.to_string())?.get(0);
+        if n == 1 { Ok(()) } else { Err(format!("{n} waiters")) }
+    })
+    .await;
+    let completed: bool = holder.query_one("SELECT idem_complete('sql.await', 'u', 'k', $1, '{\"paid\": true}')", &[&token]).await.unwrap().get(0);
+    assert!(completed);
+    let (outcome, response) = waiting.await.unwrap();
+    assert_eq!((outcome.as_str(), response), ("replay", Some(serde_json::json!({"paid": true}))));
+}
