@@ -13,13 +13,11 @@
 //! with the install under test (`IDEM_INSTALL`: the e2e layer runs this binary against the
 //! extension, e2e_portable against the portable install), and the answers are compared: the
 //! value, or the error as "SQLSTATE: message". `CREATE EXTENSION` itself must succeed in each
-//! (the install script is ASCII). One case goes through the client (tokio-postgres, which sets
-//! client_encoding UTF8) against a LATIN1 database.
+//! (the install script is ASCII). One case goes through the client, over each driver (each sets
+//! client_encoding UTF8), against a LATIN1 database.
 
-use idempotency_client::{Error, Fingerprint, Idempotency, Key, Outcome, StoredResponse, Tx, TxFuture};
 use idempotency_testkit::cluster::install_into;
 use idempotency_testkit::{admin_at, cluster_url, database_url};
-use serde_json::json;
 
 /// A database `name` in `encoding` (C collation, from template0) with the install under test.
 async fn database(name: &str, encoding: &str) -> String {
@@ -259,26 +257,33 @@ async fn a_rejected_value_is_echoed_by_its_size_where_it_is_not_ascii() {
     assert_eq!(answer(&latin1, &sql("done")).await, answer(&utf8, &sql("done")).await);
 }
 
-fn handler(name: &'static str) -> impl for<'t> FnMut(&'t mut Tx) -> TxFuture<'t, StoredResponse, tokio_postgres::Error> + Send {
-    move |_tx| Box::pin(async move { Ok(StoredResponse::json(201, json!({"name": name}))) })
-}
+idempotency_testkit::for_each_driver! {
+    use super::database;
+    use idempotency_client::{Error, Fingerprint, Key, Outcome, Settings, StoredResponse, TxFuture};
+    use serde_json::json;
 
-/// The client end to end against a LATIN1 database: a key with non-ASCII characters executes,
-/// replays its response, and a request that differs in one accented letter is a mismatch.
-#[tokio::test]
-async fn the_client_runs_a_non_ascii_key_in_a_latin1_database() {
-    let url = database("idem_enc_client_latin1", "LATIN1").await;
-    let idem = Idempotency::connect(&url, 2).unwrap();
-    let key = Key::new("paiement.créer", "utilisateur-é", "clé-1").unwrap();
-    let fp = |name: &str| Fingerprint::of_json(&json!({"name": name})).unwrap();
-    let first = idem.run(&key, &fp("Müller"), handler("Müller")).await.unwrap();
-    let second = idem.run(&key, &fp("Müller"), handler("other")).await.unwrap();
-    assert!(matches!(first, Outcome::Executed(_)), "{first:?}");
-    assert!(second.is_replayed(), "{second:?}");
-    assert_eq!(first.value().body_json(), Some(json!({"name": "Müller"})));
-    assert_eq!(second.value().body_json(), first.value().body_json());
-    let err = idem.run(&key, &fp("Mäller"), handler("Mäller")).await.unwrap_err();
-    assert!(matches!(err, Error::Mismatch), "{err:?}");
+    fn handler(name: &'static str) -> impl for<'t> FnMut(&'t mut Conn) -> TxFuture<'t, StoredResponse, DbError> + Send {
+        move |_conn| Box::pin(async move { Ok(StoredResponse::json(201, json!({"name": name}))) })
+    }
+
+    /// The client end to end against a LATIN1 database: a key with non-ASCII characters
+    /// executes, replays its response, and a request that differs in one accented letter is a
+    /// mismatch. (The driver sets client_encoding UTF8; the server converts.)
+    #[tokio::test]
+    async fn the_client_runs_a_non_ascii_key_in_a_latin1_database() {
+        let url = database(&db("idem_enc_client_latin1"), "LATIN1").await;
+        let idem = connect_with(&url, 2, Settings::default());
+        let key = Key::new("paiement.créer", "utilisateur-é", "clé-1").unwrap();
+        let fp = |name: &str| Fingerprint::of_json(&json!({"name": name})).unwrap();
+        let first = idem.run(&key, &fp("Müller"), handler("Müller")).await.unwrap();
+        let second = idem.run(&key, &fp("Müller"), handler("other")).await.unwrap();
+        assert!(matches!(first, Outcome::Executed(_)), "{NAME}: {first:?}");
+        assert!(second.is_replayed(), "{NAME}: {second:?}");
+        assert_eq!(first.value().body_json(), Some(json!({"name": "Müller"})));
+        assert_eq!(second.value().body_json(), first.value().body_json());
+        let err = idem.run(&key, &fp("Mäller"), handler("Mäller")).await.unwrap_err();
+        assert!(matches!(err, Error::Mismatch), "{NAME}: {err:?}");
+    }
 }
 
 /// The current version's scripts are ASCII, so they read alike in every encoding: the sources
