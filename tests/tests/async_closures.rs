@@ -95,7 +95,7 @@ idempotency_testkit::for_each_driver! {
         for _ in 0..2 {
             let response = actix_batch(actix_web::web::Data::new(idem.clone()), actix_web::web::Json(keys.clone())).await;
             assert_eq!(response.status(), actix_web::http::StatusCode::OK);
-            let bytes = actix_web::body::to_bytes(response.into_body()).await.ok().expect("body");
+            let bytes = actix_web::body::to_bytes(response.into_body()).await.unwrap_or_else(|_| panic!("the body"));
             executed.push(serde_json::from_slice::<Value>(&bytes).unwrap()["executed"].clone());
         }
         assert_eq!(executed, [json!(3), json!(0)], "the redelivered batch replays every key");
