@@ -16,12 +16,10 @@
 //! let fingerprint = Fingerprint::of_json(&request)?;
 //!
 //! let outcome = idem
-//!     .run(&key, &fingerprint, |tx| {
-//!         Box::pin(async move {
-//!             let insert = tx.prepare_cached("INSERT INTO charges (user_id, amount) VALUES ($1, $2) RETURNING id").await?;
-//!             let id: i64 = tx.query_one(&insert, &[&"user-42", &100i32]).await?.try_get("id")?;
-//!             Ok::<_, tokio_postgres::Error>(StoredResponse::json(201, json!({"id": id})))
-//!         })
+//!     .run_async(&key, &fingerprint, async move |tx| {
+//!         let insert = tx.prepare_cached("INSERT INTO charges (user_id, amount) VALUES ($1, $2) RETURNING id").await?;
+//!         let id: i64 = tx.query_one(&insert, &[&"user-42", &100i32]).await?.try_get("id")?;
+//!         Ok::<_, tokio_postgres::Error>(StoredResponse::json(201, json!({"id": id})))
 //!     })
 //!     .await;
 //! match outcome {
@@ -36,7 +34,10 @@
 //! ```
 //!
 //! `run` is the in-transaction flow; `run_external` the two-phase flow (a side effect outside
-//! the database). `run` costs three round trips for a closure with one prepared statement and
+//! the database). `run_async` is `run` with an async closure, cloned for each try and owning
+//! what it captures; `run`'s boxed closure (`|tx| Box::pin(async move { .. })`) may borrow (see
+//! [`Idempotency::run_async`] for why both exist). Either driver's handle is made the same way:
+//! [`Idempotency::from_url`] or [`Idempotency::from_pool`]. `run` costs three round trips for a closure with one prepared statement and
 //! takes no savepoint; a replay is answered after the first.
 //!
 //! The extension's schema comes from `pg_extension` (looked up once per handle), or from
