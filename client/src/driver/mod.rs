@@ -113,7 +113,7 @@ impl Step<'_> {
     }
 }
 
-/// A Postgres stack the flows run on: [`Postgres`] or `Sqlx`. Implemented by this crate only
+/// A Postgres stack the flows run on: `Postgres` or `Sqlx`. Implemented by this crate only
 /// (sealed); how a third one would be added: CONTRIBUTING.md, "A new driver". What a user of
 /// the crate names is the driver type and [`Driver::Conn`], what a closure receives; the rest
 /// (the pooled connection's guard, its shareable form, the rows, `send`, `queue`, `share`) is

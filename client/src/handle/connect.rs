@@ -27,7 +27,7 @@ impl<D: Connect> Idempotency<D> {
     /// shape for either driver (`Idempotency::<Sqlx>::from_url(..)` over sqlx; a plain
     /// `Idempotency`, the tokio-postgres handle, where the type is written or inferred). What
     /// the URL may say and how `settings` bound the pool's waits are the driver's:
-    /// [`Idempotency::connect_with`] (tokio-postgres), `Idempotency::connect_sqlx_with` (sqlx),
+    /// `Idempotency::connect_with` (tokio-postgres), `Idempotency::connect_sqlx_with` (sqlx),
     /// which this replaces (they stay, with their `usize` and `u32` sizes).
     ///
     /// # Errors
@@ -48,7 +48,7 @@ impl<D: Connect> Idempotency<D> {
         Ok(Self::with_driver(D::open(url, pool_size, &settings)?, settings))
     }
 
-    /// A handle over your own `pool` with `settings` (for `Postgres` as [`Idempotency::new`],
+    /// A handle over your own `pool` with `settings` (for `Postgres` as `Idempotency::new`,
     /// for `Sqlx` as `Idempotency::from_sqlx`): the one shape for either driver.
     ///
     /// # Errors
