@@ -5,7 +5,7 @@
 //! (`row::Row`). Its errors are read by the one classification table
 //! (`classify.rs`). The flows (`flow/`) own every sequence, retry and decoding.
 //!
-//! Two drivers: [`Postgres`] (tokio-postgres over a deadpool pool, feature `postgres`, the
+//! Two drivers: `Postgres` (tokio-postgres over a deadpool pool, feature `postgres`, the
 //! default: prepared statements, pipelined) and, with the `sqlx` feature, `Sqlx` (a
 //! `sqlx::PgPool`: sqlx pipelines nothing, so a request of several steps travels as one simple
 //! query with its values bound into the text by `sql::bind`).
@@ -126,7 +126,7 @@ pub trait Driver: Sealed + Clone + Send + Sync + 'static {
     #[doc(hidden)]
     type Tx: Send + 'static;
 
-    /// What your closures receive, as `&mut Self::Conn`: for [`Postgres`] its [`Tx`] (which
+    /// What your closures receive, as `&mut Self::Conn`: for `Postgres` its `Tx` (which
     /// dereferences to the pooled client), for `Sqlx` a `sqlx::PgConnection`.
     type Conn: Send + ?Sized;
 

@@ -68,7 +68,7 @@ impl Idempotency<Sqlx> {
     /// form (`postgres://...`; sqlx reads no key=value string), with one host: a host list
     /// (`postgresql://a,b/db`, for failover) is a [`Error::Configuration`] error naming the alternatives.
     ///
-    /// The URL's `sslmode` and `sslrootcert` are read as [`Idempotency::connect_with`] reads them
+    /// The URL's `sslmode` and `sslrootcert` are read as `Idempotency::connect_with` reads them
     /// (`disable`, `prefer` — the default, `PGSSLMODE` is not read —, `require`, `verify-ca`,
     /// `verify-full`; `require` with an `sslrootcert` file verifies the CA, as libpq does; see
     /// [`crate::tls`]) and handed to sqlx, whose TLS is rustls with ring and the system roots
@@ -77,7 +77,7 @@ impl Idempotency<Sqlx> {
     /// plain text (encrypted if your build turns on one of sqlx's own TLS features). A verify mode's roots are read here: an unreadable `sslrootcert` is a
     /// configuration error. Where sqlx differs from the tokio-postgres handle: with an
     /// `sslrootcert` file, `verify-ca` and `verify-full` trust the system roots as well as the
-    /// file's (libpq and [`Idempotency::connect_with`] trust only the file); `hostaddr` replaces
+    /// file's (libpq and `Idempotency::connect_with` trust only the file); `hostaddr` replaces
     /// the host, so `verify-full` checks the certificate against that address, not the `host`
     /// name; and without `sslrootcert` in the URL sqlx reads `PGSSLROOTCERT` (and `PGSSLCERT`,
     /// `PGSSLKEY`) from the environment. `sslcert`, `sslkey` are refused, as for tokio-postgres.
