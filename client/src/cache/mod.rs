@@ -121,6 +121,14 @@ impl ReplayCache {
     ///
     /// When `entries` is 0 or `ttl` is zero: such a cache could never answer (leave
     /// [`crate::Settings::replay_cache`] unset instead).
+    ///
+    /// # Errors
+    ///
+    /// None (it panics instead, above: a constant of your configuration).
+    ///
+    /// # Cancel safety
+    ///
+    /// Not async: nothing to cancel.
     pub fn new(entries: usize, ttl: Duration) -> Self {
         assert!(entries > 0, "ReplayCache::new: entries must be at least 1, got 0");
         assert!(!ttl.is_zero(), "ReplayCache::new: ttl must be longer than zero");

@@ -35,6 +35,14 @@ impl Postgres {
     /// without it they are plain text, which a connection made with `sslmode=require` does not
     /// send). Give it your pool's own connector with [`Postgres::cancel_tls`] for its certificate
     /// rules; a handle made from a URL (`Idempotency::connect_with`) uses the URL's.
+    ///
+    /// # Errors
+    ///
+    /// None: the pool is used as it is (an unreachable server is the first call's `Error::StoreUnavailable`).
+    ///
+    /// # Cancel safety
+    ///
+    /// Not async: nothing to cancel.
     pub fn new(pool: Pool) -> Self {
         Postgres { pool, cancel: cancel::CancelTls::unknown() }
     }
@@ -43,6 +51,14 @@ impl Postgres {
     /// `deadpool_postgres::Manager` was made with, so they reach the server under the same
     /// `sslmode` and certificate rules as its connections
     /// (`Idempotency::with_driver(Postgres::new(pool).cancel_tls(tls), settings)`).
+    ///
+    /// # Errors
+    ///
+    /// None: the connector is used when a cancel request is sent.
+    ///
+    /// # Cancel safety
+    ///
+    /// Not async: nothing to cancel.
     pub fn cancel_tls<T>(mut self, tls: T) -> Self
     where
         T: tokio_postgres::tls::MakeTlsConnect<tokio_postgres::Socket> + Clone + Sync + Send + 'static,

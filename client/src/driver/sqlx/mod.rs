@@ -28,6 +28,14 @@ pub struct Sqlx {
 
 impl Sqlx {
     /// A driver over `pool`.
+    ///
+    /// # Errors
+    ///
+    /// None: the pool is used as it is (an unreachable server is the first call's `Error::StoreUnavailable`).
+    ///
+    /// # Cancel safety
+    ///
+    /// Not async: nothing to cancel.
     pub fn new(pool: PgPool) -> Self {
         Sqlx { pool }
     }
