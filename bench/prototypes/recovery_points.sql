@@ -252,6 +252,40 @@ BEGIN
 END
 $fn$;
 
+-- idem_release: a transient failure of the holder. Without a checkpoint as today (the record
+-- deleted, or FAILED at max_retries); with one, the record is kept RESUMABLE (a new token), so a
+-- retry continues from it instead of starting over. Answers released | poisoned | stale.
+CREATE FUNCTION proto.release(p_op text, p_user text, p_key text, p_token bigint,
+                              p_max_retries integer DEFAULT 5, p_ttl interval DEFAULT '1 day')
+    RETURNS text LANGUAGE plpgsql AS $fn$
+DECLARE
+    v_now timestamptz := clock_timestamp();
+    v_rec proto.records;
+BEGIN
+    SELECT * INTO v_rec FROM proto.records r
+     WHERE r.operation = p_op AND r.user_id = p_user AND r.key = p_key
+       AND r.token = p_token AND r.status = 'PROCESSING' AND proto.owns(r.owner)
+       FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN 'stale';
+    END IF;
+    IF proto.count_failure(p_op, p_user, p_key, v_rec.created_at, v_rec.expires_at) >= p_max_retries THEN
+        UPDATE proto.records r SET status = 'FAILED', state = NULL, updated_at = v_now
+         WHERE r.operation = p_op AND r.user_id = p_user AND r.key = p_key;
+        RETURN 'poisoned';
+    END IF;
+    IF v_rec.step IS NULL THEN
+        DELETE FROM proto.records r WHERE r.operation = p_op AND r.user_id = p_user AND r.key = p_key;
+    ELSE
+        UPDATE proto.records r
+           SET status = 'RESUMABLE', token = nextval('proto.token_seq'), lease_expires_at = v_now,
+               expires_at = greatest(r.expires_at, v_now + p_ttl), updated_at = v_now
+         WHERE r.operation = p_op AND r.user_id = p_user AND r.key = p_key;
+    END IF;
+    RETURN 'released';
+END
+$fn$;
+
 -- idem_resumable: what a completer walks (its caller's roles' keys only).
 CREATE FUNCTION proto.resumable(p_op text, p_batch integer DEFAULT 100)
     RETURNS TABLE (user_id text, key text, request_hash text, step integer, state jsonb)

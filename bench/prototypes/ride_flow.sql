@@ -321,6 +321,17 @@ BEGIN
     SELECT * INTO v_rec FROM proto.records WHERE key = 'plain';
     INSERT INTO proto.checks VALUES ('rules', 'no checkpoint: in_progress, then FAILED by recovery',
         v_b.outcome = 'in_progress' AND v_rec.status = 'FAILED', v_b.outcome || ', ' || v_rec.status);
+    -- A transient failure after the charge (the holder releases the key): kept RESUMABLE, the
+    -- retry resumes after the charge; the ride is not created twice.
+    CALL proto.ride_run('released', '{"amount": 1500, "origin": "A"}', 'after charge checkpoint');
+    SELECT * INTO v_rec FROM proto.records WHERE key = 'released';
+    v_err := proto.release('rides.create', 'u1', 'released', v_rec.token);
+    SELECT * INTO v_rec FROM proto.records WHERE key = 'released';
+    INSERT INTO proto.checks VALUES ('rules', 'release of a checkpointed key: released, kept RESUMABLE at its step',
+        v_err = 'released' AND v_rec.status = 'RESUMABLE' AND v_rec.step = 2, v_err || ', ' || v_rec.status || ' step ' || v_rec.step);
+    COMMIT;
+    CALL proto.ride_run('released', '{"amount": 1500, "origin": "A"}');
+    CALL proto.check_key('release, then retry', 'released');
     -- Derived keys: distinct where a plain join would collide; stable; short.
     INSERT INTO proto.checks VALUES ('rules', 'derive: user u, key a/b and user u/a, key b differ',
         proto.derive('op', 'u', 'a/b', 'charge') <> proto.derive('op', 'u/a', 'b', 'charge'), proto.derive('op', 'u', 'a/b', 'charge')),
