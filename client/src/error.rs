@@ -1,7 +1,7 @@
-//! The one error type of the client, with its retry hints ([`Error::retry_after`],
-//! [`Error::is_retryable`]) for any caller, a queue consumer included. (Its HTTP mapping lives
-//! with the layer, behind the `tower` feature: `layer::http_status` and `layer::retry_after`,
-//! which call these.)
+//! The one error type of the client, with its retry hints ([`Error::retry_after`] here,
+//! [`Error::is_retryable`] with the dispositions in `handler_error.rs`) for any caller, a queue
+//! consumer included. (Its HTTP mapping lives with the layer, behind the `tower` feature:
+//! `layer::http_status` and `layer::retry_after`, which calls [`Error::retry_after`].)
 
 use idempotency_core::KeyError;
 use std::convert::Infallible;
@@ -211,25 +211,6 @@ impl<E> Error<E> {
 
     pub(crate) fn protocol(reason: impl Into<String>) -> Self {
         Error::Protocol { reason: reason.into(), source: None }
-    }
-}
-
-impl<E: crate::HandlerError> Error<E> {
-    /// Whether the same call, with the same key, may succeed if made again later (a queue
-    /// consumer redelivers the message; an HTTP client retries): another attempt holds the key
-    /// ([`Error::InProgress`], wait [`Error::retry_after`]), the lease was lost
-    /// ([`Error::LeaseLost`]), the store could not be used ([`Error::StoreUnavailable`]:
-    /// nothing was kept), or your closure failed transiently and the key was released
-    /// ([`Error::Handler`] whose [`crate::HandlerError::disposition`] is transient). False for
-    /// every answer a retry would only repeat: a mismatch, a stored or poisoned failure, an
-    /// invalid key, a configuration or protocol error, a result too large to store, a
-    /// `run_external` whose record failed (reconcile instead), and any other database error.
-    pub fn is_retryable(&self) -> bool {
-        match self {
-            Error::InProgress { .. } | Error::LeaseLost { .. } | Error::StoreUnavailable(_) => true,
-            Error::Handler { error } => error.disposition() == crate::Disposition::Transient,
-            _ => false,
-        }
     }
 }
 

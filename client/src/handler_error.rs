@@ -87,6 +87,25 @@ pub trait HandlerError {
     }
 }
 
+impl<E: HandlerError> Error<E> {
+    /// Whether the same call, with the same key, may succeed if made again later (a queue
+    /// consumer redelivers the message; an HTTP client retries): another attempt holds the key
+    /// ([`Error::InProgress`], wait [`Error::retry_after`]), the lease was lost
+    /// ([`Error::LeaseLost`]), the store could not be used ([`Error::StoreUnavailable`]:
+    /// nothing was kept), or your closure failed transiently and the key was released
+    /// ([`Error::Handler`] whose [`crate::HandlerError::disposition`] is transient). False for
+    /// every answer a retry would only repeat: a mismatch, a stored or poisoned failure, an
+    /// invalid key, a configuration or protocol error, a result too large to store, a
+    /// `run_external` whose record failed (reconcile instead), and any other database error.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Error::InProgress { .. } | Error::LeaseLost { .. } | Error::StoreUnavailable(_) => true,
+            Error::Handler { error } => error.disposition() == Disposition::Transient,
+            _ => false,
+        }
+    }
+}
+
 impl HandlerError for Box<dyn std::error::Error + Send + Sync> {
     /// The SQLSTATE of the first database error (of either driver) in the source chain.
     fn sqlstate(&self) -> Option<&str> {
