@@ -99,10 +99,12 @@ BEGIN
         RAISE EXCEPTION 'permission denied to reserve a key of role %', v_rec.owner USING ERRCODE = '42501';
     END IF;
 
-    -- A checkpointed key whose holder is gone: RESUMABLE (recovery released it and counted
+    -- A live checkpointed key whose holder is gone: RESUMABLE (recovery or a release counted
     -- the failure), or PROCESSING with its lease run out (counted here, as recovery would).
-    IF v_rec.status = 'RESUMABLE'
-       OR (v_rec.status = 'PROCESSING' AND v_rec.step IS NOT NULL AND v_rec.lease_expires_at <= v_now) THEN
+    -- Past its expiry the key is created afresh below, as any expired record.
+    IF v_rec.expires_at > v_now
+       AND (v_rec.status = 'RESUMABLE'
+            OR (v_rec.status = 'PROCESSING' AND v_rec.step IS NOT NULL AND v_rec.lease_expires_at <= v_now)) THEN
         IF v_rec.request_hash <> p_hash THEN
             RETURN ROW('mismatch', NULL, NULL, v_attempts, v_rec.expires_at, NULL, NULL)::proto.reservation;
         END IF;

@@ -332,6 +332,16 @@ BEGIN
     COMMIT;
     CALL proto.ride_run('released', '{"amount": 1500, "origin": "A"}');
     CALL proto.check_key('release, then retry', 'released');
+    -- A resumable key past its expiry: created afresh (its history gone, as a FAILED record's).
+    v_a := proto.reserve('rides.create', 'u1', 'released2', 'h');
+    PERFORM proto.checkpoint('rides.create', 'u1', 'released2', v_a.token, 0, '{}');
+    PERFORM proto.release('rides.create', 'u1', 'released2', v_a.token);
+    UPDATE proto.records SET expires_at = clock_timestamp() - interval '1 s' WHERE key = 'released2';
+    v_b := proto.reserve('rides.create', 'u1', 'released2', 'h');
+    SELECT * INTO v_rec FROM proto.records WHERE key = 'released2';
+    INSERT INTO proto.checks VALUES ('rules', 'an expired RESUMABLE key: created afresh, no step',
+        v_b.outcome = 'created' AND v_rec.step IS NULL AND v_rec.status = 'PROCESSING', v_b.outcome);
+    COMMIT;
     -- Derived keys: distinct where a plain join would collide; stable; short.
     INSERT INTO proto.checks VALUES ('rules', 'derive: user u, key a/b and user u/a, key b differ',
         proto.derive('op', 'u', 'a/b', 'charge') <> proto.derive('op', 'u/a', 'b', 'charge'), proto.derive('op', 'u', 'a/b', 'charge')),
