@@ -1,6 +1,29 @@
 //! `IdempotencyLayer` over real HTTP on loopback, in both modes: every answer, replayed headers,
 //! 64 concurrent duplicates (63 answered while the first holds the key), a panicking handler, a
-//! client that disconnects mid-request, a body over the limit, and users sharing a key.
+//! client that disconnects mid-request, a body over the limit, and users sharing a key; the
+//! request's transaction used as the connection itself (`Connection`) in an axum and an
+//! actix-web handler, extracted once (a second extraction is `TransactionRejection::Taken`).
+
+use idempotency_client::layer::Connection;
+
+/// A charge tagged `key` written through the request's `Connection` as each driver's users write
+/// it (`tx.execute(..)` over tokio-postgres, `.execute(&mut *tx)` over sqlx); the rows written.
+trait WriteThrough: Sized {
+    fn charge(tx: Self, key: &str) -> impl std::future::Future<Output = u64> + Send;
+}
+
+impl WriteThrough for Connection<idempotency_client::Postgres> {
+    async fn charge(tx: Self, key: &str) -> u64 {
+        tx.execute("INSERT INTO charges (user_id, amount, k) VALUES ('conn', 1, $1)", &[&key]).await.expect("insert")
+    }
+}
+
+impl WriteThrough for Connection<idempotency_client::Sqlx> {
+    async fn charge(mut tx: Self, key: &str) -> u64 {
+        let query = sqlx::query("INSERT INTO charges (user_id, amount, k) VALUES ('conn', 1, $1)").bind(key);
+        query.execute(&mut *tx).await.expect("insert").rows_affected()
+    }
+}
 
 idempotency_testkit::for_each_driver! {
     use axum::extract::State;
@@ -462,5 +485,116 @@ idempotency_testkit::for_each_driver! {
         assert!(err.contains("stored_headers: set-cookie"), "{err}");
         let err = IdempotencyLayer::builder(idem).anonymous().body_limit(0).build().unwrap_err().to_string();
         assert!(err.contains("body_limit"), "{err}");
+    }
+
+    // ---- the transaction used as the connection (issue 41) ------------------------------------
+
+    use super::WriteThrough;
+    use idempotency_client::layer::{Connection, TransactionRejection};
+
+    /// The rows `'conn'` charges tagged `key`.
+    async fn conn_rows(key: &str) -> i64 {
+        admin().await.query_one("SELECT count(*) FROM charges WHERE user_id = 'conn' AND k = $1", &[&key]).await.unwrap().get(0)
+    }
+
+    /// A `POST /c` through an anonymous in-transaction layer on `router`'s route, by `oneshot`:
+    /// the status, whether it was replayed, and the body.
+    async fn post_once(router: Router, key: &str) -> (StatusCode, bool, Value) {
+        use tower::ServiceExt;
+        let request = axum::http::Request::post("/c").header("idempotency-key", key).body(axum::body::Body::from(key.to_owned())).unwrap();
+        let response = router.oneshot(request).await.unwrap();
+        let replayed = response.headers().get("idempotent-replayed").is_some();
+        let status = response.status();
+        let bytes = axum::body::to_bytes(response.into_body(), 1 << 16).await.unwrap();
+        (status, replayed, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+    }
+
+    /// The handler's connection is the request's transaction: its write commits with the stored
+    /// answer (once, the retry replays), and rolls back with a failed answer.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_connection_is_the_transaction_in_an_axum_handler() {
+        let layer = IdempotencyLayer::in_transaction(handle(Settings::default()).await).anonymous().build().expect("layer");
+        let handler = post(|tx: Connection<TestDriver>, body: String| async move {
+            let written = WriteThrough::charge(tx, &body).await;
+            let status = if body.ends_with("-fails") { StatusCode::SERVICE_UNAVAILABLE } else { StatusCode::CREATED };
+            (status, axum::Json(json!({ "written": written }))).into_response()
+        });
+        let router = Router::new().route("/c", handler).route_layer(layer);
+        let key = format!("conn-axum-{NAME}");
+        assert_eq!(post_once(router.clone(), &key).await, (StatusCode::CREATED, false, json!({ "written": 1 })));
+        assert_eq!(post_once(router.clone(), &key).await, (StatusCode::CREATED, true, json!({ "written": 1 })));
+        assert_eq!(conn_rows(&key).await, 1, "the write committed with the answer, once");
+        let failing = format!("conn-axum-{NAME}-fails");
+        assert_eq!(post_once(router, &failing).await.0, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(conn_rows(&failing).await, 0, "the write rolled back with the failed answer");
+    }
+
+    /// The connection is extracted once: a second `Connection`, or a `Transaction` after it, is
+    /// `TransactionRejection::Taken` (answered as the no-transaction problem); without the layer
+    /// it is `Missing`.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_second_extraction_is_the_typed_rejection() {
+        type Second = Result<Connection<TestDriver>, TransactionRejection>;
+        type Shared = Result<Transaction<TestDriver>, TransactionRejection>;
+        let layer = IdempotencyLayer::in_transaction(handle(Settings::default()).await).anonymous().build().expect("layer");
+        let handler = post(|tx: Connection<TestDriver>, second: Second, shared: Shared, body: String| async move {
+            let rejections = (second.err(), shared.err());
+            assert_eq!(rejections, (Some(TransactionRejection::Taken), Some(TransactionRejection::Taken)));
+            WriteThrough::charge(tx, &body).await;
+            StatusCode::CREATED.into_response()
+        });
+        let router = Router::new().route("/c", handler).route_layer(layer);
+        let key = format!("conn-twice-{NAME}");
+        assert_eq!(post_once(router, &key).await.0, StatusCode::CREATED, "the handler saw both rejections");
+        assert_eq!(conn_rows(&key).await, 1);
+
+        // As the extractor's rejection: the no-transaction problem, whose detail says why.
+        let layer = IdempotencyLayer::in_transaction(handle(Settings::default()).await).anonymous().build().expect("layer");
+        let twice = post(|_: Connection<TestDriver>, _: Connection<TestDriver>| async { StatusCode::CREATED });
+        let (status, _, problem) = post_once(Router::new().route("/c", twice).route_layer(layer), &format!("conn-twice-{NAME}-2")).await;
+        assert_eq!((status, &problem["type"]), (StatusCode::INTERNAL_SERVER_ERROR, &json!(types::NO_TRANSACTION)));
+        assert_eq!(problem["detail"], TransactionRejection::Taken.to_string());
+
+        // Without the layer.
+        let bare = post(|missing: Second| async move { format!("{:?}", missing.err()) });
+        let request = axum::http::Request::post("/c").body(axum::body::Body::empty()).unwrap();
+        let response = tower::ServiceExt::oneshot(Router::new().route("/c", bare), request).await.unwrap();
+        let bytes = axum::body::to_bytes(response.into_body(), 1 << 10).await.unwrap();
+        assert_eq!(&bytes[..], b"Some(Missing)");
+    }
+
+    /// The same in an actix-web handler: its write commits with the stored answer, once, and a
+    /// second extraction is the typed rejection.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_connection_is_the_transaction_in_an_actix_handler() {
+        let idem = handle(Settings::default()).await;
+        let key = format!("conn-actix-{NAME}");
+        let k = key.clone();
+        let answers = std::thread::spawn(move || {
+            actix_web::rt::System::new().block_on(async move {
+                use actix_web::{test, web, App, HttpResponse};
+                let layer = IdempotencyLayer::in_transaction(idem).anonymous().build().expect("layer");
+                let handler = |tx: Connection<TestDriver>, second: Result<Connection<TestDriver>, TransactionRejection>, body: String| async move {
+                    let written = WriteThrough::charge(tx, &body).await;
+                    HttpResponse::Created().json(json!({ "written": written, "second": format!("{:?}", second.err()) }))
+                };
+                let app = test::init_service(App::new().service(web::resource("/c").wrap(layer).route(web::post().to(handler)))).await;
+                let mut answers = Vec::new();
+                for _ in 0..2 {
+                    let request = test::TestRequest::post().uri("/c").insert_header(("idempotency-key", k.as_str())).set_payload(k.clone()).to_request();
+                    let response = test::call_service(&app, request).await;
+                    let replayed = response.headers().contains_key("idempotent-replayed");
+                    let status = response.status().as_u16();
+                    let body: Value = serde_json::from_slice(&test::read_body(response).await).unwrap();
+                    answers.push((status, replayed, body));
+                }
+                answers
+            })
+        })
+        .join()
+        .expect("the actix-web system");
+        let first = json!({ "written": 1, "second": "Some(Taken)" });
+        assert_eq!(answers, vec![(201, false, first.clone()), (201, true, first)]);
+        assert_eq!(conn_rows(&key).await, 1, "the write committed with the answer, once");
     }
 }

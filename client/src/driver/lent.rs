@@ -4,7 +4,7 @@
 //! kept reaches nothing: its `lock` is [`TransactionEnded`].
 
 use std::sync::Arc;
-use tokio::sync::{MappedMutexGuard, Mutex, MutexGuard};
+use tokio::sync::{MappedMutexGuard, Mutex, MutexGuard, OwnedMappedMutexGuard, OwnedMutexGuard};
 
 /// A connection guard that can be lent: what it holds, and the empty guard a lent one leaves.
 pub trait Lendable: super::Sealed + Send + 'static {
@@ -51,6 +51,12 @@ impl<G: Lendable> Lent<G> {
         MutexGuard::try_map(self.0.lock().await, |guard| guard.held()).map_err(|_| TransactionEnded)
     }
 
+    /// The connection, held until the returned guard is dropped (the layer's `Connection`, for
+    /// the length of a handler); [`TransactionEnded`] once the request is over.
+    pub(crate) async fn hold(&self) -> Result<OwnedMappedMutexGuard<G, G::Conn>, TransactionEnded> {
+        OwnedMutexGuard::try_map(self.0.clone().lock_owned().await, |guard| guard.held()).map_err(|_| TransactionEnded)
+    }
+
     /// Lends `guard` out, leaving an empty one in its place.
     pub(crate) fn lend(guard: &mut G) -> Self {
         Lent(Arc::new(Mutex::new(std::mem::replace(guard, G::empty()))))
@@ -63,6 +69,34 @@ impl<G: Lendable> Lent<G> {
         if let Ok(mut lent) = self.0.try_lock() {
             *guard = std::mem::replace(&mut *lent, G::empty());
         }
+    }
+}
+
+/// What a driver's shared transaction lends the layer's `Connection`: the connection, held for
+/// the length of a handler. The drivers' machinery, hidden from these docs.
+#[doc(hidden)]
+pub trait Lease: super::Sealed + Send + Sync + 'static {
+    /// The connection inside the transaction.
+    type Conn: ?Sized + Send + Sync;
+
+    /// The connection held: the lock on it, given back when dropped.
+    type Held: std::ops::DerefMut<Target = Self::Conn> + Send + Sync;
+
+    /// The connection, held until the returned guard is dropped.
+    fn hold(&self) -> impl std::future::Future<Output = Result<Self::Held, TransactionEnded>> + Send;
+}
+
+impl<G> super::Sealed for Lent<G> {}
+
+impl<G: Lendable + Sync> Lease for Lent<G>
+where
+    G::Conn: Send + Sync,
+{
+    type Conn = G::Conn;
+    type Held = OwnedMappedMutexGuard<G, G::Conn>;
+
+    fn hold(&self) -> impl std::future::Future<Output = Result<Self::Held, TransactionEnded>> + Send {
+        Lent::hold(self)
     }
 }
 

@@ -58,7 +58,7 @@ mod sealed {
     pub trait Sealed {}
 }
 pub(crate) use sealed::Sealed;
-pub use lent::{Lendable, Lent, TransactionEnded};
+pub use lent::{Lease, Lendable, Lent, TransactionEnded};
 
 /// A flow's request on a guard whose connection is lent out: a handler kept the layer's
 /// `Transaction` locked after it returned.
@@ -133,7 +133,7 @@ pub trait Driver: Sealed + Clone + Send + Sync + 'static {
     /// The form of the open transaction an HTTP handler is given (the layer's `Transaction`):
     /// cloneable and `'static`, so it can travel in the request.
     #[doc(hidden)]
-    type Shared: Clone + Send + Sync + 'static;
+    type Shared: Clone + Lease;
 
     /// A row of an answer.
     #[doc(hidden)]

@@ -115,7 +115,7 @@ pub use config::{default_status_policy, Builder, ConfigError, ANONYMOUS_USER, DE
 pub use extract::UserFn;
 pub use http::{http_status, retry_after};
 pub use service::IdempotencyService;
-pub use transaction::Transaction;
+pub use transaction::{Connection, Transaction, TransactionRejection};
 
 use crate::driver::{postgres_by_default, Driver};
 use crate::Idempotency;

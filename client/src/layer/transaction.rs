@@ -1,7 +1,10 @@
-//! The transaction an in-transaction route's handler writes through.
+//! The transaction an in-transaction route's handler writes through: [`Connection`], the
+//! connection itself for the handler's life (extracted once), and [`Transaction`], its shared
+//! form that is locked per use; [`TransactionRejection`] when neither can be had.
 
-use crate::driver::{postgres_by_default, Driver};
-use std::ops::Deref;
+use super::problem::{types, Problem};
+use crate::driver::{postgres_by_default, Driver, Lease, TransactionEnded};
+use std::ops::{Deref, DerefMut};
 
 postgres_by_default! {
 /// The transaction that holds the request's reservation, for an in-transaction route's handler.
@@ -13,6 +16,10 @@ postgres_by_default! {
 /// begins, completes and commits it: do not `COMMIT` or `ROLLBACK` yourself. Once the handler
 /// has returned, a copy it kept reaches no connection: its `lock` is
 /// [`crate::TransactionEnded`].
+///
+/// For the transaction used as the connection itself (`tx.execute(..)`, `&mut *tx`), extract
+/// a [`Connection`] instead: it holds the connection for the handler's life, where this form is
+/// locked per use and may be cloned.
 ///
 /// With the `axum` feature it is an axum extractor, with `actix` an actix-web one; any other
 /// tower service finds it in the request's extensions.
@@ -41,38 +48,187 @@ impl<D: Driver> std::fmt::Debug for Transaction<D> {
 
 #[cfg(feature = "axum")]
 impl<S: Send + Sync, D: Driver> axum::extract::FromRequestParts<S> for Transaction<D> {
-    type Rejection = axum::response::Response;
+    type Rejection = TransactionRejection;
 
-    /// The request's transaction; a 500 problem on a route without an in-transaction layer.
+    /// The request's transaction; [`TransactionRejection`] on a route without an in-transaction
+    /// layer, or once the handler has taken its [`Connection`].
     async fn from_request_parts(parts: &mut http::request::Parts, _state: &S) -> Result<Self, Self::Rejection> {
-        parts.extensions.get::<Transaction<D>>().cloned().ok_or_else(|| {
-            super::problem::Problem::new(
-                500,
-                super::problem::types::NO_TRANSACTION,
-                "No idempotency transaction",
-                "this route is not behind an IdempotencyLayer in in-transaction mode",
-            )
-            .into_response()
-        })
+        shared_of(parts.extensions.get::<Taken>().is_some(), parts.extensions.get::<Transaction<D>>())
     }
 }
 
 #[cfg(feature = "actix")]
 impl<D: Driver> actix_web::FromRequest for Transaction<D> {
-    type Error = actix_web::Error;
-    type Future = std::future::Ready<Result<Self, actix_web::Error>>;
+    type Error = TransactionRejection;
+    type Future = std::future::Ready<Result<Self, TransactionRejection>>;
 
-    /// The request's transaction; a 500 problem on a route without an in-transaction layer.
+    /// The request's transaction; [`TransactionRejection`] on a route without an in-transaction
+    /// layer, or once the handler has taken its [`Connection`].
     fn from_request(req: &actix_web::HttpRequest, _: &mut actix_web::dev::Payload) -> Self::Future {
         use actix_web::HttpMessage;
-        std::future::ready(req.extensions().get::<Transaction<D>>().cloned().ok_or_else(|| {
-            let problem = super::problem::Problem::new(
-                500,
-                super::problem::types::NO_TRANSACTION,
-                "No idempotency transaction",
-                "this route is not wrapped in an IdempotencyLayer in in-transaction mode",
-            );
-            actix_web::error::InternalError::from_response("no idempotency transaction", super::actix::response_of(problem.into_reply())).into()
-        }))
+        let extensions = req.extensions();
+        std::future::ready(shared_of(extensions.get::<Taken>().is_some(), extensions.get::<Transaction<D>>()))
+    }
+}
+
+/// The shared transaction found in a request's extensions, unless its connection was taken.
+fn shared_of<D: Driver>(taken: bool, found: Option<&Transaction<D>>) -> Result<Transaction<D>, TransactionRejection> {
+    match (taken, found) {
+        (true, _) => Err(TransactionRejection::Taken),
+        (false, found) => found.cloned().ok_or(TransactionRejection::Missing),
+    }
+}
+
+/// Marks a request whose [`Connection`] was taken.
+#[derive(Debug, Clone, Copy)]
+struct Taken;
+
+postgres_by_default! {
+/// The request's transaction used as the connection itself, for an in-transaction route's
+/// handler: `async fn create(mut tx: Connection, ..)`, then `tx.execute(..)` (over
+/// [`crate::Postgres`] it dereferences to the pooled `deadpool_postgres::Client`, a
+/// `GenericClient`) or `sqlx::query(..).execute(&mut *tx)` (over `Sqlx`, feature `sqlx`, to the
+/// `sqlx::PgConnection`, an `Executor` as `&mut *tx`). Whatever the handler writes through it
+/// commits together with the stored response, or not at all; the layer begins, completes and
+/// commits the transaction after the handler: do not `COMMIT` or `ROLLBACK` yourself.
+///
+/// The connection is lent from the request for the handler's life and given back when the
+/// `Connection` is dropped (when the handler returns), as axum-sqlx-tx's `Tx` is. It is taken
+/// once per request: a second extraction, or a [`Transaction`] extracted after it, is
+/// [`TransactionRejection::Taken`] (a [`Transaction`] extracted before it must not be locked
+/// while it is held: the lock would wait for the handler itself). It is not `Clone`: a copy
+/// could outlive the request.
+///
+/// Why a type beside [`Transaction`] and not `Transaction` itself: `Transaction::lock(&self)`
+/// hands out the connection mutably from a shared reference, which a value that dereferences to
+/// the connection cannot also do without `unsafe`; changing it would break every handler and
+/// helper written against it. `Transaction` keeps working as before; `Connection` is the form to
+/// write new handlers with.
+///
+/// With the `axum` feature it is an axum extractor, with `actix` an actix-web one; a tonic method
+/// or any other tower service takes it from the request's extensions with
+/// [`Connection::take`].
+pub struct Connection<D: Driver = Postgres> {
+    held: <D::Shared as Lease>::Held,
+}
+}
+
+impl<D: Driver> Connection<D> {
+    /// Takes the request's connection from `extensions` (a tonic method's
+    /// `request.extensions_mut()`, or a tower service's request's), held until the returned
+    /// `Connection` is dropped.
+    ///
+    /// # Errors
+    ///
+    /// [`TransactionRejection::Missing`] without an in-transaction layer in front,
+    /// [`TransactionRejection::Taken`] when it was already taken for this request,
+    /// [`TransactionRejection::Ended`] once the request was answered.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: dropped before it completes, it holds nothing, but the request's connection
+    /// counts as taken.
+    pub async fn take(extensions: &mut http::Extensions) -> Result<Self, TransactionRejection> {
+        let shared = shared_of(extensions.get::<Taken>().is_some(), extensions.get::<Transaction<D>>())?;
+        extensions.insert(Taken);
+        Self::hold(shared).await
+    }
+
+    /// The connection of `shared`, held.
+    async fn hold(shared: Transaction<D>) -> Result<Self, TransactionRejection> {
+        let held = shared.0.hold().await.map_err(|TransactionEnded| TransactionRejection::Ended)?;
+        Ok(Connection { held })
+    }
+}
+
+impl<D: Driver> Deref for Connection<D> {
+    type Target = <D::Shared as Lease>::Conn;
+
+    fn deref(&self) -> &Self::Target {
+        &self.held
+    }
+}
+
+impl<D: Driver> DerefMut for Connection<D> {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.held
+    }
+}
+
+impl<D: Driver> std::fmt::Debug for Connection<D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Connection")
+    }
+}
+
+#[cfg(feature = "axum")]
+impl<S: Send + Sync, D: Driver> axum::extract::FromRequestParts<S> for Connection<D> {
+    type Rejection = TransactionRejection;
+
+    /// The request's connection, held for the handler's life; see [`Connection::take`].
+    async fn from_request_parts(parts: &mut http::request::Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        Connection::take(&mut parts.extensions).await
+    }
+}
+
+#[cfg(feature = "actix")]
+impl<D: Driver> actix_web::FromRequest for Connection<D> {
+    type Error = TransactionRejection;
+    type Future = std::pin::Pin<Box<dyn std::future::Future<Output = Result<Self, TransactionRejection>>>>;
+
+    /// The request's connection, held for the handler's life; see [`Connection::take`].
+    fn from_request(req: &actix_web::HttpRequest, _: &mut actix_web::dev::Payload) -> Self::Future {
+        use actix_web::HttpMessage;
+        let shared = {
+            let extensions = req.extensions();
+            shared_of(extensions.get::<Taken>().is_some(), extensions.get::<Transaction<D>>())
+        };
+        if shared.is_ok() {
+            req.extensions_mut().insert(Taken);
+        }
+        Box::pin(async move { Connection::hold(shared?).await })
+    }
+}
+
+/// Why a handler got no [`Connection`] or [`Transaction`]: answered as a 500 problem
+/// (`urn:idempotency:problem:no-transaction`), whose detail is this error's text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum TransactionRejection {
+    /// The route is not behind an `IdempotencyLayer` in in-transaction mode.
+    #[error("this route is not behind an IdempotencyLayer in in-transaction mode")]
+    Missing,
+    /// The request's [`Connection`] was already taken: extract it once per handler, and not
+    /// beside a [`Transaction`] extracted after it.
+    #[error("the request's Connection was already taken: extract it once per handler")]
+    Taken,
+    /// The request was already answered.
+    #[error("the idempotency transaction of this request has ended")]
+    Ended,
+}
+
+impl TransactionRejection {
+    /// The problem this rejection answers with.
+    #[cfg_attr(not(any(feature = "axum", feature = "actix")), allow(dead_code))]
+    fn problem(self) -> Problem {
+        Problem::new(500, types::NO_TRANSACTION, "No idempotency transaction", self.to_string())
+    }
+}
+
+#[cfg(feature = "axum")]
+impl axum::response::IntoResponse for TransactionRejection {
+    fn into_response(self) -> axum::response::Response {
+        self.problem().into_response()
+    }
+}
+
+#[cfg(feature = "actix")]
+impl actix_web::ResponseError for TransactionRejection {
+    fn status_code(&self) -> actix_web::http::StatusCode {
+        actix_web::http::StatusCode::INTERNAL_SERVER_ERROR
+    }
+
+    fn error_response(&self) -> actix_web::HttpResponse {
+        super::actix::response_of(self.problem().into_reply())
     }
 }
