@@ -20,7 +20,7 @@
 use actix_web::http::header;
 use actix_web::{web, App, HttpRequest, HttpResponse, HttpServer};
 use crate::store::Charges;
-use idempotency_client::layer::{IdempotencyLayer, Transaction};
+use idempotency_client::layer::{Connection, IdempotencyLayer};
 use idempotency_client::{Driver, Idempotency};
 use serde_json::{json, Value};
 
@@ -48,15 +48,16 @@ pub fn server<D: Charges>(idem: Idempotency<D>, listener: std::net::TcpListener)
     Ok(HttpServer::new(move || App::new().configure(routes(layer.clone()))).listen(listener)?.workers(2).run())
 }
 
-/// Charges `{"amount": N}` for the `X-User`, through the request's transaction. A 4xx is stored
-/// and replayed like a 201; a 500 (a database error) releases the key for the retry.
-async fn create_charge<D: Charges>(tx: Transaction<D>, req: HttpRequest, body: web::Bytes) -> HttpResponse {
+/// Charges `{"amount": N}` for the `X-User`, through the request's transaction, used as the
+/// connection itself. A 4xx is stored and replayed like a 201; a 500 (a database error) releases
+/// the key for the retry.
+async fn create_charge<D: Charges>(mut tx: Connection<D>, req: HttpRequest, body: web::Bytes) -> HttpResponse {
     let user = req.headers().get("x-user").and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
     let amount = serde_json::from_slice::<Value>(&body).ok().and_then(|v| v.get("amount").and_then(Value::as_i64));
     let Some(amount) = amount.filter(|a| *a > 0) else {
         return HttpResponse::UnprocessableEntity().json(json!({"error": "amount must be positive"}));
     };
-    match D::insert(&tx, &user, amount).await {
+    match D::insert(&mut tx, &user, amount).await {
         Ok(id) => HttpResponse::Created()
             .insert_header((header::LOCATION, format!("/charges/{id}")))
             .json(json!({"id": id, "amount": amount})),

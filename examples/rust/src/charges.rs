@@ -29,7 +29,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
 use deadpool_postgres::{GenericClient, Pool};
-use idempotency_client::layer::{IdempotencyLayer, Transaction};
+use idempotency_client::layer::{Connection, IdempotencyLayer};
 use idempotency_client::{Driver, Error, Fingerprint, Idempotency, Key, OneStatement, Outcome};
 use serde_json::{json, Value};
 
@@ -58,13 +58,11 @@ pub fn plain_router(pool: Pool) -> Router {
     Router::new().route("/charges", post(create_charge_plain)).with_state(pool)
 }
 
-/// Charges `{"amount": N}` for the `X-User`, through the request's transaction. A 4xx is stored
-/// and replayed like a 201; a 500 (a database error) releases the key for the retry.
-async fn create_charge(tx: Transaction, headers: HeaderMap, body: String) -> Response {
-    match tx.lock().await {
-        Ok(conn) => charge(&*conn, &headers, &body).await,
-        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, Json(json!({"error": e.to_string()}))).into_response(),
-    }
+/// Charges `{"amount": N}` for the `X-User`, through the request's transaction, used as the
+/// connection itself. A 4xx is stored and replayed like a 201; a 500 (a database error) releases
+/// the key for the retry.
+async fn create_charge(tx: Connection, headers: HeaderMap, body: String) -> Response {
+    charge(&*tx, &headers, &body).await
 }
 
 async fn create_charge_plain(State(pool): State<Pool>, headers: HeaderMap, body: String) -> Response {

@@ -21,7 +21,7 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
-use idempotency_client::layer::{IdempotencyLayer, Transaction};
+use idempotency_client::layer::{Connection, IdempotencyLayer};
 use idempotency_client::{Idempotency, Sqlx};
 use serde_json::{json, Value};
 
@@ -41,26 +41,22 @@ pub fn router(idem: Idempotency<Sqlx>) -> Router {
 /// The SQL the routes need next to the extension.
 pub const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS charges (id bigserial PRIMARY KEY, user_id text NOT NULL, amount bigint NOT NULL)";
 
-/// Charges `{"amount": N}` for the `X-User`, through the request's transaction. A 4xx is stored
-/// and replayed like a 201; a 500 (a database error) releases the key for the retry.
-async fn create_charge(tx: Transaction<Sqlx>, headers: HeaderMap, body: String) -> Response {
+/// Charges `{"amount": N}` for the `X-User`, through the request's transaction, used as the
+/// connection itself. A 4xx is stored and replayed like a 201; a 500 (a database error) releases
+/// the key for the retry.
+async fn create_charge(mut tx: Connection<Sqlx>, headers: HeaderMap, body: String) -> Response {
     let user = headers.get("x-user").and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
     let amount = serde_json::from_str::<Value>(&body).ok().and_then(|v| v.get("amount").and_then(Value::as_i64));
     let Some(amount) = amount.filter(|a| *a > 0) else {
         return (StatusCode::UNPROCESSABLE_ENTITY, Json(json!({"error": "amount must be positive"}))).into_response();
     };
-    let inserted = match tx.lock().await {
-        // A persistent query (sqlx's default): prepared once per connection and kept.
-        Ok(mut conn) => {
-            sqlx::query_scalar::<_, i64>("INSERT INTO charges (user_id, amount) VALUES ($1, $2) RETURNING id")
-                .persistent(true)
-                .bind(&user)
-                .bind(amount)
-                .fetch_one(&mut *conn)
-                .await
-        }
-        Err(e) => Err(e.into()),
-    };
+    // A persistent query (sqlx's default): prepared once per connection and kept.
+    let inserted = sqlx::query_scalar::<_, i64>("INSERT INTO charges (user_id, amount) VALUES ($1, $2) RETURNING id")
+        .persistent(true)
+        .bind(&user)
+        .bind(amount)
+        .fetch_one(&mut *tx)
+        .await;
     match inserted {
         Ok(id) => {
             (StatusCode::CREATED, [(header::LOCATION, format!("/charges/{id}"))], Json(json!({"id": id, "amount": amount})))

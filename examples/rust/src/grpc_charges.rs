@@ -20,7 +20,7 @@
 //! FAILED_PRECONDITION: the layer covers unary methods only.
 
 use crate::store::Charges;
-use idempotency_client::layer::{grpc, GrpcLayer, IdempotencyLayer, Mode, Transaction};
+use idempotency_client::layer::{grpc, Connection, GrpcLayer, IdempotencyLayer, Mode, TransactionRejection};
 use idempotency_client::{Driver, Idempotency};
 use prost::Message;
 use std::sync::Arc;
@@ -75,9 +75,12 @@ impl<D: Driver> ChargeService<D> {
 
 #[tonic::async_trait]
 impl<D: Charges> ChargesRpc for ChargeService<D> {
-    async fn create(&self, request: Request<CreateCharge>) -> Result<Response<Charge>, Status> {
+    async fn create(&self, mut request: Request<CreateCharge>) -> Result<Response<Charge>, Status> {
         let user = request.metadata().get("x-user").and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned();
-        let tx = request.extensions().get::<Transaction<D>>().cloned();
+        let tx = match self.mode {
+            Mode::InTransaction => Some(Connection::<D>::take(request.extensions_mut()).await),
+            Mode::TwoPhase => None,
+        };
         let message = request.into_inner();
         if let (true, Some(hold)) = (message.hold, &self.hold) {
             let _ = hold.started.send(());
@@ -86,10 +89,11 @@ impl<D: Charges> ChargesRpc for ChargeService<D> {
         if message.amount <= 0 {
             return Err(Status::invalid_argument("amount must be positive"));
         }
-        let inserted = match (self.mode, tx) {
-            (Mode::InTransaction, Some(tx)) => D::insert(&tx, &user, message.amount).await,
-            (Mode::InTransaction, None) => return Err(Status::internal("no idempotency transaction: this service needs the layer")),
-            (Mode::TwoPhase, _) => D::insert_own(&self.idem, &user, message.amount).await,
+        let inserted = match tx {
+            Some(Ok(mut tx)) => D::insert(&mut tx, &user, message.amount).await,
+            Some(Err(e @ TransactionRejection::Missing)) => return Err(Status::internal(format!("{e}: this service needs the layer"))),
+            Some(Err(e)) => return Err(Status::internal(e.to_string())),
+            None => D::insert_own(&self.idem, &user, message.amount).await,
         };
         let id = inserted.map_err(Status::unavailable)?;
         if message.fail_code != 0 {
