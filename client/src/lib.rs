@@ -110,7 +110,7 @@
 //!
 //! A plain `Idempotency` is always `Idempotency<Postgres>`, whatever features the build turns on
 //! (without the `postgres` feature it has no default): over sqlx, name the driver,
-//! `Idempotency<Sqlx>`, `layer::Transaction<Sqlx>`.
+//! `Idempotency<Sqlx>`, `layer::Connection<Sqlx>`.
 //!
 //! Outcomes and errors are the same types; a sqlx error is the source of [`Error::Database`] or
 //! [`Error::StoreUnavailable`] as a tokio-postgres one is. sqlx does not pipeline, so the

@@ -1,16 +1,15 @@
 //! The actix-web adapter of the layer's [core](super::core) (feature `actix`): an
 //! [`IdempotencyLayer`] is an actix-web `Transform`, so `.wrap(layer)` on a resource (or a scope)
 //! makes its routes idempotent with the same configuration and rules as the tower layer, and
-//! [`Transaction`] is an actix-web extractor.
+//! [`Connection`](super::Connection) (and [`Transaction`]) is an actix-web extractor.
 //!
 //! ```no_run
 //! use actix_web::{web, App, HttpResponse};
-//! use idempotency_client::layer::{IdempotencyLayer, Transaction};
+//! use idempotency_client::layer::{Connection, IdempotencyLayer};
 //! use idempotency_client::Idempotency;
 //!
-//! async fn create(tx: Transaction, body: web::Bytes) -> HttpResponse {
-//!     let conn = tx.lock().await.unwrap();
-//!     conn.execute("INSERT INTO charges (user_id, amount) VALUES ('u', 1)", &[]).await.unwrap();
+//! async fn create(tx: Connection, body: web::Bytes) -> HttpResponse {
+//!     tx.execute("INSERT INTO charges (user_id, amount) VALUES ('u', 1)", &[]).await.unwrap();
 //!     HttpResponse::Created().body(body)
 //! }
 //!

@@ -33,13 +33,13 @@
 //!
 //! ```no_run
 //! use axum::{routing::post, Router};
-//! use idempotency_client::layer::{IdempotencyLayer, Mode, Transaction};
+//! use idempotency_client::layer::{Connection, IdempotencyLayer, Mode};
 //! use idempotency_client::Idempotency;
 //!
-//! async fn create(tx: Transaction, body: String) -> (axum::http::StatusCode, String) {
-//!     // Business writes go through `tx`: they commit with the stored response, or not at all.
-//!     let conn = tx.lock().await.unwrap();
-//!     conn.execute("INSERT INTO charges (user_id, amount) VALUES ('u', 1)", &[]).await.unwrap();
+//! async fn create(tx: Connection, body: String) -> (axum::http::StatusCode, String) {
+//!     // `tx` is the request's transaction, used as the connection: business writes through it
+//!     // commit with the stored response, or not at all.
+//!     tx.execute("INSERT INTO charges (user_id, amount) VALUES ('u', 1)", &[]).await.unwrap();
 //!     (axum::http::StatusCode::CREATED, body)
 //! }
 //!
@@ -55,7 +55,7 @@
 //! # What each mode guarantees
 //!
 //! **In-transaction** ([`Mode::InTransaction`], the default). The layer begins a transaction
-//! and reserves the key in it; the handler gets that transaction ([`Transaction`]) and does its
+//! and reserves the key in it; the handler gets that transaction ([`Connection`]) and does its
 //! business writes in it; the layer stores the response and commits, so the record and the
 //! business rows commit together or not at all. The reservation is invisible until the commit,
 //! so a duplicate waits on it (or gets 409). If the process crashes, the connection drops or the
@@ -124,7 +124,7 @@ use std::sync::Arc;
 /// How a route's handler relates to the key's record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
-    /// The handler writes through the request's [`Transaction`]; its writes and the stored
+    /// The handler writes through the request's [`Connection`]; its writes and the stored
     /// response commit together.
     InTransaction,
     /// The handler's effects leave the database: lease, heartbeat, complete after the handler.
@@ -166,7 +166,7 @@ impl<D: Driver> IdempotencyLayer<D> {
         Builder::new(idem)
     }
 
-    /// A builder for an in-transaction route: its handler writes through the [`Transaction`].
+    /// A builder for an in-transaction route: its handler writes through the [`Connection`].
     pub fn in_transaction(idem: Idempotency<D>) -> Builder<D> {
         Builder::new(idem).mode(Mode::InTransaction)
     }
