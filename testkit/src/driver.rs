@@ -22,9 +22,6 @@ pub trait Kit: Driver {
     const NAME: &'static str;
     /// A short name for the databases a suite makes per driver (`pg`, `sqlx`).
     const SHORT: &'static str;
-    /// Whether the statement of a call dropped mid-request ends while it waits (a cancel request
-    /// over tokio-postgres, the server's connection check over sqlx), not when it is done.
-    const CANCELS_ON_DROP: bool;
 
     /// A handle on `url` with a pool of `pool_size` connections.
     fn try_connect(url: &str, pool_size: usize, settings: Settings) -> Result<Idempotency<Self>, idempotency_client::Error>;
@@ -70,7 +67,6 @@ impl Kit for Postgres {
     type DbError = tokio_postgres::Error;
     const NAME: &'static str = "tokio-postgres";
     const SHORT: &'static str = "pg";
-    const CANCELS_ON_DROP: bool = true;
 
     fn try_connect(url: &str, pool_size: usize, settings: Settings) -> Result<Idempotency<Self>, idempotency_client::Error> {
         Idempotency::connect_with(url, pool_size, settings)
@@ -144,7 +140,6 @@ impl Kit for Sqlx {
     const SHORT: &'static str = "sqlx";
     // sqlx has no cancel request: the connection is closed, and the server's connection check
     // (client_connection_check_interval, set to 1 s by connect_sqlx_with) ends the statement.
-    const CANCELS_ON_DROP: bool = true;
 
     fn try_connect(url: &str, pool_size: usize, settings: Settings) -> Result<Idempotency<Self>, idempotency_client::Error> {
         let size = u32::try_from(pool_size).expect("a pool size that fits u32");
@@ -225,8 +220,6 @@ macro_rules! driver_module {
             pub type Charge = crate::handler::Charge<TestDriver>;
             /// The driver's name, for messages.
             pub const NAME: &str = <TestDriver as Kit>::NAME;
-            /// Whether the statement of a call dropped mid-request ends while it waits.
-            pub const CANCELS_ON_DROP: bool = <TestDriver as Kit>::CANCELS_ON_DROP;
 
             /// A handle on `url` with a pool of `pool_size` connections (and the test kit's
             /// replay cache when `IDEM_REPLAY_CACHE=on`).
