@@ -304,6 +304,30 @@ macro_rules! driver_module {
                 TestDriver::exec_in(tx, sql, args).await
             }
 
+            /// The server's setting `name` (an integer, such as a timeout in ms) on a connection
+            /// of `idem`'s pool, read in a `run` closure (a fresh key of its own each time).
+            pub async fn setting_of(idem: &Idem, name: &str) -> i64 {
+                use idempotency_client::{Outcome, StoredResponse, TxFuture};
+                let key = crate::unique_key("kit.setting_of");
+                let fingerprint = idempotency_client::Fingerprint::of_json(&serde_json::json!({"setting": name})).expect("a fingerprint");
+                let name = name.to_owned();
+                let out = idem
+                    .run(&key, &fingerprint, move |conn: &mut Conn| {
+                        let name = name.clone();
+                        Box::pin(async move {
+                            let sql = "SELECT setting::int8 FROM pg_catalog.pg_settings WHERE name = $1";
+                            let value = query_i64(conn, sql, &[name.as_str()]).await?;
+                            Ok(StoredResponse::json(200, serde_json::json!({"value": value})))
+                        }) as TxFuture<'_, StoredResponse, DbError>
+                    })
+                    .await
+                    .expect("the closure reads the setting");
+                match out {
+                    Outcome::Executed(r) => r.body_json().and_then(|b| b["value"].as_i64()).expect("a number"),
+                    other => panic!("{}: {other:?}", NAME),
+                }
+            }
+
             /// Every connection of `idem`'s pool is idle in it.
             pub fn pool_idle(idem: &Idem) -> bool {
                 TestDriver::pool_idle(idem)

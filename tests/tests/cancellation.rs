@@ -676,26 +676,6 @@ idempotency_testkit::for_each_driver! {
         dropped_over_tls(At::Closure, "verify-full").await;
     }
 
-    /// `client_connection_check_interval` on a connection of `idem`'s pool, in ms, read in a
-    /// closure.
-    async fn connection_check_of(idem: &Idem) -> i64 {
-        let key = unique_key("cancel.check_interval");
-        let out = idem
-            .run(&key, &fp(), |conn: &mut Conn| {
-                Box::pin(async move {
-                    let sql = "SELECT setting::int8 FROM pg_catalog.pg_settings WHERE name = 'client_connection_check_interval' AND $1 <> ''";
-                    let ms = query_i64(conn, sql, &["x"]).await?;
-                    Ok(StoredResponse::json(200, json!({"ms": ms})))
-                }) as TxFuture<'_, StoredResponse, DbError>
-            })
-            .await
-            .expect("the closure reads the setting");
-        match out {
-            Outcome::Executed(r) => r.body_json().and_then(|b| b["ms"].as_i64()).expect("a number"),
-            other => panic!("{NAME}: {other:?}"),
-        }
-    }
-
     /// The sqlx handle's pool asks the server to check every second that its client is there
     /// (what ends a dropped call's statement over sqlx); the tokio-postgres handle sends a cancel
     /// request instead and leaves the server's (0, off). The URL's `options` win for both.
@@ -703,8 +683,8 @@ idempotency_testkit::for_each_driver! {
     async fn the_sqlx_pool_sets_the_connection_check_and_the_urls_options_win() {
         let url = fresh_database(&db("idem_cancel_check_interval")).await;
         let expected = if NAME == "sqlx" { 1000 } else { 0 };
-        assert_eq!(connection_check_of(&connect_with(&url, 1, Settings::default())).await, expected, "{NAME}");
+        assert_eq!(setting_of(&connect_with(&url, 1, Settings::default()), "client_connection_check_interval").await, expected, "{NAME}");
         let named = format!("{url}?options=-c%20client_connection_check_interval%3D5000");
-        assert_eq!(connection_check_of(&connect_with(&named, 1, Settings::default())).await, 5000, "{NAME}: the URL's options win");
+        assert_eq!(setting_of(&connect_with(&named, 1, Settings::default()), "client_connection_check_interval").await, 5000, "{NAME}: the URL's options win");
     }
 }

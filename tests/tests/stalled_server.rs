@@ -230,36 +230,17 @@ idempotency_testkit::for_each_driver! {
         assert!(!version.is_empty(), "{NAME}");
     }
 
-    /// The server's `statement_timeout` on a connection of `idem`'s pool, in ms, read in a closure.
-    async fn statement_timeout_of(idem: &Idem) -> i64 {
-        let key = unique_key("stalled.statement_timeout");
-        let out = idem
-            .run(&key, &fp(), |conn: &mut Conn| {
-                Box::pin(async move {
-                    let sql = "SELECT setting::int8 FROM pg_catalog.pg_settings WHERE name = 'statement_timeout' AND $1 <> ''";
-                    let ms = query_i64(conn, sql, &["x"]).await?;
-                    Ok(StoredResponse::json(200, json!({"ms": ms})))
-                }) as TxFuture<'_, StoredResponse, DbError>
-            })
-            .await
-            .expect("the closure reads the setting");
-        match out {
-            Outcome::Executed(r) => r.body_json().and_then(|b| b["ms"].as_i64()).expect("a number"),
-            other => panic!("{NAME}: {other:?}"),
-        }
-    }
-
     #[tokio::test]
     async fn statement_timeout_reaches_the_server_from_the_settings_and_the_urls_options_win() {
         let stage = Stage::new("statement_timeout").await;
         let db = format!("idem_stalled_statement_timeout_{}", NAME.replace('-', "_"));
         let settings = || Settings::builder().statement_timeout(Some(Duration::from_millis(1500)));
         let from_settings = connect_with(&stage.proxy.url(&db), 1, settings());
-        assert_eq!(statement_timeout_of(&from_settings).await, 1500, "{NAME}: the setting is sent when connecting");
+        assert_eq!(setting_of(&from_settings, "statement_timeout").await, 1500, "{NAME}: the setting is sent when connecting");
         let url = format!("{}&options=-c%20statement_timeout%3D2500", stage.proxy.url(&db));
         let from_url = connect_with(&url, 1, settings());
-        assert_eq!(statement_timeout_of(&from_url).await, 2500, "{NAME}: the URL's options win");
+        assert_eq!(setting_of(&from_url, "statement_timeout").await, 2500, "{NAME}: the URL's options win");
         // Unset: the server's own (0 on the test cluster).
-        assert_eq!(statement_timeout_of(&stage.idem).await, 0, "{NAME}: nothing is sent by default");
+        assert_eq!(setting_of(&stage.idem, "statement_timeout").await, 0, "{NAME}: nothing is sent by default");
     }
 }
