@@ -173,7 +173,7 @@ where
     type Error = S::Error;
     type Future = BoxFuture<'static, Result<Response<Body>, S::Error>>;
 
-    /// Always ready, as the HTTP layer is ([`super::service`]): each call that reaches the inner
+    /// Always ready, as the HTTP layer is (see the tower adapter): each call that reaches the inner
     /// service drives a clone of it to readiness first.
     fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
         Poll::Ready(Ok(()))
