@@ -42,6 +42,12 @@ pub enum KeyError {
         /// The byte offset of the first control character.
         offset: usize,
     },
+    /// The step of a recovery point (`idem_checkpoint`'s ordinal) below 0.
+    #[error("step must be at least 0, got {got}")]
+    NegativeStep {
+        /// The step given.
+        got: i32,
+    },
     /// A step name given to [`Key::derive`] that is empty or longer than 64 bytes.
     #[error("step must be 1 to {MAX_STEP_NAME_BYTES} bytes, got {len}")]
     StepLength {
@@ -61,7 +67,7 @@ impl KeyError {
     pub fn argument(&self) -> &'static str {
         match self {
             KeyError::Length { name, .. } | KeyError::ControlCharacter { name, .. } => name,
-            KeyError::StepLength { .. } | KeyError::StepCharacter { .. } => "step",
+            KeyError::NegativeStep { .. } | KeyError::StepLength { .. } | KeyError::StepCharacter { .. } => "step",
         }
     }
 }
@@ -150,6 +156,15 @@ impl Key {
         }
         Ok(format!("{step}-{}", hex(sha.finalize().as_slice())))
     }
+}
+
+/// Checks the step of a recovery point (the ordinal `idem_checkpoint` records: 0 = started, 1..
+/// the plan's steps in order): at least 0. The extension applies exactly this function.
+pub fn check_recovery_step(step: i32) -> Result<(), KeyError> {
+    if step < 0 {
+        return Err(KeyError::NegativeStep { got: step });
+    }
+    Ok(())
 }
 
 /// Checks a step name for [`Key::derive`]: 1 to 64 bytes of `[A-Za-z0-9_.-]`.
@@ -255,5 +270,12 @@ mod tests {
         assert_eq!(e.to_string(), "step must contain only [A-Za-z0-9_.-], found another character at byte 6");
         assert!(k.derive("é").is_err());
         assert!(k.derive("A-z_0.9").is_ok());
+    }
+
+    #[test]
+    fn recovery_steps_start_at_zero() {
+        assert!(check_recovery_step(0).is_ok() && check_recovery_step(i32::MAX).is_ok());
+        let e = check_recovery_step(-1).unwrap_err();
+        assert_eq!((e.argument(), e.to_string().as_str()), ("step", "step must be at least 0, got -1"));
     }
 }
