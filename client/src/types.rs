@@ -26,6 +26,17 @@ pub enum ReserveOutcome {
     InProgress,
     /// The key is live with a different request.
     Mismatch,
+    /// The key has a recovery point and no live holder (`RESUMABLE`, or `PROCESSING` with its
+    /// lease run out): this attempt now owns it and continues after the recorded step
+    /// (`Idempotency::run_steps`; the repository's docs/recovery-points.md).
+    Resume {
+        /// The attempt's fencing token.
+        token: Token,
+        /// The last recovery point committed (0: the request's input saved).
+        step: i32,
+        /// That recovery point's state.
+        state: Option<Value>,
+    },
 }
 
 /// The full answer of `idem_reserve`.
@@ -53,6 +64,12 @@ impl Reservation {
             ReserveWord::Failed => ReserveOutcome::Failed(row.json("response")?),
             ReserveWord::InProgress => ReserveOutcome::InProgress,
             ReserveWord::Mismatch => ReserveOutcome::Mismatch,
+            // Only `run_steps`'s statement selects `step` and `state`: another statement's row
+            // fails here, naming the column (docs/recovery-points.md, a 0.6 client's answer).
+            ReserveWord::Resume => match row.int8("token")? {
+                Some(token) => ReserveOutcome::Resume { token: Token(token), step: required("step", row.int4("step"))?, state: row.json("state")? },
+                None => return Err(Error::protocol("idem_reserve answered resume without a token")),
+            },
         };
         Ok(Reservation { outcome, attempts: row.int4("attempts")?.unwrap_or(0), expires_at: instant(row.float8("expires_at")?) })
     }

@@ -321,7 +321,7 @@ impl<'a> Memo<'a> {
                 (f.expires, f.key, f.fingerprint) = (Some(bound), Some(key), Some(fingerprint));
                 return self;
             }
-            ReserveOutcome::InProgress | ReserveOutcome::Mismatch => return Memo(None),
+            ReserveOutcome::InProgress | ReserveOutcome::Mismatch | ReserveOutcome::Resume { .. } => return Memo(None),
         };
         f.cache.insert(key, fingerprint, answer, expires);
         Memo(None)
@@ -336,7 +336,7 @@ impl<'a> Memo<'a> {
         let answer = match status {
             Status::Success => Answer::Replay(response),
             Status::Failed => Answer::Failed(response),
-            Status::Processing => return,
+            Status::Processing | Status::Resumable => return,
         };
         cache.insert(key, fingerprint, answer, *expires);
     }

@@ -12,6 +12,7 @@ mod one_statement;
 mod postgres;
 #[cfg(feature = "sqlx")]
 mod sqlx;
+mod steps;
 
 use crate::driver::{postgres_by_default, Driver};
 use crate::error::Error;
@@ -27,6 +28,7 @@ use tokio::sync::OnceCell;
 
 pub use closures::{BatchFn, RecordFn, TxFn};
 pub use connect::Connect;
+pub use steps::Plans;
 
 postgres_by_default! {
 /// A cloneable handle: a driver (for `Postgres`, a `deadpool_postgres::Pool`), the
