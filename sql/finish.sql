@@ -331,6 +331,13 @@ BEGIN
     -- A reservation this transaction made and has not written yet (the native write-once flow:
     -- recovery point 0 may share the reservation's transaction) is written first.
     PERFORM @extschema@._idem_write_pending(operation, user_id, key);
+    -- Another role's record holding this token is refused (guarantee 8). Checked first, not as
+    -- a condition of the UPDATE (Citus refuses a STABLE function of a column there): a record
+    -- never changes owner under one token (a takeover writes a new token).
+    v_counted := @extschema@._idem_check_owner(
+        (SELECT r.owner FROM @extschema@.idem_records AS r
+          WHERE r.operation = operation AND r.user_id = user_id AND r.key = key
+            AND r.token = token), 'record a recovery point');
 
     UPDATE @extschema@.idem_records AS r
        SET step = step, state = state,
@@ -339,17 +346,11 @@ BEGIN
            updated_at = v_now
      WHERE r.operation = operation AND r.user_id = user_id AND r.key = key
        AND r.token = token AND r.status = ('PROCESSING' COLLATE pg_catalog."C")
-       AND @extschema@._idem_owns(r.owner)
        AND (r.step IS NULL OR r.step < step)
        AND (lease IS NULL OR v_until <= greatest(r.expires_at, v_ceiling));
     IF FOUND THEN
         RETURN true;
     END IF;
-    -- Another role's record holding this token is refused (guarantee 8).
-    v_counted := @extschema@._idem_check_owner(
-        (SELECT r.owner FROM @extschema@.idem_records AS r
-          WHERE r.operation = operation AND r.user_id = user_id AND r.key = key
-            AND r.token = token), 'record a recovery point');
     -- The attempt holding this token sent a step that does not advance, or asked for a lease
     -- past its ceiling; else the token is stale (a value).
     SELECT r.step INTO v_recorded

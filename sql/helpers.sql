@@ -71,6 +71,8 @@ CREATE FUNCTION @extschema@.idem_resumable(operation text, batch_size integer DE
     LANGUAGE plpgsql STABLE SECURITY DEFINER
     SET search_path = pg_catalog, pg_temp
     AS $fn$
+DECLARE
+    v_now timestamptz := clock_timestamp(); -- a value, not a call in the query (Citus)
 BEGIN
     PERFORM @extschema@._idem_check_scope(idem_resumable.operation, 'u', 'k');
     PERFORM @extschema@._idem_check_batch_size(idem_resumable.batch_size);
@@ -82,7 +84,7 @@ BEGIN
                r.updated_at
           FROM @extschema@.idem_records AS r
          WHERE r.operation = idem_resumable.operation AND r.status = 'RESUMABLE'
-           AND r.expires_at > clock_timestamp()
+           AND r.expires_at > v_now
            AND @extschema@._idem_owns(r.owner)
          ORDER BY r.updated_at
          LIMIT idem_resumable.batch_size;

@@ -387,6 +387,7 @@ DECLARE
     v_owner    oid;
     v_step     integer;
     v_until    timestamptz;
+    v_token    bigint;
     v_counted  boolean; -- receives _idem_count
 BEGIN
     -- The count belongs to the record's owner (guarantee 8; a statement of its own, which
@@ -419,9 +420,11 @@ BEGIN
     ELSE
         -- Kept for a resume: a new token fences the attempt that held it out, and the record
         -- (with its counter) lives at least one idempotency.ttl more, for a retry or a completer.
+        -- (Values, not calls inside the UPDATE: Citus refuses a volatile call there.)
         v_until := greatest(expires_at, v_now + @extschema@._idem_ttl(NULL));
+        v_token := nextval('@extschema@.idem_token_seq');
         UPDATE @extschema@.idem_records AS r
-           SET status = 'RESUMABLE', token = nextval('@extschema@.idem_token_seq'),
+           SET status = 'RESUMABLE', token = v_token,
                lease_expires_at = v_now, expires_at = v_until, updated_at = v_now
          WHERE r.operation = operation AND r.user_id = user_id AND r.key = key;
         UPDATE @extschema@.idem_retries AS t

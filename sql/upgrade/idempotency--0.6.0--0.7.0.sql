@@ -3,6 +3,12 @@
 -- The new and changed functions arrive with the replay of every 0.7.0 function that
 -- scripts/sqlbuild.py appends to this file, with their comments and privilege statements.
 
+-- The update changes both tables (and the reservation type): their locks are taken in the order
+-- every reservation takes them, idem_records first, so an update under load waits for the
+-- reservations in flight instead of deadlocking with one (which reads idem_records, then
+-- idem_retries, while the update would hold idem_retries and wait for idem_records).
+LOCK TABLE @extschema@.idem_records, @extschema@.idem_retries IN ACCESS EXCLUSIVE MODE;
+
 -- A key's retry counter is owned like its record (guarantee 8, issue 40): the owner of the
 -- record whose failure started the count. The counters kept from 0.6.0 have none (NULL: any
 -- role's, as before, until they expire). No default: adding the column rewrites no row.

@@ -67,8 +67,19 @@ impl Answer {
         // during the call. A blessed copy is registered in the backend's record type cache.
         let desc = unsafe {
             match expected {
-                Some(desc) if (*desc).natts != (*catalog.reservation).natts => {
-                    pg_sys::BlessTupleDesc(pg_sys::CreateTupleDescCopy(desc))
+                // Not the catalog's attributes, or (a query and a catalog both from before the
+                // update, fewer than this version's) not the type's of now, by the type's own
+                // cache, which the executor checks the row against.
+                Some(desc)
+                    if (*desc).natts != (*catalog.reservation).natts
+                        || ((*desc).natts < ATTRIBUTES && (*desc).natts != current_natts(catalog)) =>
+                {
+                    // An anonymous row (RECORD, blessed: registered for this backend) of those
+                    // attributes: a row of the named type is checked against the type of now.
+                    let row = pg_sys::CreateTupleDescCopy(desc);
+                    (*row).tdtypeid = pg_sys::RECORDOID;
+                    (*row).tdtypmod = -1;
+                    pg_sys::BlessTupleDesc(row)
                 }
                 _ => catalog.reservation,
             }
@@ -140,6 +151,22 @@ impl Reply {
             Reply::Answer(answer) => answer.into_datum(catalog, expected),
             Reply::Resumed(row) => row,
         }
+    }
+}
+
+/// The attributes of `idem_reservation` in this version (0.7.0: step and state appended).
+const ATTRIBUTES: i32 = 7;
+
+/// The number of attributes `idem_reservation` has now, by the type cache (up to date with every
+/// invalidation this backend has read).
+fn current_natts(catalog: &Catalog) -> i32 {
+    // SAFETY: the catalog's descriptor names the type; lookup_rowtype_tupdesc pins the cached
+    // descriptor, released at once.
+    unsafe {
+        let desc = pg_sys::lookup_rowtype_tupdesc((*catalog.reservation).tdtypeid, -1);
+        let natts = (*desc).natts;
+        pg_sys::DecrTupleDescRefCount(desc);
+        natts
     }
 }
 
