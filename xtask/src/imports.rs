@@ -312,27 +312,13 @@ fn circles(edges: &BTreeSet<(String, String)>) -> Vec<Vec<String>> {
     out
 }
 
-/// The workspace's crates with a `src/`: each crate's name and its `src` folder, from the root
-/// Cargo.toml's `members` and each member's `[package] name`.
-fn workspace_crates(root: &Path) -> Vec<(String, PathBuf)> {
-    let manifest = std::fs::read_to_string(root.join("Cargo.toml")).expect("the root Cargo.toml");
-    let members = manifest.split("members = [").nth(1).and_then(|m| m.split(']').next()).expect("[workspace] members");
-    members
-        .split(',')
-        .map(|m| m.trim().trim_matches('"'))
-        .filter(|m| !m.is_empty())
-        .filter(|m| root.join(m).join("src").is_dir())
-        .map(|m| {
-            let own = std::fs::read_to_string(root.join(m).join("Cargo.toml")).unwrap_or_else(|e| panic!("{m}/Cargo.toml: {e}"));
-            let name = own.lines().find_map(|l| l.trim().strip_prefix("name = ")).map(|n| n.trim_matches('"').to_owned()).unwrap_or_else(|| panic!("{m}/Cargo.toml names no package"));
-            (name, root.join(m).join("src"))
-        })
-        .collect()
-}
-
-/// The edges of every workspace crate, each with its crate.
+/// The edges of every workspace crate with a `src/`, each with its crate.
 fn workspace_edges(root: &Path) -> BTreeSet<Edge> {
-    workspace_crates(root).into_iter().flat_map(|(name, src)| edges(&modules(&src)).into_iter().map(move |(a, b)| (name.clone(), a, b))).collect()
+    crate::workspace::members(root)
+        .into_iter()
+        .filter(|m| m.dir.join("src").is_dir())
+        .flat_map(|m| edges(&modules(&m.dir.join("src"))).into_iter().map(move |(a, b)| (m.name.clone(), a, b)))
+        .collect()
 }
 
 /// What is wrong with the workspace's imports: every circle (with its crate and its path of
