@@ -52,7 +52,7 @@ const MAX_SHARDS: usize = 16;
 /// # fn demo() -> Result<(), idempotency_client::Error> {
 /// let cache = ReplayCache::new(10_000, Duration::from_secs(60));
 /// let settings = Settings::builder().replay_cache(cache.clone());
-/// let idem = Idempotency::connect_with("postgresql://app@localhost/shop", 16, settings)?;
+/// let idem: Idempotency = Idempotency::from_url("postgresql://app@localhost/shop", 16, settings)?;
 /// // ... later: how often replays were answered from memory.
 /// let stats = cache.stats();
 /// println!("{} hits, {} misses, {} entries", stats.hits, stats.misses, stats.entries);

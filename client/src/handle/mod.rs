@@ -55,7 +55,7 @@ postgres_by_default! {
 /// `run_external` holds none while the outside call runs: one for the reservation, one per
 /// heartbeat, one for the final transaction. When every connection is busy, a call waits for one
 /// at most the pool's wait timeout ([`Settings::pool_timeout`], 5 s by default, for a pool made
-/// by `Idempotency::connect`) and then fails with [`Error::StoreUnavailable`], whose source is
+/// by [`Idempotency::from_url`]) and then fails with [`Error::StoreUnavailable`], whose source is
 /// the pool's timeout error; nothing was reserved, so the client's retry is safe.
 ///
 /// **The deadline.** Every call ends within [`Settings::call_timeout`] (30 s by default): one
@@ -86,8 +86,8 @@ impl<D: Driver> Idempotency<D> {
     /// # Cancel safety
     ///
     /// Not async: nothing to cancel.
-    pub fn with_driver(driver: D, settings: Settings) -> Self {
-        Idempotency { driver, settings: Arc::new(settings), schema: Arc::new(OnceCell::new()) }
+    pub fn with_driver(driver: D, settings: impl Into<Settings>) -> Self {
+        Idempotency { driver, settings: Arc::new(settings.into()), schema: Arc::new(OnceCell::new()) }
     }
 
     /// The driver.
@@ -102,8 +102,8 @@ impl<D: Driver> Idempotency<D> {
 
     /// The same driver and schema with other settings (the layer's per-route ttl, lease, wait).
     #[cfg_attr(not(feature = "tower"), allow(dead_code))]
-    pub(crate) fn with_settings(&self, settings: Settings) -> Self {
-        Idempotency { driver: self.driver.clone(), settings: Arc::new(settings), schema: self.schema.clone() }
+    pub(crate) fn with_settings(&self, settings: impl Into<Settings>) -> Self {
+        Idempotency { driver: self.driver.clone(), settings: Arc::new(settings.into()), schema: self.schema.clone() }
     }
 
     /// The extension's schema: [`Settings::schema`], or looked up once in `pg_extension` (and

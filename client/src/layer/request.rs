@@ -129,7 +129,7 @@ mod tests {
     }
 
     fn configured(f: impl FnOnce(crate::layer::Builder) -> crate::layer::Builder) -> std::sync::Arc<Config> {
-        let idem = Idempotency::connect("postgresql://u@127.0.0.1:1/db", 1).unwrap();
+        let idem = Idempotency::from_url("postgresql://u@127.0.0.1:1/db", 1, crate::Settings::default()).unwrap();
         f(IdempotencyLayer::builder(idem).anonymous()).build().unwrap().config
     }
 
