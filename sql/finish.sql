@@ -3,7 +3,7 @@
 -- Each is a conditional update fenced by (token, status = 'PROCESSING'): a stale token, or a
 -- record that completed, was recovered or was taken over, changes nothing and answers
 -- false / 'stale'. Expected races are values, never errors. The fence compares the status
--- under the C collation (the same answer) so that no plan matches the partial index
+-- code as text (the same answer) so that no plan matches the partial index
 -- idem_records_lease_idx instead of probing the primary key (extension/src/native/plans.rs).
 
 CREATE FUNCTION @extschema@.idem_complete(
@@ -48,9 +48,9 @@ BEGIN
 
     -- The recovery point's state goes (the response is the answer now); its step stays.
     UPDATE @extschema@.idem_records AS r
-       SET status = status, response = response, state = NULL, updated_at = v_now
-     WHERE r.operation = operation AND r.user_id = user_id AND r.key = key
-       AND r.token = token AND r.status = ('PROCESSING' COLLATE pg_catalog."C")
+       SET status = @extschema@._idem_status_code(status), response = response, state = NULL, updated_at = v_now
+     WHERE r.id = @extschema@._idem_id(operation, user_id, key) AND r.operation = operation AND r.user_id = user_id AND r.key = key
+       AND r.token = token AND r.status::text = 'p'
        AND @extschema@._idem_owns(r.owner);
     IF FOUND THEN
         v_counted := @extschema@._idem_count(CASE status WHEN 'SUCCESS' THEN 'completions_success'
@@ -61,7 +61,7 @@ BEGIN
     -- password); any other token is stale, a value.
     v_counted := @extschema@._idem_check_owner(
         (SELECT r.owner FROM @extschema@.idem_records AS r
-          WHERE r.operation = operation AND r.user_id = user_id AND r.key = key
+          WHERE r.id = @extschema@._idem_id(operation, user_id, key) AND r.operation = operation AND r.user_id = user_id AND r.key = key
             AND r.token = token), 'complete a key');
     v_counted := @extschema@._idem_count('stale_tokens');
     RETURN false;
@@ -129,11 +129,13 @@ BEGIN
              ORDER BY u.k, u.t, u.i),
         done AS (
             UPDATE @extschema@.idem_records AS x
-               SET status = idem_complete_many.status, response = u.r, state = NULL, updated_at = v_now
+               SET status = @extschema@._idem_status_code(idem_complete_many.status), response = u.r,
+                   state = NULL, updated_at = v_now
               FROM u
-             WHERE x.operation = idem_complete_many.operation
+             WHERE x.id = @extschema@._idem_id(idem_complete_many.operation, idem_complete_many.user_id, u.k)
+               AND x.operation = idem_complete_many.operation
                AND x.user_id = idem_complete_many.user_id AND x.key = u.k AND x.token = u.t
-               AND x.status = ('PROCESSING' COLLATE pg_catalog."C")
+               AND x.status::text = 'p'
                AND @extschema@._idem_owns(x.owner)
             RETURNING u.i)
         SELECT coalesce(array_agg(done.i::integer), '{}') INTO v_done FROM done;
@@ -189,15 +191,15 @@ BEGIN
 
     SELECT r.created_at, r.expires_at INTO v_rec
       FROM @extschema@.idem_records AS r
-     WHERE r.operation = operation AND r.user_id = user_id AND r.key = key
-       AND r.token = token AND r.status = ('PROCESSING' COLLATE pg_catalog."C")
+     WHERE r.id = @extschema@._idem_id(operation, user_id, key) AND r.operation = operation AND r.user_id = user_id AND r.key = key
+       AND r.token = token AND r.status::text = 'p'
        AND @extschema@._idem_owns(r.owner)
        FOR UPDATE;
     IF NOT FOUND THEN
         -- Another role's record holding this token is refused (guarantee 8); else stale.
         v_counted := @extschema@._idem_check_owner(
             (SELECT r.owner FROM @extschema@.idem_records AS r
-              WHERE r.operation = operation AND r.user_id = user_id AND r.key = key
+              WHERE r.id = @extschema@._idem_id(operation, user_id, key) AND r.operation = operation AND r.user_id = user_id AND r.key = key
                 AND r.token = token), 'release a key');
         v_counted := @extschema@._idem_count('stale_tokens');
         RETURN 'stale';
@@ -251,21 +253,21 @@ BEGIN
        SET lease_expires_at = least(v_until, greatest(r.expires_at, v_ceiling)),
            expires_at = greatest(r.expires_at, least(v_until, greatest(r.expires_at, v_ceiling))),
            updated_at = v_now
-     WHERE r.operation = operation AND r.user_id = user_id AND r.key = key
-       AND r.token = token AND r.status = ('PROCESSING' COLLATE pg_catalog."C")
+     WHERE r.id = @extschema@._idem_id(operation, user_id, key) AND r.operation = operation AND r.user_id = user_id AND r.key = key
+       AND r.token = token AND r.status::text = 'p'
        AND @extschema@._idem_owns(r.owner)
        AND (lease IS NULL OR v_until <= greatest(r.expires_at, v_ceiling));
     IF NOT FOUND THEN
         -- Another role's record holding this token is refused (guarantee 8).
         v_counted := @extschema@._idem_check_owner(
             (SELECT r.owner FROM @extschema@.idem_records AS r
-              WHERE r.operation = operation AND r.user_id = user_id AND r.key = key
+              WHERE r.id = @extschema@._idem_id(operation, user_id, key) AND r.operation = operation AND r.user_id = user_id AND r.key = key
                 AND r.token = token), 'extend a lease');
         -- The attempt holding this token asked for a lease past its ceiling; else stale.
         IF lease IS NOT NULL AND EXISTS (
                SELECT FROM @extschema@.idem_records AS r
-                WHERE r.operation = operation AND r.user_id = user_id AND r.key = key
-                  AND r.token = token AND r.status = ('PROCESSING' COLLATE pg_catalog."C")) THEN
+                WHERE r.id = @extschema@._idem_id(operation, user_id, key) AND r.operation = operation AND r.user_id = user_id AND r.key = key
+                  AND r.token = token AND r.status::text = 'p') THEN
             RAISE EXCEPTION 'lease must not exceed the record''s remaining ttl or idempotency.ttl (%), whichever is longer, got %',
                 v_ttl, v_lease USING ERRCODE = '22023';
         END IF;
@@ -336,7 +338,7 @@ BEGIN
     -- never changes owner under one token (a takeover writes a new token).
     v_counted := @extschema@._idem_check_owner(
         (SELECT r.owner FROM @extschema@.idem_records AS r
-          WHERE r.operation = operation AND r.user_id = user_id AND r.key = key
+          WHERE r.id = @extschema@._idem_id(operation, user_id, key) AND r.operation = operation AND r.user_id = user_id AND r.key = key
             AND r.token = token), 'record a recovery point');
 
     UPDATE @extschema@.idem_records AS r
@@ -344,8 +346,8 @@ BEGIN
            lease_expires_at = least(v_until, greatest(r.expires_at, v_ceiling)),
            expires_at = greatest(r.expires_at, least(v_until, greatest(r.expires_at, v_ceiling))),
            updated_at = v_now
-     WHERE r.operation = operation AND r.user_id = user_id AND r.key = key
-       AND r.token = token AND r.status = ('PROCESSING' COLLATE pg_catalog."C")
+     WHERE r.id = @extschema@._idem_id(operation, user_id, key) AND r.operation = operation AND r.user_id = user_id AND r.key = key
+       AND r.token = token AND r.status::text = 'p'
        AND (r.step IS NULL OR r.step < step)
        AND (lease IS NULL OR v_until <= greatest(r.expires_at, v_ceiling));
     IF FOUND THEN
@@ -355,8 +357,8 @@ BEGIN
     -- past its ceiling; else the token is stale (a value).
     SELECT r.step INTO v_recorded
       FROM @extschema@.idem_records AS r
-     WHERE r.operation = operation AND r.user_id = user_id AND r.key = key
-       AND r.token = token AND r.status = ('PROCESSING' COLLATE pg_catalog."C");
+     WHERE r.id = @extschema@._idem_id(operation, user_id, key) AND r.operation = operation AND r.user_id = user_id AND r.key = key
+       AND r.token = token AND r.status::text = 'p';
     IF FOUND THEN
         IF v_recorded >= step THEN
             RAISE EXCEPTION 'step must exceed the recorded step %, got %', v_recorded, step

@@ -37,8 +37,9 @@ COMMENT ON FUNCTION @extschema@._idem_write_pending(text, text, text) IS
 
 REVOKE EXECUTE ON FUNCTION @extschema@._idem_write_pending(text, text, text) FROM PUBLIC;
 
+-- The record as every version answered it (the type idem_record, sql/schema.sql).
 CREATE FUNCTION @extschema@.idem_lookup(operation text, user_id text, key text)
-    RETURNS SETOF @extschema@.idem_records
+    RETURNS SETOF @extschema@.idem_record
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER
     SET search_path = pg_catalog, pg_temp
     AS $fn$
@@ -50,11 +51,15 @@ BEGIN
     -- Another role's record is refused (guarantee 8), to operators too unless members of it.
     PERFORM @extschema@._idem_check_owner(
         (SELECT r.owner FROM @extschema@.idem_records AS r
-          WHERE r.operation = operation AND r.user_id = user_id AND r.key = key), 'read a key');
+          WHERE r.id = @extschema@._idem_id(operation, user_id, key)
+            AND r.operation = operation AND r.user_id = user_id AND r.key = key), 'read a key');
     RETURN QUERY
-        SELECT r.*
+        SELECT r.operation, r.user_id, r.key, encode(r.request_hash, 'hex'),
+               @extschema@._idem_status_word(r.status), r.token, r.response, r.lease_expires_at,
+               r.expires_at, r.created_at, r.updated_at, r.owner, r.step, r.state
           FROM @extschema@.idem_records AS r
-         WHERE r.operation = operation AND r.user_id = user_id AND r.key = key;
+         WHERE r.id = @extschema@._idem_id(operation, user_id, key)
+           AND r.operation = operation AND r.user_id = user_id AND r.key = key;
 END
 $fn$;
 
@@ -77,13 +82,10 @@ BEGIN
     PERFORM @extschema@._idem_check_scope(idem_resumable.operation, 'u', 'k');
     PERFORM @extschema@._idem_check_batch_size(idem_resumable.batch_size);
     RETURN QUERY
-        SELECT r.user_id, r.key, r.request_hash, r.step, r.state,
-               coalesce((SELECT t.attempts FROM @extschema@.idem_retries AS t
-                          WHERE t.operation = r.operation AND t.user_id = r.user_id
-                            AND t.key = r.key AND t.expires_at > r.created_at), 0),
+        SELECT r.user_id, r.key, encode(r.request_hash, 'hex'), r.step, r.state, r.attempts,
                r.updated_at
           FROM @extschema@.idem_records AS r
-         WHERE r.operation = idem_resumable.operation AND r.status = 'RESUMABLE'
+         WHERE r.operation = idem_resumable.operation AND r.status = 'r'
            AND r.expires_at > v_now
            AND @extschema@._idem_owns(r.owner)
          ORDER BY r.updated_at

@@ -394,7 +394,7 @@ BEGIN
     -- Citus routes to the key's shard as the INSERT below).
     SELECT r.owner, r.step INTO v_owner, v_step
       FROM @extschema@.idem_records AS r
-     WHERE r.operation = operation AND r.user_id = user_id AND r.key = key;
+     WHERE r.id = @extschema@._idem_id(operation, user_id, key) AND r.operation = operation AND r.user_id = user_id AND r.key = key;
     -- A counter that expired before this record was created belongs to an earlier life of the
     -- key: start again from 1, as the record's owner's. A live one continues, and keeps its
     -- owner (this record's owner or a role it is a member of: idem_reserve refuses anyone else
@@ -409,14 +409,14 @@ BEGIN
 
     IF v_attempts >= max_retries THEN
         UPDATE @extschema@.idem_records AS r
-           SET status = 'FAILED', state = NULL, updated_at = v_now
-         WHERE r.operation = operation AND r.user_id = user_id AND r.key = key;
+           SET status = 'f', state = NULL, attempts = v_attempts, updated_at = v_now
+         WHERE r.id = @extschema@._idem_id(operation, user_id, key) AND r.operation = operation AND r.user_id = user_id AND r.key = key;
         v_counted := @extschema@._idem_count('poisonings');
         RETURN 'poisoned';
     END IF;
     IF v_step IS NULL THEN
         DELETE FROM @extschema@.idem_records AS r
-         WHERE r.operation = operation AND r.user_id = user_id AND r.key = key;
+         WHERE r.id = @extschema@._idem_id(operation, user_id, key) AND r.operation = operation AND r.user_id = user_id AND r.key = key;
     ELSE
         -- Kept for a resume: a new token fences the attempt that held it out, and the record
         -- (with its counter) lives at least one idempotency.ttl more, for a retry or a completer.
@@ -424,9 +424,9 @@ BEGIN
         v_until := greatest(expires_at, v_now + @extschema@._idem_ttl(NULL));
         v_token := nextval('@extschema@.idem_token_seq');
         UPDATE @extschema@.idem_records AS r
-           SET status = 'RESUMABLE', token = v_token,
+           SET status = 'r', token = v_token, attempts = v_attempts,
                lease_expires_at = v_now, expires_at = v_until, updated_at = v_now
-         WHERE r.operation = operation AND r.user_id = user_id AND r.key = key;
+         WHERE r.id = @extschema@._idem_id(operation, user_id, key) AND r.operation = operation AND r.user_id = user_id AND r.key = key;
         UPDATE @extschema@.idem_retries AS t
            SET expires_at = greatest(t.expires_at, v_until)
          WHERE t.operation = operation AND t.user_id = user_id AND t.key = key;

@@ -39,22 +39,22 @@ BEGIN
     IF @extschema@._idem_distributed() THEN
         -- Citus: candidates by a plain read across shards, then key by key (see above).
         FOR v_key IN
-            SELECT r.operation, r.user_id, r.key
+            SELECT r.id, r.operation, r.user_id, r.key
               FROM @extschema@.idem_records AS r
-             WHERE r.status = 'PROCESSING' AND r.lease_expires_at <= v_now
+             WHERE r.status = 'p' AND r.lease_expires_at <= v_now
              ORDER BY r.lease_expires_at
              LIMIT batch_size
         LOOP
             SELECT r.created_at, r.expires_at, r.step INTO v_rec
               FROM @extschema@.idem_records AS r
-             WHERE r.operation = v_key.operation AND r.user_id = v_key.user_id AND r.key = v_key.key
-               AND r.status = 'PROCESSING' AND r.lease_expires_at <= v_now
+             WHERE r.id = v_key.id AND r.operation = v_key.operation AND r.user_id = v_key.user_id
+               AND r.key = v_key.key AND r.status = 'p' AND r.lease_expires_at <= v_now
                FOR UPDATE SKIP LOCKED;
             CONTINUE WHEN NOT FOUND; -- completed, recovered or taken over meanwhile, or held
             IF action = 'fail' AND v_rec.step IS NULL THEN
                 UPDATE @extschema@.idem_records AS r
-                   SET status = 'FAILED', updated_at = v_now
-                 WHERE r.operation = v_key.operation AND r.user_id = v_key.user_id AND r.key = v_key.key;
+                   SET status = 'f', updated_at = v_now
+                 WHERE r.id = v_key.id AND r.operation = v_key.operation AND r.user_id = v_key.user_id AND r.key = v_key.key;
             ELSE
                 PERFORM @extschema@._idem_release_locked(v_key.operation, v_key.user_id, v_key.key,
                                                          v_rec.created_at, v_rec.expires_at, v_max);
@@ -69,16 +69,16 @@ BEGIN
         -- At most once: the dead worker may have done the work, so never run it again. A key
         -- with a recovery point is left to the loop below.
         WITH stuck AS (
-            SELECT r.operation, r.user_id, r.key
+            SELECT r.id
               FROM @extschema@.idem_records AS r
-             WHERE r.status = 'PROCESSING' AND r.lease_expires_at <= v_now AND r.step IS NULL
+             WHERE r.status = 'p' AND r.lease_expires_at <= v_now AND r.step IS NULL
              ORDER BY r.lease_expires_at
              LIMIT batch_size
                FOR UPDATE SKIP LOCKED)
         UPDATE @extschema@.idem_records AS r
-           SET status = 'FAILED', updated_at = v_now
+           SET status = 'f', updated_at = v_now
           FROM stuck AS s
-         WHERE r.operation = s.operation AND r.user_id = s.user_id AND r.key = s.key;
+         WHERE r.id = s.id;
         GET DIAGNOSTICS v_n = ROW_COUNT;
     END IF;
 
@@ -89,7 +89,7 @@ BEGIN
     FOR v_rec IN
         SELECT r.operation, r.user_id, r.key, r.created_at, r.expires_at
           FROM @extschema@.idem_records AS r
-         WHERE r.status = 'PROCESSING' AND r.lease_expires_at <= v_now
+         WHERE r.status = 'p' AND r.lease_expires_at <= v_now
            AND (action = 'release' OR r.step IS NOT NULL)
          ORDER BY r.lease_expires_at
          LIMIT batch_size - v_n
@@ -115,6 +115,9 @@ CREATE FUNCTION @extschema@.idem_sweep(batch_size integer DEFAULT 1000)
 #variable_conflict use_variable
 DECLARE
     v_now      timestamptz := clock_timestamp();
+    -- The expiry index's key (idem_records_expiry_idx): the buckets up to now's, expires_at
+    -- re-checked on each row.
+    v_bucket   integer := @extschema@._idem_expiry_bucket(v_now);
     v_records  bigint;
     v_counters bigint := 0;
     v_key      record;
@@ -127,19 +130,20 @@ BEGIN
         -- Citus: candidates by a plain read across shards, then key by key (see above).
         v_records := 0;
         FOR v_key IN
-            SELECT x.operation, x.user_id, x.key
+            SELECT x.id, x.operation, x.user_id, x.key
               FROM @extschema@.idem_records AS x
-             WHERE x.status <> 'PROCESSING' AND x.expires_at <= v_now
+             WHERE x.status <> 'p' AND @extschema@._idem_expiry_bucket(x.expires_at) <= v_bucket
+               AND x.expires_at <= v_now
              LIMIT batch_size
         LOOP
             PERFORM FROM @extschema@.idem_records AS r
-             WHERE r.operation = v_key.operation AND r.user_id = v_key.user_id AND r.key = v_key.key
-               AND r.status <> 'PROCESSING' AND r.expires_at <= v_now
+             WHERE r.id = v_key.id AND r.operation = v_key.operation AND r.user_id = v_key.user_id
+               AND r.key = v_key.key AND r.status <> 'p' AND r.expires_at <= v_now
                FOR UPDATE SKIP LOCKED;
             CONTINUE WHEN NOT FOUND;
             DELETE FROM @extschema@.idem_records AS r
-             WHERE r.operation = v_key.operation AND r.user_id = v_key.user_id AND r.key = v_key.key
-               AND r.status <> 'PROCESSING' AND r.expires_at <= v_now;
+             WHERE r.id = v_key.id AND r.operation = v_key.operation AND r.user_id = v_key.user_id
+               AND r.key = v_key.key AND r.status <> 'p' AND r.expires_at <= v_now;
             v_records := v_records + 1;
         END LOOP;
         IF v_records < batch_size THEN
@@ -150,7 +154,8 @@ BEGIN
                  WHERE x.expires_at <= v_now
                    AND NOT EXISTS (
                        SELECT FROM @extschema@.idem_records AS r
-                        WHERE r.operation = x.operation AND r.user_id = x.user_id AND r.key = x.key
+                        WHERE r.id = @extschema@._idem_id(x.operation, x.user_id, x.key)
+                          AND r.operation = x.operation AND r.user_id = x.user_id AND r.key = x.key
                           AND r.created_at < x.expires_at)
                  LIMIT batch_size - v_records
             LOOP
@@ -176,10 +181,11 @@ BEGIN
      WHERE r.ctid = ANY (ARRAY(
                SELECT x.ctid
                  FROM @extschema@.idem_records AS x
-                WHERE x.status <> 'PROCESSING' AND x.expires_at <= v_now
+                WHERE x.status <> 'p' AND @extschema@._idem_expiry_bucket(x.expires_at) <= v_bucket
+                  AND x.expires_at <= v_now
                 LIMIT batch_size
                   FOR UPDATE OF x SKIP LOCKED))
-       AND r.status <> 'PROCESSING' AND r.expires_at <= v_now;
+       AND r.status <> 'p' AND r.expires_at <= v_now;
     GET DIAGNOSTICS v_records = ROW_COUNT;
 
     -- Retry counters: expired, and no remaining record was created while the counter was live.
@@ -191,7 +197,8 @@ BEGIN
                     WHERE x.expires_at <= v_now
                       AND NOT EXISTS (
                           SELECT FROM @extschema@.idem_records AS r
-                           WHERE r.operation = x.operation AND r.user_id = x.user_id AND r.key = x.key
+                           WHERE r.id = @extschema@._idem_id(x.operation, x.user_id, x.key)
+                             AND r.operation = x.operation AND r.user_id = x.user_id AND r.key = x.key
                              AND r.created_at < x.expires_at)
                     LIMIT batch_size - v_records
                       FOR UPDATE OF x SKIP LOCKED))

@@ -64,11 +64,13 @@ BEGIN
     SELECT count(*), count(*) FILTER (WHERE r.lease_expires_at <= v_now), v_now - min(r.created_at)
       INTO processing, stuck, oldest_processing_age
       FROM @extschema@.idem_records AS r
-     WHERE r.status = 'PROCESSING';
+     WHERE r.status = 'p';
 
     SELECT count(*) INTO expired
       FROM @extschema@.idem_records AS r
-     WHERE r.status <> 'PROCESSING' AND r.expires_at <= v_now;
+     WHERE r.status <> 'p'
+       AND @extschema@._idem_expiry_bucket(r.expires_at) <= @extschema@._idem_expiry_bucket(v_now)
+       AND r.expires_at <= v_now;
 
     SELECT c.reltuples, c.relpages, n.nspname INTO v_tuples, v_pages, v_schema
       FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace
@@ -87,8 +89,8 @@ BEGIN
     END IF;
     v_other := (1 - v_null_frac - coalesce((SELECT sum(f) FROM unnest(v_mcf) AS f), 0))
                / greatest(v_distinct - coalesce(cardinality(v_mcv), 0), 1);
-    v_success := coalesce(v_mcf[array_position(v_mcv, 'SUCCESS')], v_other);
-    v_failed := coalesce(v_mcf[array_position(v_mcv, 'FAILED')], v_other);
+    v_success := coalesce(v_mcf[array_position(v_mcv, @extschema@._idem_status_code('SUCCESS')::text)], v_other);
+    v_failed := coalesce(v_mcf[array_position(v_mcv, @extschema@._idem_status_code('FAILED')::text)], v_other);
     -- The row count scaled to the table's current size, as the planner does; the finished records
     -- are what the exact processing count leaves, split by the two frequencies.
     v_rows := CASE WHEN v_pages > 0
@@ -171,6 +173,11 @@ BEGIN
             USING ERRCODE = '55000';
     END IF;
     IF NOT @extschema@._idem_distributed() THEN
+        -- A distributed table's unique keys must hold the distribution column: the records'
+        -- primary key becomes (user_id, id) (docs/record-layout.md, "Citus"). Every statement
+        -- names the id and the three texts, so either key serves it.
+        ALTER TABLE @extschema@.idem_records DROP CONSTRAINT idem_records_pkey,
+            ADD CONSTRAINT idem_records_pkey PRIMARY KEY (user_id, id);
         -- Both tables by user_id, in the business table's colocation group: a key's record, its
         -- retry counter and the user's business rows are on one shard, so the reservation, the
         -- business write and the completion are one single-node transaction.

@@ -60,7 +60,7 @@ REVOKE EXECUTE ON FUNCTION
     @extschema@._idem_max_retries(integer),
     @extschema@._idem_release_locked(text, text, text, timestamptz, timestamptz, integer),
     @extschema@._idem_resume_locked(text, text, text, text, bigint, interval),
-    @extschema@._idem_write_nowait(text, text, text, text, bigint, timestamptz, timestamptz, timestamptz),
+    @extschema@._idem_write_nowait(text, text, text, text, bigint, timestamptz, timestamptz, timestamptz, integer),
     @extschema@._idem_distributed(),
     @extschema@._idem_caller(),
     @extschema@._idem_owns(oid),

@@ -49,7 +49,8 @@ CREATE FUNCTION @extschema@._idem_write_nowait(
     token        bigint,
     now          timestamptz,
     lease_end    timestamptz,
-    expires_at   timestamptz)
+    expires_at   timestamptz,
+    attempts     integer)
     RETURNS boolean
     LANGUAGE plpgsql VOLATILE
     SET search_path = pg_catalog, pg_temp
@@ -58,10 +59,11 @@ CREATE FUNCTION @extschema@._idem_write_nowait(
 #variable_conflict use_variable
 BEGIN
     INSERT INTO @extschema@.idem_records AS r
-           (operation, user_id, key, request_hash, status, token, response,
-            lease_expires_at, expires_at, created_at, updated_at, owner)
-    VALUES (operation, user_id, key, request_hash, 'PROCESSING', token, NULL,
-            lease_end, expires_at, now, now, @extschema@._idem_caller())
+           (id, operation, user_id, key, request_hash, status, token, response,
+            lease_expires_at, expires_at, created_at, updated_at, owner, attempts)
+    VALUES (@extschema@._idem_id(operation, user_id, key), operation, user_id, key,
+            @extschema@._idem_hash(request_hash), 'p', token, NULL,
+            lease_end, expires_at, now, now, @extschema@._idem_caller(), attempts)
     ON CONFLICT ON CONSTRAINT idem_records_pkey DO NOTHING;
     RETURN FOUND;
 EXCEPTION WHEN lock_not_available THEN
@@ -70,7 +72,7 @@ EXCEPTION WHEN lock_not_available THEN
 END
 $fn$;
 
-COMMENT ON FUNCTION @extschema@._idem_write_nowait(text, text, text, text, bigint, timestamptz, timestamptz, timestamptz) IS
+COMMENT ON FUNCTION @extschema@._idem_write_nowait(text, text, text, text, bigint, timestamptz, timestamptz, timestamptz, integer) IS
     'Internal (PL/pgSQL idem_reserve): the insert of a new record; NULL instead of waiting (lock_timeout) for another transaction''s uncommitted row of the key.';
 
 -- The resume of a key with a recovery point and no live holder, for idem_reserve (both
@@ -103,16 +105,16 @@ BEGIN
     SELECT r.status, r.request_hash, r.step, r.state, r.created_at, r.expires_at, r.lease_expires_at
       INTO v_rec
       FROM @extschema@.idem_records AS r
-     WHERE r.operation = operation AND r.user_id = user_id AND r.key = key
+     WHERE r.id = @extschema@._idem_id(operation, user_id, key) AND r.operation = operation AND r.user_id = user_id AND r.key = key
        FOR UPDATE;
-    IF NOT FOUND OR v_rec.request_hash <> request_hash OR v_rec.expires_at <= v_now
-       OR NOT (v_rec.status = 'RESUMABLE'
-               OR (v_rec.status = 'PROCESSING' AND v_rec.step IS NOT NULL
+    IF NOT FOUND OR v_rec.request_hash <> @extschema@._idem_hash(request_hash) OR v_rec.expires_at <= v_now
+       OR NOT (v_rec.status = 'r'
+               OR (v_rec.status = 'p' AND v_rec.step IS NOT NULL
                    AND v_rec.lease_expires_at <= v_now)) THEN
         RETURN NULL;
     END IF;
     v_expires := v_rec.expires_at;
-    IF v_rec.status = 'PROCESSING' THEN
+    IF v_rec.status = 'p' THEN
         IF @extschema@._idem_release_locked(operation, user_id, key, v_rec.created_at, v_rec.expires_at,
                                             @extschema@._idem_max_retries(NULL)) = 'poisoned' THEN
             SELECT t.attempts INTO v_attempts
@@ -123,13 +125,13 @@ BEGIN
         END IF;
         SELECT r.expires_at INTO v_expires
           FROM @extschema@.idem_records AS r
-         WHERE r.operation = operation AND r.user_id = user_id AND r.key = key;
+         WHERE r.id = @extschema@._idem_id(operation, user_id, key) AND r.operation = operation AND r.user_id = user_id AND r.key = key;
     END IF;
     v_expires := greatest(v_expires, v_now + lease);
     UPDATE @extschema@.idem_records AS r
-       SET status = 'PROCESSING', token = token, lease_expires_at = v_now + lease,
+       SET status = 'p', token = token, lease_expires_at = v_now + lease,
            expires_at = v_expires, updated_at = v_now
-     WHERE r.operation = operation AND r.user_id = user_id AND r.key = key;
+     WHERE r.id = @extschema@._idem_id(operation, user_id, key) AND r.operation = operation AND r.user_id = user_id AND r.key = key;
     -- The retry counter lives as long as the record (as a created retry's).
     UPDATE @extschema@.idem_retries AS t
        SET expires_at = greatest(t.expires_at, v_expires)
@@ -175,6 +177,8 @@ DECLARE
     v_owner    oid;
     v_resume   boolean;
     v_answer   @extschema@.idem_reservation;
+    v_id       uuid;
+    v_stored   bytea; -- request_hash as the record stores it
 BEGIN
     -- The argument rules, checked natively (extension/src/args.rs, on the client crate's key
     -- rules): each check raises 22004/22023 naming the argument, or answers true.
@@ -187,6 +191,8 @@ BEGIN
     -- lease capped at the ttl).
     v_ttl := @extschema@._idem_ttl(ttl);
     v_lease := @extschema@._idem_lease(lease, v_ttl);
+    v_id := @extschema@._idem_id(operation, user_id, key);
+    v_stored := @extschema@._idem_hash(request_hash);
 
     FOR attempt IN 1..8 LOOP
         v_now := clock_timestamp();
@@ -195,30 +201,29 @@ BEGIN
         -- record the row is all NULL but the counter's.
         v_resume := false;
         SELECT r.request_hash, r.status, r.response, r.lease_expires_at, r.expires_at, r.owner, r.step,
-               CASE WHEN t.expires_at > r.created_at THEN t.attempts END AS attempts,
-               t.expires_at AS counter_expires_at, t.owner AS counter_owner
+               r.attempts, t.expires_at AS counter_expires_at, t.owner AS counter_owner
           INTO v_rec
           FROM (SELECT) AS one
           LEFT JOIN @extschema@.idem_records AS r
-            ON r.operation = operation AND r.user_id = user_id AND r.key = key
+            ON r.id = v_id AND r.operation = operation AND r.user_id = user_id AND r.key = key
           LEFT JOIN @extschema@.idem_retries AS t
             ON t.operation = operation AND t.user_id = user_id AND t.key = key;
 
         IF v_rec.status IS NOT NULL
            AND (v_rec.expires_at > v_now
-                OR (v_rec.status = 'PROCESSING' AND v_rec.lease_expires_at > v_now)) THEN
+                OR (v_rec.status = 'p' AND v_rec.lease_expires_at > v_now)) THEN
             -- A live record decides, for its owner (and the owner's members) only: another role
             -- learns nothing of it, its response least of all (guarantee 8).
             v_counted := @extschema@._idem_check_owner(v_rec.owner, 'reserve a key');
             -- A recovery point and no live holder: resumed below, under the key's lock.
-            v_resume := v_rec.request_hash = request_hash AND v_rec.expires_at > v_now
-                        AND (v_rec.status = 'RESUMABLE'
-                             OR (v_rec.status = 'PROCESSING' AND v_rec.step IS NOT NULL
+            v_resume := v_rec.request_hash = v_stored AND v_rec.expires_at > v_now
+                        AND (v_rec.status = 'r'
+                             OR (v_rec.status = 'p' AND v_rec.step IS NOT NULL
                                  AND v_rec.lease_expires_at <= v_now));
             IF NOT v_resume THEN
-                v_outcome := CASE WHEN v_rec.request_hash <> request_hash THEN 'mismatch'
-                                  WHEN v_rec.status = 'SUCCESS' THEN 'replay'
-                                  WHEN v_rec.status = 'FAILED' THEN 'failed'
+                v_outcome := CASE WHEN v_rec.request_hash <> v_stored THEN 'mismatch'
+                                  WHEN v_rec.status = 's' THEN 'replay'
+                                  WHEN v_rec.status = 'f' THEN 'failed'
                                   ELSE 'in_progress' END;
                 v_counted := @extschema@._idem_count('reservations_' || v_outcome);
                 RETURN ROW(v_outcome, NULL,
@@ -295,6 +300,15 @@ BEGIN
             END IF;
             CONTINUE; -- the record changed since it was read: read it again
         END IF;
+        -- The retry counter, if one is live: this attempt continues its count, and its record
+        -- carries it (so a replay answers from the record alone). (A statement of its own, not
+        -- a subquery in the write: Citus cannot route a subquery inside INSERT or UPDATE on a
+        -- distributed table.)
+        SELECT t.attempts INTO v_attempts
+          FROM @extschema@.idem_retries AS t
+         WHERE t.operation = operation AND t.user_id = user_id AND t.key = key
+           AND t.expires_at > v_now;
+        v_attempts := coalesce(v_attempts, 0);
         v_busy := false;
         IF NOT wait AND v_rec.status IS NULL THEN
             -- Does another transaction hold the "past its budget" lock? Probed up to three times
@@ -311,7 +325,7 @@ BEGIN
             -- It may hold this key by an uncommitted row: an insert that gives up instead of
             -- waiting (one subtransaction, only while such a transaction is open).
             v_found := @extschema@._idem_write_nowait(operation, user_id, key, request_hash, v_token,
-                                                      v_now, v_now + v_lease, v_now + v_ttl);
+                                                      v_now, v_now + v_lease, v_now + v_ttl, v_attempts);
             IF v_found IS NULL THEN
                 -- Another transaction is creating this key and has not committed.
                 SELECT t.attempts INTO v_attempts
@@ -324,33 +338,25 @@ BEGIN
             END IF;
         ELSIF v_rec.status IS NULL THEN
             INSERT INTO @extschema@.idem_records AS r
-                   (operation, user_id, key, request_hash, status, token, response,
-                    lease_expires_at, expires_at, created_at, updated_at, owner)
-            VALUES (operation, user_id, key, request_hash, 'PROCESSING', v_token, NULL,
-                    v_now + v_lease, v_now + v_ttl, v_now, v_now, v_owner)
+                   (id, operation, user_id, key, request_hash, status, token, response,
+                    lease_expires_at, expires_at, created_at, updated_at, owner, attempts)
+            VALUES (v_id, operation, user_id, key, v_stored, 'p', v_token, NULL,
+                    v_now + v_lease, v_now + v_ttl, v_now, v_now, v_owner, v_attempts)
             ON CONFLICT ON CONSTRAINT idem_records_pkey DO NOTHING;
         ELSE
             UPDATE @extschema@.idem_records AS r
-               SET request_hash = request_hash, status = 'PROCESSING', token = v_token,
+               SET request_hash = v_stored, status = 'p', token = v_token,
                    response = NULL, lease_expires_at = v_now + v_lease,
                    expires_at = v_now + v_ttl, created_at = v_now, updated_at = v_now,
-                   owner = v_owner, step = NULL, state = NULL
-             WHERE r.operation = operation AND r.user_id = user_id AND r.key = key
+                   owner = v_owner, attempts = v_attempts, step = NULL, state = NULL
+             WHERE r.id = v_id AND r.operation = operation AND r.user_id = user_id AND r.key = key
                AND r.expires_at <= v_now
-               AND (r.status <> 'PROCESSING' OR r.lease_expires_at <= v_now);
+               AND (r.status <> 'p' OR r.lease_expires_at <= v_now);
         END IF;
         IF NOT v_busy THEN
             v_found := FOUND;
         END IF;
         IF v_found THEN
-            -- The retry counter, if one is live: this attempt continues its count. (A statement
-            -- of its own, not a subquery in RETURNING: Citus cannot route a subquery inside
-            -- INSERT or UPDATE on a distributed table.)
-            SELECT t.attempts INTO v_attempts
-              FROM @extschema@.idem_retries AS t
-             WHERE t.operation = operation AND t.user_id = user_id AND t.key = key
-               AND t.expires_at > v_now;
-            v_attempts := coalesce(v_attempts, 0);
             IF v_attempts > 0 THEN
                 -- A retry of a released key: keep its counter alive as long as this record.
                 UPDATE @extschema@.idem_retries AS t

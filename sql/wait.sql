@@ -51,8 +51,9 @@ BEGIN
         -- the timeout). idem_reserve has checked the caller may act on the record.
         SELECT r.lease_expires_at INTO v_lease
           FROM @extschema@.idem_records AS r
-         WHERE r.operation = operation AND r.user_id = user_id AND r.key = key
-           AND r.status = 'PROCESSING';
+         WHERE r.id = @extschema@._idem_id(operation, user_id, key)
+           AND r.operation = operation AND r.user_id = user_id AND r.key = key
+           AND r.status = 'p';
         v_left := extract(epoch FROM least(v_deadline, coalesce(v_lease, v_deadline)) - clock_timestamp());
         EXIT WHEN v_left <= 0;
         PERFORM pg_sleep(least(v_pause * (0.5 + random() / 2), v_left));

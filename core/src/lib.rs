@@ -6,6 +6,8 @@
 //!   validated [`Key`];
 //! - [`fingerprint`]: canonical JSON and the request [`Fingerprint`] that `idem_fingerprint`
 //!   computes;
+//! - [`record`]: how a record is keyed (the id digest of a key) and how its request hash is
+//!   stored;
 //! - [`vocabulary`]: the words of the SQL API (a record's [`Status`], the answers of
 //!   `idem_reserve` and `idem_release`) and the [`Decision`] labels of the clients' traces and
 //!   metrics.
@@ -14,6 +16,7 @@
 
 pub mod fingerprint;
 pub mod key;
+pub mod record;
 pub mod vocabulary;
 
 pub use fingerprint::{Fingerprint, FingerprintError};

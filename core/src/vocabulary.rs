@@ -73,6 +73,22 @@ vocabulary! {
 }
 
 impl Status {
+    /// The one-byte code `idem_records.status` stores (a `"char"`; sql/schema.sql's
+    /// `_idem_status_code` and `_idem_status_word` are the SQL side of this pair).
+    pub fn code(self) -> u8 {
+        match self {
+            Status::Processing => b'p',
+            Status::Success => b's',
+            Status::Failed => b'f',
+            Status::Resumable => b'r',
+        }
+    }
+
+    /// The status stored as `code`, or `None` for a byte that is not one.
+    pub fn from_code(code: u8) -> Option<Self> {
+        Status::ALL.iter().copied().find(|s| s.code() == code)
+    }
+
     /// Whether `idem_complete` may record it (`SUCCESS` or `FAILED`).
     pub fn is_final(self) -> bool {
         matches!(self, Status::Success | Status::Failed)
@@ -140,6 +156,14 @@ vocabulary! {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_status_has_its_own_code() {
+        for s in Status::ALL {
+            assert_eq!(Status::from_code(s.code()), Some(*s));
+        }
+        assert_eq!(Status::from_code(b'x'), None);
+    }
 
     #[test]
     fn every_word_parses_back() {

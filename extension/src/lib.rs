@@ -22,6 +22,7 @@ mod fuzz;
 mod guc;
 mod metrics;
 mod native;
+mod record;
 mod vacuum;
 mod worker;
 

@@ -32,5 +32,5 @@ SELECT count(*) FILTER (WHERE objsubid = 1) || ' ' || count(*) FILTER (WHERE obj
 SET statement_timeout = '30s' \; SELECT outcome FROM idem_reserve('budget', :'u1', :'key', 'h');
 
 -- [budget_records] after the commit: the batch's records, PROCESSING, and all of them
-SELECT count(*) FILTER (WHERE status = 'PROCESSING') || ' ' || count(*)
+SELECT count(*) FILTER (WHERE status = 'p') || ' ' || count(*)
   FROM idem_records WHERE operation = 'budget' AND user_id = :'u1';

@@ -5,7 +5,7 @@
 SELECT count(*) FILTER (WHERE n <> 1) || ' ' || count(*) FROM (SELECT user_id, key, count(*) AS n FROM charges WHERE key LIKE 'dup-%' GROUP BY 1, 2) AS c;
 
 -- [dup_success]
-SELECT count(*) FROM idem_records WHERE operation = 'dup' AND status = 'SUCCESS';
+SELECT count(*) FROM idem_records WHERE operation = 'dup' AND status = 's';
 
 -- [dup_unfinished]
-SELECT count(*) FROM idem_records WHERE operation = 'dup' AND status <> 'SUCCESS';
+SELECT count(*) FROM idem_records WHERE operation = 'dup' AND status <> 's';

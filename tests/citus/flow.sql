@@ -73,4 +73,4 @@ SELECT idem_heartbeat('pay', :'u2', 'k-rel', 1);
 SELECT processing FROM idem_stats();
 
 -- [processing]
-SELECT count(*) FROM idem_records WHERE status = 'PROCESSING';
+SELECT count(*) FROM idem_records WHERE status = 'p';

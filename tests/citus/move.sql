@@ -11,7 +11,7 @@ SELECT count(*) FROM idem_records WHERE operation = 'move';
 SELECT citus_move_shard_placement(:shard, :from, :to);
 
 -- [no_record_lost] records not SUCCESS or without exactly one business row, and whether at least :before
-SELECT count(*) FILTER (WHERE r.status <> 'SUCCESS' OR c.n IS DISTINCT FROM 1) || ' ' || (count(*) >= :before)::int
+SELECT count(*) FILTER (WHERE r.status <> 's' OR c.n IS DISTINCT FROM 1) || ' ' || (count(*) >= :before)::int
    FROM idem_records AS r
    LEFT JOIN (SELECT user_id, key, count(*) AS n FROM charges WHERE key LIKE 'move-%' GROUP BY 1, 2) AS c
      ON c.user_id = r.user_id AND c.key = 'move-' || substr(r.key, 3)

@@ -527,7 +527,7 @@ idempotency_testkit::for_each_driver! {
         drop_when_stalled(&stage, app.clone().oneshot(request(&k))).await;
         stage.open().await;
         eventually("the dropped request's flow finishes", Duration::from_secs(60), || async {
-            let n: i64 = stage.admin.query_one("SELECT count(*) FROM idem_records WHERE status = 'SUCCESS'", &[]).await.map_err(|e| e.to_string())?.get(0);
+            let n: i64 = stage.admin.query_one("SELECT count(*) FROM idem_records WHERE status = 's'", &[]).await.map_err(|e| e.to_string())?.get(0);
             if n == 1 { Ok(()) } else { Err(format!("{n} completed records")) }
         })
         .await;

@@ -288,7 +288,7 @@ async fn failover_to_a_promoted_standby_keeps_every_key_once() {
     }
     ok(&format!("all {} acknowledged keys survived the failover as SUCCESS with their tokens (synchronous replication)", acked.len()));
     assert!(records.values().all(|(_, s)| s == "SUCCESS"), "a load key is not SUCCESS after the failover");
-    let orphans = one_i64(&db, "SELECT count(*) FROM charges c WHERE NOT EXISTS (SELECT FROM idem_records r WHERE r.user_id || '/' || r.key = c.k AND r.status = 'SUCCESS')").await;
+    let orphans = one_i64(&db, "SELECT count(*) FROM charges c WHERE NOT EXISTS (SELECT FROM idem_records r WHERE r.user_id || '/' || r.key = c.k AND r.status = 's')").await;
     let unbacked = one_i64(&db, "SELECT count(*) FROM idem_records r WHERE r.user_id LIKE 'u%' AND (SELECT count(*) FROM charges c WHERE c.k = r.user_id || '/' || r.key) <> 1").await;
     assert_eq!((orphans, unbacked), (0, 0), "business rows without a record, records without exactly one business row");
     ok(&format!("every completed record ({}) has its business row and every business row its record", records.len()));
@@ -701,7 +701,7 @@ async fn service_rides_over_failover(drv: Drv, way: Way) {
     assert!(!db.query_one("SELECT pg_is_in_recovery()", &[]).await.unwrap().get::<_, bool>(0));
     let rows = db.query("SELECT user_id, amount, count(*), min(id) FROM charges GROUP BY 1, 2", &[]).await.unwrap();
     let charges: BTreeMap<(String, i64), (i64, i64)> = rows.iter().map(|r| ((r.get(0), r.get(1)), (r.get(2), r.get(3)))).collect();
-    let records = db.query("SELECT user_id, key FROM idem_records WHERE status = 'SUCCESS'", &[]).await.unwrap();
+    let records = db.query("SELECT user_id, key FROM idem_records WHERE status = 's'", &[]).await.unwrap();
     let records: BTreeSet<(String, String)> = records.iter().map(|r| (r.get(0), r.get(1))).collect();
     let mut lost = Vec::new();
     for ((user, n), body) in &all {

@@ -106,7 +106,7 @@ idempotency_testkit::for_each_driver! {
             let doubles = rows.iter().filter(|r| r.get::<_, i64>("n") != 1).count();
             let success: i64 = client
                 .query_one(
-                    "SELECT count(*) AS n FROM idem_records WHERE operation = 'fault.crash' AND user_id = $1 AND status = 'SUCCESS'",
+                    "SELECT count(*) AS n FROM idem_records WHERE operation = 'fault.crash' AND user_id = $1 AND status = 's'",
                     &[&format!("round-{round}")],
                 )
                 .await

@@ -15,9 +15,9 @@ SELECT 'every completed key has exactly its one business row and its own respons
        bool_and(r.response = jsonb_build_object('k', c.k) AND c.n = 1)
   FROM idem_records AS r
   JOIN (SELECT k, count(*) AS n FROM charges GROUP BY k) AS c ON r.key = 'k' || c.k
- WHERE r.operation = 'load' AND r.user_id = 'u' AND r.status = 'SUCCESS';
+ WHERE r.operation = 'load' AND r.user_id = 'u' AND r.status = 's';
 SELECT 'no business row without its completed record',
        NOT EXISTS (SELECT FROM charges AS c WHERE NOT EXISTS (
            SELECT FROM idem_records AS r
-            WHERE r.operation = 'load' AND r.user_id = 'u' AND r.key = 'k' || c.k AND r.status = 'SUCCESS'));
-SELECT 'no reservation left behind', NOT EXISTS (SELECT FROM idem_records WHERE operation = 'load' AND status <> 'SUCCESS');
+            WHERE r.operation = 'load' AND r.user_id = 'u' AND r.key = 'k' || c.k AND r.status = 's'));
+SELECT 'no reservation left behind', NOT EXISTS (SELECT FROM idem_records WHERE operation = 'load' AND status <> 's');

@@ -31,6 +31,20 @@ pub(crate) struct RecordColumns {
     /// The step of the record's last recovery point (0.7.0); `None` on a schema of an older
     /// version still running this library, which has no recovery points.
     pub(crate) step: Option<AttrNumber>,
+    /// The compact layout's columns (0.7.0, docs/record-layout.md); `None` on the text layout
+    /// of an older version still running this library.
+    pub(crate) compact: Option<CompactColumns>,
+}
+
+/// The columns of the compact layout (0.7.0): the primary key is the id digest alone, so a probe
+/// re-checks the three texts; status is a one-byte code, request_hash 32 bytes, and the record
+/// carries the retry count it was created with.
+#[derive(Clone, Copy)]
+pub(crate) struct CompactColumns {
+    pub(crate) operation: AttrNumber,
+    pub(crate) user_id: AttrNumber,
+    pub(crate) key: AttrNumber,
+    pub(crate) attempts: AttrNumber,
 }
 
 /// Column numbers of `idem_retries` that the probe reads.
@@ -74,6 +88,25 @@ pub(crate) struct Catalog {
 }
 
 impl Catalog {
+    /// `request_hash` (the argument's bytes) as the record stores it: its 32 bytes on the
+    /// compact layout ([`idempotency_core::record::request_hash`], as `_idem_hash`), the text
+    /// itself before it.
+    pub(crate) fn stored_hash(&self, request_hash: &[u8]) -> Vec<u8> {
+        match self.rec.compact {
+            Some(_) => idempotency_core::record::request_hash(request_hash).to_vec(),
+            None => request_hash.to_vec(),
+        }
+    }
+
+    /// A status as a statement's parameter: its code (`"char"`) on the compact layout, its word
+    /// (`text`) before it.
+    pub(crate) fn status_datum(&self, status: idempotency_core::Status) -> pg_sys::Datum {
+        match self.rec.compact {
+            Some(_) => pg_sys::Datum::from(usize::from(status.code())),
+            None => super::call::text_datum(status.as_str().as_bytes()),
+        }
+    }
+
     fn concerns(&self, relid: Oid) -> bool {
         relid != pg_sys::InvalidOid
             && [
@@ -232,7 +265,14 @@ fn resolve(schema: Oid) -> Catalog {
         created_at: column(records, "idem_records", "created_at"),
         owner: optional_column(records, "owner"),
         step: optional_column(records, "step"),
+        compact: optional_column(records, "id").map(|_| CompactColumns {
+            operation: column(records, "idem_records", "operation"),
+            user_id: column(records, "idem_records", "user_id"),
+            key: column(records, "idem_records", "key"),
+            attempts: column(records, "idem_records", "attempts"),
+        }),
     };
+    let compact = rec.compact.is_some();
     let owned = rec.owner.is_some();
     let stepped = rec.step.is_some();
     let ret = RetryColumns {
@@ -271,7 +311,7 @@ fn resolve(schema: Oid) -> Catalog {
         reservation,
         rec,
         ret,
-        plans: Plans::new(schema_sql, owned, counters_owned, stepped, distributed),
+        plans: Plans::new(schema_sql, owned, counters_owned, stepped, compact, distributed),
     }
 }
 

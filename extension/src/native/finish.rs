@@ -14,6 +14,7 @@ use super::writable;
 use crate::args::{self, raise};
 use crate::guc;
 use crate::metrics;
+use idempotency_core::Status;
 use pgrx::datum::Interval;
 use pgrx::pg_sys::errcodes::PgSqlErrorCode;
 use pgrx::pg_sys::{self, Datum};
@@ -92,12 +93,12 @@ pub unsafe extern "C-unwind" fn idem_complete_native(fcinfo: pg_sys::FunctionCal
     let (response, status, fn_oid) =
         unsafe { (call::datum(fcinfo, 4), call::text(fcinfo, 5, "status"), call::function_oid(fcinfo)) };
     let status = args::required("status", status);
-    if !matches!(status.str, "SUCCESS" | "FAILED") {
+    let Some(status) = Status::parse(status.str).ok().filter(|s| s.is_final()) else {
         raise(
             PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
             format!("status must be 'SUCCESS' or 'FAILED', got {}", call::echo(status.str)),
         );
-    }
+    };
     if let Some(response) = response {
         let (limit, setting) = guc::max_response_bytes_named();
         let limit = i64::from(limit);
@@ -121,22 +122,22 @@ pub unsafe extern "C-unwind" fn idem_complete_native(fcinfo: pg_sys::FunctionCal
     writable::require(&catalog, "complete a key");
     let now = now();
     // A reservation of this transaction not written yet: write it once, finished.
-    let done = pending::complete(&catalog, &Scope { operation, user_id, key }, token, status.str, response, now) || {
+    let done = pending::complete(&catalog, &Scope { operation, user_id, key }, token, status, response, now) || {
         let params = [
             Some(operation.datum),
             Some(user_id.datum),
             Some(key.datum),
             Some(Datum::from(token)),
-            Some(status.datum),
+            Some(catalog.status_datum(status)),
             response,
             Some(Datum::from(now)),
             Some(Datum::from(owner::caller())),
         ];
         plans::connected(|| fenced(&catalog, Stmt::Complete, &params, "complete a key"))
     };
-    let event = match (done, status.str) {
+    let event = match (done, status) {
         (false, _) => "stale_tokens",
-        (true, "SUCCESS") => "completions_success",
+        (true, Status::Success) => "completions_success",
         (true, _) => "completions_failed",
     };
     metrics::add(event, 1);

@@ -40,6 +40,7 @@ use super::catalog::{self, Catalog};
 use super::plans::{self, Stmt};
 use super::probe::Scope;
 use crate::args::raise;
+use idempotency_core::Status;
 use pgrx::pg_sys::errcodes::PgSqlErrorCode;
 use pgrx::pg_sys::{self, Datum, SubTransactionId};
 use pgrx::prelude::*;
@@ -51,7 +52,8 @@ use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 #[derive(Clone)]
 pub(crate) struct Reservation {
     pub(crate) catalog: Rc<Catalog>,
-    /// The key and the request's hash, as the database's bytes (what the record stores).
+    /// The key, as the database's bytes, and the request's hash as the record stores it
+    /// ([`Catalog::stored_hash`]).
     pub(crate) operation: Vec<u8>,
     pub(crate) user_id: Vec<u8>,
     pub(crate) key: Vec<u8>,
@@ -62,6 +64,9 @@ pub(crate) struct Reservation {
     pub(crate) created_at: pg_sys::TimestampTz,
     /// The session's role that reserved it, whom its record belongs to (guarantee 8).
     pub(crate) role: pg_sys::Oid,
+    /// The transient failures counted for the key (its live retry counter's), which the record
+    /// carries on the compact layout.
+    pub(crate) attempts: i32,
 }
 
 struct Entry {
@@ -147,7 +152,7 @@ fn take_first(matches: impl Fn(&Entry) -> bool) -> Option<(Reservation, pg_sys::
 
 impl Reservation {
     /// Inserts the record: `status` with `response`, last updated at `updated_at`.
-    fn write(&self, owner: pg_sys::Oid, status: &str, response: Option<Datum>, updated_at: pg_sys::TimestampTz) {
+    fn write(&self, owner: pg_sys::Oid, status: Status, response: Option<Datum>, updated_at: pg_sys::TimestampTz) {
         let params = [
             Some(call::text_datum(&self.operation)),
             Some(call::text_datum(&self.user_id)),
@@ -157,11 +162,13 @@ impl Reservation {
             Some(Datum::from(self.lease_end)),
             Some(Datum::from(self.expires_at)),
             Some(Datum::from(self.created_at)),
-            Some(call::text_datum(status.as_bytes())),
+            Some(self.catalog.status_datum(status)),
             response,
             Some(Datum::from(updated_at)),
             // The owner (a schema from before 0.6.0 has no such column: its Insert takes 11).
             Some(Datum::from(self.role)),
+            // The attempts (the compact layout's Insert only: the others take 12 at most).
+            Some(Datum::from(self.attempts)),
         ];
         // As the reservation's owner: the pre-commit callback runs as the session's user, who
         // may not write the table. An error unwinds into the (sub)transaction abort, which
@@ -195,7 +202,7 @@ pub(crate) fn complete(
     catalog: &Catalog,
     scope: &Scope<'_>,
     token: i64,
-    status: &str,
+    status: Status,
     response: Option<Datum>,
     now: pg_sys::TimestampTz,
 ) -> bool {
@@ -220,7 +227,7 @@ pub(crate) fn materialize(catalog: &Catalog, scope: &Scope<'_>) -> bool {
         return false;
     }
     let Some((reservation, owner)) = take(catalog, scope, None) else { return false };
-    reservation.write(owner, "PROCESSING", None, reservation.created_at);
+    reservation.write(owner, Status::Processing, None, reservation.created_at);
     true
 }
 
@@ -257,7 +264,7 @@ pub unsafe extern "C-unwind" fn idem_write_pending_native(fcinfo: pg_sys::Functi
 /// Writes every pending reservation: the transaction is about to commit or prepare.
 fn materialize_all() {
     while let Some((reservation, owner)) = take_first(|e| e.written_in.is_none()) {
-        reservation.write(owner, "PROCESSING", None, reservation.created_at);
+        reservation.write(owner, Status::Processing, None, reservation.created_at);
     }
 }
 

@@ -17,7 +17,8 @@ use std::ffi::CString;
 #[derive(Clone, Copy)]
 pub(crate) enum Stmt {
     /// $1-$3 scope, $4 request_hash, $5 token, $6 lease end, $7 expiry, $8 created_at,
-    /// $9 status, $10 response, $11 updated_at, $12 owner (on a schema with owners): a new
+    /// $9 status, $10 response, $11 updated_at, $12 owner (on a schema with owners), $13
+    /// attempts (the compact layout, whose $4 is the stored hash and $9 the status code): a new
     /// record (PROCESSING, or finished by the write-once flow of [`super::pending`]).
     Insert,
     /// As Insert, without ON CONFLICT: the record of a pending reservation ([`super::pending`]),
@@ -26,8 +27,8 @@ pub(crate) enum Stmt {
     /// descent of the primary key, no speculative-token lock, no CONFIRM WAL record (48 bytes
     /// per fresh cycle).
     InsertNew,
-    /// $1-$8 as Insert ($8 now), $9 owner (on a schema with owners): take over an expired
-    /// record, re-checking expiry on the newest version.
+    /// $1-$8 as Insert ($8 now), $9 owner (on a schema with owners), $10 attempts (the compact
+    /// layout): take over an expired record, re-checking expiry on the newest version.
     TakeOver,
     /// $1-$3 scope, $4 the new record's expiry: a live retry counter lives as long.
     KeepRetries,
@@ -80,6 +81,42 @@ const LEASE_END: &str = "LEAST($5, GREATEST(r.expires_at, $7))";
 const SCOPE: &str = "r.operation OPERATOR(pg_catalog.=) $1 AND r.user_id OPERATOR(pg_catalog.=) $2 \
                      AND r.key OPERATOR(pg_catalog.=) $3";
 
+/// The fence of the compact layout (0.7.0): the status code compared as text, for the reason
+/// [`PROCESSING`] gives.
+const PROCESSING_CODE: &str = "r.status::pg_catalog.text OPERATOR(pg_catalog.=) 'p'";
+
+/// The statements' shape for one schema: which columns its `idem_records` has.
+#[derive(Clone, Copy)]
+struct Shape {
+    /// `owner` (0.6.0).
+    owned: bool,
+    /// `idem_retries.owner` (0.7.0).
+    counters_owned: bool,
+    /// `step` and `state` (0.7.0).
+    stepped: bool,
+    /// The compact layout (0.7.0, docs/record-layout.md): keyed by `id`, status a code,
+    /// request_hash 32 bytes, `attempts` on the record.
+    compact: bool,
+    /// A Citus distributed table.
+    distributed: bool,
+}
+
+impl Shape {
+    /// The key condition on `idem_records AS r`: the id digest (the primary key) and the three
+    /// texts re-checked, on the compact layout; the three texts (the primary key) before it.
+    fn scope(&self, s: &str) -> String {
+        if self.compact {
+            format!("r.id OPERATOR(pg_catalog.=) {s}._idem_id($1, $2, $3) AND {SCOPE}")
+        } else {
+            SCOPE.to_owned()
+        }
+    }
+
+    fn processing(&self) -> &'static str {
+        if self.compact { PROCESSING_CODE } else { PROCESSING }
+    }
+}
+
 /// The owner fence of Complete, Heartbeat and LockForRelease, with the caller's parameter `$n`:
 /// a record without an owner (written before 0.6.0), or one whose owner the caller is or is a
 /// member of (pg_has_role MEMBER, as sql/internal.sql's _idem_owns).
@@ -97,11 +134,14 @@ fn owns(owned: bool, n: u8) -> String {
     }
 }
 
-fn text(stmt: Stmt, s: &str, owned: bool, counters_owned: bool, stepped: bool, distributed: bool) -> (String, &'static [Oid]) {
+fn text(stmt: Stmt, s: &str, shape: Shape) -> (String, &'static [Oid]) {
     use pg_sys::{
-        BOOLOID as BOOL, INT4OID as INT4, INT8OID as INT8, INTERVALOID as INTERVAL, JSONBOID as JSONB, OIDOID as OID, REGROLEOID as REGROLE,
-        TEXTOID as TEXT, TIMESTAMPTZOID as TSTZ,
+        BOOLOID as BOOL, BYTEAOID as BYTEA, CHAROID as CHAR, INT4OID as INT4, INT8OID as INT8, INTERVALOID as INTERVAL,
+        JSONBOID as JSONB, OIDOID as OID, REGROLEOID as REGROLE, TEXTOID as TEXT, TIMESTAMPTZOID as TSTZ,
     };
+    let Shape { owned, counters_owned, stepped, compact, distributed } = shape;
+    let scope = shape.scope(s);
+    let processing = shape.processing();
     // A schema with recovery points (0.7.0): a takeover forgets the expired record's, a
     // completion its state.
     let (forget_step, clear_state) = if stepped { (", step = NULL, state = NULL", ", state = NULL") } else { ("", "") };
@@ -109,6 +149,16 @@ fn text(stmt: Stmt, s: &str, owned: bool, counters_owned: bool, stepped: bool, d
     const RESERVE_OWNED: &[Oid] = &[TEXT, TEXT, TEXT, TEXT, INT8, TSTZ, TSTZ, TSTZ, REGROLE];
     let (owner_col, owner_val, owner_set) = if owned { (", owner", ", $12", ", owner = $9") } else { ("", "", "") };
     match stmt {
+        // The compact layout: $4 the stored hash (bytea), $9 the status code, $13 attempts.
+        Stmt::Insert | Stmt::InsertNew if compact => (
+            format!(
+                "INSERT INTO {s}.idem_records AS r (id, operation, user_id, key, request_hash, status, token, response, \
+                 lease_expires_at, expires_at, created_at, updated_at, owner, attempts) \
+                 VALUES ({s}._idem_id($1, $2, $3), $1, $2, $3, $4, $9, $5, $10, $6, $7, $8, $11, $12, $13){}",
+                if matches!(stmt, Stmt::Insert) { " ON CONFLICT ON CONSTRAINT idem_records_pkey DO NOTHING" } else { "" }
+            ),
+            &[TEXT, TEXT, TEXT, BYTEA, INT8, TSTZ, TSTZ, TSTZ, CHAR, JSONB, TSTZ, REGROLE, INT4],
+        ),
         Stmt::Insert | Stmt::InsertNew => (
             format!(
                 "INSERT INTO {s}.idem_records AS r (operation, user_id, key, request_hash, status, token, response, \
@@ -121,6 +171,17 @@ fn text(stmt: Stmt, s: &str, owned: bool, counters_owned: bool, stepped: bool, d
             } else {
                 &[TEXT, TEXT, TEXT, TEXT, INT8, TSTZ, TSTZ, TSTZ, TEXT, JSONB, TSTZ]
             },
+        ),
+        // The compact layout: $4 the stored hash, $10 attempts.
+        Stmt::TakeOver if compact => (
+            format!(
+                "UPDATE {s}.idem_records AS r SET request_hash = $4, status = 'p', token = $5, response = NULL, \
+                 lease_expires_at = $6, expires_at = $7, created_at = $8, updated_at = $8, owner = $9, attempts = $10\
+                 {forget_step} \
+                 WHERE {scope} AND r.expires_at OPERATOR(pg_catalog.<=) $8 \
+                 AND (r.status OPERATOR(pg_catalog.<>) 'p' OR r.lease_expires_at OPERATOR(pg_catalog.<=) $8)"
+            ),
+            &[TEXT, TEXT, TEXT, BYTEA, INT8, TSTZ, TSTZ, TSTZ, REGROLE, INT4],
         ),
         Stmt::TakeOver => (
             format!(
@@ -137,19 +198,24 @@ fn text(stmt: Stmt, s: &str, owned: bool, counters_owned: bool, stepped: bool, d
             ),
             &[TEXT, TEXT, TEXT, TSTZ],
         ),
+        // $5: the status code on the compact layout, the word before it.
         Stmt::Complete => (
             format!(
                 "UPDATE {s}.idem_records AS r SET status = $5, response = $6{clear_state}, updated_at = $7 \
-                 WHERE {SCOPE} AND r.token OPERATOR(pg_catalog.=) $4 AND {PROCESSING}{}",
+                 WHERE {scope} AND r.token OPERATOR(pg_catalog.=) $4 AND {processing}{}",
                 owns(owned && !distributed, 8)
             ),
-            if owned { &[TEXT, TEXT, TEXT, INT8, TEXT, JSONB, TSTZ, OID] } else { &[TEXT, TEXT, TEXT, INT8, TEXT, JSONB, TSTZ] },
+            match (compact, owned) {
+                (true, _) => &[TEXT, TEXT, TEXT, INT8, CHAR, JSONB, TSTZ, OID],
+                (false, true) => &[TEXT, TEXT, TEXT, INT8, TEXT, JSONB, TSTZ, OID],
+                (false, false) => &[TEXT, TEXT, TEXT, INT8, TEXT, JSONB, TSTZ],
+            },
         ),
         Stmt::Heartbeat => (
             format!(
                 "UPDATE {s}.idem_records AS r SET lease_expires_at = {LEASE_END}, \
                  expires_at = GREATEST(r.expires_at, {LEASE_END}), updated_at = $6 \
-                 WHERE {SCOPE} AND r.token OPERATOR(pg_catalog.=) $4 AND {PROCESSING} \
+                 WHERE {scope} AND r.token OPERATOR(pg_catalog.=) $4 AND {processing} \
                  AND (NOT $8 OR $5 OPERATOR(pg_catalog.<=) GREATEST(r.expires_at, $7)){}",
                 owns(owned && !distributed, 9)
             ),
@@ -158,7 +224,7 @@ fn text(stmt: Stmt, s: &str, owned: bool, counters_owned: bool, stepped: bool, d
         Stmt::LockForRelease => (
             format!(
                 "SELECT r.created_at, r.expires_at FROM {s}.idem_records AS r \
-                 WHERE {SCOPE} AND r.token OPERATOR(pg_catalog.=) $4 AND {PROCESSING}{} \
+                 WHERE {scope} AND r.token OPERATOR(pg_catalog.=) $4 AND {processing}{} \
                  FOR UPDATE",
                 owns(owned, 5)
             ),
@@ -169,15 +235,17 @@ fn text(stmt: Stmt, s: &str, owned: bool, counters_owned: bool, stepped: bool, d
             &[TEXT, TEXT, TEXT, TSTZ, TSTZ, INT4],
         ),
         // Single-table, equality on the full key, no volatile call: Citus routes both to the
-        // key's shard.
+        // key's shard. On the compact layout $4 is the stored hash and the record's attempts
+        // are read last.
         Stmt::ReadRecord => (
             format!(
                 "SELECT r.request_hash OPERATOR(pg_catalog.=) $4, r.status, r.response, r.lease_expires_at, \
-                 r.expires_at, r.created_at{}{} FROM {s}.idem_records AS r WHERE {SCOPE}",
+                 r.expires_at, r.created_at{}{}{} FROM {s}.idem_records AS r WHERE {scope}",
                 if owned { ", r.owner" } else { "" },
-                if stepped { ", r.step" } else { "" }
+                if stepped { ", r.step" } else { "" },
+                if compact { ", r.attempts" } else { "" }
             ),
-            &[TEXT, TEXT, TEXT, TEXT],
+            if compact { &[TEXT, TEXT, TEXT, BYTEA] } else { &[TEXT, TEXT, TEXT, TEXT] },
         ),
         Stmt::ReadRetries => (
             format!(
@@ -187,11 +255,11 @@ fn text(stmt: Stmt, s: &str, owned: bool, counters_owned: bool, stepped: bool, d
             &[TEXT, TEXT, TEXT],
         ),
         Stmt::ReadOwner => (
-            format!("SELECT r.owner FROM {s}.idem_records AS r WHERE {SCOPE} AND r.token OPERATOR(pg_catalog.=) $4"),
+            format!("SELECT r.owner FROM {s}.idem_records AS r WHERE {scope} AND r.token OPERATOR(pg_catalog.=) $4"),
             &[TEXT, TEXT, TEXT, INT8],
         ),
         Stmt::ReadProcessing => (
-            format!("SELECT FROM {s}.idem_records AS r WHERE {SCOPE} AND r.token OPERATOR(pg_catalog.=) $4 AND {PROCESSING}"),
+            format!("SELECT FROM {s}.idem_records AS r WHERE {scope} AND r.token OPERATOR(pg_catalog.=) $4 AND {processing}"),
             &[TEXT, TEXT, TEXT, INT8],
         ),
         Stmt::Resume => (format!("SELECT {s}._idem_resume_locked($1, $2, $3, $4, $5, $6)"), &[TEXT, TEXT, TEXT, TEXT, INT8, INTERVAL]),
@@ -214,13 +282,15 @@ pub(crate) struct Plans {
     /// Whether `idem_records` is a Citus distributed table: its UPDATEs leave the owner fence
     /// to the caller ([`owns`]).
     distributed: bool,
+    /// Whether `idem_records` has the compact layout (0.7.0, docs/record-layout.md).
+    compact: bool,
     kept: [Cell<Option<std::ptr::NonNull<pg_sys::_SPI_plan>>>; STATEMENTS],
 }
 
 impl Plans {
     /// No plan yet for the schema named `schema_sql` (quoted for SQL text).
-    pub(crate) fn new(schema_sql: String, owned: bool, counters_owned: bool, stepped: bool, distributed: bool) -> Self {
-        Plans { schema_sql, owned, counters_owned, stepped, distributed, kept: Default::default() }
+    pub(crate) fn new(schema_sql: String, owned: bool, counters_owned: bool, stepped: bool, compact: bool, distributed: bool) -> Self {
+        Plans { schema_sql, owned, counters_owned, stepped, distributed, compact, kept: Default::default() }
     }
 
     /// The schema's name, quoted for SQL text.
@@ -267,7 +337,14 @@ fn plan(plans: &Plans, stmt: Stmt) -> pg_sys::SPIPlanPtr {
     if let Some(plan) = slot.get() {
         return plan.as_ptr();
     }
-    let (sql, types) = text(stmt, &plans.schema_sql, plans.owned, plans.counters_owned, plans.stepped, plans.distributed);
+    let shape = Shape {
+        owned: plans.owned,
+        counters_owned: plans.counters_owned,
+        stepped: plans.stepped,
+        compact: plans.compact,
+        distributed: plans.distributed,
+    };
+    let (sql, types) = text(stmt, &plans.schema_sql, shape);
     let Ok(sql) = CString::new(sql) else { spi_failed("prepare", 0) };
     let mut types = types.to_vec();
     let nargs = types.len() as i32;

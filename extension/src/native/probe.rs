@@ -12,7 +12,7 @@
 //! rows through the planner instead, by kept SPI plans that Citus routes to the key's shard.
 
 use super::call::{self, Text};
-use super::catalog::Catalog;
+use super::catalog::{Catalog, CompactColumns};
 use super::plans::{self, Stmt};
 use crate::args::raise;
 use pgrx::pg_sys::errcodes::PgSqlErrorCode;
@@ -34,6 +34,9 @@ pub(crate) struct Record {
     pub(crate) owner: Option<Oid>,
     /// The step of its last recovery point (`None`: none, or a schema from before 0.7.0).
     pub(crate) step: Option<i32>,
+    /// The transient failures counted for the key when the record was created, or when a
+    /// release poisoned it (the compact layout; `None` before it: read from the counter).
+    pub(crate) attempts: Option<i32>,
 }
 
 impl Record {
@@ -129,11 +132,16 @@ impl Drop for Snapshot {
 
 /// Looks `scope` up in `heap` through its primary key `index` and, if a row is visible, maps
 /// it with `read` (which must copy out anything it keeps: the row lives in a shared buffer).
+///
+/// `recheck`: the compact layout's columns when `index` is `idem_records_pkey` on that layout
+/// (one `uuid` key, the id digest; the texts compared on the row), `None` for a primary key on
+/// the three texts.
 fn probe<T>(
     snapshot: pg_sys::Snapshot,
     heap: Oid,
     index: Oid,
     scope: &Scope<'_>,
+    recheck: Option<CompactColumns>,
     read: impl FnOnce(*mut pg_sys::TupleTableSlot) -> T,
 ) -> Option<T> {
     // SAFETY: plain calls into PostgreSQL inside a transaction, on relations of our catalog; every
@@ -143,26 +151,55 @@ fn probe<T>(
         let index = pg_sys::index_open(index, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
         let slot = pg_sys::table_slot_create(heap, std::ptr::null_mut());
         let mut keys: [pg_sys::ScanKeyData; 3] = std::mem::zeroed();
-        for (i, (entry, part)) in keys.iter_mut().zip([scope.operation, scope.user_id, scope.key]).enumerate() {
-            pg_sys::ScanKeyInit(
-                entry,
-                (i + 1) as pg_sys::AttrNumber,
-                pg_sys::BTEqualStrategyNumber as pg_sys::StrategyNumber,
-                pg_sys::regproc::from(pg_sys::F_TEXTEQ),
-                part.datum,
-            );
-            // Compare as the index is ordered: with its column's collation (ScanKeyInit assumes
-            // C, right only for catalogs).
-            entry.sk_collation = *(*index).rd_indcollation.add(i);
-        }
+        // The compact layout's key: the id digest (a uuid, by reference: these 16 bytes, alive
+        // until the scan ends); its rows re-checked on the three texts below.
+        let mut id = idempotency_core::record::id(scope.operation.bytes, scope.user_id.bytes, scope.key.bytes);
+        let nkeys = match recheck {
+            Some(_) => {
+                pg_sys::ScanKeyInit(
+                    &mut keys[0],
+                    1,
+                    pg_sys::BTEqualStrategyNumber as pg_sys::StrategyNumber,
+                    pg_sys::regproc::from(pg_sys::F_UUID_EQ),
+                    Datum::from(id.as_mut_ptr()),
+                );
+                1
+            }
+            None => {
+                for (i, (entry, part)) in keys.iter_mut().zip([scope.operation, scope.user_id, scope.key]).enumerate() {
+                    pg_sys::ScanKeyInit(
+                        entry,
+                        (i + 1) as pg_sys::AttrNumber,
+                        pg_sys::BTEqualStrategyNumber as pg_sys::StrategyNumber,
+                        pg_sys::regproc::from(pg_sys::F_TEXTEQ),
+                        part.datum,
+                    );
+                    // Compare as the index is ordered: with its column's collation (ScanKeyInit
+                    // assumes C, right only for catalogs).
+                    entry.sk_collation = *(*index).rd_indcollation.add(i);
+                }
+                3
+            }
+        };
         // 18 added an instrumentation argument (none here).
         #[cfg(feature = "pg18")]
-        let scan = pg_sys::index_beginscan(heap, index, snapshot, std::ptr::null_mut(), 3, 0);
+        let scan = pg_sys::index_beginscan(heap, index, snapshot, std::ptr::null_mut(), nkeys, 0);
         #[cfg(not(feature = "pg18"))]
-        let scan = pg_sys::index_beginscan(heap, index, snapshot, 3, 0);
-        pg_sys::index_rescan(scan, keys.as_mut_ptr(), 3, std::ptr::null_mut(), 0);
-        let found = pg_sys::index_getnext_slot(scan, pg_sys::ScanDirection::ForwardScanDirection, slot);
-        let result = found.then(|| read(slot));
+        let scan = pg_sys::index_beginscan(heap, index, snapshot, nkeys, 0);
+        pg_sys::index_rescan(scan, keys.as_mut_ptr(), nkeys, std::ptr::null_mut(), 0);
+        let mut result = None;
+        let mut read = Some(read);
+        while pg_sys::index_getnext_slot(scan, pg_sys::ScanDirection::ForwardScanDirection, slot) {
+            // Another key whose id is the same digest (a collision) is not this key's record.
+            if let Some(cols) = recheck {
+                let same = |attnum, part: &Text<'_>| column(slot, attnum).is_some_and(|v| bytes(v) == part.bytes);
+                if !(same(cols.operation, &scope.operation) && same(cols.user_id, &scope.user_id) && same(cols.key, &scope.key)) {
+                    continue;
+                }
+            }
+            result = read.take().map(|read| read(slot));
+            break;
+        }
         pg_sys::index_endscan(scan);
         pg_sys::ExecDropSingleTupleTableSlot(slot);
         pg_sys::index_close(index, pg_sys::NoLock as pg_sys::LOCKMODE);
@@ -207,12 +244,19 @@ impl Key {
 /// calling statement's snapshot, or, if `fresh`, one taken now as a statement of a VOLATILE
 /// function would (after waiting for the key's lock or losing a race). On Citus, through the
 /// planner.
-pub(crate) fn key(catalog: &Catalog, scope: &Scope<'_>, request_hash: &[u8], fresh: bool) -> Key {
+///
+/// `request_hash` is as the record stores it ([`Catalog::stored_hash`]). A record that answers
+/// at `now` by itself (live, not to be resumed, carrying its attempts: the compact layout) is
+/// all a replay needs: the counter is not read.
+pub(crate) fn key(catalog: &Catalog, scope: &Scope<'_>, request_hash: &[u8], fresh: bool, now: pg_sys::TimestampTz) -> Key {
     if catalog.distributed {
         return planned(catalog, scope, request_hash);
     }
     let snapshot = if fresh { Snapshot::take() } else { Snapshot::statement() };
     let record = record(&snapshot, catalog, scope, request_hash);
+    if record.as_ref().is_some_and(|r| r.attempts.is_some() && r.live(now) && !r.resumable(now)) {
+        return Key { record, counter: None };
+    }
     let counter = counter(&snapshot, catalog, scope);
     Key { record, counter }
 }
@@ -241,7 +285,7 @@ pub(crate) fn latest(catalog: &Catalog, scope: &Scope<'_>) -> Latest {
     // The dirty snapshot is a local, never registered: the scan only reads it, and each
     // visibility check sets its xmin (an inserter in progress) and xmax (an updater or deleter
     // in progress) for the tuple it checked, the returned one last.
-    let found = probe(&mut dirty, catalog.records, catalog.records_pkey, scope, |slot| {
+    let found = probe(&mut dirty, catalog.records, catalog.records_pkey, scope, catalog.rec.compact, |slot| {
         // Deleted rather than updated: the tuple's forward link points at itself.
         // SAFETY: slot holds a heap tuple of idem_records, pinned while the scan is open.
         unsafe {
@@ -261,11 +305,14 @@ pub(crate) fn latest(catalog: &Catalog, scope: &Scope<'_>) -> Latest {
 
 fn record(snapshot: &Snapshot, catalog: &Catalog, scope: &Scope<'_>, request_hash: &[u8]) -> Option<Record> {
     let cols = &catalog.rec;
-    probe(snapshot.0, catalog.records, catalog.records_pkey, scope, |slot| {
+    probe(snapshot.0, catalog.records, catalog.records_pkey, scope, cols.compact, |slot| {
         // SAFETY: slot holds an idem_records row; the columns are the catalog's; text values
         // are read while the buffer is pinned, the response is copied out.
         unsafe {
-            let status = status(bytes(required(slot, cols.status)));
+            let status = match cols.compact {
+                Some(_) => status_code(required(slot, cols.status)),
+                None => status(bytes(required(slot, cols.status))),
+            };
             let same_hash = bytes(required(slot, cols.request_hash)) == request_hash;
             let response = match status {
                 Status::Success | Status::Failed => {
@@ -282,6 +329,7 @@ fn record(snapshot: &Snapshot, catalog: &Catalog, scope: &Scope<'_>, request_has
                 created_at: required(slot, cols.created_at).value() as i64,
                 owner: cols.owner.and_then(|attnum| column(slot, attnum)).map(super::owner::from_datum),
                 step: cols.step.and_then(|attnum| column(slot, attnum)).map(|v| v.value() as i32),
+                attempts: cols.compact.map(|c| required(slot, c.attempts).value() as i32),
             }
         }
     })
@@ -289,7 +337,7 @@ fn record(snapshot: &Snapshot, catalog: &Catalog, scope: &Scope<'_>, request_has
 
 fn counter(snapshot: &Snapshot, catalog: &Catalog, scope: &Scope<'_>) -> Option<Counter> {
     let cols = &catalog.ret;
-    probe(snapshot.0, catalog.retries, catalog.retries_pkey, scope, |slot| {
+    probe(snapshot.0, catalog.retries, catalog.retries_pkey, scope, None, |slot| {
         // SAFETY: slot holds an idem_retries row; attempts and expires_at are by-value NOT
         // NULL, owner (a regrole, by value) may be NULL.
         unsafe {
@@ -300,6 +348,12 @@ fn counter(snapshot: &Snapshot, catalog: &Catalog, scope: &Scope<'_>) -> Option<
             }
         }
     })
+}
+
+/// The status of a record of the compact layout, from its `"char"` code.
+fn status_code(value: Datum) -> Status {
+    Status::from_code(value.value() as u8)
+        .unwrap_or_else(|| raise(PgSqlErrorCode::ERRCODE_DATA_CORRUPTED, "idem_records holds an unknown status".into()))
 }
 
 /// The status of a record, from its text.
@@ -316,6 +370,8 @@ fn status(text: &[u8]) -> Status {
 /// the two reads only moves the reported `attempts` to a later moment. As on the direct path,
 /// the primary key and the re-checking takeover, not this read, keep a key at most once.
 fn planned(catalog: &Catalog, scope: &Scope<'_>, request_hash: &[u8]) -> Key {
+    // The stored hash, as the record keeps it: bytea on the compact layout, text before it
+    // (both varlenas of these bytes).
     let hash = call::text_datum(request_hash);
     let args = [Some(scope.operation.datum), Some(scope.user_id.datum), Some(scope.key.datum), Some(hash)];
     let not_null = |value: Option<Datum>, what: &str| {
@@ -326,7 +382,10 @@ fn planned(catalog: &Catalog, scope: &Scope<'_>, request_hash: &[u8]) -> Key {
             // SAFETY: text values of the first row, read before SPI_finish frees them; the
             // response is copied into the caller's memory context (SPI_datumTransfer).
             unsafe {
-                let status = status(bytes(not_null(plans::first_row(2), "status")));
+                let status = match catalog.rec.compact {
+                    Some(_) => status_code(not_null(plans::first_row(2), "status")),
+                    None => status(bytes(not_null(plans::first_row(2), "status"))),
+                };
                 let same_hash = not_null(plans::first_row(1), "request_hash").value() != 0;
                 let response = match status {
                     Status::Success | Status::Failed => plans::first_row(3).map(|v| pg_sys::SPI_datumTransfer(v, false, -1)),
@@ -342,6 +401,8 @@ fn planned(catalog: &Catalog, scope: &Scope<'_>, request_hash: &[u8]) -> Key {
                     owner: if catalog.rec.owner.is_some() { plans::first_row(7).map(super::owner::from_datum) } else { None },
                     // Read last, after the owner (a schema with a step has owners).
                     step: if catalog.rec.step.is_some() { plans::first_row(8).map(|v| v.value() as i32) } else { None },
+                    // Read last (the compact layout has owners and steps).
+                    attempts: catalog.rec.compact.map(|_| not_null(plans::first_row(9), "attempts").value() as i32),
                 }
             }
         });

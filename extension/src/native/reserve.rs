@@ -190,7 +190,7 @@ unsafe fn expected_row(fcinfo: pg_sys::FunctionCallInfo) -> Option<pg_sys::Tuple
 }
 
 /// The answer to a live record.
-fn answer(record: &probe::Record, attempts: i32) -> Answer {
+fn answer(record: &probe::Record, attempts: impl FnOnce() -> i32) -> Answer {
     let outcome = match (record.same_hash, record.status) {
         (false, _) => "mismatch",
         (true, Status::Success) => "replay",
@@ -200,6 +200,8 @@ fn answer(record: &probe::Record, attempts: i32) -> Answer {
         (true, Status::Processing | Status::Resumable) => "in_progress",
     };
     let response = if record.same_hash { record.response } else { None };
+    // The record's own count (the compact layout), else its retry counter's.
+    let attempts = record.attempts.unwrap_or_else(attempts);
     Answer { outcome, token: None, response, attempts, expires_at: Some(record.expires_at) }
 }
 
@@ -341,12 +343,14 @@ fn reserve_locking(
     // A key reserved earlier in this transaction and not written yet: write it, so this call
     // answers from its record as it always did (in_progress, or replay once completed).
     let wrote = pending::materialize(catalog, scope);
+    // The request's hash as the record stores it.
+    let stored = catalog.stored_hash(request_hash.bytes);
     for attempt in 0..ATTEMPTS {
         // SAFETY: reads the clock.
         let now = unsafe { pg_sys::GetCurrentTimestamp() };
         // First under the statement's snapshot (a replay builds none); after writing this
         // transaction's pending reservation, waiting for the lock or losing a race, a new one.
-        let found = probe::key(catalog, scope, request_hash.bytes, wrote || attempt > 0);
+        let found = probe::key(catalog, scope, &stored, wrote || attempt > 0, now);
         let mut resume = false;
         if let Some(record) = &found.record {
             if record.live(now) {
@@ -357,7 +361,7 @@ fn reserve_locking(
                 resume = record.resumable(now);
                 if !resume {
                     // The retry counter counts if it was live when the record was created.
-                    return answer(record, found.attempts(record.created_at)).into();
+                    return answer(record, || found.attempts(record.created_at)).into();
                 }
             }
         }
@@ -442,12 +446,13 @@ fn reserve_locking(
                 operation: scope.operation.bytes.to_owned(),
                 user_id: scope.user_id.bytes.to_owned(),
                 key: scope.key.bytes.to_owned(),
-                request_hash: request_hash.bytes.to_owned(),
+                request_hash: stored.clone(),
                 token,
                 lease_end,
                 expires_at,
                 created_at: now,
                 role: owner::caller(),
+                attempts: found.attempts(now),
             });
             true
         } else {
@@ -456,21 +461,24 @@ fn reserve_locking(
             // The new record belongs to the caller (a schema without owners ignores the last
             // parameter: its statements have fewer).
             let role = Some(Datum::from(owner::caller()));
+            // The record's attempts (the compact layout's statements only: the others have
+            // fewer parameters).
+            let attempts = Some(Datum::from(found.attempts(now)));
             let head = [
                 Some(scope.operation.datum),
                 Some(scope.user_id.datum),
                 Some(scope.key.datum),
-                Some(request_hash.datum),
+                Some(call::text_datum(&stored)),
                 Some(Datum::from(token)),
                 Some(Datum::from(lease_end)),
                 Some(Datum::from(expires_at)),
                 Some(Datum::from(now)),
             ];
             let written = if found.record.is_some() {
-                let params: Vec<Option<Datum>> = head.iter().copied().chain([role]).collect();
+                let params: Vec<Option<Datum>> = head.iter().copied().chain([role, attempts]).collect();
                 plans::connected(|| plans::execute(&catalog.plans, Stmt::TakeOver, &params))
             } else {
-                let tail = [Some(call::text_datum(b"PROCESSING")), None, Some(Datum::from(now)), role];
+                let tail = [Some(catalog.status_datum(Status::Processing)), None, Some(Datum::from(now)), role, attempts];
                 let params: Vec<Option<Datum>> = head.iter().copied().chain(tail).collect();
                 plans::connected(|| plans::execute(&catalog.plans, Stmt::Insert, &params))
             } == 1;
@@ -500,5 +508,5 @@ fn reserve_locking(
     // the transient failures counted for it so far (read again, as sql/reserve.sql does).
     // SAFETY: reads the clock.
     let now = unsafe { pg_sys::GetCurrentTimestamp() };
-    Answer::busy(probe::key(catalog, scope, request_hash.bytes, true).attempts(now), None).into()
+    Answer::busy(probe::key(catalog, scope, &stored, true, now).attempts(now), None).into()
 }

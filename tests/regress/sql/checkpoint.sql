@@ -276,7 +276,7 @@ SELECT k AS key, cp_make_resumable('cpq', k, 'h-' || k, 1, jsonb_build_object('a
 SELECT token AS t FROM idem_reserve('cpq', 'u', 'live', 'h') \gset
 SELECT idem_checkpoint('cpq', 'u', 'live', :t, 1, '{}');
 UPDATE idem_records SET updated_at = now() - (CASE key WHEN 'b' THEN 3 WHEN 'c' THEN 2 ELSE 1 END) * interval '1 minute'
- WHERE operation = 'cpq' AND status = 'RESUMABLE';
+ WHERE operation = 'cpq' AND status = 'r';
 SELECT user_id, key, request_hash, step, state, attempts FROM idem_resumable('cpq');
 SELECT key FROM idem_resumable('cpq', batch_size => 2);
 -- request_hash as idem_lookup answers it.

@@ -64,7 +64,7 @@ SELECT * FROM res('priv', 'u', 'k', 'h');
 SELECT idem_complete('priv', 'u', 'k', 1, '{}');
 SELECT count(*) FROM idem_records;
 SELECT count(*) FROM idem_retries;
-UPDATE idem_records SET status = 'SUCCESS';
+UPDATE idem_records SET status = 's';
 DELETE FROM idem_records;
 SELECT nextval('idem_token_seq');
 SELECT idem_lookup('priv', 'u', 'k');

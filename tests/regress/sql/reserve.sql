@@ -86,4 +86,24 @@ SELECT * FROM res('rb', 'u', 'k', 'h');
 ROLLBACK;
 SELECT count(*) AS left_behind FROM idem_records WHERE operation = 'rb';
 
+-- The compact record (docs/record-layout.md): keyed by _idem_id of its three texts, whoever
+-- wrote it (the native path computes the digest in Rust, over the same bytes); the request hash
+-- kept as 32 bytes: a 64-lowercase-hex-digit hash as its bytes, answered as sent, any other
+-- text as its SHA-256 (idem_lookup answers its hex), so equal texts stay equal.
+SELECT t AS hex_token FROM (SELECT (idem_reserve('lay', 'u', 'hex', repeat('0f', 32))).token AS t) AS x \gset
+SELECT idem_complete('lay', 'u', 'hex', :hex_token, '{"n": 1}');
+SELECT (idem_reserve('lay', 'u', 'text', 'Some Text')).outcome;
+SELECT (idem_reserve('lay', 'u', 'hex', repeat('0f', 32))).outcome AS same_hex,
+       (idem_reserve('lay', 'u', 'hex', repeat('0F', 32))).outcome AS upper_case_is_another_text,
+       (idem_reserve('lay', 'u', 'text', 'Some Text')).outcome AS same_text;
+SELECT key, request_hash FROM idem_lookup('lay', 'u', 'hex')
+UNION ALL
+SELECT key, (request_hash = encode(sha256('Some Text'::bytea), 'hex'))::text FROM idem_lookup('lay', 'u', 'text');
+SELECT count(*) AS records,
+       count(*) FILTER (WHERE id <> _idem_id(operation, user_id, key)) AS misfiled,
+       count(*) FILTER (WHERE octet_length(request_hash) <> 32) AS hashes_not_32_bytes
+  FROM idem_records;
+-- _idem_id is the first 16 bytes of SHA-256(operation, 0x1F, user_id, 0x1F, key).
+SELECT _idem_id('pay', 'u1', 'k1') = encode(substr(sha256('pay\037u1\037k1'::bytea), 1, 16), 'hex')::uuid AS digest;
+
 DELETE FROM idem_records;
