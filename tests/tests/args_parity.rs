@@ -60,23 +60,23 @@ async fn answer(db: &deadpool_postgres::Client, sql: &str, params: &[&(dyn tokio
 const RULES: [&str; 7] =
     ["_idem_check_scope", "_idem_check_request_hash", "_idem_require", "_idem_ttl", "_idem_lease", "_idem_max_retries", "_idem_check_step"];
 
-/// The language of each rule in `schema`, as `name=language`.
-async fn languages(db: &deadpool_postgres::Client, schema: &str) -> BTreeSet<String> {
+/// The language of each function of `names` in `schema`, as `name=language`.
+async fn languages(db: &deadpool_postgres::Client, schema: &str, names: &[&str]) -> BTreeSet<String> {
     let rows = db
         .query(
             "SELECT p.proname || '=' || l.lanname FROM pg_catalog.pg_proc AS p
                JOIN pg_catalog.pg_language AS l ON l.oid = p.prolang
               WHERE p.pronamespace = $1::text::regnamespace AND p.proname = ANY ($2)",
-            &[&schema, &RULES.to_vec()],
+            &[&schema, &names.to_vec()],
         )
         .await
-        .expect("the rules' languages");
+        .expect("the functions' languages");
     rows.iter().map(|r| r.get(0)).collect()
 }
 
-/// A database of its own with the extension installed (always the extension: the native side).
-async fn native_database() -> deadpool_postgres::Client {
-    let name = "idem_args_native";
+/// A database of its own, `name`, with the extension installed (always the extension: the
+/// native side).
+async fn native_database(name: &str) -> deadpool_postgres::Client {
     let (cluster, conn) = tokio_postgres::connect(cluster_url(), tokio_postgres::NoTls).await.expect("connect to the private cluster");
     tokio::spawn(conn);
     for sql in [format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"), format!("CREATE DATABASE {name}")] {
@@ -91,8 +91,8 @@ async fn native_database() -> deadpool_postgres::Client {
 
 #[tokio::test]
 async fn native_and_portable_argument_rules_agree() {
-    let native = native_database().await;
-    let native_languages = languages(&native, "public").await;
+    let native = native_database("idem_args_native").await;
+    let native_languages = languages(&native, "public", &RULES).await;
     let all_c: BTreeSet<String> = RULES.iter().map(|r| format!("{r}=c")).collect();
     assert_eq!(native_languages, all_c, "the native side is the extension's C");
 
@@ -113,7 +113,7 @@ async fn native_and_portable_argument_rules_agree() {
             .expect("load the portable argument rules");
         (admin_at(&database_url("idem_args_native")).await, "portable_args")
     };
-    let portable_languages = languages(&portable, schema).await;
+    let portable_languages = languages(&portable, schema, &RULES).await;
     assert_eq!(portable_languages.len(), RULES.len(), "every rule on the portable side: {portable_languages:?}");
     assert!(
         portable_languages.iter().all(|l| l.ends_with("=sql") || l.ends_with("=plpgsql")),
@@ -158,4 +158,86 @@ async fn native_and_portable_argument_rules_agree() {
     }
     // Both sides of every rule were reached.
     assert!(same_ok > 2000 && same_err > 2000, "agreed on {same_ok} values and {same_err} errors");
+}
+
+/// A request hash: the 64 lowercase hex digits clients send, near misses of it, or any text.
+fn request_hash(rng: &mut StdRng) -> Option<String> {
+    let hex: String = (0..64).map(|_| char::from(b"0123456789abcdef"[rng.random_range(0..16)])).collect();
+    match rng.random_range(0..6) {
+        0 | 1 => Some(hex),
+        2 => Some(hex.to_uppercase()),
+        3 => Some(hex[1..].to_owned()),
+        4 => Some(format!("{hex}0")),
+        _ => text(rng),
+    }
+}
+
+/// The record's id and stored request hash (docs/record-layout.md) exist twice too: natively
+/// (extension/src/record.rs over core/src/record.rs) and in SQL for the portable install
+/// (sql/portable/record.sql). Both equal the core crate's on generated texts, so a record the
+/// native path writes is found by the PL/pgSQL functions and the other way round.
+#[tokio::test]
+async fn native_and_portable_record_keys_agree() {
+    const FUNCTIONS: [&str; 2] = ["_idem_id", "_idem_hash"];
+    let native = native_database("idem_record_native").await;
+    let all_c: BTreeSet<String> = FUNCTIONS.iter().map(|f| format!("{f}=c")).collect();
+    assert_eq!(languages(&native, "public", &FUNCTIONS).await, all_c, "the native side is the extension's C");
+    let live_portable = std::env::var("IDEM_INSTALL").as_deref() == Ok("portable");
+    let (portable, schema) = if live_portable {
+        (admin().await, "public")
+    } else {
+        let source = std::fs::read_to_string(root().join("sql/portable/record.sql")).expect("sql/portable/record.sql");
+        native
+            .batch_execute(&format!(
+                "DROP SCHEMA IF EXISTS portable_record CASCADE; CREATE SCHEMA portable_record; {}",
+                source.replace("@extschema@", "portable_record")
+            ))
+            .await
+            .expect("load the portable record functions");
+        (admin_at(&database_url("idem_record_native")).await, "portable_record")
+    };
+    let all_sql: BTreeSet<String> = FUNCTIONS.iter().map(|f| format!("{f}=sql")).collect();
+    assert_eq!(languages(&portable, schema, &FUNCTIONS).await, all_sql, "the portable side is SQL");
+    let prefix = if schema == "public" { String::new() } else { format!("{schema}.") };
+
+    let hex = |bytes: &[u8]| bytes.iter().map(|b| format!("{b:02x}")).collect::<String>();
+    let uuid = |b: [u8; 16]| {
+        let h = hex(&b);
+        format!("{}-{}-{}-{}-{}", &h[..8], &h[8..12], &h[12..16], &h[16..20], &h[20..])
+    };
+    let mut rng = StdRng::seed_from_u64(0x1d43);
+    let (mut ids, mut hashes, mut decoded) = (0, 0, 0);
+    for _ in 0..CASES {
+        let (a, b, c, h) = (text(&mut rng), text(&mut rng), text(&mut rng), request_hash(&mut rng));
+        let id_call = "SELECT {p}_idem_id($1, $2, $3)::text";
+        let hash_call = "SELECT encode({p}_idem_hash($1), 'hex')";
+        for (call, params, core) in [
+            (
+                id_call,
+                vec![&a as &(dyn tokio_postgres::types::ToSql + Sync), &b, &c],
+                match (&a, &b, &c) {
+                    (Some(a), Some(b), Some(c)) => uuid(idempotency_core::record::id(a.as_bytes(), b.as_bytes(), c.as_bytes())),
+                    _ => "NULL".into(),
+                },
+            ),
+            (
+                hash_call,
+                vec![&h as &(dyn tokio_postgres::types::ToSql + Sync)],
+                h.as_ref().map_or("NULL".into(), |h| hex(&idempotency_core::record::request_hash(h.as_bytes()))),
+            ),
+        ] {
+            let native_answer = answer(&native, &call.replace("{p}", ""), &params).await;
+            let portable_answer = answer(&portable, &call.replace("{p}", &prefix), &params).await;
+            assert_eq!(native_answer, core, "{call} with {params:?}: native against the core crate");
+            assert_eq!(portable_answer, core, "{call} with {params:?}: portable against the core crate");
+            if core != "NULL" {
+                if call == id_call { ids += 1 } else { hashes += 1 }
+            }
+            if call == hash_call && h.as_deref().is_some_and(|h| h.len() == 64 && h == core) {
+                decoded += 1;
+            }
+        }
+    }
+    // Both rules of the hash were reached: 64 lowercase hex digits kept, any other text hashed.
+    assert!(ids > 1000 && hashes > 1000 && decoded > 500 && hashes - decoded > 500, "{ids} ids, {hashes} hashes, {decoded} decoded");
 }
