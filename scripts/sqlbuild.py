@@ -237,7 +237,9 @@ def upgrade_statements(old, new):
     if not os.path.exists(hand):
         die(f"no upgrade source sql/upgrade/{EXT}--{old}--{new}.sql (an empty file is fine)")
     out = split(read(hand))
-    existing = {s.identity for s in install_statements(old) if s.kind == "function"}
+    # Functions of the old version, and the ones the hand-written part created (for an object it
+    # creates before the replay, such as an index's function): the replay replaces them.
+    existing = {s.identity for s in install_statements(old) + out if s.kind == "function"}
     for s in install_statements(new):
         if s.kind == "function":
             # A function new in this version is created, never replaced: CREATE OR REPLACE would

@@ -58,7 +58,7 @@ pub(crate) async fn run_statement<D: idempotency_client::Driver>(idem: &Idempote
     assert!(out.is_executed(), "a new key executes");
 }
 
-const SELECT: &str = "SELECT response FROM idem_records WHERE operation = $1 AND user_id = $2 AND key = $3";
+const SELECT: &str = "SELECT response FROM idem_records WHERE id = _idem_id($1, $2, $3) AND operation = $1 AND user_id = $2 AND key = $3";
 
 /// One replay (`run` on an executed key) or the raw SELECT of the same record.
 pub(crate) async fn replay(idem: &Idempotency, raw: Option<&mut deadpool_postgres::Client>, key: &Key) {

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use crate::client::{pool_size, Call};
 
 use crate::client::INSERT;
-const SELECT: &str = "SELECT response FROM idem_records WHERE operation = $1 AND user_id = $2 AND key = $3";
+const SELECT: &str = "SELECT response FROM idem_records WHERE id = _idem_id($1, $2, $3) AND operation = $1 AND user_id = $2 AND key = $3";
 
 pub(crate) fn connect(url: &str, size: u32) -> Idempotency<Sqlx> {
     connect_with(url, size, Settings::default())

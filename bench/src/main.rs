@@ -499,9 +499,9 @@ async fn growth_db(name: &str, rows: i64) -> String {
         .await
         .expect("setup");
     db.execute(
-        "INSERT INTO idem_records (operation, user_id, key, request_hash, status, token, response, lease_expires_at, expires_at, created_at, updated_at)
-         SELECT 'bench.old', 'u' || (i % 1000), 'old' || i, 'h', 'SUCCESS', nextval('idem_token_seq'), '{\"status\": 201}',
-                now(), now() + interval '10 days', now(), now()
+        "INSERT INTO idem_records (id, operation, user_id, key, request_hash, status, token, response, lease_expires_at, expires_at, created_at, updated_at, attempts)
+         SELECT _idem_id('bench.old', 'u' || (i % 1000), 'old' || i), 'bench.old', 'u' || (i % 1000), 'old' || i, _idem_hash('h'), 's',
+                nextval('idem_token_seq'), '{\"status\": 201}', now(), now() + interval '10 days', now(), now(), 0
            FROM generate_series(1, $1::bigint) AS i",
         &[&rows],
     )
@@ -514,9 +514,10 @@ async fn growth_db(name: &str, rows: i64) -> String {
 /// Sweep throughput (rows/s) of expired rows, in batches of 10,000.
 async fn sweep(s: &Settings, db: &tokio_postgres::Client) -> f64 {
     db.execute(
-        "INSERT INTO idem_records (operation, user_id, key, request_hash, status, token, response, lease_expires_at, expires_at, created_at, updated_at)
-         SELECT 'bench.sweep', 'u' || (i % 1000), 's' || i, 'h', 'SUCCESS', nextval('idem_token_seq'), '{\"status\": 201}',
-                now() - interval '2 days', now() - interval '1 day', now() - interval '2 days', now() - interval '2 days'
+        "INSERT INTO idem_records (id, operation, user_id, key, request_hash, status, token, response, lease_expires_at, expires_at, created_at, updated_at, attempts)
+         SELECT _idem_id('bench.sweep', 'u' || (i % 1000), 's' || i), 'bench.sweep', 'u' || (i % 1000), 's' || i, _idem_hash('h'), 's',
+                nextval('idem_token_seq'), '{\"status\": 201}',
+                now() - interval '2 days', now() - interval '1 day', now() - interval '2 days', now() - interval '2 days', 0
            FROM generate_series(1, $1::bigint) AS i",
         &[&s.sweep_rows],
     )

@@ -14,23 +14,6 @@ LOCK TABLE @extschema@.idem_records, @extschema@.idem_retries IN ACCESS EXCLUSIV
 -- role's, as before, until they expire). No default: adding the column rewrites no row.
 ALTER TABLE @extschema@.idem_retries ADD COLUMN owner regrole;
 
--- Recovery points (issue 45, docs/recovery-points.md): a record's last recovery point (step,
--- state). Nullable and without a default, so adding them writes the catalog only: no row is
--- rewritten, however large the table.
-ALTER TABLE @extschema@.idem_records ADD COLUMN step integer, ADD COLUMN state jsonb;
-
--- The status RESUMABLE. The new check is added NOT VALID, then the old one dropped: validating
--- would read every row while the update holds idem_records' ACCESS EXCLUSIVE lock (taken
--- above), stopping every reservation for the length of a full scan, and nothing is
--- gained by it: every 0.6.0 row met the narrower check, and every row written from now on is
--- checked. A fresh install adds it NOT VALID too (sql/schema.sql), so both schemas are one.
-ALTER TABLE @extschema@.idem_records
-    ADD CONSTRAINT idem_records_status_check_0_7_0 CHECK (status OPERATOR(pg_catalog.=) ANY
-        (ARRAY['PROCESSING', 'SUCCESS', 'FAILED', 'RESUMABLE']::pg_catalog.text[])) NOT VALID;
-ALTER TABLE @extschema@.idem_records DROP CONSTRAINT idem_records_status_check;
-ALTER TABLE @extschema@.idem_records
-    RENAME CONSTRAINT idem_records_status_check_0_7_0 TO idem_records_status_check;
-
 -- idem_reservation gains the resume's step and state, appended (no table stores the type, so
 -- nothing is rewritten; a 0.6.0 body's ROW of 5 values still casts to it until the replay below
 -- replaces it, the new attributes NULL).
@@ -71,3 +54,168 @@ BEGIN
     END IF;
 END
 $do$;
+
+-- The record's layout (issue 43, docs/record-layout.md, "The update from 0.6.0"): 0.6.0's table is
+-- renamed aside and a new idem_records created in the compact layout, with issue 45's step and
+-- state; then every record is moved into it, keeping its token, owner, times and response, and
+-- the old table dropped. The records' rows change type (a digest key, a 32-byte hash, a status
+-- code), so no ALTER TABLE can get there without rewriting the table under its lock anyway.
+--
+-- Not done yet (docs/record-layout.md, "What the implementation changes"): the move runs here,
+-- in the update's transaction, under the ACCESS EXCLUSIVE lock taken above; the plan moves it to
+-- the maintenance worker in batches while both tables answer.
+
+-- What the new table and the move need before the replay below (which replaces each with the
+-- sources' definition, its comment and its privileges): the record's id and stored hash, the
+-- status code and the expiry bucket, as sql/schema.sql defines them.
+CREATE FUNCTION @extschema@._idem_id(operation text, user_id text, key text) RETURNS uuid
+    LANGUAGE c IMMUTABLE STRICT PARALLEL SAFE
+    SET search_path = pg_catalog, pg_temp
+    AS 'MODULE_PATHNAME', '_idem_id_wrapper';
+CREATE FUNCTION @extschema@._idem_hash(request_hash text) RETURNS bytea
+    LANGUAGE c IMMUTABLE STRICT PARALLEL SAFE
+    SET search_path = pg_catalog, pg_temp
+    AS 'MODULE_PATHNAME', '_idem_hash_wrapper';
+CREATE FUNCTION @extschema@._idem_status_code(word text) RETURNS pg_catalog."char"
+    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+    AS $fn$
+    SELECT (CASE WHEN word OPERATOR(pg_catalog.=) 'PROCESSING' THEN 'p'
+                 WHEN word OPERATOR(pg_catalog.=) 'SUCCESS' THEN 's'
+                 WHEN word OPERATOR(pg_catalog.=) 'FAILED' THEN 'f'
+                 WHEN word OPERATOR(pg_catalog.=) 'RESUMABLE' THEN 'r' END)::pg_catalog."char"
+$fn$;
+CREATE FUNCTION @extschema@._idem_expiry_bucket(expires_at timestamptz) RETURNS integer
+    LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+    AS $fn$
+    SELECT pg_catalog.floor(EXTRACT(epoch FROM expires_at OPERATOR(pg_catalog.-) '2000-01-01 00:00+00'::pg_catalog.timestamptz)
+                            OPERATOR(pg_catalog./) 64)::integer
+$fn$;
+
+-- idem_lookup answered 0.6.0's table's row type; it answers the type idem_record now (the same
+-- columns and meanings, with step and state). CREATE OR REPLACE cannot change a result type:
+-- dropped and re-created at once with the new one and a body the replay replaces, keeping every
+-- EXECUTE granted on it (an operator's role included).
+CREATE TYPE @extschema@.idem_record AS (
+    operation        text,
+    user_id          text,
+    key              text,
+    request_hash     text,
+    status           text,
+    token            bigint,
+    response         jsonb,
+    lease_expires_at timestamptz,
+    expires_at       timestamptz,
+    created_at       timestamptz,
+    updated_at       timestamptz,
+    owner            regrole,
+    step             integer,
+    state            jsonb
+);
+
+COMMENT ON TYPE @extschema@.idem_record IS
+    'A record as idem_lookup answers it: its key, request_hash (64 hex digits), status word, token, response, lease and expiry, timestamps, owner and recovery point.';
+
+DO $do$
+DECLARE
+    v_acl pg_catalog.aclitem[] := (SELECT p.proacl FROM pg_catalog.pg_proc AS p
+                                    WHERE p.oid OPERATOR(pg_catalog.=) '@extschema@.idem_lookup(text, text, text)'::pg_catalog.regprocedure);
+    v_grantee oid;
+BEGIN
+    DROP FUNCTION @extschema@.idem_lookup(text, text, text);
+    CREATE FUNCTION @extschema@.idem_lookup(operation text, user_id text, key text)
+        RETURNS SETOF @extschema@.idem_record
+        LANGUAGE sql VOLATILE SECURITY DEFINER
+        SET search_path = pg_catalog, pg_temp
+        AS $fn$ SELECT NULL::@extschema@.idem_record WHERE false $fn$;
+    REVOKE EXECUTE ON FUNCTION @extschema@.idem_lookup(text, text, text) FROM PUBLIC;
+    FOR v_grantee IN
+        SELECT a.grantee FROM pg_catalog.aclexplode(v_acl) AS a
+         WHERE a.privilege_type OPERATOR(pg_catalog.=) 'EXECUTE'
+           AND a.grantee OPERATOR(pg_catalog.<>) a.grantor
+    LOOP
+        IF v_grantee OPERATOR(pg_catalog.=) 0 THEN
+            GRANT EXECUTE ON FUNCTION @extschema@.idem_lookup(text, text, text) TO PUBLIC;
+        ELSE
+            EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION @extschema@.idem_lookup(text, text, text) TO %I',
+                                      v_grantee::pg_catalog.regrole::pg_catalog.text);
+        END IF;
+    END LOOP;
+END
+$do$;
+
+-- The PL/pgSQL idem_reserve's insert without waiting gained the record's attempts.
+DROP FUNCTION @extschema@._idem_write_nowait(text, text, text, text, bigint, timestamptz, timestamptz, timestamptz);
+
+-- 0.6.0's table aside, with its constraints and indexes.
+ALTER TABLE @extschema@.idem_records RENAME TO idem_records_060;
+ALTER TABLE @extschema@.idem_records_060 RENAME CONSTRAINT idem_records_pkey TO idem_records_060_pkey;
+ALTER INDEX @extschema@.idem_records_lease_idx RENAME TO idem_records_060_lease_idx;
+ALTER INDEX @extschema@.idem_records_expiry_idx RENAME TO idem_records_060_expiry_idx;
+-- PostgreSQL 18 names NOT NULL constraints (idem_records_COLUMN_not_null) and picks names unused in
+-- the schema: renamed after the old table, so the new table's get the names a fresh install gives.
+DO $do$
+DECLARE
+    v_name name;
+BEGIN
+    FOR v_name IN
+        SELECT c.conname FROM pg_catalog.pg_constraint AS c
+         WHERE c.conrelid OPERATOR(pg_catalog.=) '@extschema@.idem_records_060'::pg_catalog.regclass
+           AND c.contype OPERATOR(pg_catalog.=) 'n'
+    LOOP
+        EXECUTE pg_catalog.format('ALTER TABLE @extschema@.idem_records_060 RENAME CONSTRAINT %I TO %I',
+                                  v_name, pg_catalog.replace(v_name, 'idem_records_', 'idem_records_060_'));
+    END LOOP;
+END
+$do$;
+
+-- The new table, as sql/schema.sql creates it (tests/upgrade/schema.sql compares the two).
+CREATE TABLE @extschema@.idem_records (
+    id               uuid        NOT NULL,
+    token            bigint      NOT NULL,
+    lease_expires_at timestamptz NOT NULL,
+    expires_at       timestamptz NOT NULL,
+    created_at       timestamptz NOT NULL,
+    updated_at       timestamptz NOT NULL,
+    owner            regrole,
+    attempts         integer     NOT NULL,
+    status           pg_catalog."char" NOT NULL,
+    request_hash     bytea       NOT NULL,
+    operation        text        NOT NULL,
+    user_id          text        NOT NULL,
+    key              text        NOT NULL,
+    response         jsonb,
+    step             integer,
+    state            jsonb,
+    CONSTRAINT idem_records_pkey PRIMARY KEY (id)
+) WITH (vacuum_truncate = false);
+
+COMMENT ON TABLE @extschema@.idem_records IS
+    'One record per (operation, user_id, key), keyed by its id digest: the reservation, its fencing token and the stored response.';
+
+-- Every record, in one statement: its id, its hash as stored (64 lowercase hex digits decoded,
+-- any other text hashed: the rule new writes follow), its status code, and the retry count it
+-- was created with (its counter's, when the counter was live then: what a replay answered).
+INSERT INTO @extschema@.idem_records
+       (id, token, lease_expires_at, expires_at, created_at, updated_at, owner, attempts, status,
+        request_hash, operation, user_id, key, response)
+SELECT @extschema@._idem_id(o.operation, o.user_id, o.key), o.token, o.lease_expires_at, o.expires_at,
+       o.created_at, o.updated_at, o.owner,
+       coalesce((SELECT t.attempts FROM @extschema@.idem_retries AS t
+                  WHERE t.operation OPERATOR(pg_catalog.=) o.operation
+                    AND t.user_id OPERATOR(pg_catalog.=) o.user_id AND t.key OPERATOR(pg_catalog.=) o.key
+                    AND t.expires_at OPERATOR(pg_catalog.>) o.created_at), 0),
+       @extschema@._idem_status_code(o.status), @extschema@._idem_hash(o.request_hash),
+       o.operation, o.user_id, o.key, o.response
+  FROM @extschema@.idem_records_060 AS o;
+
+-- The indexes after the rows: built once instead of updated per row.
+CREATE INDEX idem_records_lease_idx ON @extschema@.idem_records (lease_expires_at)
+    WHERE status OPERATOR(pg_catalog.=) 'p'::"char";
+CREATE INDEX idem_records_expiry_idx ON @extschema@.idem_records (@extschema@._idem_expiry_bucket(expires_at))
+    WHERE status OPERATOR(pg_catalog.<>) 'p'::"char";
+
+-- pg_dump keeps the new table's rows; the old table leaves the extension (and its dump list)
+-- and goes.
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.idem_records'::pg_catalog.regclass, '');
+ALTER EXTENSION idempotency DROP TABLE @extschema@.idem_records_060;
+DROP TABLE @extschema@.idem_records_060;

@@ -9,14 +9,15 @@ CREATE EXTENSION idempotency;
 SELECT (idem_reserve('ops', 'u', :'key', 'h', lease => '1 second')).outcome;
 
 -- [status_of]
-SELECT status FROM idem_records WHERE key = :'key';
+SELECT _idem_status_word(status) FROM idem_records WHERE key = :'key';
 
 -- [fill_expired] :rows finished records whose ttl has passed, in one transaction
-INSERT INTO idem_records (operation, user_id, key, request_hash, status, token, response,
-                          lease_expires_at, expires_at, created_at, updated_at)
-  SELECT 'bulk', 'u', 'k' || i, 'h', CASE WHEN i % 10 = 0 THEN 'FAILED' ELSE 'SUCCESS' END,
+INSERT INTO idem_records (id, operation, user_id, key, request_hash, status, token, response,
+                          lease_expires_at, expires_at, created_at, updated_at, attempts)
+  SELECT _idem_id('bulk', 'u', 'k' || i), 'bulk', 'u', 'k' || i, _idem_hash('h'),
+         CASE WHEN i % 10 = 0 THEN 'f' ELSE 's' END::"char",
          nextval('idem_token_seq'), '{"status": 201}',
-         now() - interval '2 days', now() - interval '1 day', now() - interval '2 days', now()
+         now() - interval '2 days', now() - interval '1 day', now() - interval '2 days', now(), 0
     FROM generate_series(1, :rows) AS i;
 
 -- [bulk_left]

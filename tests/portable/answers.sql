@@ -154,7 +154,7 @@ INSERT INTO steps (n, kind, sql, expect) VALUES
     (95, 'answer', $$SELECT * FROM @s.idem_reserve('parity', 'u', 'rec-plain', 'h1', lease => '1 hour')$$, NULL),
     (96, 'do', $$UPDATE @s.idem_records SET lease_expires_at = now() - interval '1 hour' WHERE key IN ('rec', 'rec-plain')$$, NULL),
     (97, 'answer', $$SELECT @s.idem_recover_stuck(action => 'fail') AS v$$, '{"v": 2}'),
-    (98, 'answer', $$SELECT * FROM @s.idem_records WHERE key IN ('rec', 'rec-plain') ORDER BY key$$, '{"key": "rec", "status": "RESUMABLE", "step": 1}'),
+    (98, 'answer', $$SELECT * FROM @s.idem_records WHERE key IN ('rec', 'rec-plain') ORDER BY key$$, '{"key": "rec", "status": "r", "step": 1}'),
     (99, 'answer', $$SELECT * FROM @s.idem_retries WHERE key IN ('rec', 'rec-plain') ORDER BY key$$, '{"key": "rec", "attempts": 1}'),
     (100, 'answer', $$SELECT @s.idem_recover_stuck() AS v$$, '{"v": 0}'),
     (101, 'answer', $$SELECT * FROM @s.idem_reserve('parity', 'u', 'rec', 'h1')$$, '{"outcome": "resume", "attempts": 1, "step": 1, "state": {"ride": 8}}'),

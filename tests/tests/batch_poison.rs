@@ -36,7 +36,7 @@ idempotency_testkit::for_each_driver! {
     }
 
     async fn statuses(user: &str) -> Vec<String> {
-        let sql = "SELECT status FROM idem_records WHERE operation = 'poison.op' AND user_id = $1 ORDER BY key";
+        let sql = "SELECT _idem_status_word(status) AS status FROM idem_records WHERE operation = 'poison.op' AND user_id = $1 ORDER BY key";
         admin().await.query(sql, &[&user]).await.unwrap().iter().map(|r| r.get(0)).collect()
     }
 

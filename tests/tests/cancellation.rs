@@ -153,7 +153,7 @@ idempotency_testkit::for_each_driver! {
 
         /// The key's record: its status, or None when there is none.
         async fn status(&self, key: &Key) -> Option<String> {
-            let sql = "SELECT status FROM idem_records WHERE operation = $1 AND user_id = $2 AND key = $3";
+            let sql = "SELECT _idem_status_word(status) AS status FROM idem_records WHERE operation = $1 AND user_id = $2 AND key = $3";
             let rows = self.admin.query(sql, &[&key.operation(), &key.user_id(), &key.key()]).await.unwrap();
             rows.first().map(|r| r.get(0))
         }

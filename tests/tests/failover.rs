@@ -279,7 +279,7 @@ async fn failover_to_a_promoted_standby_keeps_every_key_once() {
 
     // Every acknowledged key kept its record, with its token.
     let rows = db
-        .query("SELECT user_id || '/' || key, token, status FROM idem_records WHERE operation = $1 AND user_id LIKE 'u%'", &[&OP])
+        .query("SELECT user_id || '/' || key, token, _idem_status_word(status) FROM idem_records WHERE operation = $1 AND user_id LIKE 'u%'", &[&OP])
         .await
         .unwrap();
     let records: BTreeMap<String, (i64, String)> = rows.iter().map(|r| (r.get(0), (r.get(1), r.get(2)))).collect();
@@ -343,7 +343,7 @@ async fn failover_to_a_promoted_standby_keeps_every_key_once() {
     .await;
     let (status, lease_over): (String, bool) = {
         let row = db
-            .query_one("SELECT status, lease_expires_at < clock_timestamp() FROM idem_records WHERE user_id = 'maint' AND key = 'stuck'", &[])
+            .query_one("SELECT _idem_status_word(status), lease_expires_at < clock_timestamp() FROM idem_records WHERE user_id = 'maint' AND key = 'stuck'", &[])
             .await
             .unwrap();
         (row.get(0), row.get(1))

@@ -229,7 +229,7 @@ idempotency_testkit::for_each_driver! {
 
     /// The status and stored response of a key of the route.
     async fn record(key: &str) -> (String, Value) {
-        let sql = "SELECT status::text AS status, response::text AS response FROM idem_records WHERE operation = $1 AND user_id = 'anonymous' AND key = $2";
+        let sql = "SELECT _idem_status_word(status) AS status, response::text AS response FROM idem_records WHERE operation = $1 AND user_id = 'anonymous' AND key = $2";
         let row = admin().await.query_one(sql, &[&OPERATION, &key]).await.expect("the key's record");
         let response: Option<String> = row.get("response");
         (row.get("status"), response.map_or(Value::Null, |r| serde_json::from_str(&r).unwrap()))

@@ -54,10 +54,10 @@ async fn a_backlog_in_one_database_does_not_hold_back_the_next() {
         let c = connect(&server.url(db)).await;
         c.batch_execute(&format!(
             "CREATE EXTENSION idempotency;
-             INSERT INTO idem_records (operation, user_id, key, request_hash, status, token, response,
-                                       lease_expires_at, expires_at, created_at, updated_at)
-             SELECT 'fair', 'u', 'k' || i, 'h', 'SUCCESS', nextval('idem_token_seq'), '{{}}',
-                    now() - interval '2 days', now() - interval '1 day', now() - interval '2 days', now() - interval '2 days'
+             INSERT INTO idem_records (id, operation, user_id, key, request_hash, status, token, response,
+                                       lease_expires_at, expires_at, created_at, updated_at, attempts)
+             SELECT _idem_id('fair', 'u', 'k' || i), 'fair', 'u', 'k' || i, _idem_hash('h'), 's', nextval('idem_token_seq'), '{{}}',
+                    now() - interval '2 days', now() - interval '1 day', now() - interval '2 days', now() - interval '2 days', 0
                FROM generate_series(1, {rows}) AS i;"
         ))
         .await

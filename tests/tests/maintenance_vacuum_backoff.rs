@@ -54,10 +54,10 @@ async fn a_vacuum_that_removed_nothing_waits_for_the_horizon() {
     let db = connect(&server.url("backoff")).await;
     db.batch_execute(
         "CREATE EXTENSION idempotency;
-         INSERT INTO idem_records (operation, user_id, key, request_hash, status, token, response,
-                                   lease_expires_at, expires_at, created_at, updated_at)
-         SELECT 'backoff', 'u', 'k' || i, 'h', 'SUCCESS', nextval('idem_token_seq'), '{}',
-                now() - interval '2 days', now() - interval '1 day', now() - interval '2 days', now() - interval '2 days'
+         INSERT INTO idem_records (id, operation, user_id, key, request_hash, status, token, response,
+                                   lease_expires_at, expires_at, created_at, updated_at, attempts)
+         SELECT _idem_id('backoff', 'u', 'k' || i), 'backoff', 'u', 'k' || i, _idem_hash('h'), 's', nextval('idem_token_seq'), '{}',
+                now() - interval '2 days', now() - interval '1 day', now() - interval '2 days', now() - interval '2 days', 0
            FROM generate_series(1, 2000) AS i;
          ANALYZE idem_records;",
     )

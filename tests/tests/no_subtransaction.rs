@@ -294,7 +294,10 @@ async fn every_function_runs_without_a_subtransaction() {
         .await
         .expect("connect");
     tokio::spawn(conn);
-    let complete_all = "SELECT count(*) FROM idem_records AS r WHERE r.operation = 'c.maintain_sweep' AND idem_complete(r.operation, r.user_id, r.key, r.token, '{}')";
+    // The operation's records first (OFFSET 0 keeps the filter below the call): the table has no
+    // index on operation, and a sequential scan may evaluate the call before the filter.
+    let complete_all = "SELECT count(*) FROM (SELECT * FROM idem_records WHERE operation = 'c.maintain_sweep' OFFSET 0) AS r \
+                        WHERE idem_complete(r.operation, r.user_id, r.key, r.token, '{}')";
     for sql in [
         reserved("c.maintain", 50),
         stuck("c.maintain"),

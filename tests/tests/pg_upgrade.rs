@@ -214,7 +214,7 @@ async fn upgrade(from: u32, to: u32, port: u16) {
     // The worker recovers the stuck reservation and sweeps the expired record of the old major.
     eventually("the worker handles the old rows", Duration::from_secs(60), || async {
         let stuck: Option<String> = db
-            .query_opt("SELECT status FROM idem_records WHERE key = 'stuck'", &[])
+            .query_opt("SELECT _idem_status_word(status) AS status FROM idem_records WHERE key = 'stuck'", &[])
             .await
             .map_err(|e| e.to_string())?
             .map(|r| r.get(0));

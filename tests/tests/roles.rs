@@ -160,7 +160,7 @@ async fn another_role_cannot_complete_extend_release_or_replay_a_key_whatever_it
     // Nothing changed: still Alice's attempt, with its 5-minute lease and no response.
     let row = admin
         .query_one(
-            "SELECT status, response IS NULL, lease_expires_at - created_at = interval '5 minutes'
+            "SELECT _idem_status_word(status), response IS NULL, lease_expires_at - created_at = interval '5 minutes'
                FROM idem_records WHERE operation = 'roles' AND key = 'k1'",
             &[],
         )

@@ -54,7 +54,7 @@ idempotency_testkit::for_each_driver! {
     /// The record of `key` (of `POST /charges`): its status, or None.
     async fn status(operation: &str, key: &str) -> Option<String> {
         let key = Key::new(operation, ANONYMOUS_USER, key).expect("key");
-        let sql = "SELECT status FROM idem_records WHERE operation = $1 AND user_id = $2 AND key = $3";
+        let sql = "SELECT _idem_status_word(status) AS status FROM idem_records WHERE operation = $1 AND user_id = $2 AND key = $3";
         admin().await.query(sql, &[&key.operation(), &key.user_id(), &key.key()]).await.expect("status").first().map(|r| r.get(0))
     }
 

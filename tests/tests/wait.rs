@@ -215,7 +215,7 @@ idempotency_testkit::for_each_driver! {
             tokio::spawn(async move { Box::pin(idem.run_external(&key, &fp(), call, nothing())).await })
         };
         reserved.await.unwrap();
-        let token = "SELECT token, status FROM idem_records WHERE operation = $1 AND user_id = $2 AND key = $3";
+        let token = "SELECT token, _idem_status_word(status) FROM idem_records WHERE operation = $1 AND user_id = $2 AND key = $3";
         let before = operator.query_one(token, &[&key.operation(), &key.user_id(), &key.key()]).await.unwrap();
         // Both flows' waiters, dropped while they wait (each has polled: 300 ms is past its
         // first pauses).

@@ -70,7 +70,11 @@ objects(sort, description) AS (
     -- The extension: version, membership and what pg_dump keeps (pg_extension_config_dump).
     SELECT 'extension ' || e.extname,
            format('extension %s version %s relocatable %s config %s conditions %s', e.extname, e.extversion,
-                  e.extrelocatable, coalesce(e.extconfig::regclass[]::text, '{}'), coalesce(e.extcondition::text, '{}'))
+                  e.extrelocatable,
+                  -- As a set: the order is the order of registration, which an update that
+                  -- replaces a table changes (0.6.0 -> 0.7.0), and pg_dump does not depend on.
+                  coalesce((SELECT array_agg(c::regclass::text ORDER BY c::regclass::text) FROM unnest(e.extconfig) AS c), '{}'),
+                  coalesce((SELECT array_agg(c ORDER BY c) FROM unnest(e.extcondition) AS c), '{}'))
       FROM pg_extension e WHERE e.extnamespace = (SELECT oid FROM ns)
     UNION ALL
     SELECT 'extension ' || e.extname || ' member ' || pg_describe_object(d.classid, d.objid, d.objsubid),

@@ -2,7 +2,9 @@
 -- CREATE EXTENSION ... VERSION '0.1.0' and ALTER EXTENSION ... UPDATE in xtask/src/layers/upgrade.rs):
 -- objects, comments, pinned search_path, GUC defaults, dump registration.
 
-SELECT extrelocatable, extversion, extconfig::regclass[] AS dumped
+-- (What pg_dump keeps as a set: an update that replaces a table registers it last.)
+SELECT extrelocatable, extversion,
+       (SELECT array_agg(c ORDER BY c::text) FROM unnest(extconfig::regclass[]) AS c) AS dumped
   FROM pg_extension WHERE extname = 'idempotency';
 
 -- Every function pins its search_path, but these: _idem_count and the native API functions
