@@ -165,7 +165,7 @@ INSERT INTO steps (n, kind, sql, expect) VALUES
     (104, 'answer', $$SELECT * FROM @s.idem_reserve('parity', 'u', 'q1', 'h1')$$, NULL),
     (105, 'answer', $$SELECT @s.idem_checkpoint('parity', 'u', 'q1', pg_temp.tok('@s', 104), 3, '{"q": 1}') AS v$$, '{"v": true}'),
     (106, 'answer', $$SELECT @s.idem_release('parity', 'u', 'q1', pg_temp.tok('@s', 104)) AS v$$, '{"v": "released"}'),
-    (107, 'answer', $$SELECT * FROM @s.idem_resumable('parity')$$, '{"user_id": "u", "key": "q1", "request_hash": "h1", "step": 3, "state": {"q": 1}, "attempts": 1}'),
+    (107, 'answer', $$SELECT * FROM @s.idem_resumable('parity')$$, '{"user_id": "u", "key": "q1", "request_hash": "33112ee14ee469c3eb52fe90322ec81dd404a0093d565a6d71ce77cbc8124e3b", "step": 3, "state": {"q": 1}, "attempts": 1}'), -- request_hash: SHA-256 of h1 in hex (the record keeps 32 bytes)
     (108, 'answer', $$SELECT * FROM @s.idem_reserve_many('parity', 'u', ARRAY['q1', 'q2'], ARRAY['h1', 'h1'])$$, '{"key": "q1", "outcome": "resume", "attempts": 1, "step": 3, "state": {"q": 1}}'),
     (109, 'answer', $$SELECT @s.idem_release('parity', 'u', 'q1', pg_temp.tok('@s', 108)) AS v$$, '{"v": "released"}'),
     (110, 'answer', $$SELECT * FROM @s.idem_await('parity', 'u', 'q1', 'h1', '1 second')$$, '{"outcome": "resume", "attempts": 2, "step": 3, "state": {"q": 1}}'),
