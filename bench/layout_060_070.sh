@@ -6,7 +6,8 @@
 #                                          in target/hlayout, fsync on, shared_buffers 256MB,
 #                                          max_wal_size 8GB, checkpoint_timeout 1h, autovacuum off)
 #   bench/layout_060_070.sh wal [N=3000]   WAL per fresh cycle (bench/pgbench/fresh.sql), exact, by
-#                                          pg_walinspect, at 10k records, both layouts
+#                                          pg_walinspect, at 10k records, both layouts (HASH=hex:
+#                                          a 64-hex-digit request hash, as clients send)
 #   bench/layout_060_070.sh size [ROWS]    bytes per record (heap and each index) after ROWS records
 #                                          (default 1,000,000) and VACUUM ANALYZE, both layouts
 #   bench/layout_060_070.sh update [ROWS]  ALTER EXTENSION idempotency UPDATE of a 0.6.0 database of
@@ -31,7 +32,8 @@ db() {
 # number, a 64-hex-digit hash, a 65-byte response, an owner, expiries over 22 hours), the first
 # 1,000 PROCESSING, in the database's layout.
 fill() {
-    local rows=$2 common="FROM generate_series(1, $rows::bigint) AS i,
+    local rows=$2
+    local common="FROM generate_series(1, $rows::bigint) AS i,
          LATERAL (SELECT 'u' || (1 + i % 1000) AS u, 'k' || abs(hashint8extended(i, 0)) AS k,
                          encode(sha256(i::text::bytea), 'hex') AS h, CASE WHEN i <= 1000 THEN 'PROCESSING' ELSE 'SUCCESS' END AS st,
                          now() + interval '2 hours' + (i::float8 / $rows) * interval '22 hours' AS e) AS t"
@@ -61,10 +63,17 @@ start)
     ;;
 stop) as_server "$bindir/pg_ctl" -D "$data" -m fast -w stop ;;
 wal)
-    n=${2:-3000}
+    # fresh.sql sends the request hash 'h'; HASH=hex sends 64 lowercase hex digits instead, as
+    # the clients do (their fingerprint), which 0.6.0 stores as 65 bytes of text and 0.7.0 as 33.
+    n=${2:-3000} script=$root/bench/pgbench/fresh.sql
+    if [ "${HASH:-}" = hex ]; then
+        script=$out/fresh_hex.sql
+        sed "s/'k' || :k, 'h')/'k' || :k, '$(printf '%064x' 0 | tr 0 a)')/" "$root/bench/pgbench/fresh.sql" >"$script"
+        grep -q "'aaaa" "$script"
+    fi
     for v in 0.6.0 0.7.0; do
         d=w${v//./}; db "$d" "$v"; fill "$d" 10000
-        run() { "$bindir/pgbench" -n -M prepared -c1 -t "$1" -f "$root/bench/pgbench/fresh.sql" "$(url "$d")" >/dev/null; }
+        run() { "$bindir/pgbench" -n -M prepared -c1 -t "$1" -f "$script" "$(url "$d")" >/dev/null; }
         run 200; q "$d" "CHECKPOINT" >/dev/null; run 500
         a=$(q "$d" "SELECT pg_current_wal_insert_lsn()"); run "$n"; b=$(q "$d" "SELECT pg_current_wal_insert_lsn()")
         q "$d" "SELECT '$v fresh: ' || $n || ' cycles, ' || round(pg_wal_lsn_diff('$b', '$a') / $n::numeric, 1) || ' B per cycle ('
