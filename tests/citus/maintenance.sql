@@ -11,7 +11,7 @@ SELECT count(*) FROM (SELECT idem_complete('old', 'o-' || i % 10, 'k' || i, (ide
 SELECT idem_recover_stuck(batch_size => 10);
 
 -- [stuck_statuses]
-SELECT string_agg(DISTINCT status, ',') FROM idem_records WHERE operation = 'stuck';
+SELECT string_agg(DISTINCT _idem_status_word(status), ',') FROM idem_records WHERE operation = 'stuck';
 
 -- [rel_fill] 6 reservations with a 1 s lease
 SELECT count(*) FROM (SELECT idem_reserve('rel', 's-' || i % 10, 'k' || i, 'h', lease => '1 second') FROM generate_series(1, 6) AS i) AS s;
@@ -69,7 +69,7 @@ ALTER SYSTEM SET idempotency.maintenance_interval = :interval;
 SELECT pg_reload_conf();
 
 -- [bg_stuck_statuses]
-SELECT string_agg(DISTINCT status, ',') FROM idem_records WHERE operation = 'bg' AND key = 'k';
+SELECT string_agg(DISTINCT _idem_status_word(status), ',') FROM idem_records WHERE operation = 'bg' AND key = 'k';
 
 -- [bg_expired_left]
 SELECT count(*) FROM idem_records WHERE operation = 'bg' AND key = 'done';
