@@ -1,7 +1,7 @@
 //! Layer lint: clippy over every crate and target, the extension included, with the lints of the
 //! root Cargo.toml's `[workspace.lints]`; then the client with sqlx and TLS (the code behind
-//! those features; the test kit and the tests build both drivers in every build). A warning fails. Then the crates.io dry run of the two
-//! published crates (`cargo publish --dry-run`: cargo packages them together and builds the
+//! those features; the test kit and the tests build both drivers in every build). A warning fails. Then the crates.io dry run of the
+//! published crates (core, client, and the layer's tower, actix and tonic crates) (`cargo publish --dry-run`: cargo packages them together and builds the
 //! client against the core it is about to publish), or `cargo package --offline` where the
 //! index is unreachable; the check's name says which ran. `--allow-dirty`: a working tree with
 //! uncommitted edits is what a contributor runs the test command in, and dirt says nothing about
@@ -28,7 +28,7 @@ pub(crate) fn run(_: &Ctx, checks: &mut Checks) {
 }
 
 /// The published crates, packaged together.
-const PUBLISHED: [&str; 4] = ["-p", "idempotency-core", "-p", "idempotency-client"];
+const PUBLISHED: [&str; 10] = ["-p", "idempotency-core", "-p", "idempotency-client", "-p", "idempotency-tower", "-p", "idempotency-actix", "-p", "idempotency-tonic"];
 
 /// Words of cargo's errors when the registry cannot be reached (not when it refuses a package).
 const UNREACHABLE: &[&str] = &["Unable to update registry", "failed to query replaced source", "network failure", "Could not resolve host", "Couldn't resolve host", "failed to download from"];

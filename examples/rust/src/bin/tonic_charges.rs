@@ -4,7 +4,7 @@
 //! `pg_extension`), `IDEM_DRIVER=sqlx` the sqlx driver (tokio-postgres otherwise),
 //! `IDEM_MODE=two_phase` the two-phase mode, `IDEM_KEY=request_id` the key from the message.
 
-use idempotency_client::layer::Mode;
+use idempotency_tower::Mode;
 use idempotency_client::{Idempotency, Settings};
 use idempotency_examples::charges::POOL_SIZE;
 use idempotency_examples::grpc_charges::{serve, KeyFrom, SCHEMA};

@@ -1,4 +1,4 @@
-//! The tower adapter of the layer's [core](super::core): read the body, hand the core the route
+//! The tower adapter of the layer's core: read the body, hand the core the route
 //! (the inner service), answer with its response type.
 //!
 //! tower's readiness contract: a service is called only after its `poll_ready` said ready, and
@@ -9,11 +9,12 @@
 //! the inner service, and middleware below the layer (`ConcurrencyLimit`, `Buffer`, `RateLimit`,
 //! `LoadShed`) bounds exactly the calls that run the handler.
 
-use super::config::Config;
-use super::core::{self, Answer, Failure, Head, Reply, RouteFuture};
-use super::transaction::Transaction;
-use super::Mode;
-use crate::driver::{postgres_by_default, Driver};
+use crate::config::Config;
+use crate::core::{self, Answer, Failure, Head, RouteFuture};
+use crate::layer::IdempotencyLayer;
+use crate::mode::Mode;
+use crate::reply::Reply;
+use crate::transaction::Transaction;
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use http::request::Parts;
@@ -23,16 +24,25 @@ use http_body_util::{BodyExt, LengthLimitError, Limited};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use tokio::sync::watch;
+use idempotency_client::{postgres_by_default, Driver};
 use tower_service::Service;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 postgres_by_default! {
-/// An idempotent route: the service [`super::IdempotencyLayer`] makes.
+/// An idempotent route: the service [`IdempotencyLayer`] makes.
 pub struct IdempotencyService<S, D: Driver = Postgres> {
-    pub(crate) inner: S,
-    pub(crate) config: Arc<Config<D>>,
+    inner: S,
+    config: Arc<Config<D>>,
 }
+}
+
+impl<S, D: Driver> tower_layer::Layer<S> for IdempotencyLayer<D> {
+    type Service = IdempotencyService<S, D>;
+
+    fn layer(&self, inner: S) -> IdempotencyService<S, D> {
+        IdempotencyService { inner, config: self.config().clone() }
+    }
 }
 
 impl<S: Clone, D: Driver> Clone for IdempotencyService<S, D> {
@@ -72,7 +82,10 @@ where
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
         let inner = self.inner.clone();
-        let (parts, body) = req.into_parts();
+        #[cfg_attr(not(feature = "axum"), allow(unused_mut))]
+        let (mut parts, body) = req.into_parts();
+        #[cfg(feature = "axum")]
+        crate::axum_adapter::match_route(&mut parts);
         let header_key = match core::head(&self.config, &parts) {
             Head::Uncovered | Head::PassThrough => return Box::pin(ready_then_call(inner, Request::from_parts(parts, body))),
             Head::Refuse(problem) => return Box::pin(std::future::ready(Ok(problem.into_response()))),
@@ -112,7 +125,7 @@ where
 }
 
 /// Drives `service` to readiness, then calls it: a request the layer passes through.
-pub(crate) async fn ready_then_call<S: Service<Req>, Req>(mut service: S, req: Req) -> Result<S::Response, S::Error> {
+pub async fn ready_then_call<S: Service<Req>, Req>(mut service: S, req: Req) -> Result<S::Response, S::Error> {
     std::future::poll_fn(|cx| service.poll_ready(cx)).await?;
     service.call(req).await
 }
@@ -123,7 +136,7 @@ pub(crate) async fn ready_then_call<S: Service<Req>, Req>(mut service: S, req: R
 /// with the adapter's future, a `Timeout` above the layer, a client gone) ends the wait with
 /// [`Failure::Gone`]: the inner service is not called and the key is released. Once it is
 /// ready, the call runs to its end in the core's task whatever happens to the request.
-pub(crate) async fn ready_and_call<S: Service<Req>, Req>(mut service: S, req: Req, mut gone: watch::Receiver<()>) -> Result<S::Response, Failure<S::Error>> {
+pub async fn ready_and_call<S: Service<Req>, Req>(mut service: S, req: Req, mut gone: watch::Receiver<()>) -> Result<S::Response, Failure<S::Error>> {
     tokio::select! {
         biased;
         ready = std::future::poll_fn(|cx| service.poll_ready(cx)) => ready.map_err(Failure::Service)?,
@@ -178,7 +191,7 @@ impl<S> TowerRoute<S> {
 }
 
 /// Reads an HTTP response up to `limit` bytes, with its trailers.
-pub(crate) async fn reply_of<R, SE>(response: Response<R>, limit: usize, effect_stands: bool) -> Result<Reply, Failure<SE>>
+pub async fn reply_of<R, SE>(response: Response<R>, limit: usize, effect_stands: bool) -> Result<Reply, Failure<SE>>
 where
     R: Body,
     R::Error: Into<BoxError>,

@@ -1,22 +1,23 @@
-//! The tonic adapter of the layer's core (feature `tonic`): the same
-//! configuration ([`super::Builder`]) and rules as the HTTP layer, for unary gRPC methods.
+//! `idempotency-tonic`: the idempotency layer for tonic gRPC servers, over idempotency-tower's
+//! core: the same configuration ([`Builder`]) and rules as the HTTP layer, for unary gRPC
+//! methods. The client is re-exported as [`client`]; a method writes through the request's
+//! [`Connection`], taken with [`Connection::take`]`(request.extensions_mut())`.
 //!
 //! ```no_run
-//! # use idempotency_client::layer::IdempotencyLayer;
-//! # fn demo(idem: idempotency_client::Idempotency) -> Result<(), Box<dyn std::error::Error>> {
-//! let layer = IdempotencyLayer::in_transaction(idem)
+//! # use idempotency_tonic::GrpcLayer;
+//! # fn demo(idem: idempotency_tonic::client::Idempotency) -> Result<(), Box<dyn std::error::Error>> {
+//! let layer = GrpcLayer::in_transaction(idem)
 //!     .user(|req| req.headers.get("x-user")?.to_str().ok().map(str::to_owned))
-//!     .build()?
-//!     .grpc();
+//!     .build()?;
 //! // tonic::transport::Server::builder().add_service(layer.layer(ChargesServer::new(service)))
 //! # Ok(())
 //! # }
 //! ```
 //!
 //! - The key is the `idempotency-key` metadata (a bare token or an sf-string), or what
-//!   [`super::Builder::key_from`] finds in the request, for instance Google AIP-155's
+//!   [`Builder::key_from`] finds in the request, for instance Google AIP-155's
 //!   `request_id` field: decode [`message`] of the body with your message type.
-//! - The user is what [`super::Builder::user`] / [`super::Builder::user_from`] find in the
+//! - The user is what [`Builder::user`] / [`Builder::user_from`] find in the
 //!   metadata or in the extensions an authentication layer outside this one set.
 //! - The operation is the method's path (`/charges.v1.Charges/Create`, prefixed `POST `).
 //! - The first call's answer is stored: its initial metadata (the allow-listed headers), its
@@ -49,69 +50,67 @@
 //! - Streaming RPCs are refused: a request of more than one message before anything is
 //!   reserved, an answer of more than one message after the fact (not stored; the key released,
 //!   in-transaction its writes rolled back), both FAILED_PRECONDITION with a message that says
-//!   to leave the method out of the layer ([`problem::types::STREAMING`](super::problem::types::STREAMING)).
+//!   to leave the method out of the layer ([`problem::types::STREAMING`]).
 
 mod answer;
 mod codes;
 mod encoding;
+mod frame;
 
-use super::config::Config;
-use super::core::{self, Answer, Head, RouteFuture};
-use super::problem::{types, Problem};
-use super::request::MatchedRoute;
-use super::service::{ready_and_call, ready_then_call};
-use super::transaction::Transaction;
-use super::{IdempotencyLayer, Mode};
+pub use idempotency_client as client;
+pub use idempotency_tower::{default_status_policy, problem, Builder, ConfigError, Connection, Mode, Reply, Transaction, TransactionRejection, ANONYMOUS_USER};
+
 use answer::{response_of, status_of};
-use crate::driver::{postgres_by_default, Driver};
+use frame::frames;
+pub use frame::message;
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use http::request::Parts;
 use http::{Request, Response};
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
+use idempotency_client::{postgres_by_default, Driver, Idempotency};
+use idempotency_tower::adapter::{self as core, ready_and_call, ready_then_call, reply_of, Answer, Config, Head, MatchedRoute, Problem, RouteFuture};
+use idempotency_tower::problem::types;
+use idempotency_tower::IdempotencyLayer;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use tokio::sync::watch;
 use tonic::body::Body;
 use tower_service::Service;
 
-/// The message of a unary gRPC request or answer body: the bytes after its 5-byte frame header
-/// (an uncompressed frame holding the whole body), for a [`super::Builder::key_from`] extractor
-/// to decode (`CreateCharge::decode(message(body)?)`). `None` for a compressed frame or a body
-/// that is not exactly one frame.
-pub fn message(body: &[u8]) -> Option<&[u8]> {
-    let (&[flag, a, b, c, d], rest) = body.split_first_chunk::<5>()?;
-    let len = u32::from_be_bytes([a, b, c, d]) as usize;
-    (flag == 0 && rest.len() == len).then_some(rest)
-}
-
-/// How many whole frames `body` holds; `None` when it is not a sequence of whole frames.
-fn frames(mut body: &[u8]) -> Option<usize> {
-    let mut count = 0;
-    while !body.is_empty() {
-        let (&[_, a, b, c, d], rest) = body.split_first_chunk::<5>()?;
-        let len = u32::from_be_bytes([a, b, c, d]) as usize;
-        body = rest.get(len..)?;
-        count += 1;
-    }
-    Some(count)
-}
-
-impl<D: Driver> IdempotencyLayer<D> {
-    /// The same layer for tonic: a tower layer over a tonic service (a generated `...Server`,
-    /// or `Routes`), for its unary methods. See [`GrpcLayer`].
-    pub fn grpc(self) -> GrpcLayer<D> {
-        GrpcLayer { config: self.config }
-    }
-}
-
 postgres_by_default! {
-/// An [`IdempotencyLayer`] for tonic servers (feature `tonic`), from [`IdempotencyLayer::grpc`]:
-/// per service (`Server::builder().add_service(layer.layer(ChargesServer::new(svc)))`, its
-/// service keeps its name) or for every route (`Server::builder().layer(layer)`).
+/// The idempotency layer for tonic servers: a tower layer over a tonic service (a generated
+/// `...Server`, or `Routes`), for its unary methods, per service
+/// (`Server::builder().add_service(layer.layer(ChargesServer::new(svc)))`, its service keeps its
+/// name) or for every route (`Server::builder().layer(layer)`). Built by the same [`Builder`] as
+/// idempotency-tower's [`IdempotencyLayer`] (and made from one with `From`).
 pub struct GrpcLayer<D: Driver = Postgres> {
     config: Arc<Config<D>>,
 }
+}
+
+impl<D: Driver> GrpcLayer<D> {
+    /// A builder over the handle `idem`, in [`Mode::InTransaction`] unless [`Builder::mode`]
+    /// says otherwise.
+    pub fn builder(idem: Idempotency<D>) -> Builder<D, Self> {
+        Builder::new(idem)
+    }
+
+    /// A builder for an in-transaction method: it writes through the [`Connection`].
+    pub fn in_transaction(idem: Idempotency<D>) -> Builder<D, Self> {
+        Builder::new(idem).mode(Mode::InTransaction)
+    }
+
+    /// A builder for a two-phase method: its effects leave the database.
+    pub fn two_phase(idem: Idempotency<D>) -> Builder<D, Self> {
+        Builder::new(idem).mode(Mode::TwoPhase)
+    }
+}
+
+impl<D: Driver> From<IdempotencyLayer<D>> for GrpcLayer<D> {
+    fn from(layer: IdempotencyLayer<D>) -> Self {
+        GrpcLayer { config: layer.config().clone() }
+    }
 }
 
 impl<D: Driver> Clone for GrpcLayer<D> {
@@ -284,25 +283,8 @@ impl<S> GrpcRoute<S> {
         let (effect_stands, gone) = (self.mode == Mode::TwoPhase, self.gone.clone());
         Box::pin(async move {
             let response = ready_and_call(service, req, gone).await?;
-            let reply = super::service::reply_of(response, limit, effect_stands).await?;
+            let reply = reply_of(response, limit, effect_stands).await?;
             answer::recorded(reply, limit, effect_stands)
         })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn frames_and_messages() {
-        let one = [&[0u8, 0, 0, 0, 2][..], b"hi"].concat();
-        assert_eq!(message(&one), Some(&b"hi"[..]));
-        assert_eq!(frames(&one), Some(1));
-        let two = [one.clone(), one.clone()].concat();
-        assert_eq!((message(&two), frames(&two)), (None, Some(2)));
-        assert_eq!(frames(&one[..4]), None);
-        assert_eq!(message(&[1, 0, 0, 0, 0]), None, "a compressed frame");
-        assert_eq!(frames(b""), Some(0));
     }
 }
