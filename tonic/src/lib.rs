@@ -68,11 +68,11 @@ use futures_util::future::BoxFuture;
 use http::request::Parts;
 use http::{Request, Response};
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
-use idempotency_client::{postgres_by_default, Driver, Idempotency};
-use idempotency_tower::adapter::{self as core, ready_and_call, ready_then_call, reply_of, Answer, Config, Head, MatchedRoute, Problem, RouteFuture};
+use idempotency_client::{postgres_by_default, Driver};
+use idempotency_tower::adapter::{self as core, ready_then_call, Answer, Config, Head, MatchedRoute, Problem, ServiceRoute};
 use idempotency_tower::problem::types;
 use idempotency_tower::IdempotencyLayer;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use tokio::sync::watch;
 use tonic::body::Body;
@@ -89,23 +89,7 @@ pub struct GrpcLayer<D: Driver = Postgres> {
 }
 }
 
-impl<D: Driver> GrpcLayer<D> {
-    /// A builder over the handle `idem`, in [`Mode::InTransaction`] unless [`Builder::mode`]
-    /// says otherwise.
-    pub fn builder(idem: Idempotency<D>) -> Builder<D, Self> {
-        Builder::new(idem)
-    }
-
-    /// A builder for an in-transaction method: it writes through the [`Connection`].
-    pub fn in_transaction(idem: Idempotency<D>) -> Builder<D, Self> {
-        Builder::new(idem).mode(Mode::InTransaction)
-    }
-
-    /// A builder for a two-phase method: its effects leave the database.
-    pub fn two_phase(idem: Idempotency<D>) -> Builder<D, Self> {
-        Builder::new(idem).mode(Mode::TwoPhase)
-    }
-}
+idempotency_tower::layer_builders!(GrpcLayer);
 
 impl<D: Driver> From<IdempotencyLayer<D>> for GrpcLayer<D> {
     fn from(layer: IdempotencyLayer<D>) -> Self {
@@ -235,56 +219,17 @@ where
     }
     // Held until the core answers: dropped with this future, it tells the route to stop waiting.
     let (_present, gone) = watch::channel(());
-    let route = GrpcRoute { inner: Arc::new(Mutex::new(inner.clone())), mode: config.mode, gone };
-    let call = move |p: Parts, b: Bytes, tx: Option<Transaction<D>>, limit: usize| route.call::<R, D>(p, b, tx, limit);
+    // The request rebuilt (the transaction in its extensions, where `tonic::Request::extensions`
+    // finds it); the answer read as gRPC's (its status for the policy is the HTTP status its
+    // code maps to).
+    let route = ServiceRoute::new(inner.clone(), config.mode, gone);
+    let call = move |p: Parts, b: Bytes, tx: Option<Transaction<D>>, limit: usize| {
+        route.call::<Body, R, D>(Request::from_parts(p, Body::new(Full::new(b))), tx, limit, answer::recorded)
+    };
     match core::serve(config, parts, bytes, header_key, call).await {
         Answer::Respond(reply) => Ok(response_of(reply)),
         Answer::Refuse(problem) => Ok(status_of(&problem)),
         Answer::ServiceError(e) => Err(e),
         Answer::PassThrough(parts, bytes) => Ok(ready_then_call(inner, Request::from_parts(parts, Body::new(Full::new(bytes)))).await?.map(Body::new)),
-    }
-}
-
-/// The inner service as the core's route.
-struct GrpcRoute<S> {
-    inner: Arc<Mutex<S>>,
-    mode: Mode,
-    /// Ends when the request's future is dropped ([`ready_and_call`]).
-    gone: watch::Receiver<()>,
-}
-
-impl<S> Clone for GrpcRoute<S> {
-    fn clone(&self) -> Self {
-        GrpcRoute { inner: self.inner.clone(), mode: self.mode, gone: self.gone.clone() }
-    }
-}
-
-impl<S> GrpcRoute<S> {
-    /// Calls a clone of the inner service, driven to readiness, with the request rebuilt (the transaction in its
-    /// extensions, where `tonic::Request::extensions` finds it) and reads the answer: its status
-    /// for the policy is the HTTP status its gRPC code maps to.
-    fn call<R, D>(&self, parts: Parts, body: Bytes, tx: Option<Transaction<D>>, limit: usize) -> RouteFuture<S::Error>
-    where
-        D: Driver,
-        S: Service<Request<Body>, Response = Response<R>> + Clone + Send + 'static,
-        S::Future: Send + 'static,
-        S::Error: Send + 'static,
-        R: http_body::Body<Data = Bytes> + Send + 'static,
-        R::Error: Into<BoxError>,
-    {
-        let mut req = Request::from_parts(parts, Body::new(Full::new(body)));
-        if let Some(tx) = tx {
-            req.extensions_mut().insert(tx);
-        }
-        let service = match self.inner.lock() {
-            Ok(inner) => inner.clone(),
-            Err(poisoned) => poisoned.into_inner().clone(),
-        };
-        let (effect_stands, gone) = (self.mode == Mode::TwoPhase, self.gone.clone());
-        Box::pin(async move {
-            let response = ready_and_call(service, req, gone).await?;
-            let reply = reply_of(response, limit, effect_stands).await?;
-            answer::recorded(reply, limit, effect_stands)
-        })
     }
 }

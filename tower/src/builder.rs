@@ -81,24 +81,36 @@ pub struct Builder<D: Driver = Postgres, L = IdempotencyLayer<D>> {
 }
 }
 
-impl<D: Driver> IdempotencyLayer<D> {
-    /// A builder over the handle `idem` (its pool, schema and settings are the defaults), in
-    /// [`Mode::InTransaction`] unless [`Builder::mode`] says otherwise.
-    pub fn builder(idem: Idempotency<D>) -> Builder<D> {
-        Builder::new(idem)
-    }
+/// The three entry points of a layer type that a [`Builder`] builds (`builder`,
+/// `in_transaction`, `two_phase`), written once for this crate's [`IdempotencyLayer`] and the
+/// adapter crates' layers (idempotency-actix's `IdempotencyLayer`, idempotency-tonic's
+/// `GrpcLayer`: any type made `From` an [`IdempotencyLayer`]). Hidden: those crates' seam.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! layer_builders {
+    ($layer:ident) => {
+        impl<D: $crate::client::Driver> $layer<D> {
+            /// A builder over the handle `idem` (its pool, schema and settings are the defaults),
+            /// in-transaction unless `Builder::mode` says otherwise.
+            pub fn builder(idem: $crate::client::Idempotency<D>) -> $crate::Builder<D, Self> {
+                $crate::Builder::new(idem)
+            }
 
-    /// A builder for an in-transaction route: its handler writes through the
-    /// [`Connection`](crate::Connection).
-    pub fn in_transaction(idem: Idempotency<D>) -> Builder<D> {
-        Builder::new(idem).mode(Mode::InTransaction)
-    }
+            /// A builder for an in-transaction route: its handler writes through the request's
+            /// `Connection`.
+            pub fn in_transaction(idem: $crate::client::Idempotency<D>) -> $crate::Builder<D, Self> {
+                $crate::Builder::new(idem).mode($crate::Mode::InTransaction)
+            }
 
-    /// A builder for a two-phase route: its handler's effects leave the database.
-    pub fn two_phase(idem: Idempotency<D>) -> Builder<D> {
-        Builder::new(idem).mode(Mode::TwoPhase)
-    }
+            /// A builder for a two-phase route: its handler's effects leave the database.
+            pub fn two_phase(idem: $crate::client::Idempotency<D>) -> $crate::Builder<D, Self> {
+                $crate::Builder::new(idem).mode($crate::Mode::TwoPhase)
+            }
+        }
+    };
 }
+
+crate::layer_builders!(IdempotencyLayer);
 
 /// The default status policy: the contract's, as [`StoredResponse`] applies it.
 pub fn default_status_policy(status: u16) -> Verdict {

@@ -115,8 +115,9 @@ where
     };
     // Held until the core answers: dropped with this future, it tells the route to stop waiting.
     let (_present, gone) = watch::channel(());
-    let route = TowerRoute { inner: Arc::new(Mutex::new(inner.clone())), mode: config.mode, gone };
-    match core::serve(config, parts, bytes, header_key, move |p, b, tx, limit| route.call(p, b, tx, limit)).await {
+    let route = ServiceRoute::new(inner.clone(), config.mode, gone);
+    let call = move |p, b, tx, limit| route.call(Request::from_parts(p, B::from(b)), tx, limit, |reply, _, _| Ok(reply));
+    match core::serve(config, parts, bytes, header_key, call).await {
         Answer::Respond(reply) => Ok(reply.into_response()),
         Answer::Refuse(problem) => Ok(problem.into_response()),
         Answer::ServiceError(e) => Err(e),
@@ -146,35 +147,45 @@ pub async fn ready_and_call<S: Service<Req>, Req>(mut service: S, req: Req, mut 
     service.call(req).await.map_err(Failure::Service)
 }
 
-/// The inner service as the core's route.
-struct TowerRoute<S> {
+/// The inner service as the core's route, for every adapter over tower (this crate's, and
+/// idempotency-tonic's): a clone of it is driven to readiness and called for each call of the
+/// route, and its answer read.
+pub struct ServiceRoute<S> {
     inner: Arc<Mutex<S>>,
     mode: Mode,
     /// Ends when the request's future is dropped ([`ready_and_call`]).
     gone: watch::Receiver<()>,
 }
 
-impl<S> Clone for TowerRoute<S> {
+impl<S> Clone for ServiceRoute<S> {
     fn clone(&self) -> Self {
-        TowerRoute { inner: self.inner.clone(), mode: self.mode, gone: self.gone.clone() }
+        ServiceRoute { inner: self.inner.clone(), mode: self.mode, gone: self.gone.clone() }
     }
 }
 
-impl<S> TowerRoute<S> {
-    /// Calls a clone of the inner service, driven to readiness, with the request rebuilt (the
-    /// transaction in its extensions), and reads the response up to `limit` bytes.
-    fn call<B, R, D>(&self, parts: Parts, body: Bytes, tx: Option<Transaction<D>>, limit: usize) -> RouteFuture<S::Error>
+/// What a route's answer goes through once read (`limit`, whether the effect stands): gRPC's
+/// checks of a unary answer, nothing over HTTP.
+pub type Finish<SE> = fn(Reply, usize, bool) -> Result<Reply, Failure<SE>>;
+
+impl<S> ServiceRoute<S> {
+    /// The route over `inner` in `mode`; `gone` ends when the request's future is dropped.
+    pub fn new(inner: S, mode: Mode, gone: watch::Receiver<()>) -> Self {
+        ServiceRoute { inner: Arc::new(Mutex::new(inner)), mode, gone }
+    }
+
+    /// Calls a clone of the inner service, driven to readiness, with `req` (the transaction put
+    /// in its extensions), reads the response up to `limit` bytes, and passes it to `finish`.
+    pub fn call<B, R, D>(&self, mut req: Request<B>, tx: Option<Transaction<D>>, limit: usize, finish: Finish<S::Error>) -> RouteFuture<S::Error>
     where
         D: Driver,
         S: Service<Request<B>, Response = Response<R>> + Clone + Send + 'static,
         S::Future: Send + 'static,
         S::Error: Send + 'static,
-        B: From<Bytes> + Send + 'static,
+        B: Send + 'static,
         R: Body + Send + 'static,
         R::Data: Send,
         R::Error: Into<BoxError>,
     {
-        let mut req = Request::from_parts(parts, B::from(body));
         if let Some(tx) = tx {
             req.extensions_mut().insert(tx);
         }
@@ -185,7 +196,7 @@ impl<S> TowerRoute<S> {
         let (effect_stands, gone) = (self.mode == Mode::TwoPhase, self.gone.clone());
         Box::pin(async move {
             let response = ready_and_call(service, req, gone).await?;
-            reply_of(response, limit, effect_stands).await
+            finish(reply_of(response, limit, effect_stands).await?, limit, effect_stands)
         })
     }
 }
