@@ -46,8 +46,9 @@ BEGIN
     END IF;
     v_counted := @extschema@._idem_require_writable('complete a key');
 
+    -- The recovery point's state goes (the response is the answer now); its step stays.
     UPDATE @extschema@.idem_records AS r
-       SET status = status, response = response, updated_at = v_now
+       SET status = status, response = response, state = NULL, updated_at = v_now
      WHERE r.operation = operation AND r.user_id = user_id AND r.key = key
        AND r.token = token AND r.status = ('PROCESSING' COLLATE pg_catalog."C")
        AND @extschema@._idem_owns(r.owner);
@@ -128,7 +129,7 @@ BEGIN
              ORDER BY u.k, u.t, u.i),
         done AS (
             UPDATE @extschema@.idem_records AS x
-               SET status = idem_complete_many.status, response = u.r, updated_at = v_now
+               SET status = idem_complete_many.status, response = u.r, state = NULL, updated_at = v_now
               FROM u
              WHERE x.operation = idem_complete_many.operation
                AND x.user_id = idem_complete_many.user_id AND x.key = u.k AND x.token = u.t
@@ -207,7 +208,7 @@ END
 $fn$;
 
 COMMENT ON FUNCTION @extschema@.idem_release(text, text, text, bigint, integer) IS
-    'Gives the key back after a transient failure: counts it, then deletes the record so a retry runs again (''released''), or marks it FAILED once max_retries failures are counted (''poisoned''). ''stale'' for a wrong token.';
+    'Gives the key back after a transient failure: counts it, then deletes the record so a retry runs again (''released''; a record with a recovery point is kept RESUMABLE, so a retry resumes it), or marks it FAILED once max_retries failures are counted (''poisoned''). ''stale'' for a wrong token.';
 
 CREATE FUNCTION @extschema@.idem_heartbeat(
     operation text,
@@ -277,3 +278,97 @@ $fn$;
 
 COMMENT ON FUNCTION @extschema@.idem_heartbeat(text, text, text, bigint, interval) IS
     'Extends the lease of the PROCESSING attempt holding token to now + lease (default idempotency.lease), within the record''s own ceiling: its expiry, or idempotency.ttl past now, whichever is later (an explicit lease past it is 22023); false when the token is stale; 42501 for another role''s key.';
+
+-- A recovery point (docs/recovery-points.md): the attempt holding token reached step, with state
+-- to continue from. Called in the transaction of the step's local writes, so both commit or
+-- neither; fenced as idem_complete (false, changing nothing, for a stale token: roll the step
+-- back), and it extends the lease as idem_heartbeat does, within the same ceiling.
+CREATE FUNCTION @extschema@.idem_checkpoint(
+    operation text,
+    user_id   text,
+    key       text,
+    token     bigint,
+    step      integer,
+    state     jsonb,
+    lease     interval DEFAULT NULL)
+    RETURNS boolean
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp
+    AS $fn$
+#variable_conflict use_variable
+DECLARE
+    v_now      timestamptz := clock_timestamp();
+    v_limit    bigint;
+    v_size     bigint;
+    v_lease    interval;
+    v_until    timestamptz;
+    v_ttl      interval;
+    v_ceiling  timestamptz;
+    v_recorded integer;
+    v_counted  boolean; -- receives _idem_count
+BEGIN
+    -- The argument rules (native: see idem_reserve); a failed check raises.
+    IF NOT (@extschema@._idem_check_scope(operation, user_id, key)
+            AND @extschema@._idem_require('token', token IS NULL)
+            AND @extschema@._idem_check_step(step)) THEN
+        RETURN NULL; -- not reached
+    END IF;
+    IF state IS NOT NULL THEN
+        v_limit := @extschema@._idem_max_response_bytes();
+        v_size := @extschema@._idem_utf8_length(state::text);  -- UTF-8 bytes, as a response
+        IF v_size > v_limit THEN
+            -- Never echo the value: it may be huge, and it may be private.
+            RAISE EXCEPTION 'state must be at most % bytes (idempotency.max_response_bytes), got %',
+                v_limit, v_size USING ERRCODE = '54000';
+        END IF;
+    END IF;
+    -- The lease and its ceiling exactly as idem_heartbeat's.
+    v_lease := @extschema@._idem_lease(lease, NULL);
+    v_until := v_now + v_lease;
+    v_ttl := @extschema@._idem_ttl(NULL);
+    v_ceiling := v_now + v_ttl;
+    v_counted := @extschema@._idem_require_writable('record a recovery point');
+    -- A reservation this transaction made and has not written yet (the native write-once flow:
+    -- recovery point 0 may share the reservation's transaction) is written first.
+    PERFORM @extschema@._idem_write_pending(operation, user_id, key);
+    -- Another role's record holding this token is refused (guarantee 8). Checked first, not as
+    -- a condition of the UPDATE (Citus refuses a STABLE function of a column there): a record
+    -- never changes owner under one token (a takeover writes a new token).
+    v_counted := @extschema@._idem_check_owner(
+        (SELECT r.owner FROM @extschema@.idem_records AS r
+          WHERE r.operation = operation AND r.user_id = user_id AND r.key = key
+            AND r.token = token), 'record a recovery point');
+
+    UPDATE @extschema@.idem_records AS r
+       SET step = step, state = state,
+           lease_expires_at = least(v_until, greatest(r.expires_at, v_ceiling)),
+           expires_at = greatest(r.expires_at, least(v_until, greatest(r.expires_at, v_ceiling))),
+           updated_at = v_now
+     WHERE r.operation = operation AND r.user_id = user_id AND r.key = key
+       AND r.token = token AND r.status = ('PROCESSING' COLLATE pg_catalog."C")
+       AND (r.step IS NULL OR r.step < step)
+       AND (lease IS NULL OR v_until <= greatest(r.expires_at, v_ceiling));
+    IF FOUND THEN
+        RETURN true;
+    END IF;
+    -- The attempt holding this token sent a step that does not advance, or asked for a lease
+    -- past its ceiling; else the token is stale (a value).
+    SELECT r.step INTO v_recorded
+      FROM @extschema@.idem_records AS r
+     WHERE r.operation = operation AND r.user_id = user_id AND r.key = key
+       AND r.token = token AND r.status = ('PROCESSING' COLLATE pg_catalog."C");
+    IF FOUND THEN
+        IF v_recorded >= step THEN
+            RAISE EXCEPTION 'step must exceed the recorded step %, got %', v_recorded, step
+                USING ERRCODE = '22023';
+        END IF;
+        RAISE EXCEPTION 'lease must not exceed the record''s remaining ttl or idempotency.ttl (%), whichever is longer, got %',
+            v_ttl, v_lease USING ERRCODE = '22023';
+    END IF;
+    v_counted := @extschema@._idem_count('stale_tokens');
+    RETURN false;
+END
+$fn$;
+
+COMMENT ON FUNCTION @extschema@.idem_checkpoint(text, text, text, bigint, integer, jsonb, interval) IS
+    'Records a recovery point of the PROCESSING attempt holding token: step (above the recorded one) and state, which idem_reserve answers as outcome resume to the attempt that takes the key over if this one dies or releases it. Extends the lease as idem_heartbeat. false, changing nothing, when the token is stale: roll the step back. Call it in the transaction of the step''s writes.';

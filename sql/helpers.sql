@@ -61,4 +61,37 @@ $fn$;
 COMMENT ON FUNCTION @extschema@.idem_lookup(text, text, text) IS
     'For operators: the record of (operation, user_id, key), zero or one row. Not granted to PUBLIC.';
 
+-- What a completer walks (docs/recovery-points.md): the RESUMABLE keys of one operation that the
+-- caller may act on (its own role's, or a role it is a member of), oldest updated_at first. A
+-- plain read, no lock: each key is then resumed by idem_reserve, which decides under the key's
+-- lock; a resume touches updated_at, so a key that keeps failing goes to the back of the queue.
+CREATE FUNCTION @extschema@.idem_resumable(operation text, batch_size integer DEFAULT 100)
+    RETURNS TABLE (user_id text, key text, request_hash text, step integer, state jsonb,
+                   attempts integer, updated_at timestamptz)
+    LANGUAGE plpgsql STABLE SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp
+    AS $fn$
+DECLARE
+    v_now timestamptz := clock_timestamp(); -- a value, not a call in the query (Citus)
+BEGIN
+    PERFORM @extschema@._idem_check_scope(idem_resumable.operation, 'u', 'k');
+    PERFORM @extschema@._idem_check_batch_size(idem_resumable.batch_size);
+    RETURN QUERY
+        SELECT r.user_id, r.key, r.request_hash, r.step, r.state,
+               coalesce((SELECT t.attempts FROM @extschema@.idem_retries AS t
+                          WHERE t.operation = r.operation AND t.user_id = r.user_id
+                            AND t.key = r.key AND t.expires_at > r.created_at), 0),
+               r.updated_at
+          FROM @extschema@.idem_records AS r
+         WHERE r.operation = idem_resumable.operation AND r.status = 'RESUMABLE'
+           AND r.expires_at > v_now
+           AND @extschema@._idem_owns(r.owner)
+         ORDER BY r.updated_at
+         LIMIT idem_resumable.batch_size;
+END
+$fn$;
+
+COMMENT ON FUNCTION @extschema@.idem_resumable(text, integer) IS
+    'For a completer: up to batch_size RESUMABLE keys of operation that the caller''s role owns (or is a member of), oldest updated_at first, with the step and state to resume from and the transient failures counted; takes no lock (resume each with idem_reserve).';
+
 -- idem_stats: sql/operations.sql.

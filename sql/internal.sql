@@ -181,6 +181,14 @@ CREATE FUNCTION @extschema@._idem_check_request_hash(request_hash text) RETURNS 
 COMMENT ON FUNCTION @extschema@._idem_check_request_hash(text) IS
     'Internal: true, or 22004/22023 when request_hash is NULL or not 1 to 255 bytes.';
 
+CREATE FUNCTION @extschema@._idem_check_step(step integer) RETURNS boolean
+    LANGUAGE c IMMUTABLE PARALLEL SAFE
+    SET search_path = pg_catalog, pg_temp
+    AS 'MODULE_PATHNAME', '_idem_check_step_wrapper';
+
+COMMENT ON FUNCTION @extschema@._idem_check_step(integer) IS
+    'Internal: true, or 22004/22023 when the step of a recovery point is NULL or below 0.';
+
 CREATE FUNCTION @extschema@._idem_require(name text, is_null boolean) RETURNS boolean
     LANGUAGE c IMMUTABLE PARALLEL SAFE
     SET search_path = pg_catalog, pg_temp
@@ -361,8 +369,10 @@ COMMENT ON FUNCTION @extschema@._idem_max_retries(integer) IS
     'Internal: an explicit max_retries (22023 below 1) or idempotency.max_retries.';
 
 -- A transient failure of the attempt whose PROCESSING record the caller has locked: count it in
--- the retry counter, then poison the record at max_retries or delete it so a retry runs again.
--- Shared by idem_release and idem_recover_stuck(action => 'release').
+-- the retry counter, then poison the record at max_retries, or else delete it so a retry runs
+-- again; a record with a recovery point (step, docs/recovery-points.md) is kept RESUMABLE
+-- instead, so a retry or a completer continues from that point. Shared by idem_release,
+-- idem_recover_stuck and the resume of an expired holder in idem_reserve.
 CREATE FUNCTION @extschema@._idem_release_locked(
     operation text, user_id text, key text, created_at timestamptz, expires_at timestamptz,
     max_retries integer)
@@ -375,11 +385,14 @@ DECLARE
     v_now      timestamptz := clock_timestamp();
     v_attempts integer;
     v_owner    oid;
+    v_step     integer;
+    v_until    timestamptz;
+    v_token    bigint;
     v_counted  boolean; -- receives _idem_count
 BEGIN
     -- The count belongs to the record's owner (guarantee 8; a statement of its own, which
     -- Citus routes to the key's shard as the INSERT below).
-    SELECT r.owner INTO v_owner
+    SELECT r.owner, r.step INTO v_owner, v_step
       FROM @extschema@.idem_records AS r
      WHERE r.operation = operation AND r.user_id = user_id AND r.key = key;
     -- A counter that expired before this record was created belongs to an earlier life of the
@@ -396,20 +409,35 @@ BEGIN
 
     IF v_attempts >= max_retries THEN
         UPDATE @extschema@.idem_records AS r
-           SET status = 'FAILED', updated_at = v_now
+           SET status = 'FAILED', state = NULL, updated_at = v_now
          WHERE r.operation = operation AND r.user_id = user_id AND r.key = key;
         v_counted := @extschema@._idem_count('poisonings');
         RETURN 'poisoned';
     END IF;
-    DELETE FROM @extschema@.idem_records AS r
-     WHERE r.operation = operation AND r.user_id = user_id AND r.key = key;
+    IF v_step IS NULL THEN
+        DELETE FROM @extschema@.idem_records AS r
+         WHERE r.operation = operation AND r.user_id = user_id AND r.key = key;
+    ELSE
+        -- Kept for a resume: a new token fences the attempt that held it out, and the record
+        -- (with its counter) lives at least one idempotency.ttl more, for a retry or a completer.
+        -- (Values, not calls inside the UPDATE: Citus refuses a volatile call there.)
+        v_until := greatest(expires_at, v_now + @extschema@._idem_ttl(NULL));
+        v_token := nextval('@extschema@.idem_token_seq');
+        UPDATE @extschema@.idem_records AS r
+           SET status = 'RESUMABLE', token = v_token,
+               lease_expires_at = v_now, expires_at = v_until, updated_at = v_now
+         WHERE r.operation = operation AND r.user_id = user_id AND r.key = key;
+        UPDATE @extschema@.idem_retries AS t
+           SET expires_at = greatest(t.expires_at, v_until)
+         WHERE t.operation = operation AND t.user_id = user_id AND t.key = key;
+    END IF;
     v_counted := @extschema@._idem_count('releases');
     RETURN 'released';
 END
 $fn$;
 
 COMMENT ON FUNCTION @extschema@._idem_release_locked(text, text, text, timestamptz, timestamptz, integer) IS
-    'Internal: counts a transient failure of a locked PROCESSING record, then poisons (FAILED) or deletes it.';
+    'Internal: counts a transient failure of a locked PROCESSING record, then poisons (FAILED) it, keeps it RESUMABLE (a record with a recovery point) or deletes it.';
 
 -- Whether idem_records is a Citus distributed (or reference) table: Citus's catalog
 -- pg_dist_partition exists and lists it. Maintenance then works key by key, with single-shard

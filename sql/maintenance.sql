@@ -45,13 +45,13 @@ BEGIN
              ORDER BY r.lease_expires_at
              LIMIT batch_size
         LOOP
-            SELECT r.created_at, r.expires_at INTO v_rec
+            SELECT r.created_at, r.expires_at, r.step INTO v_rec
               FROM @extschema@.idem_records AS r
              WHERE r.operation = v_key.operation AND r.user_id = v_key.user_id AND r.key = v_key.key
                AND r.status = 'PROCESSING' AND r.lease_expires_at <= v_now
                FOR UPDATE SKIP LOCKED;
             CONTINUE WHEN NOT FOUND; -- completed, recovered or taken over meanwhile, or held
-            IF action = 'fail' THEN
+            IF action = 'fail' AND v_rec.step IS NULL THEN
                 UPDATE @extschema@.idem_records AS r
                    SET status = 'FAILED', updated_at = v_now
                  WHERE r.operation = v_key.operation AND r.user_id = v_key.user_id AND r.key = v_key.key;
@@ -66,11 +66,12 @@ BEGIN
     END IF;
 
     IF action = 'fail' THEN
-        -- At most once: the dead worker may have done the work, so never run it again.
+        -- At most once: the dead worker may have done the work, so never run it again. A key
+        -- with a recovery point is left to the loop below.
         WITH stuck AS (
             SELECT r.operation, r.user_id, r.key
               FROM @extschema@.idem_records AS r
-             WHERE r.status = 'PROCESSING' AND r.lease_expires_at <= v_now
+             WHERE r.status = 'PROCESSING' AND r.lease_expires_at <= v_now AND r.step IS NULL
              ORDER BY r.lease_expires_at
              LIMIT batch_size
                FOR UPDATE SKIP LOCKED)
@@ -79,17 +80,19 @@ BEGIN
           FROM stuck AS s
          WHERE r.operation = s.operation AND r.user_id = s.user_id AND r.key = s.key;
         GET DIAGNOSTICS v_n = ROW_COUNT;
-        v_counted := @extschema@._idem_count('recovered', v_n);
-        RETURN v_n;
     END IF;
 
-    -- 'release': each stuck attempt is a transient failure, exactly as idem_release counts it.
+    -- 'release', and a key with a recovery point whatever the action: each stuck attempt is a
+    -- transient failure, exactly as idem_release counts it (_idem_release_locked: a key with a
+    -- recovery point becomes RESUMABLE, never FAILED below max_retries: the work is known up to
+    -- that point, and what came after it either rolled back or called out with a derived key).
     FOR v_rec IN
         SELECT r.operation, r.user_id, r.key, r.created_at, r.expires_at
           FROM @extschema@.idem_records AS r
          WHERE r.status = 'PROCESSING' AND r.lease_expires_at <= v_now
+           AND (action = 'release' OR r.step IS NOT NULL)
          ORDER BY r.lease_expires_at
-         LIMIT batch_size
+         LIMIT batch_size - v_n
            FOR UPDATE SKIP LOCKED
     LOOP
         PERFORM @extschema@._idem_release_locked(v_rec.operation, v_rec.user_id, v_rec.key,
@@ -102,7 +105,7 @@ END
 $fn$;
 
 COMMENT ON FUNCTION @extschema@.idem_recover_stuck(integer, text, integer) IS
-    'Handles up to batch_size PROCESSING records whose lease expired (skipping rows locked by live transactions): action ''fail'' marks them FAILED, ''release'' counts a transient failure as idem_release does. Returns how many.';
+    'Handles up to batch_size PROCESSING records whose lease expired (skipping rows locked by live transactions): action ''fail'' marks them FAILED, ''release'' counts a transient failure as idem_release does; a record with a recovery point is counted and kept RESUMABLE (or poisoned at max_retries) whatever the action. Returns how many.';
 
 CREATE FUNCTION @extschema@.idem_sweep(batch_size integer DEFAULT 1000)
     RETURNS bigint
@@ -201,4 +204,4 @@ END
 $fn$;
 
 COMMENT ON FUNCTION @extschema@.idem_sweep(integer) IS
-    'Deletes up to batch_size expired SUCCESS/FAILED records, then expired retry counters no remaining record needs. Returns how many rows it deleted. Safe to run concurrently with itself and with traffic.';
+    'Deletes up to batch_size expired SUCCESS/FAILED/RESUMABLE records, then expired retry counters no remaining record needs. Returns how many rows it deleted. Safe to run concurrently with itself and with traffic.';

@@ -191,6 +191,7 @@ BEGIN
         '@extschema@.idem_complete(text, text, text, bigint, jsonb, text)',
         '@extschema@.idem_release(text, text, text, bigint, integer)',
         '@extschema@.idem_heartbeat(text, text, text, bigint, interval)',
+        '@extschema@.idem_checkpoint(text, text, text, bigint, integer, jsonb, interval)',
         '@extschema@.idem_lookup(text, text, text)',
         -- A batch is one operation and user: one shard, so one node as well.
         '@extschema@.idem_reserve_many(text, text, text[], text[], interval, interval, boolean)',
@@ -203,6 +204,6 @@ END
 $fn$;
 
 COMMENT ON FUNCTION @extschema@.idem_distribute(regclass) IS
-    'Citus: distributes idem_records and idem_retries by user_id, co-located with colocate_with (a business table distributed by its text user_id), and delegates idem_reserve, idem_complete, idem_release, idem_heartbeat, idem_lookup, idem_reserve_many and idem_complete_many to the node of the user''s shard (force_delegation). Run on the coordinator, once and again after an update (it then only delegates what is new). Not granted to PUBLIC.';
+    'Citus: distributes idem_records and idem_retries by user_id, co-located with colocate_with (a business table distributed by its text user_id), and delegates idem_reserve, idem_complete, idem_release, idem_heartbeat, idem_checkpoint, idem_lookup, idem_reserve_many and idem_complete_many to the node of the user''s shard (force_delegation). Run on the coordinator, once and again after an update (it then only delegates what is new). Not granted to PUBLIC.';
 
 REVOKE EXECUTE ON FUNCTION @extschema@.idem_distribute(regclass) FROM PUBLIC;

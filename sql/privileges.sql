@@ -50,6 +50,7 @@ REVOKE EXECUTE ON FUNCTION
     @extschema@._idem_check_scope(text, text, text),
     @extschema@._idem_check_request_hash(text),
     @extschema@._idem_require(text, boolean),
+    @extschema@._idem_check_step(integer),
     @extschema@._idem_check_batch_size(integer),
     @extschema@._idem_check_array(text, anyarray, text, integer, boolean),
     @extschema@._idem_echo(text),
@@ -58,6 +59,7 @@ REVOKE EXECUTE ON FUNCTION
     @extschema@._idem_lease(interval, interval),
     @extschema@._idem_max_retries(integer),
     @extschema@._idem_release_locked(text, text, text, timestamptz, timestamptz, integer),
+    @extschema@._idem_resume_locked(text, text, text, text, bigint, interval),
     @extschema@._idem_write_nowait(text, text, text, text, bigint, timestamptz, timestamptz, timestamptz),
     @extschema@._idem_distributed(),
     @extschema@._idem_caller(),
@@ -73,13 +75,17 @@ GRANT EXECUTE ON FUNCTION
     @extschema@.idem_heartbeat(text, text, text, bigint, interval),
     @extschema@.idem_reserve_many(text, text, text[], text[], interval, interval, boolean),
     @extschema@.idem_complete_many(text, text, text[], bigint[], jsonb[], text),
-    @extschema@.idem_await(text, text, text, text, interval, interval, interval)
+    @extschema@.idem_await(text, text, text, text, interval, interval, interval),
+    @extschema@.idem_checkpoint(text, text, text, bigint, integer, jsonb, interval),
+    @extschema@.idem_resumable(text, integer)
     TO idempotency_user;
 
--- idem_await is new in 0.7.0, so no install has an application relying on PUBLIC's EXECUTE on
--- it: a plain REVOKE, replayed by the update too.
+-- idem_await, idem_checkpoint and idem_resumable are new in 0.7.0, so no install has an
+-- application relying on PUBLIC's EXECUTE on them: a plain REVOKE, replayed by the update too.
 REVOKE EXECUTE ON FUNCTION
-    @extschema@.idem_await(text, text, text, text, interval, interval, interval)
+    @extschema@.idem_await(text, text, text, text, interval, interval, interval),
+    @extschema@.idem_checkpoint(text, text, text, bigint, integer, jsonb, interval),
+    @extschema@.idem_resumable(text, integer)
     FROM PUBLIC;
 
 -- ... and for nobody else on a fresh install. A DO block, not a REVOKE statement, on purpose: the

@@ -21,7 +21,12 @@
 --      budget" lock (advisory lock (1768189296, 1), one slot for the whole transaction, the last
 --      of its budget) and probes the key's lock for an instant (taken and given back in one
 --      expression), so a key another transaction holds by its lock answers in_progress at once.
---   5. No subtransaction: PL/pgSQL cannot read another transaction's uncommitted row, and
+--   5. A live record with a recovery point and no live holder (RESUMABLE, or PROCESSING with a
+--      step and its lease run out; docs/recovery-points.md) is resumed, not answered: for the
+--      same request_hash and the owner's role, the key's lock is taken as for a takeover, then
+--      _idem_resume_locked re-reads the row under FOR UPDATE and hands it a new token with the
+--      last recovery point (outcome resume; an expired holder's failure counted first).
+--   6. No subtransaction: PL/pgSQL cannot read another transaction's uncommitted row, and
 --      INSERT waits for one, so only a key that some transaction past its budget may hold by its
 --      row needs an insert that gives up instead of waiting (_idem_write_nowait: lock_timeout,
 --      caught in an EXCEPTION block, a subtransaction). An insert takes it only with
@@ -68,6 +73,77 @@ $fn$;
 COMMENT ON FUNCTION @extschema@._idem_write_nowait(text, text, text, text, bigint, timestamptz, timestamptz, timestamptz) IS
     'Internal (PL/pgSQL idem_reserve): the insert of a new record; NULL instead of waiting (lock_timeout) for another transaction''s uncommitted row of the key.';
 
+-- The resume of a key with a recovery point and no live holder, for idem_reserve (both
+-- versions: the native one calls it by SPI), which holds the key's advisory lock and has checked
+-- the caller's role. Re-reads the record under its row lock, so a commit, a takeover, a recovery
+-- or a sweep since idem_reserve read it answers NULL (read again). A PROCESSING holder whose
+-- lease ran out is counted as a transient failure first, exactly as recovery would count it
+-- (_idem_release_locked: RESUMABLE, or poisoned at max_retries, then answered failed); a
+-- RESUMABLE record was counted when it was released. Then the attempt holding token owns the
+-- key from its last recovery point: lease from now, expiry at least the lease's end.
+CREATE FUNCTION @extschema@._idem_resume_locked(
+    operation    text,
+    user_id      text,
+    key          text,
+    request_hash text,
+    token        bigint,
+    lease        interval)
+    RETURNS @extschema@.idem_reservation
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $fn$
+#variable_conflict use_variable
+DECLARE
+    v_now      timestamptz := clock_timestamp();
+    v_rec      record;
+    v_expires  timestamptz;
+    v_attempts integer;
+    v_counted  boolean; -- receives _idem_count
+BEGIN
+    SELECT r.status, r.request_hash, r.step, r.state, r.created_at, r.expires_at, r.lease_expires_at
+      INTO v_rec
+      FROM @extschema@.idem_records AS r
+     WHERE r.operation = operation AND r.user_id = user_id AND r.key = key
+       FOR UPDATE;
+    IF NOT FOUND OR v_rec.request_hash <> request_hash OR v_rec.expires_at <= v_now
+       OR NOT (v_rec.status = 'RESUMABLE'
+               OR (v_rec.status = 'PROCESSING' AND v_rec.step IS NOT NULL
+                   AND v_rec.lease_expires_at <= v_now)) THEN
+        RETURN NULL;
+    END IF;
+    v_expires := v_rec.expires_at;
+    IF v_rec.status = 'PROCESSING' THEN
+        IF @extschema@._idem_release_locked(operation, user_id, key, v_rec.created_at, v_rec.expires_at,
+                                            @extschema@._idem_max_retries(NULL)) = 'poisoned' THEN
+            SELECT t.attempts INTO v_attempts
+              FROM @extschema@.idem_retries AS t
+             WHERE t.operation = operation AND t.user_id = user_id AND t.key = key;
+            v_counted := @extschema@._idem_count('reservations_failed');
+            RETURN ROW('failed', NULL, NULL, v_attempts, v_rec.expires_at, NULL, NULL)::@extschema@.idem_reservation;
+        END IF;
+        SELECT r.expires_at INTO v_expires
+          FROM @extschema@.idem_records AS r
+         WHERE r.operation = operation AND r.user_id = user_id AND r.key = key;
+    END IF;
+    v_expires := greatest(v_expires, v_now + lease);
+    UPDATE @extschema@.idem_records AS r
+       SET status = 'PROCESSING', token = token, lease_expires_at = v_now + lease,
+           expires_at = v_expires, updated_at = v_now
+     WHERE r.operation = operation AND r.user_id = user_id AND r.key = key;
+    -- The retry counter lives as long as the record (as a created retry's).
+    UPDATE @extschema@.idem_retries AS t
+       SET expires_at = greatest(t.expires_at, v_expires)
+     WHERE t.operation = operation AND t.user_id = user_id AND t.key = key AND t.expires_at > v_now
+    RETURNING t.attempts INTO v_attempts;
+    v_counted := @extschema@._idem_count('reservations_resume');
+    RETURN ROW('resume', token, NULL, coalesce(v_attempts, 0), v_expires, v_rec.step,
+               v_rec.state)::@extschema@.idem_reservation;
+END
+$fn$;
+
+COMMENT ON FUNCTION @extschema@._idem_resume_locked(text, text, text, text, bigint, interval) IS
+    'Internal (idem_reserve, under the key''s lock): resumes a key with a recovery point and no live holder with token, counting an expired holder''s failure; NULL when the record changed since it was read.';
+
 CREATE FUNCTION @extschema@.idem_reserve(
     operation    text,
     user_id      text,
@@ -97,6 +173,8 @@ DECLARE
     v_busy     boolean;
     v_counted  boolean; -- receives _idem_count: an assignment is PL/pgSQL's cheapest call
     v_owner    oid;
+    v_resume   boolean;
+    v_answer   @extschema@.idem_reservation;
 BEGIN
     -- The argument rules, checked natively (extension/src/args.rs, on the client crate's key
     -- rules): each check raises 22004/22023 naming the argument, or answers true.
@@ -115,7 +193,8 @@ BEGIN
         -- One statement, a primary-key probe of each table: the record, and the retry counter
         -- (which counts toward the record if it was live when the record was created). With no
         -- record the row is all NULL but the counter's.
-        SELECT r.request_hash, r.status, r.response, r.lease_expires_at, r.expires_at, r.owner,
+        v_resume := false;
+        SELECT r.request_hash, r.status, r.response, r.lease_expires_at, r.expires_at, r.owner, r.step,
                CASE WHEN t.expires_at > r.created_at THEN t.attempts END AS attempts,
                t.expires_at AS counter_expires_at, t.owner AS counter_owner
           INTO v_rec
@@ -131,19 +210,26 @@ BEGIN
             -- A live record decides, for its owner (and the owner's members) only: another role
             -- learns nothing of it, its response least of all (guarantee 8).
             v_counted := @extschema@._idem_check_owner(v_rec.owner, 'reserve a key');
-            v_outcome := CASE WHEN v_rec.request_hash <> request_hash THEN 'mismatch'
-                              WHEN v_rec.status = 'SUCCESS' THEN 'replay'
-                              WHEN v_rec.status = 'FAILED' THEN 'failed'
-                              ELSE 'in_progress' END;
-            v_counted := @extschema@._idem_count('reservations_' || v_outcome);
-            RETURN ROW(v_outcome, NULL,
-                       CASE WHEN v_outcome IN ('replay', 'failed') THEN v_rec.response END,
-                       coalesce(v_rec.attempts, 0), v_rec.expires_at)::@extschema@.idem_reservation;
+            -- A recovery point and no live holder: resumed below, under the key's lock.
+            v_resume := v_rec.request_hash = request_hash AND v_rec.expires_at > v_now
+                        AND (v_rec.status = 'RESUMABLE'
+                             OR (v_rec.status = 'PROCESSING' AND v_rec.step IS NOT NULL
+                                 AND v_rec.lease_expires_at <= v_now));
+            IF NOT v_resume THEN
+                v_outcome := CASE WHEN v_rec.request_hash <> request_hash THEN 'mismatch'
+                                  WHEN v_rec.status = 'SUCCESS' THEN 'replay'
+                                  WHEN v_rec.status = 'FAILED' THEN 'failed'
+                                  ELSE 'in_progress' END;
+                v_counted := @extschema@._idem_count('reservations_' || v_outcome);
+                RETURN ROW(v_outcome, NULL,
+                           CASE WHEN v_outcome IN ('replay', 'failed') THEN v_rec.response END,
+                           coalesce(v_rec.attempts, 0), v_rec.expires_at, NULL, NULL)::@extschema@.idem_reservation;
+            END IF;
         END IF;
 
-        -- Absent, or expired and free to take over. A live retry counter keeps a released key
-        -- its owner's (guarantee 8): another role may not start an attempt that would count
-        -- toward it, or reset it.
+        -- Absent, expired and free to take over, or to resume. A live retry counter keeps a
+        -- released key its owner's (guarantee 8): another role may not start an attempt that
+        -- would count toward it, or reset it.
         IF v_rec.counter_expires_at > v_now THEN
             v_counted := @extschema@._idem_check_owner(v_rec.counter_owner, 'reserve a key');
         END IF;
@@ -169,7 +255,7 @@ BEGIN
                    AND t.expires_at > v_now;
                 v_attempts := coalesce(v_attempts, 0);
                 v_counted := @extschema@._idem_count('reservations_in_progress');
-                RETURN ROW('in_progress', NULL, NULL, v_attempts, NULL)::@extschema@.idem_reservation;
+                RETURN ROW('in_progress', NULL, NULL, v_attempts, NULL, NULL, NULL)::@extschema@.idem_reservation;
             END IF;
             PERFORM set_config('idem_portable.kept_locks', (v_kept + 1)::text, true);
             v_locked := true;
@@ -194,13 +280,21 @@ BEGIN
                    AND t.expires_at > v_now;
                 v_attempts := coalesce(v_attempts, 0);
                 v_counted := @extschema@._idem_count('reservations_in_progress');
-                RETURN ROW('in_progress', NULL, NULL, v_attempts, NULL)::@extschema@.idem_reservation;
+                RETURN ROW('in_progress', NULL, NULL, v_attempts, NULL, NULL, NULL)::@extschema@.idem_reservation;
             END IF;
         END IF;
 
         v_locked := true;
         v_token := nextval('@extschema@.idem_token_seq');
         v_owner := @extschema@._idem_caller();
+        IF v_resume THEN
+            v_answer := @extschema@._idem_resume_locked(operation, user_id, key, request_hash, v_token, v_lease);
+            -- (Not v_answer IS NOT NULL: a row is NOT NULL only when every column is.)
+            IF v_answer.outcome IS NOT NULL THEN
+                RETURN v_answer;
+            END IF;
+            CONTINUE; -- the record changed since it was read: read it again
+        END IF;
         v_busy := false;
         IF NOT wait AND v_rec.status IS NULL THEN
             -- Does another transaction hold the "past its budget" lock? Probed up to three times
@@ -226,7 +320,7 @@ BEGIN
                    AND t.expires_at > v_now;
                 v_attempts := coalesce(v_attempts, 0);
                 v_counted := @extschema@._idem_count('reservations_in_progress');
-                RETURN ROW('in_progress', NULL, NULL, v_attempts, NULL)::@extschema@.idem_reservation;
+                RETURN ROW('in_progress', NULL, NULL, v_attempts, NULL, NULL, NULL)::@extschema@.idem_reservation;
             END IF;
         ELSIF v_rec.status IS NULL THEN
             INSERT INTO @extschema@.idem_records AS r
@@ -240,7 +334,7 @@ BEGIN
                SET request_hash = request_hash, status = 'PROCESSING', token = v_token,
                    response = NULL, lease_expires_at = v_now + v_lease,
                    expires_at = v_now + v_ttl, created_at = v_now, updated_at = v_now,
-                   owner = v_owner
+                   owner = v_owner, step = NULL, state = NULL
              WHERE r.operation = operation AND r.user_id = user_id AND r.key = key
                AND r.expires_at <= v_now
                AND (r.status <> 'PROCESSING' OR r.lease_expires_at <= v_now);
@@ -264,7 +358,7 @@ BEGIN
                  WHERE t.operation = operation AND t.user_id = user_id AND t.key = key;
             END IF;
             v_counted := @extschema@._idem_count('reservations_created');
-            RETURN ROW('created', v_token, NULL, v_attempts, v_now + v_ttl)::@extschema@.idem_reservation;
+            RETURN ROW('created', v_token, NULL, v_attempts, v_now + v_ttl, NULL, NULL)::@extschema@.idem_reservation;
         END IF;
         -- Lost a race with a commit, a takeover, a recovery or a sweep: read the key again.
     END LOOP;
@@ -275,12 +369,12 @@ BEGIN
      WHERE t.operation = operation AND t.user_id = user_id AND t.key = key
        AND t.expires_at > clock_timestamp();
     v_counted := @extschema@._idem_count('reservations_in_progress');
-    RETURN ROW('in_progress', NULL, NULL, coalesce(v_attempts, 0), NULL)::@extschema@.idem_reservation;
+    RETURN ROW('in_progress', NULL, NULL, coalesce(v_attempts, 0), NULL, NULL, NULL)::@extschema@.idem_reservation;
 END
 $fn$;
 
 COMMENT ON FUNCTION @extschema@.idem_reserve(text, text, text, text, interval, interval, boolean) IS
-    'Reserves (operation, user_id, key) for one attempt. outcome: created (token to complete with), replay (stored response), failed, in_progress, or mismatch (the key was used with another request_hash). Call in the transaction of the business write.';
+    'Reserves (operation, user_id, key) for one attempt. outcome: created (token to complete with), resume (token, and the step and state of the last recovery point to continue from), replay (stored response), failed, in_progress, or mismatch (the key was used with another request_hash). Call in the transaction of the business write.';
 
 -- A batch: idem_reserve for each key of one operation and user, in input order, in one
 -- statement. Each key is reserved exactly as by its own idem_reserve call, one after the other,
@@ -297,7 +391,7 @@ CREATE FUNCTION @extschema@.idem_reserve_many(
     lease          interval DEFAULT NULL,
     wait           boolean  DEFAULT false)
     RETURNS TABLE (key text, outcome text, token bigint, response jsonb, attempts integer,
-                   expires_at timestamptz)
+                   expires_at timestamptz, step integer, state jsonb)
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER
     SET search_path = pg_catalog, pg_temp
     AS $fn$
@@ -314,7 +408,8 @@ BEGIN
     -- One idem_reserve per element, evaluated in input order (OFFSET 0 keeps the call in the
     -- subquery: once per row, whatever the outer query reads of its result).
     RETURN QUERY
-    SELECT s.k, (s.r).outcome, (s.r).token, (s.r).response, (s.r).attempts, (s.r).expires_at
+    SELECT s.k, (s.r).outcome, (s.r).token, (s.r).response, (s.r).attempts, (s.r).expires_at,
+           (s.r).step, (s.r).state
       FROM (SELECT u.i, u.k,
                    @extschema@.idem_reserve(idem_reserve_many.operation, idem_reserve_many.user_id,
                                             u.k, u.h, idem_reserve_many.ttl,

@@ -20,8 +20,7 @@ CREATE TABLE @extschema@.idem_records (
     user_id          text        NOT NULL,
     key              text        NOT NULL,
     request_hash     text        NOT NULL,
-    status           text        NOT NULL CHECK (status OPERATOR(pg_catalog.=) ANY
-                                        (ARRAY['PROCESSING', 'SUCCESS', 'FAILED']::pg_catalog.text[])),
+    status           text        NOT NULL, -- checked by idem_records_status_check below
     token            bigint      NOT NULL,
     response         jsonb,
     -- The in-flight lease and the result TTL are separate: a lease decides when a stuck attempt
@@ -35,8 +34,22 @@ CREATE TABLE @extschema@.idem_records (
     -- (guarantee 8). NULL on records written before 0.6.0: any role with the API may act on
     -- those, as before, until they expire.
     owner            regrole,
+    -- The recovery point (0.7.0, docs/recovery-points.md): the ordinal of the last step an
+    -- attempt recorded with idem_checkpoint (0 = started, kept after completion) and that
+    -- step's state (cleared by idem_complete). Both NULL on a record without one.
+    step             integer,
+    state            jsonb,
     CONSTRAINT idem_records_pkey PRIMARY KEY (operation, user_id, key)
 ) WITH (vacuum_truncate = false);
+
+-- The statuses: RESUMABLE (0.7.0) is a key with a recovery point whose attempt ended without
+-- finishing, waiting for a retry or a completer to resume it (docs/recovery-points.md). Added
+-- NOT VALID, as the update from 0.6.0 adds it (sql/upgrade/idempotency--0.6.0--0.7.0.sql: it
+-- widens the old check without scanning the table under the update's lock): every row written
+-- is checked all the same, and a fresh install's schema stays the updated one's.
+ALTER TABLE @extschema@.idem_records
+    ADD CONSTRAINT idem_records_status_check CHECK (status OPERATOR(pg_catalog.=) ANY
+        (ARRAY['PROCESSING', 'SUCCESS', 'FAILED', 'RESUMABLE']::pg_catalog.text[])) NOT VALID;
 
 COMMENT ON TABLE @extschema@.idem_records IS
     'One record per (operation, user_id, key): the reservation, its fencing token and the stored response.';
@@ -46,7 +59,8 @@ COMMENT ON TABLE @extschema@.idem_records IS
 CREATE INDEX idem_records_lease_idx ON @extschema@.idem_records (lease_expires_at)
     WHERE status OPERATOR(pg_catalog.=) 'PROCESSING'::pg_catalog.text;
 
--- idem_sweep deletes finished records by expiry; PROCESSING rows (recovered, not swept) stay out.
+-- idem_sweep deletes finished and RESUMABLE records by expiry; PROCESSING rows (recovered, not
+-- swept) stay out.
 CREATE INDEX idem_records_expiry_idx ON @extschema@.idem_records (expires_at)
     WHERE status OPERATOR(pg_catalog.<>) 'PROCESSING'::pg_catalog.text;
 
@@ -76,11 +90,13 @@ CREATE TYPE @extschema@.idem_reservation AS (
     token      bigint,
     response   jsonb,
     attempts   integer,
-    expires_at timestamptz
+    expires_at timestamptz,
+    step       integer,
+    state      jsonb
 );
 
 COMMENT ON TYPE @extschema@.idem_reservation IS
-    'The answer of idem_reserve: outcome (created | replay | failed | in_progress | mismatch), the token when created, the stored response on replay or failed, transient failures so far, and the record''s expiry.';
+    'The answer of idem_reserve: outcome (created | resume | replay | failed | in_progress | mismatch), the token when created or resumed, the stored response on replay or failed, transient failures so far, the record''s expiry, and on resume the last recovery point''s step and state.';
 
 -- pg_dump keeps the rows of both tables and the sequence's position.
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.idem_records'::pg_catalog.regclass, '');

@@ -33,14 +33,14 @@ pub(crate) enum Call {
     RunStatement,
 }
 
-/// The handle of a loop of `kind` with a pool of `tasks`: with a replay cache for
+/// The handle of `tasks` loops of `kind`, a connection each: with a replay cache for
 /// [`Call::CachedReplay`].
 fn handle(url: &str, tasks: usize, kind: Call) -> Idempotency {
     let settings = match kind {
-        Call::CachedReplay => Settings::builder().replay_cache(ReplayCache::new(10_000, Duration::from_secs(60))),
+        Call::CachedReplay => Settings::builder().replay_cache(ReplayCache::new(10_000, Duration::from_secs(60))).build(),
         _ => Settings::default(),
     };
-    Idempotency::connect_with(url, tasks, settings).expect("pool")
+    Idempotency::from_url(url, pool_size(tasks), settings).expect("pool")
 }
 
 static NEXT_ONE: AtomicU64 = AtomicU64::new(0);
@@ -249,4 +249,9 @@ pub(crate) fn cpu_ns(pid: i32) -> u64 {
         .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("schedstat")).ok())
         .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
         .sum()
+}
+
+/// A pool of a connection for each of `tasks` loops (a pool's size is a `u32`).
+pub(crate) fn pool_size(tasks: usize) -> u32 {
+    u32::try_from(tasks).expect("a pool size of at most u32::MAX")
 }

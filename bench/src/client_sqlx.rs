@@ -13,17 +13,17 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::client::Call;
+use crate::client::{pool_size, Call};
 
 use crate::client::INSERT;
 const SELECT: &str = "SELECT response FROM idem_records WHERE operation = $1 AND user_id = $2 AND key = $3";
 
-pub(crate) fn connect(url: &str, size: usize) -> Idempotency<Sqlx> {
+pub(crate) fn connect(url: &str, size: u32) -> Idempotency<Sqlx> {
     connect_with(url, size, Settings::default())
 }
 
-fn connect_with(url: &str, size: usize, settings: Settings) -> Idempotency<Sqlx> {
-    Idempotency::connect_sqlx_with(url, u32::try_from(size).expect("pool size"), settings).expect("pool")
+fn connect_with(url: &str, size: u32, settings: impl Into<Settings>) -> Idempotency<Sqlx> {
+    Idempotency::from_url(url, size, settings).expect("pool")
 }
 
 /// One call: `run` around the INSERT (or nothing, when `empty`), or the raw sqlx transaction
@@ -88,8 +88,8 @@ pub(crate) async fn replayed_key(idem: &Idempotency<Sqlx>) -> Key {
 /// client-side p50/p99 latency.
 pub(crate) async fn throughput(url: &str, tasks: usize, run: Duration, kind: Call) -> Measure {
     let idem = match kind {
-        Call::CachedReplay => connect_with(url, tasks, Settings::builder().replay_cache(ReplayCache::new(10_000, Duration::from_secs(60)))),
-        _ => connect(url, tasks),
+        Call::CachedReplay => connect_with(url, pool_size(tasks), Settings::builder().replay_cache(ReplayCache::new(10_000, Duration::from_secs(60)))),
+        _ => connect(url, pool_size(tasks)),
     };
     let replayed = if matches!(kind, Call::Replay | Call::RawSelect | Call::CachedReplay) { replayed_key(&idem).await } else { replay_key() };
     let stop = Instant::now() + run;

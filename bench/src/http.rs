@@ -19,7 +19,8 @@ use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1;
 use hyper::{Request, StatusCode};
 use hyper_util::rt::TokioIo;
-use idempotency_client::Idempotency;
+use crate::client::pool_size;
+use idempotency_client::{Idempotency, Postgres, Settings};
 use idempotency_examples::{charges, payouts};
 use std::net::SocketAddr;
 use std::process::Stdio;
@@ -80,7 +81,7 @@ pub(crate) async fn serve(database_url: &str, bind: &str, provider_bind: &str) {
     // One handle for both examples' routes, of the examples' pool size; each plain twin uses the
     // pool of the layer it is compared with.
     assert_eq!(charges::POOL_SIZE, payouts::POOL_SIZE, "the examples' pool sizes differ");
-    let idem = Idempotency::connect(database_url, charges::POOL_SIZE).expect("pool");
+    let idem = Idempotency::<Postgres>::from_url(database_url, pool_size(charges::POOL_SIZE), Settings::default()).expect("pool");
     idem.check_extension().await.expect("the extension in the service's database");
     let db = idem.pool().get().await.expect("connection");
     db.batch_execute(charges::SCHEMA).await.expect("the example's table");

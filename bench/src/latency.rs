@@ -410,10 +410,10 @@ pub(crate) async fn rows(upstream: SocketAddr, db: &str, direct_url: &str, smoke
         }
         let service = http::Service::start(&url).await;
         for callers in CALLERS {
-            let pg = Idempotency::connect(&url, callers).expect("pool");
-            let sqlx = client_sqlx::connect(&url, callers);
+            let pg = Idempotency::from_url(&url, client::pool_size(callers), Settings::default()).expect("pool");
+            let sqlx = client_sqlx::connect(&url, client::pool_size(callers));
             let (pg_replayed, sqlx_replayed) = (client::replayed_key(&pg).await, client_sqlx::replayed_key(&sqlx).await);
-            let cached = Idempotency::connect_with(&url, callers, Settings::builder().replay_cache(ReplayCache::new(1_000, Duration::from_secs(600)))).expect("pool");
+            let cached = Idempotency::from_url(&url, client::pool_size(callers), Settings::builder().replay_cache(ReplayCache::new(1_000, Duration::from_secs(600)))).expect("pool");
             client::replay(&cached, None, &pg_replayed).await; // fills the cache
             let h = Arc::new(Handles { pg, cached, sqlx, pg_replayed, sqlx_replayed, service: service.addr, one: one_statement() });
             for spec in SPECS {

@@ -23,7 +23,8 @@ use crate::pgbench::Measure;
 use actix_web::{web, App, HttpRequest, HttpResponse, HttpServer};
 use deadpool_postgres::{GenericClient, Pool};
 use idempotency_tower::Mode;
-use idempotency_client::{Idempotency, Postgres};
+use crate::client::pool_size;
+use idempotency_client::{Idempotency, Postgres, Settings};
 use idempotency_examples::grpc_charges::proto::charges_client::ChargesClient;
 use idempotency_examples::grpc_charges::proto::charges_server::{Charges as ChargesRpc, ChargesServer};
 use idempotency_examples::grpc_charges::proto::{Charge, CreateCharge};
@@ -71,7 +72,7 @@ async fn insert_plain(pool: &Pool, user: &str, amount: i64) -> Result<i64, Strin
 
 /// The handle of a stack's service: the examples' pool size, the example's table in place.
 async fn handle(database_url: &str) -> Idempotency {
-    let idem = Idempotency::connect(database_url, charges::POOL_SIZE).expect("pool");
+    let idem = Idempotency::<Postgres>::from_url(database_url, pool_size(charges::POOL_SIZE), Settings::default()).expect("pool");
     idem.check_extension().await.expect("the extension in the service's database");
     idem.pool().get().await.expect("connection").batch_execute(charges::SCHEMA).await.expect("the example's table");
     idem

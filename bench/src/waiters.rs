@@ -8,13 +8,13 @@
 
 use crate::pgbench::Measure;
 use crate::Row;
-use idempotency_client::{Error, Fingerprint, Idempotency, Key, Outcome, StoredResponse, TxFuture};
+use idempotency_client::{Error, Fingerprint, Idempotency, Key, Outcome, Postgres, StoredResponse, TxFuture};
 use std::time::Duration;
 
 /// The duplicates of each case.
 const DUPLICATES: usize = 50;
 /// The pool of the handle the duplicates and the holder share.
-const POOL: usize = 8;
+const POOL: u32 = 8;
 
 /// What one case cost.
 struct Cost {
@@ -63,7 +63,7 @@ pub(crate) async fn row(url: &str, db: &tokio_postgres::Client, smoke: bool, rep
 /// has reserved, waiting for it or not.
 async fn case(url: &str, db: &tokio_postgres::Client, wait: bool, outside: Duration) -> Cost {
     let settings = idempotency_client::Settings::builder().wait(wait).wait_timeout(outside * 5);
-    let idem = Idempotency::connect_with(url, POOL, settings).expect("pool");
+    let idem = Idempotency::<Postgres>::from_url(url, POOL, settings).expect("pool");
     // Every connection open before the window, so that the window counts no connection set-up.
     let mut warm = Vec::new();
     for _ in 0..POOL {

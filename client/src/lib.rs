@@ -4,11 +4,11 @@
 //! # Quick start
 //!
 //! ```no_run
-//! use idempotency_client::{Fingerprint, Idempotency, Key, Outcome, StoredResponse};
+//! use idempotency_client::{Fingerprint, Idempotency, Key, Outcome, Settings, StoredResponse};
 //! use serde_json::json;
 //!
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! let idem = Idempotency::connect("postgresql://app@localhost/shop", 16)?;
+//! let idem: Idempotency = Idempotency::from_url("postgresql://app@localhost/shop", 16, Settings::default())?;
 //! idem.check_extension().await?; // fail fast: reachable, installed, a version this client speaks
 //!
 //! let key = Key::new("payments.create", "user-42", "k-1")?; // from the Idempotency-Key header
@@ -37,7 +37,9 @@
 //! the database). `run_async` is `run` with an async closure, cloned for each try and owning
 //! what it captures; `run`'s boxed closure (`|tx| Box::pin(async move { .. })`) may borrow (see
 //! [`Idempotency::run_async`] for why both exist). Either driver's handle is made the same way:
-//! [`Idempotency::from_url`] or [`Idempotency::from_pool`]. `run` costs three round trips for a closure with one prepared statement and
+//! [`Idempotency::from_url`] or [`Idempotency::from_pool`], the driver named by the handle's
+//! type (`let idem: Idempotency = ..` is tokio-postgres's; `Idempotency::<Sqlx>::from_url(..)`
+//! sqlx's: a build with both drivers cannot infer which). `run` costs three round trips for a closure with one prepared statement and
 //! takes no savepoint; a replay is answered after the first.
 //!
 //! The extension's schema comes from `pg_extension` (looked up once per handle), or from
@@ -48,7 +50,7 @@
 //! use idempotency_client::{Idempotency, Settings};
 //! # fn demo() -> Result<(), idempotency_client::Error> {
 //! let settings = Settings::builder().schema("idem").max_retries(5);
-//! let idem = Idempotency::connect_with("postgresql://app@localhost/shop", 16, settings)?;
+//! let idem: Idempotency = Idempotency::from_url("postgresql://app@localhost/shop", 16, settings)?;
 //! # Ok(())
 //! # }
 //! ```
@@ -92,11 +94,11 @@
 //! `idempotency-core`, which the extension links too; this crate re-exports what a caller
 //! needs. The flows are written once over the [`Driver`] interface; [`Postgres`]
 //! (tokio-postgres with a deadpool pool) is its default implementation, and with the `sqlx`
-//! feature `Sqlx` (a `sqlx::PgPool`) the other: `Idempotency::connect_sqlx(url, 16)`, and your
+//! feature `Sqlx` (a `sqlx::PgPool`) the other: `Idempotency::<Sqlx>::from_url(url, 16, settings)`, and your
 //! closures get the transaction's `&mut sqlx::PgConnection`:
 //!
 //! ```ignore
-//! let idem = Idempotency::connect_sqlx("postgresql://app@localhost/shop", 16)?;
+//! let idem = Idempotency::<Sqlx>::from_url("postgresql://app@localhost/shop", 16, Settings::default())?;
 //! let outcome = idem
 //!     .run(&key, &fingerprint, |conn| {
 //!         Box::pin(async move {
@@ -158,6 +160,7 @@ mod response;
 mod row;
 mod settings;
 mod sql;
+mod steps;
 pub mod tls;
 mod trace;
 pub mod types;
@@ -174,11 +177,13 @@ pub use driver::{SharedConnection, Sqlx, SqlxTx};
 pub use error::{DatabaseError, Error};
 pub use flow::TxFuture;
 pub use handle::{BatchFn, Connect, Idempotency, RecordFn, TxFn};
+pub use handle::Plans;
 pub use handler_error::{Disposition, HandlerError};
 pub use idempotency_core::fingerprint::canonical_json;
 pub use idempotency_core::{Decision, Fingerprint, FingerprintError, Key, KeyError};
 pub use one_statement::OneStatement;
 pub use outcome::{decision, Outcome};
 pub use response::{Body, Json, Replayable, StoredResponse, Verdict};
-pub use settings::{Elapsed, Isolation, Settings};
+pub use settings::{Elapsed, Isolation, Settings, SettingsBuilder};
 pub use sql::Schema;
+pub use steps::{DerivedKey, Plan, Resumed, StepFn};

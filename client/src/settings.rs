@@ -30,7 +30,7 @@ impl Isolation {
 
 /// The defaults of every call of a handle. `None` durations and retries mean the server's
 /// `idempotency.*` settings. Build with [`Settings::builder`] (or start from
-/// [`Settings::default`] and use the same methods).
+/// [`Settings::default`] and set the public fields).
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct Settings {
@@ -86,7 +86,7 @@ pub struct Settings {
     /// HTTP client's usual patience; `None` waits as long as the server and the network let it
     /// (see [`Settings::keepalives_idle`]).
     pub call_timeout: Option<Duration>,
-    /// For a pool made by a constructor (`Idempotency::connect_with`, `connect_sqlx_with`):
+    /// For a pool made by a constructor (`Idempotency::from_url`, either driver):
     /// how long a call waits for a free connection when every one is busy, then
     /// [`crate::Error::StoreUnavailable`]. Default 5 s.
     pub pool_timeout: Duration,
@@ -138,65 +138,87 @@ impl Default for Settings {
 }
 
 impl Settings {
-    /// The defaults, to change with the methods below.
-    pub fn builder() -> Self {
-        Settings::default()
+    /// A [`SettingsBuilder`] from the defaults. Every constructor (and the layer's) takes
+    /// `impl Into<Settings>`, so a builder is passed as it is, without [`SettingsBuilder::build`]:
+    /// `Idempotency::from_url(url, 16, Settings::builder().ttl(day))`.
+    pub fn builder() -> SettingsBuilder {
+        SettingsBuilder::default()
     }
+}
 
+/// [`Settings`] being built: one method per setting, then [`SettingsBuilder::build`] (or pass
+/// the builder where `impl Into<Settings>` is taken). Start from other settings with
+/// `SettingsBuilder::from(settings)`.
+#[derive(Debug, Clone, Default)]
+#[must_use]
+pub struct SettingsBuilder {
+    settings: Settings,
+}
+
+impl SettingsBuilder {
+    /// The settings.
+    pub fn build(self) -> Settings {
+        self.settings
+    }
+}
+
+impl From<SettingsBuilder> for Settings {
+    fn from(builder: SettingsBuilder) -> Settings {
+        builder.build()
+    }
+}
+
+impl From<Settings> for SettingsBuilder {
+    fn from(settings: Settings) -> SettingsBuilder {
+        SettingsBuilder { settings }
+    }
+}
+
+/// The setters of [`SettingsBuilder`], written once, and their deprecated twins on [`Settings`]
+/// (up to 0.6.0 `Settings::builder()` returned a `Settings`, and these methods were on it).
+macro_rules! setters {
+    ($($(#[$doc:meta])* $name:ident($arg:ident: $ty:ty) => $field:ident = $value:expr;)*) => {
+        impl SettingsBuilder {
+            $(
+                $(#[$doc])*
+                pub fn $name(mut self, $arg: $ty) -> Self {
+                    self.settings.$field = $value;
+                    self
+                }
+            )*
+        }
+
+        impl Settings {
+            $(
+                #[doc = concat!("Deprecated: [`SettingsBuilder::", stringify!($name), "`].")]
+                #[deprecated(since = "0.7.0", note = "Settings::builder() returns a SettingsBuilder: call this on it, or set the public field")]
+                pub fn $name(self, $arg: $ty) -> Self {
+                    SettingsBuilder::from(self).$name($arg).build()
+                }
+            )*
+        }
+    };
+}
+
+setters! {
     /// See [`Settings::schema`].
-    pub fn schema(mut self, schema: impl Into<String>) -> Self {
-        self.schema = Some(schema.into());
-        self
-    }
-
+    schema(schema: impl Into<String>) => schema = Some(schema.into());
     /// See [`Settings::ttl`].
-    pub fn ttl(mut self, ttl: Duration) -> Self {
-        self.ttl = Some(ttl);
-        self
-    }
-
+    ttl(ttl: Duration) => ttl = Some(ttl);
     /// See [`Settings::lease`].
-    pub fn lease(mut self, lease: Duration) -> Self {
-        self.lease = Some(lease);
-        self
-    }
-
+    lease(lease: Duration) => lease = Some(lease);
     /// See [`Settings::max_retries`].
-    pub fn max_retries(mut self, max_retries: i32) -> Self {
-        self.max_retries = Some(max_retries);
-        self
-    }
-
+    max_retries(max_retries: i32) => max_retries = Some(max_retries);
     /// See [`Settings::wait`].
-    pub fn wait(mut self, wait: bool) -> Self {
-        self.wait = wait;
-        self
-    }
-
+    wait(wait: bool) => wait = wait;
     /// See [`Settings::wait_timeout`].
-    pub fn wait_timeout(mut self, bound: Duration) -> Self {
-        self.wait_timeout = bound;
-        self
-    }
-
+    wait_timeout(bound: Duration) => wait_timeout = bound;
     /// See [`Settings::retry_after`].
-    pub fn retry_after(mut self, retry_after: Duration) -> Self {
-        self.retry_after = retry_after;
-        self
-    }
-
+    retry_after(retry_after: Duration) => retry_after = retry_after;
     /// See [`Settings::serialization_retries`].
-    pub fn serialization_retries(mut self, retries: u32) -> Self {
-        self.serialization_retries = retries;
-        self
-    }
-
+    serialization_retries(retries: u32) => serialization_retries = retries;
     /// See [`Settings::isolation`].
-    pub fn isolation(mut self, level: Isolation) -> Self {
-        self.isolation = Some(level);
-        self
-    }
-
+    isolation(level: Isolation) => isolation = Some(level);
     /// See [`Settings::replay_cache`]: replays answered from `cache` (shared by every clone of
     /// it) with no round trip.
     ///
@@ -204,42 +226,20 @@ impl Settings {
     /// use idempotency_client::{ReplayCache, Settings};
     /// use std::time::Duration;
     /// // At most 10,000 answers, each kept at most a minute (and never past its record's expiry).
-    /// let settings = Settings::builder().replay_cache(ReplayCache::new(10_000, Duration::from_secs(60)));
+    /// let settings = Settings::builder().replay_cache(ReplayCache::new(10_000, Duration::from_secs(60))).build();
+    /// assert!(settings.replay_cache.is_some());
     /// ```
-    pub fn replay_cache(mut self, cache: ReplayCache) -> Self {
-        self.replay_cache = Some(cache);
-        self
-    }
-
+    replay_cache(cache: ReplayCache) => replay_cache = Some(cache);
     /// See [`Settings::call_timeout`] (`None`: no deadline).
-    pub fn call_timeout(mut self, deadline: Option<Duration>) -> Self {
-        self.call_timeout = deadline;
-        self
-    }
-
+    call_timeout(deadline: Option<Duration>) => call_timeout = deadline;
     /// See [`Settings::pool_timeout`].
-    pub fn pool_timeout(mut self, wait: Duration) -> Self {
-        self.pool_timeout = wait;
-        self
-    }
-
+    pool_timeout(wait: Duration) => pool_timeout = wait;
     /// See [`Settings::connect_timeout`].
-    pub fn connect_timeout(mut self, bound: Duration) -> Self {
-        self.connect_timeout = bound;
-        self
-    }
-
+    connect_timeout(bound: Duration) => connect_timeout = bound;
     /// See [`Settings::keepalives_idle`] (`None`: no keepalives).
-    pub fn keepalives_idle(mut self, idle: Option<Duration>) -> Self {
-        self.keepalives_idle = idle;
-        self
-    }
-
+    keepalives_idle(idle: Option<Duration>) => keepalives_idle = idle;
     /// See [`Settings::statement_timeout`] (`None`: the server's setting).
-    pub fn statement_timeout(mut self, bound: Option<Duration>) -> Self {
-        self.statement_timeout = bound;
-        self
-    }
+    statement_timeout(bound: Option<Duration>) => statement_timeout = bound;
 }
 
 /// The lease `run_external` sends when [`Settings::lease`] is not set.
@@ -349,3 +349,23 @@ impl std::fmt::Display for Elapsed {
 }
 
 impl std::error::Error for Elapsed {}
+
+#[cfg(test)]
+mod tests {
+    use super::{Settings, SettingsBuilder};
+    use std::time::Duration;
+
+    #[test]
+    fn the_builder_builds_converts_and_starts_from_settings() {
+        let built = Settings::builder().schema("idem").ttl(Duration::from_secs(9)).wait(true).build();
+        assert_eq!((built.schema.as_deref(), built.ttl, built.wait), (Some("idem"), Some(Duration::from_secs(9)), true));
+        let converted: Settings = Settings::builder().max_retries(2).into();
+        assert_eq!((converted.max_retries, converted.call_timeout), (Some(2), Settings::default().call_timeout));
+        let again = SettingsBuilder::from(built).lease(Duration::from_secs(3)).build();
+        assert_eq!((again.schema.as_deref(), again.lease), (Some("idem"), Some(Duration::from_secs(3))));
+        // 0.6.0's setters on Settings, deprecated, still set the same field.
+        #[allow(deprecated)]
+        let old = Settings::default().ttl(Duration::from_secs(9));
+        assert_eq!(old.ttl, Some(Duration::from_secs(9)));
+    }
+}

@@ -83,6 +83,17 @@ pub(crate) struct Statements {
     /// `idem_complete_many` (0.4) aborting the transaction unless every key completed: $3 keys,
     /// $4 tokens, $5 responses, $6 status.
     pub(crate) complete_many_or_abort: String,
+    /// `run_steps`'s reservation (0.7), one statement in autocommit: `reserve`'s $1-$7 and
+    /// columns with `step` and `state`, and, when it created the key, recovery point 0 with the
+    /// input $8 as its state (`checkpointed`).
+    pub(crate) reserve_steps: String,
+    /// `idem_checkpoint` (0.7): $4 token, $5 step, $6 state, $7 lease in seconds.
+    pub(crate) checkpoint: String,
+    /// `idem_checkpoint` that aborts the transaction when it answers false, so that a `COMMIT`
+    /// pipelined behind it commits a step's writes only with its recovery point.
+    pub(crate) checkpoint_or_abort: String,
+    /// `idem_resumable` (0.7): $1 operation, $2 batch_size.
+    pub(crate) resumable: String,
 }
 
 impl Schema {
@@ -103,6 +114,7 @@ impl Schema {
              lease => make_interval(secs => $6::float8), wait => $7)"
         );
         let complete = format!("{s}.idem_complete({key}, token => $4, response => $5, status => $6)");
+        let checkpoint = format!("{s}.idem_checkpoint({key}, token => $4, step => $5, state => $6, lease => make_interval(secs => $7::float8))");
         let again = |then: &str| {
             format!(
                 "SELECT r.outcome, CASE WHEN r.outcome = 'created' THEN {then} END AS answer \
@@ -149,6 +161,18 @@ impl Schema {
                 "SELECT (CASE WHEN pg_catalog.bool_and(completed) IS NOT FALSE THEN 'true' ELSE '{LEASE_LOST_MARK}' END)::pg_catalog.bool \
                  AS completed FROM {s}.idem_complete_many(operation => $1, user_id => $2, keys => $3, tokens => $4, \
                  responses => $5, status => $6)"
+            ),
+            reserve_steps: format!(
+                "SELECT r.outcome, r.token, r.response, r.attempts, extract(epoch FROM r.expires_at)::float8 AS expires_at, r.step, r.state, \
+                 CASE WHEN r.outcome = 'created' THEN {s}.idem_checkpoint({key}, token => r.token, step => 0, state => $8, \
+                 lease => make_interval(secs => $6::float8)) END AS checkpointed FROM {reserve_call} AS r"
+            ),
+            checkpoint: format!("SELECT {checkpoint} AS checkpointed"),
+            checkpoint_or_abort: format!(
+                "SELECT (CASE WHEN {checkpoint} THEN 'true' ELSE '{LEASE_LOST_MARK}' END)::pg_catalog.bool AS checkpointed"
+            ),
+            resumable: format!(
+                "SELECT user_id, key, request_hash, step, state, attempts FROM {s}.idem_resumable(operation => $1, batch_size => $2)"
             ),
             name,
         })))
@@ -259,9 +283,14 @@ pub(crate) fn key_params(key: &Key) -> Vec<Param<'_>> {
 /// `$1`-`$7` of `reserve` (and of `reserve_and_release` / `reserve_and_fail`, whose `$8`
 /// follows): the key, the request's fingerprint, ttl and lease in seconds, wait.
 pub(crate) fn reserve_params<'a>(key: &'a Key, fingerprint: &'a Fingerprint, options: &ReserveOptions) -> Vec<Param<'a>> {
+    reserve_params_of(key, fingerprint.as_str(), options)
+}
+
+/// [`reserve_params`] with the request's hash as text (a completer's, read from the record).
+pub(crate) fn reserve_params_of<'a>(key: &'a Key, hash: &'a str, options: &ReserveOptions) -> Vec<Param<'a>> {
     let mut params = key_params(key);
     params.extend([
-        Param::Text(fingerprint.as_str()),
+        Param::Text(hash),
         Param::Float(secs(options.ttl)),
         Param::Float(secs(options.lease)),
         Param::Bool(options.wait),
@@ -287,6 +316,13 @@ pub(crate) fn heartbeat_params(key: &Key, token: Token, lease: Option<std::time:
 pub(crate) fn complete_params<'a>(key: &'a Key, token: Token, response: Option<&'a serde_json::Value>, status: Status) -> Vec<Param<'a>> {
     let mut params = key_params(key);
     params.extend([Param::Int8(token.0), Param::Json(response), Param::Text(status.as_str())]);
+    params
+}
+
+/// `$1`-`$7` of `checkpoint` and `checkpoint_or_abort`.
+pub(crate) fn checkpoint_params<'a>(key: &'a Key, token: Token, step: i32, state: Option<&'a serde_json::Value>, lease: Option<std::time::Duration>) -> Vec<Param<'a>> {
+    let mut params = key_params(key);
+    params.extend([Param::Int8(token.0), Param::Int4(step), Param::Json(state), Param::Float(secs(lease))]);
     params
 }
 

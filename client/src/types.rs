@@ -26,6 +26,17 @@ pub enum ReserveOutcome {
     InProgress,
     /// The key is live with a different request.
     Mismatch,
+    /// The key has a recovery point and no live holder (`RESUMABLE`, or `PROCESSING` with its
+    /// lease run out): this attempt now owns it and continues after the recorded step
+    /// (`Idempotency::run_steps`; the repository's docs/recovery-points.md).
+    Resume {
+        /// The attempt's fencing token.
+        token: Token,
+        /// The last recovery point committed (0: the request's input saved).
+        step: i32,
+        /// That recovery point's state.
+        state: Option<Value>,
+    },
 }
 
 /// The full answer of `idem_reserve`.
@@ -53,6 +64,12 @@ impl Reservation {
             ReserveWord::Failed => ReserveOutcome::Failed(row.json("response")?),
             ReserveWord::InProgress => ReserveOutcome::InProgress,
             ReserveWord::Mismatch => ReserveOutcome::Mismatch,
+            // Only `run_steps`'s statement selects `step` and `state`: another statement's row
+            // fails here, naming the column (docs/recovery-points.md, a 0.6 client's answer).
+            ReserveWord::Resume => match row.int8("token")? {
+                Some(token) => ReserveOutcome::Resume { token: Token(token), step: required("step", row.int4("step"))?, state: row.json("state")? },
+                None => return Err(Error::protocol("idem_reserve answered resume without a token")),
+            },
         };
         Ok(Reservation { outcome, attempts: row.int4("attempts")?.unwrap_or(0), expires_at: instant(row.float8("expires_at")?) })
     }
@@ -142,15 +159,17 @@ impl Record {
     }
 }
 
-/// What `idem_stats` counts.
+/// What `idem_stats` counts: the records in flight, stuck and expired exactly, the finished ones
+/// estimated from the planner's statistics of the table.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Stats {
     /// Records in flight.
     pub processing: i64,
-    /// Completed records.
-    pub success: i64,
-    /// Failed or poisoned records.
-    pub failed: i64,
+    /// Completed records, estimated; `None` until the table's first `ANALYZE` (autovacuum's or
+    /// yours), when there is no estimate to give.
+    pub success: Option<i64>,
+    /// Failed or poisoned records, estimated; `None` as [`Stats::success`].
+    pub failed: Option<i64>,
     /// `PROCESSING` records whose lease has expired.
     pub stuck: i64,
     /// Records past their expiry, awaiting a sweep.
@@ -159,16 +178,14 @@ pub struct Stats {
     pub oldest_processing_age: Option<Duration>,
 }
 
-
-/// Seconds, as the statements take durations (`make_interval(secs => ..)`).
 #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
 impl Stats {
     /// The counters from the row of `stats`.
     pub(crate) fn read(row: &impl Row) -> Result<Self, Error> {
         Ok(Stats {
             processing: required("processing", row.int8("processing"))?,
-            success: required("success", row.int8("success"))?,
-            failed: required("failed", row.int8("failed"))?,
+            success: row.int8("success")?,
+            failed: row.int8("failed")?,
             stuck: required("stuck", row.int8("stuck"))?,
             expired: required("expired", row.int8("expired"))?,
             oldest_processing_age: row.float8("oldest_processing_secs")?.and_then(|s| Duration::try_from_secs_f64(s).ok()),
@@ -176,6 +193,7 @@ impl Stats {
     }
 }
 
+/// Seconds, as the statements take durations (`make_interval(secs => ..)`).
 pub(crate) fn secs(d: Option<Duration>) -> Option<f64> {
     d.map(|d| d.as_secs_f64())
 }

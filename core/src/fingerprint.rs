@@ -134,7 +134,8 @@ impl AsRef<str> for Fingerprint {
     }
 }
 
-fn hex(digest: &[u8]) -> String {
+/// Lowercase hex of a digest (the fingerprint's and the derived key's spelling).
+pub(crate) fn hex(digest: &[u8]) -> String {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     let mut out = String::with_capacity(2 * digest.len());
     for &b in digest {

@@ -4,11 +4,24 @@
 //! `operation`, `user_id` and `key` are each 1 to 255 bytes with no control characters
 //! (U+0000–U+001F, U+007F–U+009F); `request_hash` is 1 to 255 bytes. The messages are the ones
 //! the extension raises with SQLSTATE 22023.
+//!
+//! [`Key::derive`] gives the idempotency key of one outside step of a request of several steps
+//! (docs/recovery-points.md, "Derived keys"); `idem_derive_key` calls the same function.
 
 use std::fmt;
 
+use sha2::{Digest, Sha256};
+
+use crate::fingerprint::hex;
+
 /// The longest `operation`, `user_id`, `key` or `request_hash`, in bytes.
 pub(crate) const MAX_PART_BYTES: usize = 255;
+
+/// The longest step name [`Key::derive`] takes, in bytes.
+pub const MAX_STEP_NAME_BYTES: usize = 64;
+
+/// The tag that opens every derivation: a new derivation takes a new tag, never this one.
+const DERIVE_TAG: &str = "idempotency.derive.v1";
 
 /// Why a key part was refused. The message names the argument and the rule.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -29,6 +42,24 @@ pub enum KeyError {
         /// The byte offset of the first control character.
         offset: usize,
     },
+    /// The step of a recovery point (`idem_checkpoint`'s ordinal) below 0.
+    #[error("step must be at least 0, got {got}")]
+    NegativeStep {
+        /// The step given.
+        got: i32,
+    },
+    /// A step name given to [`Key::derive`] that is empty or longer than 64 bytes.
+    #[error("step must be 1 to {MAX_STEP_NAME_BYTES} bytes, got {len}")]
+    StepLength {
+        /// Its length in bytes.
+        len: usize,
+    },
+    /// A step name given to [`Key::derive`] with a character outside `[A-Za-z0-9_.-]`.
+    #[error("step must contain only [A-Za-z0-9_.-], found another character at byte {offset}")]
+    StepCharacter {
+        /// The byte offset of the first character refused.
+        offset: usize,
+    },
 }
 
 impl KeyError {
@@ -36,6 +67,7 @@ impl KeyError {
     pub fn argument(&self) -> &'static str {
         match self {
             KeyError::Length { name, .. } | KeyError::ControlCharacter { name, .. } => name,
+            KeyError::NegativeStep { .. } | KeyError::StepLength { .. } | KeyError::StepCharacter { .. } => "step",
         }
     }
 }
@@ -104,6 +136,46 @@ impl Key {
     pub fn key(&self) -> &str {
         &self.key
     }
+
+    /// The idempotency key of the outside step `step` of this request, for the outside service:
+    /// `step || "-" ||` the lowercase hex SHA-256 of the tag `idempotency.derive.v1`, the
+    /// operation, the user, the key and `step`, each prefixed by its length in bytes (4 bytes,
+    /// big-endian), so no two different tuples give the same input. Stable (the same parts give
+    /// the same key on every retry, resume and version), distinct (different parts give different
+    /// keys, barring a SHA-256 collision), at most 129 bytes and opaque (neither the user nor
+    /// the key can be read from it).
+    ///
+    /// `step` is 1 to 64 bytes of `[A-Za-z0-9_.-]`.
+    pub fn derive(&self, step: &str) -> Result<String, KeyError> {
+        check_step_name(step)?;
+        let mut sha = Sha256::new();
+        for part in [DERIVE_TAG, &self.operation, &self.user_id, &self.key, step] {
+            // Every part is at most 255 bytes (checked), so the length fits 4 bytes.
+            sha.update((part.len() as u32).to_be_bytes());
+            sha.update(part.as_bytes());
+        }
+        Ok(format!("{step}-{}", hex(sha.finalize().as_slice())))
+    }
+}
+
+/// Checks the step of a recovery point (the ordinal `idem_checkpoint` records: 0 = started, 1..
+/// the plan's steps in order): at least 0. The extension applies exactly this function.
+pub fn check_recovery_step(step: i32) -> Result<(), KeyError> {
+    if step < 0 {
+        return Err(KeyError::NegativeStep { got: step });
+    }
+    Ok(())
+}
+
+/// Checks a step name for [`Key::derive`]: 1 to 64 bytes of `[A-Za-z0-9_.-]`.
+pub fn check_step_name(step: &str) -> Result<(), KeyError> {
+    if step.is_empty() || step.len() > MAX_STEP_NAME_BYTES {
+        return Err(KeyError::StepLength { len: step.len() });
+    }
+    match step.bytes().position(|b| !(b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))) {
+        Some(offset) => Err(KeyError::StepCharacter { offset }),
+        None => Ok(()),
+    }
 }
 
 impl fmt::Display for Key {
@@ -142,5 +214,68 @@ mod tests {
         // U+00A0 (no-break space) is past the C1 range and allowed.
         assert!(Key::new("op", "u", "\u{a0}").is_ok());
         assert!(check_request_hash("any\ttext").is_ok());
+    }
+
+    #[test]
+    fn derive_is_the_documented_hash() {
+        // The rule of docs/recovery-points.md, spelled out once more by hand.
+        let k = Key::new("rides.create", "u-1", "k-1").unwrap();
+        let mut input = Vec::new();
+        for part in ["idempotency.derive.v1", "rides.create", "u-1", "k-1", "charge"] {
+            input.extend_from_slice(&u32::try_from(part.len()).unwrap().to_be_bytes());
+            input.extend_from_slice(part.as_bytes());
+        }
+        let expected = format!("charge-{}", hex(Sha256::digest(&input).as_slice()));
+        assert_eq!(k.derive("charge").unwrap(), expected);
+        // Stable: the same parts, the same key.
+        assert_eq!(Key::new("rides.create", "u-1", "k-1").unwrap().derive("charge").unwrap(), expected);
+    }
+
+    #[test]
+    fn derive_is_injective_on_the_parts() {
+        // The doc's example: a plain join with "/" would give "u/a/b" twice.
+        let a = Key::new("op", "u", "a/b").unwrap().derive("charge").unwrap();
+        let b = Key::new("op", "u/a", "b").unwrap().derive("charge").unwrap();
+        assert_ne!(a, b);
+        let base = Key::new("op", "u", "k").unwrap();
+        let others = [
+            Key::new("op2", "u", "k").unwrap().derive("s").unwrap(),
+            Key::new("op", "u2", "k").unwrap().derive("s").unwrap(),
+            Key::new("op", "u", "k2").unwrap().derive("s").unwrap(),
+            base.derive("s2").unwrap(),
+        ];
+        for other in &others {
+            assert_ne!(&base.derive("s").unwrap(), other);
+        }
+    }
+
+    #[test]
+    fn derive_is_short_and_opaque() {
+        let k = Key::new("o".repeat(255), "u".repeat(255), "k".repeat(255)).unwrap();
+        let d = k.derive("charge").unwrap();
+        assert_eq!(d.len(), 71);
+        assert!(d.starts_with("charge-") && d[7..].bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
+        assert_eq!(k.derive(&"s".repeat(64)).unwrap().len(), 129);
+        assert!(!d.contains("uuu") && !d.contains("kkk"));
+    }
+
+    #[test]
+    fn derive_checks_the_step_name() {
+        let k = Key::new("op", "u", "k").unwrap();
+        assert_eq!(k.derive("").unwrap_err(), KeyError::StepLength { len: 0 });
+        assert_eq!(k.derive(&"s".repeat(65)).unwrap_err().to_string(), "step must be 1 to 64 bytes, got 65");
+        let e = k.derive("charge card").unwrap_err();
+        assert_eq!(e, KeyError::StepCharacter { offset: 6 });
+        assert_eq!(e.argument(), "step");
+        assert_eq!(e.to_string(), "step must contain only [A-Za-z0-9_.-], found another character at byte 6");
+        assert!(k.derive("é").is_err());
+        assert!(k.derive("A-z_0.9").is_ok());
+    }
+
+    #[test]
+    fn recovery_steps_start_at_zero() {
+        assert!(check_recovery_step(0).is_ok() && check_recovery_step(i32::MAX).is_ok());
+        let e = check_recovery_step(-1).unwrap_err();
+        assert_eq!((e.argument(), e.to_string().as_str()), ("step", "step must be at least 0, got -1"));
     }
 }

@@ -66,13 +66,16 @@ vocabulary! {
         Success => "SUCCESS",
         /// A permanent failure (or retries exhausted), replayed as failed.
         Failed => "FAILED",
+        /// A key with a recovery point whose attempt ended without finishing: the next
+        /// reservation resumes it from that point (docs/recovery-points.md).
+        Resumable => "RESUMABLE",
     }
 }
 
 impl Status {
     /// Whether `idem_complete` may record it (`SUCCESS` or `FAILED`).
     pub fn is_final(self) -> bool {
-        !matches!(self, Status::Processing)
+        matches!(self, Status::Success | Status::Failed)
     }
 }
 
@@ -81,6 +84,8 @@ vocabulary! {
     ReserveWord, "idem_reserve outcome" {
         /// The caller now owns the key.
         Created => "created",
+        /// The caller now owns a key with a recovery point, and continues from it.
+        Resume => "resume",
         /// A `SUCCESS` record with the same request.
         Replay => "replay",
         /// A `FAILED` record with the same request.
@@ -155,8 +160,9 @@ mod tests {
     #[test]
     fn unknown_words_name_what_and_the_rule() {
         let e = Status::parse("success").unwrap_err();
-        assert_eq!(e.to_string(), "status must be one of PROCESSING SUCCESS FAILED , got \"success\"");
+        assert_eq!(e.to_string(), "status must be one of PROCESSING SUCCESS FAILED RESUMABLE , got \"success\"");
         assert!(ReserveWord::parse("created ").is_err());
         assert!(!Status::Processing.is_final() && Status::Success.is_final() && Status::Failed.is_final());
+        assert!(!Status::Resumable.is_final());
     }
 }

@@ -8,18 +8,18 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post as post_route;
 use axum::{Json, Router};
 use idempotency_tower::{IdempotencyLayer, Transaction};
-use idempotency_client::Idempotency;
+use idempotency_client::{Idempotency, Postgres, Settings};
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-const DUPLICATES: usize = 32;
+const DUPLICATES: u32 = 32;
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let url = fresh_database().await?;
-    let idem = Idempotency::connect(&url, DUPLICATES + 4)?;
+    let idem = Idempotency::<Postgres>::from_url(&url, DUPLICATES + 4, Settings::default())?;
     let version = idem.check_extension().await?;
     let db = idem.pool().get().await?;
     // The naive implementation's own key table, without a constraint: check, then run. Both

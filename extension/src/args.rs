@@ -82,6 +82,14 @@ pub unsafe extern "C-unwind" fn _idem_check_request_hash_wrapper(fcinfo: pg_sys:
     pg_sys::Datum::from(_idem_check_request_hash(request_hash.map(|t| t.str)))
 }
 
+/// `_idem_check_step(step integer) RETURNS boolean`: the step of a recovery point
+/// (`idem_checkpoint`), on the core crate's rule: true, or 22004 for NULL, 22023 below 0.
+#[pg_extern(sql = false, immutable, parallel_safe)]
+pub(crate) fn _idem_check_step(step: Option<i32>) -> bool {
+    key::check_recovery_step(required("step", step)).unwrap_or_else(|e| refuse(e));
+    true
+}
+
 /// `_idem_require(name text, is_null boolean) RETURNS boolean`: true, or 22004 naming `name`
 /// (read as the database's bytes, converted: [`encoding::utf8`]; a NULL name shows as `<NULL>`,
 /// as PL/pgSQL's RAISE shows it in the portable twin). Not STRICT, so every argument may be

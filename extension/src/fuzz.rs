@@ -220,6 +220,7 @@ pub(crate) const FUNCTIONS: &[(&str, &str, &[Ty])] = {
         ("_idem_check_scope", "SELECT {}", &[Text, Text, Text]),
         ("_idem_check_request_hash", "SELECT {}", &[Text]),
         ("_idem_require", "SELECT {}", &[Text, Bool]),
+        ("_idem_check_step", "SELECT {}", &[Int]),
         ("_idem_ttl", "SELECT {}", &[Interval]),
         ("_idem_lease", "SELECT {}", &[Interval, Interval]),
         ("_idem_max_retries", "SELECT {}", &[Int]),

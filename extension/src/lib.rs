@@ -132,7 +132,7 @@ mod tests {
         assert_eq!(got, Ok(Some(false)));
     }
 
-    #[pg_test(error = "event must be one of reservations_created, reservations_replay, reservations_in_progress, reservations_mismatch, reservations_failed, completions_success, completions_failed, releases, poisonings, stale_tokens, recovered, swept, worker_passes, got \"nope\"")]
+    #[pg_test(error = "event must be one of reservations_created, reservations_replay, reservations_in_progress, reservations_mismatch, reservations_failed, reservations_resume, completions_success, completions_failed, releases, poisonings, stale_tokens, recovered, swept, worker_passes, got \"nope\"")]
     fn counting_an_unknown_event_is_an_error() {
         Spi::run("SELECT _idem_count('nope', 1)").unwrap();
     }

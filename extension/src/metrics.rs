@@ -11,12 +11,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// Every counter, in the order `idem_metrics()` returns them. The SQL functions name them in
 /// `_idem_count(event)`; docs/operations.md explains each.
-pub(crate) const EVENTS: [&str; 13] = [
+pub(crate) const EVENTS: [&str; 14] = [
     "reservations_created",
     "reservations_replay",
     "reservations_in_progress",
     "reservations_mismatch",
     "reservations_failed",
+    "reservations_resume",
     "completions_success",
     "completions_failed",
     "releases",

@@ -18,6 +18,21 @@ CREATE FUNCTION @extschema@._idem_check_request_hash(request_hash text) RETURNS 
     SELECT @extschema@._idem_check_part('request_hash', request_hash, false)
 $fn$;
 
+CREATE FUNCTION @extschema@._idem_check_step(step integer) RETURNS boolean
+    LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
+    SET search_path = pg_catalog, pg_temp
+    AS $fn$
+BEGIN
+    IF step IS NULL THEN
+        RAISE EXCEPTION 'step must not be NULL' USING ERRCODE = '22004';
+    END IF;
+    IF step < 0 THEN
+        RAISE EXCEPTION 'step must be at least 0, got %', step USING ERRCODE = '22023';
+    END IF;
+    RETURN true;
+END
+$fn$;
+
 CREATE FUNCTION @extschema@._idem_require(name text, is_null boolean) RETURNS boolean
     LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
     SET search_path = pg_catalog, pg_temp

@@ -1,7 +1,7 @@
 //! The shared private cluster ([`Server::private`]) and fresh databases on it.
 
 use idempotency_client::ops;
-use idempotency_client::{Idempotency, Key, Schema};
+use idempotency_client::{Idempotency, Key, Postgres, Schema, Settings};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::Command;
@@ -159,7 +159,7 @@ pub async fn admin() -> deadpool_postgres::Client {
 
 /// A pooled superuser connection (tokio-postgres) to the database at `url`.
 pub async fn admin_at(url: &str) -> deadpool_postgres::Client {
-    let idem = Idempotency::connect(url, 2).expect("pool");
+    let idem = Idempotency::<Postgres>::from_url(url, 2, Settings::default()).expect("pool");
     idem.pool().get().await.expect("connect")
 }
 

@@ -10,21 +10,18 @@
 //! are written once, by a macro, over it.
 
 use idempotency_tower::Transaction;
-use idempotency_client::{Driver, Idempotency, Postgres, Settings, Sqlx};
+use idempotency_client::{Connect, Driver, Idempotency, Postgres, Sqlx};
 use std::future::Future;
 use std::time::Duration;
 
 /// What the test kit needs of a driver, beyond the client's [`Driver`].
-pub trait Kit: Driver {
+pub trait Kit: Driver + Connect {
     /// The driver's error type.
     type DbError: std::error::Error + Send + Sync + 'static;
     /// The driver's name, for messages.
     const NAME: &'static str;
     /// A short name for the databases a suite makes per driver (`pg`, `sqlx`).
     const SHORT: &'static str;
-
-    /// A handle on `url` with a pool of `pool_size` connections.
-    fn try_connect(url: &str, pool_size: usize, settings: Settings) -> Result<Idempotency<Self>, idempotency_client::Error>;
 
     /// The driver's error for `sql` run on a connection of its own to `url`.
     fn error_of(url: &str, sql: &str) -> impl Future<Output = Self::DbError> + Send;
@@ -68,10 +65,6 @@ impl Kit for Postgres {
     const NAME: &'static str = "tokio-postgres";
     const SHORT: &'static str = "pg";
 
-    fn try_connect(url: &str, pool_size: usize, settings: Settings) -> Result<Idempotency<Self>, idempotency_client::Error> {
-        Idempotency::connect_with(url, pool_size, settings)
-    }
-
     async fn error_of(url: &str, sql: &str) -> tokio_postgres::Error {
         let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await.expect("connect");
         tokio::spawn(conn);
@@ -84,7 +77,7 @@ impl Kit for Postgres {
         cfg.url = Some(url.to_owned());
         let wait = Some(wait);
         cfg.pool = Some(PoolConfig { max_size: 1, timeouts: Timeouts { wait, create: wait, recycle: wait }, ..PoolConfig::default() });
-        let idem = Idempotency::new(cfg.create_pool(Some(Runtime::Tokio1), tokio_postgres::NoTls).expect("pool"), Settings::default());
+        let idem = Idempotency::<Postgres>::from_pool(cfg.create_pool(Some(Runtime::Tokio1), tokio_postgres::NoTls).expect("pool"), idempotency_client::Settings::default());
         let held = idem.pool().get().await.expect("the one connection");
         (idem, Box::new(held))
     }
@@ -139,12 +132,7 @@ impl Kit for Sqlx {
     const NAME: &'static str = "sqlx";
     const SHORT: &'static str = "sqlx";
     // sqlx has no cancel request: the connection is closed, and the server's connection check
-    // (client_connection_check_interval, set to 1 s by connect_sqlx_with) ends the statement.
-
-    fn try_connect(url: &str, pool_size: usize, settings: Settings) -> Result<Idempotency<Self>, idempotency_client::Error> {
-        let size = u32::try_from(pool_size).expect("a pool size that fits u32");
-        Idempotency::connect_sqlx_with(url, size, settings)
-    }
+    // (client_connection_check_interval, set to 1 s by from_url) ends the statement.
 
     async fn error_of(url: &str, sql: &str) -> sqlx::Error {
         use sqlx::Connection;
@@ -157,7 +145,7 @@ impl Kit for Sqlx {
         let options = sqlx::postgres::PgConnectOptions::from_str(url).expect("url");
         let pool = sqlx::postgres::PgPoolOptions::new().max_connections(1).acquire_timeout(wait).connect_lazy_with(options);
         let held = pool.acquire().await.expect("the one connection");
-        (Idempotency::from_sqlx(pool, Settings::default()), Box::new(held))
+        (Idempotency::from_pool(pool, idempotency_client::Settings::default()), Box::new(held))
     }
 
     async fn exec<'a>(conn: &'a mut Self::Conn, sql: &'a str, args: &'a [&'a str]) -> Result<u64, sqlx::Error> {
@@ -223,21 +211,21 @@ macro_rules! driver_module {
 
             /// A handle on `url` with a pool of `pool_size` connections (and the test kit's
             /// replay cache when `IDEM_REPLAY_CACHE=on`).
-            pub fn connect_with(url: &str, pool_size: usize, settings: Settings) -> Idem {
+            pub fn connect_with(url: &str, pool_size: u32, settings: impl Into<Settings>) -> Idem {
                 try_connect_with(url, pool_size, settings).expect("pool")
             }
 
             /// [`connect_with`], or its error (a malformed URL, a bad schema name).
-            pub fn try_connect_with(url: &str, pool_size: usize, settings: Settings) -> Result<Idem, idempotency_client::Error> {
-                TestDriver::try_connect(url, pool_size, crate::replay_cache::from_env(settings))
+            pub fn try_connect_with(url: &str, pool_size: u32, settings: impl Into<Settings>) -> Result<Idem, idempotency_client::Error> {
+                Idem::from_url(url, pool_size, crate::replay_cache::from_env(settings.into()))
             }
 
             /// A handle on a store that is down (nothing listens on port 1) with a pool of
             /// `pool_size`: a call ends at the client's own bounds, never hangs: at once over
             /// tokio-postgres (the refused connection), after its 1 s pool wait plus the URL's 1 s
             /// connect_timeout over sqlx (it retries the refused connection until then).
-            pub fn store_down(pool_size: usize) -> Idem {
-                let settings = Settings::default().pool_timeout(Duration::from_secs(1));
+            pub fn store_down(pool_size: u32) -> Idem {
+                let settings = Settings::builder().pool_timeout(Duration::from_secs(1));
                 connect_with("postgresql://postgres@127.0.0.1:1/postgres?connect_timeout=1", pool_size, settings)
             }
 
@@ -253,13 +241,13 @@ macro_rules! driver_module {
             }
 
             /// A handle with `settings` on [`test_database`] (shared by this process's tests).
-            pub async fn handle(settings: Settings) -> Idem {
+            pub async fn handle(settings: impl Into<Settings>) -> Idem {
                 connect_with(test_database().await, 100, settings)
             }
 
             /// A handle with `settings` on a fresh database `name` of its own (name it with
             /// [`db`] in a suite that runs per driver).
-            pub async fn handle_in(name: &str, settings: Settings) -> Idem {
+            pub async fn handle_in(name: &str, settings: impl Into<Settings>) -> Idem {
                 connect_with(&crate::fresh_database(name).await, 32, settings)
             }
 

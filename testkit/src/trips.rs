@@ -10,7 +10,7 @@
 //! read 3.4 to 3.75 for `run`, with nothing waited for in between.
 
 use crate::proxy::Proxy;
-use idempotency_client::{Fingerprint, Idempotency, Key, StoredResponse, Tx, TxFuture};
+use idempotency_client::{Fingerprint, Idempotency, Key, Postgres, Settings, StoredResponse, Tx, TxFuture};
 use serde_json::json;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -41,7 +41,7 @@ pub struct Trips {
 /// Counts [`Trips`] through a new proxy to `upstream`, database `db`: `insert` is a statement
 /// with one text parameter that writes one business row; `tasks` loops for the concurrent
 /// figure. The calls run in a task spawned on the current multi-threaded runtime.
-pub async fn count(upstream: SocketAddr, db: &str, insert: &'static str, calls: u64, tasks: usize) -> Trips {
+pub async fn count(upstream: SocketAddr, db: &str, insert: &'static str, calls: u64, tasks: u32) -> Trips {
     let db = db.to_owned();
     tokio::spawn(async move { measure(upstream, &db, insert, calls, tasks).await }).await.expect("the round-trip task")
 }
@@ -94,9 +94,9 @@ async fn per_call<F: std::future::Future<Output = ()>>(proxy: &Proxy, calls: u64
     (proxy.round_trips() - before) as f64 / calls as f64
 }
 
-async fn measure(upstream: SocketAddr, db: &str, insert: &'static str, calls: u64, tasks: usize) -> Trips {
+async fn measure(upstream: SocketAddr, db: &str, insert: &'static str, calls: u64, tasks: u32) -> Trips {
     let proxy = Proxy::start(upstream, None).await;
-    let one = Idempotency::connect(&proxy.url(db), 1).expect("pool");
+    let one = Idempotency::<Postgres>::from_url(&proxy.url(db), 1, Settings::default()).expect("pool");
     let raw = per_call(&proxy, calls, || async {
         let mut client = one.pool().get().await.expect("connection");
         call(&one, Some(&mut client), insert, "trips", false).await;
@@ -148,7 +148,7 @@ async fn measure(upstream: SocketAddr, db: &str, insert: &'static str, calls: u6
     let reserve = reserving as f64 / calls as f64;
     let record = all as f64 / calls as f64 - reserve;
 
-    let many = Idempotency::connect(&proxy.url(db), tasks).expect("pool");
+    let many = Idempotency::<Postgres>::from_url(&proxy.url(db), tasks, Settings::default()).expect("pool");
     let loops = |n: u64| {
         (0..tasks)
             .map(|t| {
@@ -168,6 +168,6 @@ async fn measure(upstream: SocketAddr, db: &str, insert: &'static str, calls: u6
     for l in loops(calls) {
         l.await.expect("loop");
     }
-    let concurrent = (proxy.round_trips() - before) as f64 / (calls * tasks as u64) as f64;
+    let concurrent = (proxy.round_trips() - before) as f64 / (calls * u64::from(tasks)) as f64;
     Trips { raw, run, concurrent, empty, replay_answer, replay_all, reserve, record }
 }

@@ -57,7 +57,8 @@ async fn answer(db: &deadpool_postgres::Client, sql: &str, params: &[&(dyn tokio
 }
 
 /// The names of the rules compared (the `_idem_` functions of sql/portable/args.sql).
-const RULES: [&str; 6] = ["_idem_check_scope", "_idem_check_request_hash", "_idem_require", "_idem_ttl", "_idem_lease", "_idem_max_retries"];
+const RULES: [&str; 7] =
+    ["_idem_check_scope", "_idem_check_request_hash", "_idem_require", "_idem_ttl", "_idem_lease", "_idem_max_retries", "_idem_check_step"];
 
 /// The language of each rule in `schema`, as `name=language`.
 async fn languages(db: &deadpool_postgres::Client, schema: &str) -> BTreeSet<String> {
@@ -135,7 +136,10 @@ async fn native_and_portable_argument_rules_agree() {
         let (ttl, lease) = (interval(&mut rng), interval(&mut rng));
         let retries: Option<i32> = [None, Some(0), Some(-5), Some(1), Some(3), Some(i32::MAX)][rng.random_range(0..6)];
         let is_null: Option<bool> = [None, Some(true), Some(false)][rng.random_range(0..3)];
-        let calls: [(&str, Vec<&(dyn tokio_postgres::types::ToSql + Sync)>); 7] = [
+        // A recovery point's step: NULL, below 0, 0, and above.
+        let step: Option<i32> = [None, Some(-1), Some(i32::MIN), Some(0), Some(1), Some(rng.random_range(2..1000)), Some(i32::MAX)]
+            [rng.random_range(0..7)];
+        let calls: [(&str, Vec<&(dyn tokio_postgres::types::ToSql + Sync)>); 8] = [
             ("_idem_check_scope($1, $2, $3)::text", vec![&a, &b, &c]),
             ("_idem_check_request_hash($1)::text", vec![&h]),
             ("_idem_require('wait', $1)::text", vec![&is_null]),
@@ -143,6 +147,7 @@ async fn native_and_portable_argument_rules_agree() {
             ("_idem_lease($1::text::interval, _idem_ttl($2::text::interval))::text", vec![&lease, &ttl]),
             ("_idem_lease($1::text::interval, NULL)::text", vec![&lease]),
             ("_idem_max_retries($1)::text", vec![&retries]),
+            ("_idem_check_step($1)::text", vec![&step]),
         ];
         for (call, params) in calls {
             let native_answer = answer(&native, &format!("SELECT {call}"), &params).await;

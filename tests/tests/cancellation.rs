@@ -27,7 +27,7 @@ idempotency_testkit::for_each_driver! {
     use axum::routing::post;
     use axum::Router;
     use idempotency_tower::{IdempotencyLayer, Mode, Transaction};
-    use idempotency_client::{BatchItem, Error, Fingerprint, Key, OneStatement, Outcome, Settings, StoredResponse, TxFuture};
+    use idempotency_client::{BatchItem, Error, Fingerprint, Key, OneStatement, Outcome, Settings, SettingsBuilder, StoredResponse, TxFuture};
     use idempotency_testkit::server::eventually;
     use idempotency_testkit::tls_server::TlsServer;
     use idempotency_testkit::{admin_at, charges_for, fresh_database, unique_key, Failure};
@@ -66,9 +66,9 @@ idempotency_testkit::for_each_driver! {
     }
 
     impl Stage {
-        async fn new(name: &str, settings: Settings) -> Stage {
+        async fn new(name: &str, settings: impl Into<Settings>) -> Stage {
             let url = fresh_database(&db(name)).await;
-            Stage::at(&url, &url, settings).await
+            Stage::at(&url, &url, settings.into()).await
         }
 
         /// The stage on the database of `admin_url` (the admin's and the gate's sessions), the
@@ -182,8 +182,8 @@ idempotency_testkit::for_each_driver! {
     }
 
     /// The settings of every stage: reservations wait for a concurrent holder (so one can be stalled).
-    fn waiting() -> Settings {
-        Settings::default().wait(true)
+    fn waiting() -> SettingsBuilder {
+        Settings::builder().wait(true)
     }
 
     fn fp() -> Fingerprint {
@@ -608,7 +608,7 @@ idempotency_testkit::for_each_driver! {
         let name = db(&format!("idem_cancel_tls_{case}_{}", mode.replace('-', "_")));
         server.fresh_database(&name);
         let admin_url = server.database_url(&name, "localhost", "sslmode=require");
-        let stage = Stage::at(&admin_url, &tls_url(server, &name, mode), waiting()).await;
+        let stage = Stage::at(&admin_url, &tls_url(server, &name, mode), waiting().build()).await;
         let key = unique_key("cancel.tls");
         match at {
             At::Reservation => stage.stall_reservations_of(&key).await,

@@ -4,7 +4,7 @@
 
 use deadpool_postgres::{PoolConfig, Runtime, Timeouts};
 use idempotency_client::ops::{self, ReserveOutcome};
-use idempotency_client::{Error, Fingerprint, Idempotency, Key, Outcome, Settings, StoredResponse, Tx, TxFuture};
+use idempotency_client::{Error, Fingerprint, Idempotency, Key, Outcome, Postgres, Settings, StoredResponse, Tx, TxFuture};
 use idempotency_testkit::proxy::Proxy;
 use idempotency_testkit::trips;
 use idempotency_testkit::{charges_for, cluster_addr, cluster_url, database_url, fresh_database, unique_key};
@@ -75,7 +75,7 @@ async fn run_takes_three_round_trips_and_a_replay_one() {
     let name = "idem_client_round_trips";
     fresh_database(name).await;
     let proxy = Proxy::start(cluster_addr(), None).await;
-    let idem = Idempotency::connect(&proxy.url(name), 1).unwrap();
+    let idem = Idempotency::<Postgres>::from_url(&proxy.url(name), 1, Settings::default()).unwrap();
     let user = "rt-user";
 
     let one = trips_of(&proxy, |i| {
@@ -160,7 +160,7 @@ async fn calls_are_qualified_with_the_extensions_schema_not_the_search_path() {
     .unwrap();
 
     // Default: the schema comes from pg_extension; the search_path stays as it is.
-    let found = Idempotency::connect(&url, 2).unwrap();
+    let found = Idempotency::<Postgres>::from_url(&url, 2, Settings::default()).unwrap();
     assert_eq!(found.check_extension().await.unwrap(), env!("CARGO_PKG_VERSION"));
     assert_eq!(found.schema().await.unwrap().name(), "idem");
     let key = unique_key("schema.default");
@@ -172,18 +172,18 @@ async fn calls_are_qualified_with_the_extensions_schema_not_the_search_path() {
     assert!(ops::lookup(&client, &found.schema().await.unwrap(), &key).await.unwrap().is_some());
 
     // Configured explicitly.
-    let named = Idempotency::connect_with(&url, 2, Settings::builder().schema("idem")).unwrap();
+    let named = Idempotency::<Postgres>::from_url(&url, 2, Settings::builder().schema("idem")).unwrap();
     assert!(named.run(&key, &fp(), insert(key.to_string(), 1)).await.unwrap().is_replayed());
 
     // Configured wrongly: our own statements say the extension is missing there.
-    let wrong = Idempotency::connect_with(&url, 2, Settings::builder().schema("public")).unwrap();
+    let wrong = Idempotency::<Postgres>::from_url(&url, 2, Settings::builder().schema("public")).unwrap();
     let err = wrong.run(&key, &fp(), insert(key.to_string(), 1)).await.unwrap_err();
     assert!(matches!(err, Error::IncompatibleExtension { .. }), "{err:?}");
     let err = wrong.check_extension().await.unwrap_err();
     assert!(matches!(&err, Error::IncompatibleExtension { reason, .. } if reason.contains("\"idem\"")), "{err:?}");
 
     // An invalid schema name is refused before anything is connected.
-    let err = Idempotency::connect_with(&url, 2, Settings::builder().schema(String::new())).unwrap_err();
+    let err = Idempotency::<Postgres>::from_url(&url, 2, Settings::builder().schema(String::new())).unwrap_err();
     assert!(matches!(err, Error::Configuration { .. }), "{err:?}");
 }
 
@@ -194,7 +194,7 @@ fn small_pool(url: &str, size: usize) -> Idempotency {
     cfg.url = Some(url.to_owned());
     let (wait, create) = (Some(Duration::from_millis(300)), Some(Duration::from_secs(10)));
     cfg.pool = Some(PoolConfig { max_size: size, timeouts: Timeouts { wait, create, recycle: create }, ..PoolConfig::default() });
-    Idempotency::new(cfg.create_pool(Some(Runtime::Tokio1), tokio_postgres::NoTls).unwrap(), Settings::default())
+    Idempotency::<Postgres>::from_pool(cfg.create_pool(Some(Runtime::Tokio1), tokio_postgres::NoTls).unwrap(), Settings::default())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -328,7 +328,7 @@ async fn a_cancelled_run_returns_no_connection_mid_transaction() {
 #[tokio::test]
 async fn a_commit_pipelined_behind_a_lost_completion_commits_nothing() {
     let url = fresh_database("idem_client_fenced_commit").await;
-    let idem = Idempotency::connect(&url, 2).unwrap();
+    let idem = Idempotency::<Postgres>::from_url(&url, 2, Settings::default()).unwrap();
     let key = unique_key("fenced.commit");
     let tag = key.to_string();
     // The closure writes a business row, then (as a takeover would) moves the record to another

@@ -2,7 +2,7 @@
 //! and retry counter, and tokens issued after the restore exceed every earlier token.
 
 use idempotency_client::ops::{self, ReserveOptions, ReserveOutcome, Status};
-use idempotency_client::{Fingerprint, Idempotency, Key};
+use idempotency_client::{Fingerprint, Idempotency, Key, Postgres, Settings};
 use idempotency_testkit::{database_url, fresh_database, pg_bin, root};
 use serde_json::json;
 use std::process::Command;
@@ -22,7 +22,7 @@ async fn dump_rows(client: &deadpool_postgres::Client) -> (Vec<String>, Vec<Stri
 #[tokio::test]
 async fn dump_and_restore_keep_records_counters_and_token_order() {
     let src_url = fresh_database("idem_dump_src").await;
-    let src = Idempotency::connect(&src_url, 4).unwrap();
+    let src = Idempotency::<Postgres>::from_url(&src_url, 4, Settings::default()).unwrap();
     let client = src.pool().get().await.unwrap();
     let schema = src.schema().await.unwrap();
     let fp = Fingerprint::of_json(&json!({"a": 1})).unwrap();
@@ -50,7 +50,7 @@ async fn dump_and_restore_keep_records_counters_and_token_order() {
     let out = Command::new(pg_bin("pg_dump")).args(["-Fc", "-d", &src_url, "-f"]).arg(&file).output().unwrap();
     assert!(out.status.success(), "pg_dump: {}", String::from_utf8_lossy(&out.stderr));
     // An empty target database (no extension yet): the dump recreates it with its rows.
-    let admin = Idempotency::connect(idempotency_testkit::cluster_url(), 1).unwrap();
+    let admin = Idempotency::<Postgres>::from_url(idempotency_testkit::cluster_url(), 1, Settings::default()).unwrap();
     let admin = admin.pool().get().await.unwrap();
     admin.batch_execute("DROP DATABASE IF EXISTS idem_dump_dst WITH (FORCE)").await.unwrap();
     admin.batch_execute("CREATE DATABASE idem_dump_dst").await.unwrap();
@@ -58,7 +58,7 @@ async fn dump_and_restore_keep_records_counters_and_token_order() {
     let out = Command::new(pg_bin("pg_restore")).args(["--exit-on-error", "-d", &dst_url]).arg(&file).output().unwrap();
     assert!(out.status.success(), "pg_restore: {}", String::from_utf8_lossy(&out.stderr));
 
-    let dst = Idempotency::connect(&dst_url, 4).unwrap();
+    let dst = Idempotency::<Postgres>::from_url(&dst_url, 4, Settings::default()).unwrap();
     let restored = dst.pool().get().await.unwrap();
     assert_eq!(dump_rows(&restored).await, before, "every record and counter, byte for byte");
 

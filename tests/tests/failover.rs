@@ -510,11 +510,11 @@ impl Caller {
 async fn serve(drv: Drv, url: &str) -> (String, Direct) {
     let (router, direct) = match drv {
         Drv::TokioPostgres => {
-            let idem = Idempotency::connect_with(url, pg_app::POOL_SIZE, Settings::default()).expect("the handle");
+            let idem = Idempotency::<Postgres>::from_url(url, u32::try_from(pg_app::POOL_SIZE).expect("the pool size"), Settings::default()).expect("the handle");
             (pg_app::router(idem.clone()), Direct::TokioPostgres(idem))
         }
         Drv::Sqlx => {
-            let idem = Idempotency::connect_sqlx_with(url, 16, Settings::default()).expect("the handle");
+            let idem = Idempotency::<Sqlx>::from_url(url, 16, Settings::default()).expect("the handle");
             (sqlx_app::router(idem.clone()), Direct::Sqlx(idem))
         }
     };
@@ -774,7 +774,7 @@ async fn sqlx_service_rides_over_failover_through_a_moving_endpoint() {
 #[ignore = "its own layer: cargo test -p idempotency-tests --test failover -- --ignored"]
 async fn sqlx_refuses_a_host_list_naming_the_alternatives() {
     let url = format!("postgresql://postgres@127.0.0.1:{},127.0.0.1:{}/{DB}?target_session_attrs=read-write", port_base(), port_base() + 1);
-    match Idempotency::connect_sqlx(&url, 1) {
+    match Idempotency::<Sqlx>::from_url(&url, 1, Settings::default()) {
         Err(idempotency_client::Error::Configuration { reason, .. }) => {
             assert!(reason.contains("the sqlx driver connects to one") && reason.contains("one endpoint that follows the primary"), "{reason}");
             assert!(reason.contains("tokio-postgres driver"), "{reason}");
@@ -802,10 +802,10 @@ async fn a_server_that_hangs_up_before_answering_is_store_unavailable() {
         }
     });
     let url = format!("postgresql://postgres@{addr}/{DB}");
-    let seen = Idempotency::connect_with(&url, 1, Settings::default()).unwrap().check_extension().await;
+    let seen = Idempotency::<Postgres>::from_url(&url, 1, Settings::default()).unwrap().check_extension().await;
     assert!(matches!(seen, Err(idempotency_client::Error::StoreUnavailable(_))), "tokio-postgres: {seen:?}");
     {
-        let seen = Idempotency::connect_sqlx(&url, 1).unwrap().check_extension().await;
+        let seen = Idempotency::<Sqlx>::from_url(&url, 1, Settings::default()).unwrap().check_extension().await;
         assert!(matches!(seen, Err(idempotency_client::Error::StoreUnavailable(_))), "sqlx: {seen:?}");
     }
     ok("a server that closes the connection before answering is StoreUnavailable on tokio-postgres and sqlx");

@@ -26,7 +26,7 @@ idempotency_testkit::for_each_driver! {
     async fn server_crash_under_load_loses_no_acknowledged_key_and_runs_none_twice() {
         let _turn = super::ONE_CRASH_AT_A_TIME.lock().await;
         let url = fresh_database(&db("idem_fault_crash")).await;
-        let idem = connect_with(&url, WORKERS * 2, Settings::default());
+        let idem = connect_with(&url, u32::try_from(WORKERS * 2).expect("the pool size"), Settings::default());
         let fp = Fingerprint::of_json(&json!({"amount": 1})).unwrap();
         let mut report = Vec::new();
         for round in 0..ROUNDS {

@@ -5,7 +5,7 @@
 
 idempotency_testkit::for_each_driver! {
     use idempotency_client::ops::{self, RecoverAction, ReleaseOutcome, ReserveOptions, Status, Token};
-    use idempotency_client::{Error, Fingerprint, HandlerError, Idempotency, Key, Outcome, Settings, StoredResponse, TxFuture};
+    use idempotency_client::{Error, Fingerprint, HandlerError, Idempotency, Key, Outcome, Postgres, Settings, StoredResponse, TxFuture};
     use idempotency_testkit::proxy::{Cut, Proxy};
     use idempotency_testkit::server::eventually;
     use idempotency_testkit::{charges_for, cluster_addr, database_url, fresh_database, unique_key};
@@ -17,7 +17,7 @@ idempotency_testkit::for_each_driver! {
     /// A tokio-postgres pool on database `name`, for the operator's side (whatever the driver under
     /// test).
     fn operator(name: &str) -> deadpool_postgres::Pool {
-        Idempotency::connect(&database_url(name), 8).expect("pool").pool().clone()
+        Idempotency::<Postgres>::from_url(&database_url(name), 8, Settings::default()).expect("pool").pool().clone()
     }
 
     fn fp() -> Fingerprint {

@@ -31,7 +31,7 @@ idempotency_testkit::for_each_driver! {
     use axum::routing::post;
     use axum::Router;
     use idempotency_tower::{problem::types, Builder, IdempotencyLayer, Mode, Transaction};
-    use idempotency_client::{Idempotency, Settings};
+    use idempotency_client::{Idempotency, Postgres, Settings};
 
     use serde_json::{json, Value};
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -111,7 +111,7 @@ idempotency_testkit::for_each_driver! {
     async fn serve(idem: Idem, mode: Mode, configure: impl FnOnce(Builder<TestDriver>) -> Builder<TestDriver>) -> Served {
         let (tx, rx) = mpsc::unbounded_channel();
         let app = Arc::new(App {
-            pool: Idempotency::connect(test_database().await, 16).expect("pool").pool().clone(),
+            pool: Idempotency::<Postgres>::from_url(test_database().await, 16, Settings::default()).expect("pool").pool().clone(),
             runs: AtomicUsize::new(0),
             panic_next: AtomicBool::new(false),
             started: tx,

@@ -340,7 +340,7 @@ idempotency_testkit::for_each_driver! {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn run_with_an_oversized_response_is_counted_then_poisoned() {
-        let idem = idem(Settings::builder().max_retries(2)).await;
+        let idem = idem(Settings::builder().max_retries(2).build()).await;
         let key = unique_key("edges.run");
         let fp = Fingerprint::of_bytes(b"run");
         let runs = Arc::new(AtomicUsize::new(0));

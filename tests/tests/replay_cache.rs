@@ -12,7 +12,7 @@ idempotency_testkit::for_each_driver! {
     use axum::routing::post;
     use axum::Router;
     use idempotency_tower::{IdempotencyLayer, Mode, Transaction};
-    use idempotency_client::{Error, Fingerprint, Outcome, ReplayCache, Settings, StoredResponse, TxFuture};
+    use idempotency_client::{Error, Fingerprint, Outcome, ReplayCache, Settings, SettingsBuilder, StoredResponse, TxFuture};
     use idempotency_testkit::proxy::Proxy;
     use idempotency_testkit::server::eventually;
     use idempotency_testkit::{charges_for, cluster_addr, unique_key, Failure};
@@ -27,13 +27,13 @@ idempotency_testkit::for_each_driver! {
     }
 
     /// A cache and settings that use it (the record's ttl left to the server unless set after).
-    fn cached(entries: usize, ttl: Duration) -> (ReplayCache, Settings) {
+    fn cached(entries: usize, ttl: Duration) -> (ReplayCache, SettingsBuilder) {
         let cache = ReplayCache::new(entries, ttl);
         (cache.clone(), Settings::builder().replay_cache(cache))
     }
 
     /// A handle on this process's test database through a new round-trip counting proxy.
-    async fn through_proxy(settings: Settings, pool: usize) -> (Idem, Proxy) {
+    async fn through_proxy(settings: impl Into<Settings>, pool: u32) -> (Idem, Proxy) {
         let url = test_database().await;
         let db = url.rsplit('/').next().expect("a database name");
         let proxy = Proxy::start(cluster_addr(), None).await;

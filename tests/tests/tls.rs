@@ -332,7 +332,7 @@ mod connector {
             let idem = if give_connector {
                 Idempotency::with_driver(Postgres::new(pool).cancel_tls(tls.clone()), Settings::default())
             } else {
-                Idempotency::new(pool, Settings::default())
+                Idempotency::<Postgres>::from_pool(pool, Settings::default())
             };
             let (blocker, conn) = params.options.config.connect(tls).await.expect("the blocker's session");
             tokio::spawn(conn);

@@ -3,7 +3,7 @@
 
 idempotency_testkit::for_each_driver! {
     use idempotency_client::ops::{self, RecoverAction};
-    use idempotency_client::{Error, Fingerprint, Idempotency, Key, Outcome, Settings, StoredResponse, TxFuture};
+    use idempotency_client::{Error, Fingerprint, Idempotency, Key, Outcome, Postgres, Settings, StoredResponse, TxFuture};
     use idempotency_testkit::server::eventually;
     use idempotency_testkit::{charges_for, unique_key};
     use serde_json::json;
@@ -15,7 +15,7 @@ idempotency_testkit::for_each_driver! {
     /// it for the operator's side.
     async fn private(name: &str, lease: Duration) -> (Idem, deadpool_postgres::Pool) {
         let idem = handle_in(name, Settings::builder().lease(lease)).await;
-        let operator = Idempotency::connect(&idempotency_testkit::database_url(name), 4).expect("pool");
+        let operator = Idempotency::<Postgres>::from_url(&idempotency_testkit::database_url(name), 4, Settings::default()).expect("pool");
         (idem, operator.pool().clone())
     }
 
@@ -111,7 +111,7 @@ idempotency_testkit::for_each_driver! {
             .unwrap();
         let lease = Duration::from_secs(15);
         let idem = connect_with(&url, 32, Settings::builder().ttl(Duration::from_secs(3600)).lease(lease));
-        let operator = Idempotency::connect(&url, 4).expect("pool").pool().clone();
+        let operator = Idempotency::<Postgres>::from_url(&url, 4, Settings::default()).expect("pool").pool().clone();
         let key = unique_key("external.record_ttl");
         let fp = Fingerprint::of_json(&json!({"a": 1})).unwrap();
         let calls = Arc::new(AtomicUsize::new(0));
@@ -215,7 +215,7 @@ idempotency_testkit::for_each_driver! {
             .unwrap();
         let lease = Duration::from_secs(3);
         let idem = connect_with(&url, 8, Settings::builder().ttl(Duration::from_secs(3600)).lease(lease));
-        let operator = Idempotency::connect(&url, 2).expect("pool").pool().clone();
+        let operator = Idempotency::<Postgres>::from_url(&url, 2, Settings::default()).expect("pool").pool().clone();
         let key = unique_key("external.refused_beat");
         let fp = Fingerprint::of_json(&json!({"a": 1})).unwrap();
         let schema = idem.schema().await.unwrap();

@@ -26,7 +26,7 @@ idempotency_testkit::for_each_driver! {
     /// Settings that wait up to `bound`, on a pool whose wait for a connection is 1 s: a waiter
     /// that held its connection while waiting would starve the others of the pool.
     fn waiting(bound: Duration) -> Settings {
-        Settings::builder().wait(true).wait_timeout(bound).pool_timeout(Duration::from_secs(1))
+        Settings::builder().wait(true).wait_timeout(bound).pool_timeout(Duration::from_secs(1)).build()
     }
 
     /// A handle of the driver under test on a fresh database `name`, with a pool of 3

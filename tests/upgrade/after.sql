@@ -1,10 +1,11 @@
 -- Run after the update (ALTER EXTENSION idempotency UPDATE, or the portable upgrade script) on the
 -- database tests/upgrade/before.sql filled.
 -- Each row is one test: `label|t` passes.
+-- (owner came with 0.6.0 and the recovery point's step and state with 0.7.0: compared below.)
 SELECT 'the update changed no record and no retry counter',
        (SELECT count(*) FROM (SELECT to_jsonb(o) - 'owner' FROM upgrade_test.records AS o
                               EXCEPT
-                              SELECT to_jsonb(r) - 'owner' FROM idem_records AS r) AS d) = 0
+                              SELECT to_jsonb(r) - 'owner' - 'step' - 'state' FROM idem_records AS r) AS d) = 0
        AND (SELECT count(*) FROM idem_records) = (SELECT count(*) FROM upgrade_test.records)
        AND (SELECT count(*) FROM (SELECT to_jsonb(o) - 'owner' FROM upgrade_test.retries AS o
                               EXCEPT
@@ -80,6 +81,55 @@ SELECT 'the update kept the EXECUTE PUBLIC had on the write API (no running appl
        count(*) > 0 AND bool_and(g.public_execute = has_function_privilege('public', p.oid, 'EXECUTE'))
   FROM upgrade_test.public_grants AS g
   JOIN pg_proc AS p ON p.proname = g.proname AND p.pronamespace = 'public'::regnamespace;
+-- 0.7.0: recovery points (issue 45, docs/recovery-points.md). The records written before the
+-- update have none; the reservation type gains step and state, appended (a 0.6 client selects
+-- the first five by name); a key reserved after the update checkpoints, is released RESUMABLE
+-- and resumes at its recovery point. (A function, so that versions without idem_checkpoint
+-- never parse a call of it.)
+CREATE FUNCTION pg_temp.recovery_point_resumes() RETURNS boolean LANGUAGE plpgsql AS $$
+DECLARE
+    v_token  bigint := (idem_reserve('up', 'u', 'steps', 'h')).token;
+    v_answer record;
+BEGIN
+    IF NOT idem_checkpoint('up', 'u', 'steps', v_token, 0, '{"input": 1}') THEN
+        RETURN false;
+    END IF;
+    IF idem_release('up', 'u', 'steps', v_token) <> 'released' THEN
+        RETURN false;
+    END IF;
+    IF (SELECT status FROM idem_records WHERE operation = 'up' AND key = 'steps') <> 'RESUMABLE' THEN
+        RETURN false;
+    END IF;
+    SELECT * INTO v_answer FROM idem_reserve('up', 'u', 'steps', 'h');
+    RETURN v_answer.outcome = 'resume' AND v_answer.step = 0 AND v_answer.state = '{"input": 1}'
+           AND v_answer.attempts = 1
+           AND idem_checkpoint('up', 'u', 'steps', v_answer.token, 1, '{"done": 1}')
+           AND idem_complete('up', 'u', 'steps', v_answer.token, '{"id": 4}');
+END $$;
+CREATE TEMP VIEW installed AS
+SELECT string_to_array(coalesce((SELECT extversion FROM pg_extension WHERE extname = 'idempotency'),
+                                (SELECT substring(prosrc, '''([0-9][^'']*)''') FROM pg_proc
+                                  WHERE proname = '_idem_portable_version' LIMIT 1)), '.')::int[] AS version;
+SELECT 'the records written before the update have no recovery point (0.7.0 on)',
+       version < '{0,7,0}'
+       OR NOT EXISTS (SELECT FROM idem_records AS r JOIN upgrade_test.records AS o USING (operation, user_id, key)
+                       WHERE to_jsonb(r) ->> 'step' IS NOT NULL OR to_jsonb(r) ->> 'state' IS NOT NULL)
+  FROM installed;
+SELECT 'idem_reservation has the attributes of 0.6.0 then step and state, appended (0.7.0 on)',
+       version < '{0,7,0}'
+       OR (SELECT array_agg(a.attname::text || ' ' || format_type(a.atttypid, a.atttypmod) ORDER BY a.attnum)
+             FROM pg_attribute AS a
+            WHERE a.attrelid = (SELECT t.typrelid FROM pg_type AS t
+                                 WHERE t.typname = 'idem_reservation' AND t.typnamespace = 'public'::regnamespace)
+              AND a.attnum > 0 AND NOT a.attisdropped)
+          = '{"outcome text","token bigint","response jsonb","attempts integer","expires_at timestamp with time zone","step integer","state jsonb"}'
+  FROM installed;
+SELECT 'a key reserved after the update checkpoints, is released RESUMABLE, resumes at its recovery point and completes (0.7.0 on)',
+       CASE WHEN version < '{0,7,0}' THEN true ELSE pg_temp.recovery_point_resumes() END
+  FROM installed;
+SELECT 'and replays its response (0.7.0 on)',
+       version < '{0,7,0}' OR (SELECT outcome = 'replay' AND response = '{"id": 4}' FROM idem_reserve('up', 'u', 'steps', 'h'))
+  FROM installed;
 -- From 0.6.0, a fresh install grants the write API to idempotency_user alone. The tightening
 -- docs/upgrading.md gives for an updated install, applied where the update granted the write
 -- API to idempotency_user, so that the schema comparison that follows holds.

@@ -120,7 +120,7 @@ mod tests {
     }
 
     fn configured(f: impl FnOnce(crate::Builder) -> crate::Builder) -> std::sync::Arc<Config> {
-        let idem = Idempotency::connect("postgresql://u@127.0.0.1:1/db", 1).unwrap();
+        let idem = Idempotency::from_url("postgresql://u@127.0.0.1:1/db", 1, idempotency_client::Settings::default()).unwrap();
         f(IdempotencyLayer::builder(idem).anonymous()).build().unwrap().config().clone()
     }
 

@@ -25,6 +25,7 @@
 mod artifacts;
 mod cargo;
 mod ctx;
+mod features;
 mod harness;
 #[cfg(test)]
 mod imports;
@@ -33,6 +34,7 @@ mod psql;
 mod report;
 mod sh;
 mod suite;
+mod workspace;
 
 use idempotency_pgserver::{pg_config, Server, Stop};
 use std::process::ExitCode;

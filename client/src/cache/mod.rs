@@ -52,7 +52,7 @@ const MAX_SHARDS: usize = 16;
 /// # fn demo() -> Result<(), idempotency_client::Error> {
 /// let cache = ReplayCache::new(10_000, Duration::from_secs(60));
 /// let settings = Settings::builder().replay_cache(cache.clone());
-/// let idem = Idempotency::connect_with("postgresql://app@localhost/shop", 16, settings)?;
+/// let idem: Idempotency = Idempotency::from_url("postgresql://app@localhost/shop", 16, settings)?;
 /// // ... later: how often replays were answered from memory.
 /// let stats = cache.stats();
 /// println!("{} hits, {} misses, {} entries", stats.hits, stats.misses, stats.entries);
@@ -321,7 +321,7 @@ impl<'a> Memo<'a> {
                 (f.expires, f.key, f.fingerprint) = (Some(bound), Some(key), Some(fingerprint));
                 return self;
             }
-            ReserveOutcome::InProgress | ReserveOutcome::Mismatch => return Memo(None),
+            ReserveOutcome::InProgress | ReserveOutcome::Mismatch | ReserveOutcome::Resume { .. } => return Memo(None),
         };
         f.cache.insert(key, fingerprint, answer, expires);
         Memo(None)
@@ -336,7 +336,7 @@ impl<'a> Memo<'a> {
         let answer = match status {
             Status::Success => Answer::Replay(response),
             Status::Failed => Answer::Failed(response),
-            Status::Processing => return,
+            Status::Processing | Status::Resumable => return,
         };
         cache.insert(key, fingerprint, answer, *expires);
     }

@@ -111,7 +111,7 @@ fn the_deadline_is_the_earlier_of_the_cache_ttl_and_the_record_expiry() {
 }
 
 fn settings(cache: &ReplayCache) -> Settings {
-    Settings::builder().replay_cache(cache.clone()).ttl(Duration::from_secs(600))
+    Settings::builder().replay_cache(cache.clone()).ttl(Duration::from_secs(600)).build()
 }
 
 fn reservation(outcome: ReserveOutcome, expires_in: Duration) -> Reservation {
@@ -176,7 +176,7 @@ fn an_expired_or_unknown_record_expiry_is_not_kept() {
 #[test]
 fn an_executed_entry_never_outlives_the_requested_ttl_whatever_the_server_clock_says() {
     let cache = ReplayCache::new(10, Duration::from_secs(3600));
-    let settings = Settings::builder().replay_cache(cache.clone()).ttl(Duration::from_millis(50));
+    let settings = Settings::builder().replay_cache(cache.clone()).ttl(Duration::from_millis(50)).build();
     let (k, f) = (key(1), fp("a"));
     // A server clock an hour ahead: its expires_at reads an hour too late here.
     let skewed = reservation(ReserveOutcome::Created(Token(1)), Duration::from_secs(3600));

@@ -64,6 +64,8 @@ macro_rules! postgres_by_default {
         $crate::postgres_by_default!(@scan [$(#[$meta])* $vis struct $name <] $($rest)*);
     };
 }
+// The path the crate's own modules use (`crate::driver::postgres_by_default`).
+pub(crate) use crate::postgres_by_default;
 
 use crate::error::Error;
 use crate::row::Row;

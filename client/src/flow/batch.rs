@@ -248,5 +248,6 @@ fn answered<T: Replayable, E>(outcome: ReserveOutcome) -> Result<BatchOutcome<T>
         ReserveOutcome::InProgress => BatchOutcome::InProgress,
         ReserveOutcome::Mismatch => BatchOutcome::Mismatch,
         ReserveOutcome::Created(_) => return Err(Error::protocol("a created key reached the answer path")),
+        ReserveOutcome::Resume { .. } => return Err(Error::protocol("a resumable key (it has a recovery point) reached run_batch: use run_steps")),
     })
 }

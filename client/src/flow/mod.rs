@@ -11,6 +11,7 @@ pub(crate) mod calls;
 mod heartbeat;
 pub(crate) mod in_transaction;
 pub(crate) mod one_statement;
+pub(crate) mod steps;
 pub(crate) mod two_phase;
 pub(crate) mod wait;
 
@@ -67,6 +68,7 @@ impl<D: Driver> Context<'_, D> {
             ReserveOutcome::InProgress => Err(Error::InProgress { retry_after: self.settings.retry_after }),
             ReserveOutcome::Mismatch => Err(Error::Mismatch),
             ReserveOutcome::Created(_) => Err(Error::protocol("a created reservation reached the answer path")),
+            ReserveOutcome::Resume { .. } => Err(Error::protocol("a resumable key (it has a recovery point) reached a flow without steps: use run_steps")),
         }
     }
 

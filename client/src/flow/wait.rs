@@ -98,13 +98,13 @@ mod tests {
 
     #[test]
     fn a_call_that_does_not_wait_never_pauses() {
-        let mut waiting = Waiting::start(&Settings::builder());
+        let mut waiting = Waiting::start(&Settings::default());
         assert_eq!(waiting.pause(), None);
     }
 
     #[test]
     fn pauses_double_up_to_the_cap_half_of_each_random() {
-        let mut waiting = Waiting::start(&Settings::builder().wait(true).wait_timeout(Duration::from_secs(3600)));
+        let mut waiting = Waiting::start(&Settings::builder().wait(true).wait_timeout(Duration::from_secs(3600)).build());
         let mut bound = FIRST;
         for _ in 0..10 {
             let pause = waiting.pause().expect("the bound is an hour away");

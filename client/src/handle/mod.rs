@@ -12,9 +12,9 @@ mod one_statement;
 mod postgres;
 #[cfg(feature = "sqlx")]
 mod sqlx;
+mod steps;
 
-use crate::driver::Driver;
-use crate::postgres_by_default;
+use crate::driver::{postgres_by_default, Driver};
 use crate::error::Error;
 use crate::flow::{self, Context, TxFuture};
 use crate::handler_error::HandlerError;
@@ -28,6 +28,7 @@ use tokio::sync::OnceCell;
 
 pub use closures::{BatchFn, RecordFn, TxFn};
 pub use connect::Connect;
+pub use steps::Plans;
 
 postgres_by_default! {
 /// A cloneable handle: a driver (for `Postgres`, a `deadpool_postgres::Pool`), the
@@ -54,7 +55,7 @@ postgres_by_default! {
 /// `run_external` holds none while the outside call runs: one for the reservation, one per
 /// heartbeat, one for the final transaction. When every connection is busy, a call waits for one
 /// at most the pool's wait timeout ([`Settings::pool_timeout`], 5 s by default, for a pool made
-/// by `Idempotency::connect`) and then fails with [`Error::StoreUnavailable`], whose source is
+/// by [`Idempotency::from_url`]) and then fails with [`Error::StoreUnavailable`], whose source is
 /// the pool's timeout error; nothing was reserved, so the client's retry is safe.
 ///
 /// **The deadline.** Every call ends within [`Settings::call_timeout`] (30 s by default): one
@@ -85,8 +86,8 @@ impl<D: Driver> Idempotency<D> {
     /// # Cancel safety
     ///
     /// Not async: nothing to cancel.
-    pub fn with_driver(driver: D, settings: Settings) -> Self {
-        Idempotency { driver, settings: Arc::new(settings), schema: Arc::new(OnceCell::new()) }
+    pub fn with_driver(driver: D, settings: impl Into<Settings>) -> Self {
+        Idempotency { driver, settings: Arc::new(settings.into()), schema: Arc::new(OnceCell::new()) }
     }
 
     /// The driver.
@@ -102,8 +103,8 @@ impl<D: Driver> Idempotency<D> {
     /// The same driver and schema with other settings (the layer's per-route ttl, lease, wait).
     /// Hidden: the adapter crates' seam (see [`crate::adapter`]).
     #[doc(hidden)]
-    pub fn with_settings(&self, settings: Settings) -> Self {
-        Idempotency { driver: self.driver.clone(), settings: Arc::new(settings), schema: self.schema.clone() }
+    pub fn with_settings(&self, settings: impl Into<Settings>) -> Self {
+        Idempotency { driver: self.driver.clone(), settings: Arc::new(settings.into()), schema: self.schema.clone() }
     }
 
     /// The extension's schema: [`Settings::schema`], or looked up once in `pg_extension` (and

@@ -1,5 +1,6 @@
-//! The handle over tokio-postgres: made from a deadpool pool or from a URL
-//! (`driver::postgres::connect` builds the pool and the driver over it).
+//! The handle over tokio-postgres: its [`Connect`] impl (`driver::postgres::connect` builds the
+//! pool from a URL), the pool accessor, and the constructors of 0.6.0, deprecated for
+//! [`Idempotency::from_url`] and [`Idempotency::from_pool`].
 
 use super::{Connect, Idempotency};
 use crate::driver::postgres::connect;
@@ -13,7 +14,7 @@ impl Connect for Postgres {
     type Pool = Pool;
 
     fn open(url: &str, pool_size: u32, settings: &Settings) -> Result<Self, Error> {
-        connect::driver(url, usize::try_from(pool_size).unwrap_or(usize::MAX), settings)
+        connect::driver(url, pool_size, settings)
     }
 
     fn over(pool: Pool) -> Self {
@@ -23,11 +24,12 @@ impl Connect for Postgres {
 
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 impl Idempotency<Postgres> {
-    /// A handle over `pool` with `settings`. The cancel requests of dropped calls cannot use
-    /// the pool's own TLS connector, which a pool does not tell: see [`Postgres::new`], and give
-    /// it with `Idempotency::with_driver(Postgres::new(pool).cancel_tls(tls), settings)`.
-    ///
-    /// The same as [`Idempotency::from_pool`], the shape every driver shares.
+    /// The pool.
+    pub fn pool(&self) -> &Pool {
+        self.driver().pool()
+    }
+
+    /// `Idempotency::from_pool(pool, settings)`.
     ///
     /// # Errors
     ///
@@ -36,59 +38,41 @@ impl Idempotency<Postgres> {
     /// # Cancel safety
     ///
     /// Not async: nothing to cancel.
-    pub fn new(pool: Pool, settings: Settings) -> Self {
-        Idempotency::with_driver(Postgres::new(pool), settings)
+    #[deprecated(since = "0.7.0", note = "use Idempotency::from_url / from_pool")]
+    pub fn new(pool: Pool, settings: impl Into<Settings>) -> Self {
+        Self::from_pool(pool, settings)
     }
 
-    /// A pool of `pool_size` connections to `url` with default [`Settings`]; see
-    /// [`Idempotency::connect_with`].
+    /// `Idempotency::from_url(url, pool_size, Settings::default())`.
     ///
     /// # Errors
     ///
-    /// Those of [`Idempotency::connect_with`].
+    /// Those of [`Idempotency::from_url`], and a `pool_size` beyond `u32::MAX`.
     ///
     /// # Cancel safety
     ///
     /// Not async: nothing to cancel.
+    #[deprecated(since = "0.7.0", note = "use Idempotency::from_url / from_pool")]
     pub fn connect(url: &str, pool_size: usize) -> Result<Self, Error> {
-        Self::connect_with(url, pool_size, Settings::default())
+        Self::from_url(url, pool_size_u32(pool_size)?, Settings::default())
     }
 
-    /// A pool of `pool_size` connections to `url` whose waits are bounded by `settings`
-    /// ([`Settings::pool_timeout`] for a free connection, [`Settings::connect_timeout`] to open
-    /// or recycle one, 5 s each by default; the URL's `connect_timeout` wins), with TCP
-    /// keepalives ([`Settings::keepalives_idle`]; the URL's `keepalives`, `keepalives_idle`,
-    /// `keepalives_interval`, `keepalives_retries` win) and, if set, a server
-    /// [`Settings::statement_timeout`] (a `statement_timeout` in the URL's `options` wins), so an
-    /// unreachable or exhausted store is a [`Error::StoreUnavailable`] error, never a hang; every
-    /// call is bounded besides by [`Settings::call_timeout`]. Nothing is connected yet (call
-    /// [`Idempotency::check_extension`] to fail fast); a malformed URL or schema name, or a zero
-    /// bound, is a [`Error::Configuration`] error.
-    ///
-    /// The URL's `sslmode` is honoured (`disable`, `prefer` — the default —, `require`,
-    /// `verify-ca`, `verify-full`, with `sslrootcert`; see [`crate::tls`]): the encrypting modes
-    /// need the `tls` feature (rustls), and without it `require` and the verify modes are a
-    /// [`Error::Configuration`] error naming the feature.
-    ///
-    /// [`Idempotency::from_url`] is the same with the pool size as a `u32`, the shape every
-    /// driver shares.
+    /// `Idempotency::from_url(url, pool_size, settings)`.
     ///
     /// # Errors
     ///
-    /// [`Error::Configuration`], as said above; nothing is connected, so an unreachable server
-    /// is the first call's [`Error::StoreUnavailable`] (the repository's docs/rust-client.md,
-    /// "Errors").
+    /// Those of [`Idempotency::from_url`], and a `pool_size` beyond `u32::MAX`.
     ///
     /// # Cancel safety
     ///
     /// Not async: nothing to cancel.
-    pub fn connect_with(url: &str, pool_size: usize, settings: Settings) -> Result<Self, Error> {
-        settings.check()?;
-        Ok(Self::with_driver(connect::driver(url, pool_size, &settings)?, settings))
+    #[deprecated(since = "0.7.0", note = "use Idempotency::from_url / from_pool")]
+    pub fn connect_with(url: &str, pool_size: usize, settings: impl Into<Settings>) -> Result<Self, Error> {
+        Self::from_url(url, pool_size_u32(pool_size)?, settings)
     }
+}
 
-    /// The pool.
-    pub fn pool(&self) -> &Pool {
-        self.driver().pool()
-    }
+/// A deprecated constructor's `usize` pool size as the `u32` of [`Idempotency::from_url`].
+fn pool_size_u32(pool_size: usize) -> Result<u32, Error> {
+    u32::try_from(pool_size).map_err(|_| Error::Configuration { reason: format!("pool_size must be at most {} (got {pool_size})", u32::MAX), source: None })
 }

@@ -16,7 +16,7 @@
 //! knows only `disable`, `prefer` and `require` and no `sslrootcert`, so [`connect_params`]
 //! hands back a `tokio_postgres::Config` with the matching tokio-postgres mode and the
 //! connector that enforces the rest; the sqlx driver hands the mode and the root file to sqlx,
-//! whose own rustls does the handshake (see `Idempotency::connect_sqlx_with` for where it
+//! whose own rustls does the handshake (see `Idempotency::from_url` for where it
 //! differs). TLS is rustls with the ring provider, behind the `tls` feature; without it
 //! `disable` and `prefer` connect in plain text (as a libpq built without SSL does) and the other
 //! modes are refused with a reason. Client certificates (`sslcert`, `sslkey`) are not supported,

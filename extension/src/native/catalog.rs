@@ -28,6 +28,9 @@ pub(crate) struct RecordColumns {
     /// The role the record belongs to (0.6.0, guarantee 8); `None` on a schema of an older
     /// version still running this library (before its update), which has no owners to check.
     pub(crate) owner: Option<AttrNumber>,
+    /// The step of the record's last recovery point (0.7.0); `None` on a schema of an older
+    /// version still running this library, which has no recovery points.
+    pub(crate) step: Option<AttrNumber>,
 }
 
 /// Column numbers of `idem_retries` that the probe reads.
@@ -228,8 +231,10 @@ fn resolve(schema: Oid) -> Catalog {
         expires_at: column(records, "idem_records", "expires_at"),
         created_at: column(records, "idem_records", "created_at"),
         owner: optional_column(records, "owner"),
+        step: optional_column(records, "step"),
     };
     let owned = rec.owner.is_some();
+    let stepped = rec.step.is_some();
     let ret = RetryColumns {
         attempts: column(retries, "idem_retries", "attempts"),
         expires_at: column(retries, "idem_retries", "expires_at"),
@@ -266,7 +271,7 @@ fn resolve(schema: Oid) -> Catalog {
         reservation,
         rec,
         ret,
-        plans: Plans::new(schema_sql, owned, counters_owned, distributed),
+        plans: Plans::new(schema_sql, owned, counters_owned, stepped, distributed),
     }
 }
 

@@ -58,9 +58,13 @@ pub(crate) enum Stmt {
     /// heartbeat changed nothing and [`ReadOwner`](Stmt::ReadOwner) refused no one: its
     /// explicit lease passed the record's ceiling.
     ReadProcessing,
+    /// $1-$3 scope, $4 request_hash, $5 the new token, $6 the lease: the resume of a key with a
+    /// recovery point and no live holder, under the key's lock (sql/reserve.sql's
+    /// `_idem_resume_locked`: its `idem_reservation`, or NULL when the record changed).
+    Resume,
 }
 
-const STATEMENTS: usize = 12;
+const STATEMENTS: usize = 13;
 
 /// The fence on a keyed statement: the record is still PROCESSING. Compared under the C
 /// collation (the same answer: equality of a deterministic collation is bytewise) so that the
@@ -93,11 +97,14 @@ fn owns(owned: bool, n: u8) -> String {
     }
 }
 
-fn text(stmt: Stmt, s: &str, owned: bool, counters_owned: bool, distributed: bool) -> (String, &'static [Oid]) {
+fn text(stmt: Stmt, s: &str, owned: bool, counters_owned: bool, stepped: bool, distributed: bool) -> (String, &'static [Oid]) {
     use pg_sys::{
-        BOOLOID as BOOL, INT4OID as INT4, INT8OID as INT8, JSONBOID as JSONB, OIDOID as OID, REGROLEOID as REGROLE, TEXTOID as TEXT,
-        TIMESTAMPTZOID as TSTZ,
+        BOOLOID as BOOL, INT4OID as INT4, INT8OID as INT8, INTERVALOID as INTERVAL, JSONBOID as JSONB, OIDOID as OID, REGROLEOID as REGROLE,
+        TEXTOID as TEXT, TIMESTAMPTZOID as TSTZ,
     };
+    // A schema with recovery points (0.7.0): a takeover forgets the expired record's, a
+    // completion its state.
+    let (forget_step, clear_state) = if stepped { (", step = NULL, state = NULL", ", state = NULL") } else { ("", "") };
     const RESERVE: &[Oid] = &[TEXT, TEXT, TEXT, TEXT, INT8, TSTZ, TSTZ, TSTZ];
     const RESERVE_OWNED: &[Oid] = &[TEXT, TEXT, TEXT, TEXT, INT8, TSTZ, TSTZ, TSTZ, REGROLE];
     let (owner_col, owner_val, owner_set) = if owned { (", owner", ", $12", ", owner = $9") } else { ("", "", "") };
@@ -118,7 +125,7 @@ fn text(stmt: Stmt, s: &str, owned: bool, counters_owned: bool, distributed: boo
         Stmt::TakeOver => (
             format!(
                 "UPDATE {s}.idem_records AS r SET request_hash = $4, status = 'PROCESSING', token = $5, response = NULL, \
-                 lease_expires_at = $6, expires_at = $7, created_at = $8, updated_at = $8{owner_set} \
+                 lease_expires_at = $6, expires_at = $7, created_at = $8, updated_at = $8{owner_set}{forget_step} \
                  WHERE {SCOPE} AND r.expires_at OPERATOR(pg_catalog.<=) $8 \
                  AND (r.status OPERATOR(pg_catalog.<>) 'PROCESSING' OR r.lease_expires_at OPERATOR(pg_catalog.<=) $8)"
             ),
@@ -132,7 +139,7 @@ fn text(stmt: Stmt, s: &str, owned: bool, counters_owned: bool, distributed: boo
         ),
         Stmt::Complete => (
             format!(
-                "UPDATE {s}.idem_records AS r SET status = $5, response = $6, updated_at = $7 \
+                "UPDATE {s}.idem_records AS r SET status = $5, response = $6{clear_state}, updated_at = $7 \
                  WHERE {SCOPE} AND r.token OPERATOR(pg_catalog.=) $4 AND {PROCESSING}{}",
                 owns(owned && !distributed, 8)
             ),
@@ -166,8 +173,9 @@ fn text(stmt: Stmt, s: &str, owned: bool, counters_owned: bool, distributed: boo
         Stmt::ReadRecord => (
             format!(
                 "SELECT r.request_hash OPERATOR(pg_catalog.=) $4, r.status, r.response, r.lease_expires_at, \
-                 r.expires_at, r.created_at{} FROM {s}.idem_records AS r WHERE {SCOPE}",
-                if owned { ", r.owner" } else { "" }
+                 r.expires_at, r.created_at{}{} FROM {s}.idem_records AS r WHERE {SCOPE}",
+                if owned { ", r.owner" } else { "" },
+                if stepped { ", r.step" } else { "" }
             ),
             &[TEXT, TEXT, TEXT, TEXT],
         ),
@@ -186,6 +194,7 @@ fn text(stmt: Stmt, s: &str, owned: bool, counters_owned: bool, distributed: boo
             format!("SELECT FROM {s}.idem_records AS r WHERE {SCOPE} AND r.token OPERATOR(pg_catalog.=) $4 AND {PROCESSING}"),
             &[TEXT, TEXT, TEXT, INT8],
         ),
+        Stmt::Resume => (format!("SELECT {s}._idem_resume_locked($1, $2, $3, $4, $5, $6)"), &[TEXT, TEXT, TEXT, TEXT, INT8, INTERVAL]),
     }
 }
 
@@ -199,6 +208,9 @@ pub(crate) struct Plans {
     owned: bool,
     /// Whether `idem_retries` has the `owner` column (0.7.0): `ReadRetries` then reads it.
     counters_owned: bool,
+    /// Whether `idem_records` has the recovery point's columns (0.7.0): a takeover and a
+    /// completion then clear them, and `ReadRecord` reads the step.
+    stepped: bool,
     /// Whether `idem_records` is a Citus distributed table: its UPDATEs leave the owner fence
     /// to the caller ([`owns`]).
     distributed: bool,
@@ -207,8 +219,8 @@ pub(crate) struct Plans {
 
 impl Plans {
     /// No plan yet for the schema named `schema_sql` (quoted for SQL text).
-    pub(crate) fn new(schema_sql: String, owned: bool, counters_owned: bool, distributed: bool) -> Self {
-        Plans { schema_sql, owned, counters_owned, distributed, kept: Default::default() }
+    pub(crate) fn new(schema_sql: String, owned: bool, counters_owned: bool, stepped: bool, distributed: bool) -> Self {
+        Plans { schema_sql, owned, counters_owned, stepped, distributed, kept: Default::default() }
     }
 
     /// The schema's name, quoted for SQL text.
@@ -255,7 +267,7 @@ fn plan(plans: &Plans, stmt: Stmt) -> pg_sys::SPIPlanPtr {
     if let Some(plan) = slot.get() {
         return plan.as_ptr();
     }
-    let (sql, types) = text(stmt, &plans.schema_sql, plans.owned, plans.counters_owned, plans.distributed);
+    let (sql, types) = text(stmt, &plans.schema_sql, plans.owned, plans.counters_owned, plans.stepped, plans.distributed);
     let Ok(sql) = CString::new(sql) else { spi_failed("prepare", 0) };
     let mut types = types.to_vec();
     let nargs = types.len() as i32;

@@ -18,13 +18,8 @@ use crate::args::raise;
 use pgrx::pg_sys::errcodes::PgSqlErrorCode;
 use pgrx::pg_sys::{self, Datum, Oid};
 
-/// The `status` of a record.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub(crate) enum Status {
-    Processing,
-    Success,
-    Failed,
-}
+/// The `status` of a record: the words of the core crate's vocabulary.
+pub(crate) use idempotency_core::Status;
 
 /// What `idem_reserve` needs from a record.
 pub(crate) struct Record {
@@ -37,12 +32,24 @@ pub(crate) struct Record {
     pub(crate) created_at: pg_sys::TimestampTz,
     /// The role the record belongs to (`None`: no owner, or a schema from before 0.6.0).
     pub(crate) owner: Option<Oid>,
+    /// The step of its last recovery point (`None`: none, or a schema from before 0.7.0).
+    pub(crate) step: Option<i32>,
 }
 
 impl Record {
     /// Whether the record still decides (not expired and free to take over) at `now`.
     pub(crate) fn live(&self, now: pg_sys::TimestampTz) -> bool {
         self.expires_at > now || (self.status == Status::Processing && self.lease_expires_at > now)
+    }
+
+    /// Whether the record is to be resumed at `now` (docs/recovery-points.md): live, for the same
+    /// request, with a recovery point and no live holder (RESUMABLE, or PROCESSING with a step
+    /// and its lease run out). As sql/reserve.sql's `v_resume`.
+    pub(crate) fn resumable(&self, now: pg_sys::TimestampTz) -> bool {
+        self.same_hash
+            && self.expires_at > now
+            && (self.status == Status::Resumable
+                || (self.status == Status::Processing && self.step.is_some() && self.lease_expires_at <= now))
     }
 }
 
@@ -261,8 +268,10 @@ fn record(snapshot: &Snapshot, catalog: &Catalog, scope: &Scope<'_>, request_has
             let status = status(bytes(required(slot, cols.status)));
             let same_hash = bytes(required(slot, cols.request_hash)) == request_hash;
             let response = match status {
-                Status::Processing => None,
-                _ => column(slot, cols.response).map(|v| Datum::from(pg_sys::pg_detoast_datum_copy(v.cast_mut_ptr()))),
+                Status::Success | Status::Failed => {
+                    column(slot, cols.response).map(|v| Datum::from(pg_sys::pg_detoast_datum_copy(v.cast_mut_ptr())))
+                }
+                Status::Processing | Status::Resumable => None,
             };
             Record {
                 same_hash,
@@ -272,6 +281,7 @@ fn record(snapshot: &Snapshot, catalog: &Catalog, scope: &Scope<'_>, request_has
                 expires_at: required(slot, cols.expires_at).value() as i64,
                 created_at: required(slot, cols.created_at).value() as i64,
                 owner: cols.owner.and_then(|attnum| column(slot, attnum)).map(super::owner::from_datum),
+                step: cols.step.and_then(|attnum| column(slot, attnum)).map(|v| v.value() as i32),
             }
         }
     })
@@ -294,12 +304,10 @@ fn counter(snapshot: &Snapshot, catalog: &Catalog, scope: &Scope<'_>) -> Option<
 
 /// The status of a record, from its text.
 fn status(text: &[u8]) -> Status {
-    match text {
-        b"PROCESSING" => Status::Processing,
-        b"SUCCESS" => Status::Success,
-        b"FAILED" => Status::Failed,
-        _ => raise(PgSqlErrorCode::ERRCODE_DATA_CORRUPTED, "idem_records holds an unknown status".into()),
-    }
+    std::str::from_utf8(text)
+        .ok()
+        .and_then(|word| Status::parse(word).ok())
+        .unwrap_or_else(|| raise(PgSqlErrorCode::ERRCODE_DATA_CORRUPTED, "idem_records holds an unknown status".into()))
 }
 
 /// [`key`] through the planner (a distributed table): two single-shard statements (one per table:
@@ -321,8 +329,8 @@ fn planned(catalog: &Catalog, scope: &Scope<'_>, request_hash: &[u8]) -> Key {
                 let status = status(bytes(not_null(plans::first_row(2), "status")));
                 let same_hash = not_null(plans::first_row(1), "request_hash").value() != 0;
                 let response = match status {
-                    Status::Processing => None,
-                    _ => plans::first_row(3).map(|v| pg_sys::SPI_datumTransfer(v, false, -1)),
+                    Status::Success | Status::Failed => plans::first_row(3).map(|v| pg_sys::SPI_datumTransfer(v, false, -1)),
+                    Status::Processing | Status::Resumable => None,
                 };
                 Record {
                     same_hash,
@@ -332,6 +340,8 @@ fn planned(catalog: &Catalog, scope: &Scope<'_>, request_hash: &[u8]) -> Key {
                     expires_at: not_null(plans::first_row(5), "expires_at").value() as i64,
                     created_at: not_null(plans::first_row(6), "created_at").value() as i64,
                     owner: if catalog.rec.owner.is_some() { plans::first_row(7).map(super::owner::from_datum) } else { None },
+                    // Read last, after the owner (a schema with a step has owners).
+                    step: if catalog.rec.step.is_some() { plans::first_row(8).map(|v| v.value() as i32) } else { None },
                 }
             }
         });

@@ -15,7 +15,10 @@
 //!    INSERT … ON CONFLICT DO NOTHING. The primary key and the re-check decide; a lost race
 //!    reads again. Before writing, a dirty read of the key ([`probe::latest`]) finds a row
 //!    another transaction wrote and has not committed: busy, or waited for with `wait`.
-//! 4. Past its share of the lock table ([`pending::may_keep_lock`]), a transaction writes the
+//! 4. A live record with a recovery point and no live holder ([`probe::Record::resumable`]) is
+//!    resumed instead of answered: under the key's lock, as a takeover, by sql/reserve.sql's
+//!    `_idem_resume_locked` (a kept SPI plan), whose `idem_reservation` is the answer (`resume`).
+//! 5. Past its share of the lock table ([`pending::may_keep_lock`]), a transaction writes the
 //!    PROCESSING record at once and gives the key's lock back ([`unlock`]): the uncommitted
 //!    row holds the key, so any number of keys can be reserved in one transaction.
 
@@ -29,6 +32,7 @@ use super::writable;
 use crate::args;
 use crate::metrics;
 use pgrx::datum::Interval;
+use pgrx::pg_sys::errcodes::PgSqlErrorCode;
 use pgrx::pg_sys::{self, Datum};
 use pgrx::prelude::*;
 use std::rc::Rc;
@@ -51,7 +55,43 @@ impl Answer {
         Answer { outcome: "in_progress", token: None, response: None, attempts, expires_at }
     }
 
-    fn into_datum(self, catalog: &Catalog) -> Datum {
+    /// The `idem_reservation` row, of the type's attributes: 7 since 0.7.0 (step and state, NULL
+    /// on every outcome built here), 5 on a schema of an older version still running this
+    /// library. `expected` is the row the calling query was planned with, when it says
+    /// ([`expected_row`]): a query planned before the update from 0.6.0 and run after it (it
+    /// waited for the update's lock) expects the 5 attributes of then, and gets them, as an
+    /// anonymous row of those 5, instead of the 7 of now, which the executor would refuse
+    /// ("function return row and query-specified return row do not match").
+    fn into_datum(self, catalog: &Catalog, expected: Option<pg_sys::TupleDesc>) -> Datum {
+        // SAFETY: the catalog's descriptor, valid while the catalog lives; the caller's, valid
+        // during the call. A blessed copy is registered in the backend's record type cache.
+        let desc = unsafe {
+            match expected {
+                // Not the catalog's attributes, or (a query and a catalog both from before the
+                // update, fewer than this version's) not the type's of now, by the type's own
+                // cache, which the executor checks the row against.
+                Some(desc)
+                    if (*desc).natts != (*catalog.reservation).natts
+                        || ((*desc).natts < ATTRIBUTES && (*desc).natts != current_natts(catalog)) =>
+                {
+                    // An anonymous row (RECORD, blessed: registered for this backend) of those
+                    // attributes: a row of the named type is checked against the type of now.
+                    let row = pg_sys::CreateTupleDescCopy(desc);
+                    (*row).tdtypeid = pg_sys::RECORDOID;
+                    (*row).tdtypmod = -1;
+                    pg_sys::BlessTupleDesc(row)
+                }
+                _ => catalog.reservation,
+            }
+        };
+        // SAFETY: as above.
+        let natts = usize::try_from(unsafe { (*desc).natts }).unwrap_or(0);
+        if !(5..=7).contains(&natts) {
+            args::raise(
+                PgSqlErrorCode::ERRCODE_DATA_CORRUPTED,
+                format!("idem_reservation has {natts} attributes, not 5 or 7: reinstall the extension"),
+            );
+        }
         // Every answer leaves through here: count it (a no-op unless preloaded).
         metrics::add(
             match self.outcome {
@@ -69,14 +109,83 @@ impl Answer {
             self.response.unwrap_or(Datum::from(0)),
             Datum::from(self.attempts),
             Datum::from(self.expires_at.unwrap_or(0)),
+            Datum::from(0),
+            Datum::from(0),
         ];
-        let mut nulls = [false, self.token.is_none(), self.response.is_none(), false, self.expires_at.is_none()];
-        // SAFETY: the descriptor is the idem_reservation type's (5 columns of these types);
+        let mut nulls = [false, self.token.is_none(), self.response.is_none(), false, self.expires_at.is_none(), true, true];
+        // SAFETY: the descriptor is the idem_reservation type's (natts, checked above, of the
+        // first columns of these types);
         // HeapTupleHeaderGetDatum flattens any toasted value, as a composite datum requires.
         unsafe {
-            let tuple = pg_sys::heap_form_tuple(catalog.reservation, values.as_mut_ptr(), nulls.as_mut_ptr());
+            let tuple = pg_sys::heap_form_tuple(desc, values.as_mut_ptr(), nulls.as_mut_ptr());
             pg_sys::HeapTupleHeaderGetDatum((*tuple).t_data)
         }
+    }
+}
+
+/// What a reservation answers: a row built here, or the row `_idem_resume_locked` answered.
+enum Reply {
+    Answer(Answer),
+    /// The `idem_reservation` of a resume (or of the poisoning of an expired holder), copied out
+    /// of SPI's memory; `_idem_resume_locked` has counted it.
+    Resumed(Datum),
+}
+
+impl From<Answer> for Reply {
+    fn from(answer: Answer) -> Self {
+        Reply::Answer(answer)
+    }
+}
+
+impl Reply {
+    /// Whether the key's lock is kept: by a `created`, or a resume (which wrote the record).
+    fn keeps_lock(&self) -> bool {
+        match self {
+            Reply::Answer(answer) => answer.outcome == "created",
+            Reply::Resumed(_) => true,
+        }
+    }
+
+    fn into_datum(self, catalog: &Catalog, expected: Option<pg_sys::TupleDesc>) -> Datum {
+        match self {
+            Reply::Answer(answer) => answer.into_datum(catalog, expected),
+            Reply::Resumed(row) => row,
+        }
+    }
+}
+
+/// The attributes of `idem_reservation` in this version (0.7.0: step and state appended).
+const ATTRIBUTES: i32 = 7;
+
+/// The number of attributes `idem_reservation` has now, by the type cache (up to date with every
+/// invalidation this backend has read).
+fn current_natts(catalog: &Catalog) -> i32 {
+    // SAFETY: the catalog's descriptor names the type; lookup_rowtype_tupdesc pins the cached
+    // descriptor, released at once.
+    unsafe {
+        let desc = pg_sys::lookup_rowtype_tupdesc((*catalog.reservation).tdtypeid, -1);
+        let natts = (*desc).natts;
+        pg_sys::DecrTupleDescRefCount(desc);
+        natts
+    }
+}
+
+/// The row type the calling query expects of the function, when it says: a call in FROM passes
+/// it (`ReturnSetInfo.expectedDesc`); a call in a target list does not, and reads the row by its
+/// type, whatever its number of attributes.
+///
+/// # Safety
+/// `fcinfo` is the call's.
+unsafe fn expected_row(fcinfo: pg_sys::FunctionCallInfo) -> Option<pg_sys::TupleDesc> {
+    // SAFETY: guaranteed by the caller; resultinfo is a node (or NULL), read as ReturnSetInfo
+    // only when its tag says so.
+    unsafe {
+        let info = (*fcinfo).resultinfo;
+        if info.is_null() || (*info).type_ != pg_sys::NodeTag::T_ReturnSetInfo {
+            return None;
+        }
+        let desc = (*info.cast::<pg_sys::ReturnSetInfo>()).expectedDesc;
+        (!desc.is_null()).then_some(desc)
     }
 }
 
@@ -86,7 +195,9 @@ fn answer(record: &probe::Record, attempts: i32) -> Answer {
         (false, _) => "mismatch",
         (true, Status::Success) => "replay",
         (true, Status::Failed) => "failed",
-        (true, Status::Processing) => "in_progress",
+        // A RESUMABLE record of the same request is resumed, never answered (the arm is for
+        // completeness: another attempt holds it).
+        (true, Status::Processing | Status::Resumable) => "in_progress",
     };
     let response = if record.same_hash { record.response } else { None };
     Answer { outcome, token: None, response, attempts, expires_at: Some(record.expires_at) }
@@ -194,20 +305,22 @@ pub unsafe extern "C-unwind" fn idem_reserve_native(fcinfo: pg_sys::FunctionCall
     let ttl = args::_idem_ttl(ttl);
     let lease = args::_idem_lease(lease, Some(ttl));
     let catalog = catalog::for_function(fn_oid);
+    // SAFETY: the call's fcinfo.
+    let expected = unsafe { expected_row(fcinfo) };
     reserve(&catalog, &Scope { operation, user_id, key }, request_hash, interval_datum(ttl), interval_datum(lease), wait)
-        .into_datum(&catalog)
+        .into_datum(&catalog, expected)
 }
 
-fn reserve(catalog: &Rc<Catalog>, scope: &Scope<'_>, request_hash: Text<'_>, ttl: Datum, lease: Datum, wait: bool) -> Answer {
+fn reserve(catalog: &Rc<Catalog>, scope: &Scope<'_>, request_hash: Text<'_>, ttl: Datum, lease: Datum, wait: bool) -> Reply {
     // The key's lock, once this call has taken it and still holds it.
     let mut locked = None;
     let answer = reserve_locking(catalog, scope, request_hash, ttl, lease, wait, &mut locked);
-    // Only a `created` keeps the key's lock (counted in the transaction's budget by
+    // Only a `created` or a resume keeps the key's lock (counted in the transaction's budget by
     // [`pending`]). Any other answer writes nothing, so the lock it took (waiting for a holder
     // that then committed, finding the key held by another transaction's row, losing a race)
     // guards nothing: give it back, or a batch of contended keys would keep one per key.
     if let Some(id) = locked {
-        if answer.outcome != "created" {
+        if !answer.keeps_lock() {
             unlock(id);
         }
     }
@@ -224,7 +337,7 @@ fn reserve_locking(
     lease: Datum,
     wait: bool,
     locked: &mut Option<i64>,
-) -> Answer {
+) -> Reply {
     // A key reserved earlier in this transaction and not written yet: write it, so this call
     // answers from its record as it always did (in_progress, or replay once completed).
     let wrote = pending::materialize(catalog, scope);
@@ -234,16 +347,21 @@ fn reserve_locking(
         // First under the statement's snapshot (a replay builds none); after writing this
         // transaction's pending reservation, waiting for the lock or losing a race, a new one.
         let found = probe::key(catalog, scope, request_hash.bytes, wrote || attempt > 0);
+        let mut resume = false;
         if let Some(record) = &found.record {
             if record.live(now) {
                 // A live record decides, for its owner (and the owner's members) only: another
                 // role learns nothing of it, its response least of all (guarantee 8).
                 owner::require(record.owner, "reserve a key");
-                // The retry counter counts if it was live when the record was created.
-                return answer(record, found.attempts(record.created_at));
+                // A recovery point and no live holder: resumed below, under the key's lock.
+                resume = record.resumable(now);
+                if !resume {
+                    // The retry counter counts if it was live when the record was created.
+                    return answer(record, found.attempts(record.created_at)).into();
+                }
             }
         }
-        // Absent, or expired and free to take over. A live retry counter keeps a released key
+        // Absent, expired and free to take over, or to resume. A live retry counter keeps a released key
         // its owner's (guarantee 8): another role may not start an attempt that would count
         // toward it, or reset it.
         owner::require(found.counter_owner(now), "reserve a key");
@@ -251,7 +369,7 @@ fn reserve_locking(
         writable::require(catalog, "reserve a key");
         let Some(lock_id) = locked.or_else(|| lock(scope, wait)) else {
             // Another transaction is creating this key and has not committed.
-            return Answer::busy(found.attempts(now), None);
+            return Answer::busy(found.attempts(now), None).into();
         };
         if locked.replace(lock_id).is_none() && wait {
             continue; // the holder may have committed while we waited: read again
@@ -270,7 +388,7 @@ fn reserve_locking(
             // Another transaction holds the key by its uncommitted row (written past its lock
             // budget), or is deleting it: busy, or wait for it to end and read again.
             if !wait {
-                return Answer::busy(found.attempts(now), None);
+                return Answer::busy(found.attempts(now), None).into();
             }
             // SAFETY: waits for a transaction id read from a tuple header just now.
             unsafe { pg_sys::XactLockTableWait(xid, std::ptr::null_mut(), std::ptr::null_mut(), pg_sys::XLTW_Oper::XLTW_None) };
@@ -286,6 +404,34 @@ fn reserve_locking(
         // once. Never a second `created`: the primary key decides, as for every write here.
         let keep = pending::may_keep_lock();
         let token = next_token(catalog);
+        if resume {
+            let params = [
+                Some(scope.operation.datum),
+                Some(scope.user_id.datum),
+                Some(scope.key.datum),
+                Some(request_hash.datum),
+                Some(Datum::from(token)),
+                Some(lease),
+            ];
+            let row = plans::connected(|| {
+                if plans::execute(&catalog.plans, Stmt::Resume, &params) == 0 {
+                    return None;
+                }
+                // SAFETY: a composite (varlena) datum in SPI memory, copied into the caller's
+                // memory context before SPI_finish frees it.
+                plans::first_row(1).map(|row| unsafe { pg_sys::SPI_datumTransfer(row, false, -1) })
+            });
+            let Some(row) = row else {
+                continue; // the record changed since it was read: read it again
+            };
+            if keep {
+                pending::kept_lock();
+            } else {
+                unlock(lock_id);
+                *locked = None;
+            }
+            return Reply::Resumed(row);
+        }
         let lease_end = call::plus(now, lease);
         let expires_at = call::plus(now, ttl);
         // (Not on Citus: the record must be written through the planner, in the statement.)
@@ -346,7 +492,7 @@ fn reserve_locking(
                 unlock(lock_id);
                 *locked = None;
             }
-            return Answer { outcome: "created", token: Some(token), response: None, attempts, expires_at: Some(expires_at) };
+            return Answer { outcome: "created", token: Some(token), response: None, attempts, expires_at: Some(expires_at) }.into();
         }
         // Lost a race with a commit, a takeover, a recovery or a sweep: read the key again.
     }
@@ -354,5 +500,5 @@ fn reserve_locking(
     // the transient failures counted for it so far (read again, as sql/reserve.sql does).
     // SAFETY: reads the clock.
     let now = unsafe { pg_sys::GetCurrentTimestamp() };
-    Answer::busy(probe::key(catalog, scope, request_hash.bytes, true).attempts(now), None)
+    Answer::busy(probe::key(catalog, scope, request_hash.bytes, true).attempts(now), None).into()
 }

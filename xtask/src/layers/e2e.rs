@@ -26,8 +26,9 @@ pub(crate) enum Install {
 /// The test binaries the core run adds to the checklist on every major, over tokio-postgres (their
 /// counts are the server's, whatever the driver): the subtransaction counts of every function
 /// (no_subtransaction) and 100,000 keys in one transaction on a server with default settings
-/// (lock_budget_default), each on a throwaway server of its own.
-const CORE_BINARIES: &[&str] = &["no_subtransaction", "lock_budget_default"];
+/// (lock_budget_default), each on a throwaway server of its own; and the crash test of recovery
+/// points (steps, over both drivers: its sqlx half on the portable install below).
+const CORE_BINARIES: &[&str] = &["no_subtransaction", "lock_budget_default", "steps"];
 
 /// The libtest arguments that leave out the sqlx instances (the portable pass).
 const SKIP_SQLX: &[&str] = &["--skip", "over_sqlx::"];
@@ -72,6 +73,12 @@ pub(crate) fn run(ctx: &Ctx, checks: &mut Checks, install: Install) {
     // reservation writes the table at once), and per driver (sqlx sends no cancel request).
     if install == Install::Portable && ctx.full {
         let sqlx = ["test", "--no-fail-fast", "-p", "idempotency-tests", "--test", "cancellation", "--", "over_sqlx::"];
+        crate::cargo::test_timed(checks, Path::new("."), &sqlx, &[("IDEM_INSTALL", kind)]);
+    }
+    // The crash test of recovery points over sqlx on the portable install too (issue 45: every
+    // boundary, driver and install).
+    if install == Install::Portable {
+        let sqlx = ["test", "--no-fail-fast", "-p", "idempotency-tests", "--test", "steps", "--", "over_sqlx::"];
         crate::cargo::test_timed(checks, Path::new("."), &sqlx, &[("IDEM_INSTALL", kind)]);
     }
     // The concurrency suites again with a replay cache on every handle of the test kit: what

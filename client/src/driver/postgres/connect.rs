@@ -1,4 +1,4 @@
-//! The tokio-postgres pool a handle makes from a URL (`Idempotency::connect_with`): its TLS
+//! The tokio-postgres pool a handle makes from a URL (`Idempotency::from_url`): its TLS
 //! options read by `crate::tls`, its waits bounded and its keepalives and `statement_timeout`
 //! set by the [`Settings`] where the URL does not name them; the driver over it sends its cancel
 //! requests through the pool's own connector.
@@ -10,7 +10,7 @@ use crate::settings::{Settings, KEEPALIVES_INTERVAL, KEEPALIVES_RETRIES};
 /// A driver over a pool of `pool_size` connections to `url`, nothing connected yet, whose cancel
 /// requests go through the connector of its connections; a malformed URL, or an `sslmode` this
 /// build cannot honour, is a [`Error::Configuration`] error.
-pub(crate) fn driver(url: &str, pool_size: usize, settings: &Settings) -> Result<Postgres, Error> {
+pub(crate) fn driver(url: &str, pool_size: u32, settings: &Settings) -> Result<Postgres, Error> {
     use crate::tls::{connect_params, Connector};
     use deadpool_postgres::{Manager, ManagerConfig, Pool, Runtime};
     let params = connect_params(url).map_err(|reason| Error::Configuration {
@@ -31,7 +31,7 @@ pub(crate) fn driver(url: &str, pool_size: usize, settings: &Settings) -> Result
         Connector::Rustls(tls) => Manager::from_config(config, tls, ManagerConfig::default()),
     };
     let pool = Pool::builder(manager)
-        .max_size(pool_size)
+        .max_size(usize::try_from(pool_size).unwrap_or(usize::MAX))
         .runtime(Runtime::Tokio1)
         .wait_timeout(Some(settings.pool_timeout))
         .create_timeout(Some(connect))
@@ -105,7 +105,8 @@ mod tests {
         let settings = Settings::builder()
             .connect_timeout(Duration::from_secs(7))
             .keepalives_idle(Some(Duration::from_secs(20)))
-            .statement_timeout(Some(Duration::from_millis(1500)));
+            .statement_timeout(Some(Duration::from_millis(1500)))
+            .build();
         let c = config_of("postgresql://app@db/shop", &settings);
         assert_eq!(c.get_connect_timeout(), Some(&Duration::from_secs(7)));
         assert!(c.get_keepalives());
@@ -119,13 +120,13 @@ mod tests {
         assert_eq!((c.get_keepalives(), c.get_keepalives_idle()), (true, Duration::from_secs(60)));
         assert_eq!(c.get_options(), None);
         // Off.
-        let c = config_of("postgresql://app@db/shop", &Settings::builder().keepalives_idle(None));
+        let c = config_of("postgresql://app@db/shop", &Settings::builder().keepalives_idle(None).build());
         assert!(!c.get_keepalives());
     }
 
     #[test]
     fn what_the_url_names_wins() {
-        let settings = Settings::builder().keepalives_idle(Some(Duration::from_secs(20))).statement_timeout(Some(Duration::from_secs(1)));
+        let settings = Settings::builder().keepalives_idle(Some(Duration::from_secs(20))).statement_timeout(Some(Duration::from_secs(1))).build();
         for url in [
             "postgresql://app@db/shop?connect_timeout=9&keepalives_idle=11&keepalives_interval=2&keepalives_retries=4&options=-c%20statement_timeout%3D3s",
             "host=db user=app connect_timeout=9 keepalives_idle = 11 keepalives_interval=2 keepalives_retries=4 options='-c statement_timeout=3s'",
@@ -142,7 +143,7 @@ mod tests {
         let c = config_of("postgresql://app@db/shop?keepalives=0&options=-c%20geqo%3Doff", &settings);
         assert!(!c.get_keepalives());
         assert_eq!(c.get_options(), Some("-c geqo=off -c statement_timeout=1000"));
-        let c = config_of("postgresql://app@db/shop?keepalives=1", &Settings::builder().keepalives_idle(None));
+        let c = config_of("postgresql://app@db/shop?keepalives=1", &Settings::builder().keepalives_idle(None).build());
         assert!(c.get_keepalives());
     }
 

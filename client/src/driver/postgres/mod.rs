@@ -34,7 +34,7 @@ impl Postgres {
     /// certificate whenever the connection's `sslmode` asks for TLS (with the `tls` feature;
     /// without it they are plain text, which a connection made with `sslmode=require` does not
     /// send). Give it your pool's own connector with [`Postgres::cancel_tls`] for its certificate
-    /// rules; a handle made from a URL (`Idempotency::connect_with`) uses the URL's.
+    /// rules; a handle made from a URL (`Idempotency::from_url`) uses the URL's.
     ///
     /// # Errors
     ///

@@ -1,4 +1,4 @@
-//! The sqlx pool a handle makes from a URL (`Idempotency::connect_sqlx_with`): one host, its
+//! The sqlx pool a handle makes from a URL (`Idempotency::<Sqlx>::from_url`): one host, its
 //! TLS options read as the tokio-postgres pool reads them, its waits bounded and its
 //! `statement_timeout` set by the [`Settings`] where the URL does not name them. sqlx reads
 //! neither `connect_timeout` nor the keepalives: the first is taken out of the URL and read
@@ -98,7 +98,7 @@ fn bounds(url: &str, settings: &Settings) -> Result<(String, Duration), String> 
             return Err(format!(
                 "{name} is not supported by the sqlx driver: sqlx opens its connections with no TCP keepalive and has \
                  no option for one; remove it (Settings::call_timeout bounds every call on a server that stopped \
-                 answering) or use the tokio-postgres driver (Idempotency::connect_with), which honours it"
+                 answering) or use the tokio-postgres driver (Idempotency::<Postgres>::from_url), which honours it"
             ));
         } else if name != "keepalives" {
             kept.push(pair);
@@ -187,7 +187,8 @@ mod tests {
         let settings = Settings::builder()
             .pool_timeout(Duration::from_secs(2))
             .connect_timeout(Duration::from_secs(3))
-            .statement_timeout(Some(Duration::from_millis(1500)));
+            .statement_timeout(Some(Duration::from_millis(1500)))
+            .build();
         let p = pool("postgres://db/x?application_name=a", 1, &settings).expect("a pool");
         assert_eq!(p.options().get_acquire_timeout(), Duration::from_secs(5));
         assert_eq!(p.connect_options().get_options(), Some("-c statement_timeout=1500"));

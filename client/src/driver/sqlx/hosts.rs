@@ -18,7 +18,7 @@
 /// The rule, in the words of the error.
 const ALTERNATIVES: &str = "give the sqlx driver one endpoint that follows the primary (a managed database's writer \
      endpoint, or a proxy such as HAProxy in front of the servers), or use the tokio-postgres driver \
-     (Idempotency::connect_with), which tries the hosts in order and keeps to the one that takes writes \
+     (Idempotency::<Postgres>::from_url), which tries the hosts in order and keeps to the one that takes writes \
      with target_session_attrs=read-write";
 
 /// Ok when `url` names at most one host and one port (in its authority, and in its `host`,
@@ -78,7 +78,7 @@ mod tests {
     fn a_host_list_is_refused_naming_the_hosts_and_the_alternatives() {
         let e = one_host("postgresql://app:secret@127.0.0.1:5001,127.0.0.1:5002/db?target_session_attrs=read-write").unwrap_err();
         assert!(e.starts_with("the URL names 2 hosts or ports (127.0.0.1:5001,127.0.0.1:5002), and the sqlx driver connects to one"), "{e}");
-        assert!(e.contains("one endpoint that follows the primary") && e.contains("Idempotency::connect_with"), "{e}");
+        assert!(e.contains("one endpoint that follows the primary") && e.contains("Idempotency::<Postgres>::from_url"), "{e}");
         assert!(!e.contains("secret"), "the password is quoted: {e}");
         let e = one_host("postgres://[::1]:5001,[::2]:5002,db3/x").unwrap_err();
         assert!(e.starts_with("the URL names 3 hosts or ports ([::1]:5001,[::2]:5002,db3)"), "{e}");
@@ -94,8 +94,8 @@ mod tests {
     }
 
     #[test]
-    fn connect_sqlx_refuses_a_host_list_as_a_configuration_error() {
-        match Idempotency::connect_sqlx("postgresql://127.0.0.1:5001,127.0.0.1:5002/db?target_session_attrs=read-write", 1) {
+    fn from_url_refuses_a_host_list_as_a_configuration_error() {
+        match Idempotency::<crate::Sqlx>::from_url("postgresql://127.0.0.1:5001,127.0.0.1:5002/db?target_session_attrs=read-write", 1, crate::Settings::default()) {
             Err(Error::Configuration { reason, source: None }) => {
                 assert!(reason.starts_with("the URL names 2 hosts or ports"), "{reason}");
             }

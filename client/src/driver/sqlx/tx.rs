@@ -15,9 +15,9 @@ use sqlx::PgConnection;
 /// the connection instead of returning it to the pool. sqlx sends no cancel request: the server
 /// rolls back when it sees the close, at once when idle, and while a statement runs (a lock wait)
 /// within `client_connection_check_interval`, which a handle made from a URL
-/// (`Idempotency::connect_sqlx_with`) sets to 1 s on each connection, TLS or not: the same end as
+/// (`Idempotency::<Sqlx>::from_url`) sets to 1 s on each connection, TLS or not: the same end as
 /// the tokio-postgres driver's cancel request, one check later. Over a pool of your own
-/// (`Idempotency::from_sqlx`), set it yourself (`PgPoolOptions::after_connect`), or the backend
+/// (`Idempotency::<Sqlx>::from_pool`), set it yourself (`PgPoolOptions::after_connect`), or the backend
 /// runs on until its statement ends.
 pub struct SqlxTx {
     pub(super) conn: Option<PoolConnection<sqlx::Postgres>>,
