@@ -20,8 +20,8 @@ ALTER TABLE @extschema@.idem_retries ADD COLUMN owner regrole;
 ALTER TABLE @extschema@.idem_records ADD COLUMN step integer, ADD COLUMN state jsonb;
 
 -- The status RESUMABLE. The new check is added NOT VALID, then the old one dropped: validating
--- would read every row while the update holds idem_records' ACCESS EXCLUSIVE lock (taken by the
--- ADD COLUMN above), stopping every reservation for the length of a full scan, and nothing is
+-- would read every row while the update holds idem_records' ACCESS EXCLUSIVE lock (taken
+-- above), stopping every reservation for the length of a full scan, and nothing is
 -- gained by it: every 0.6.0 row met the narrower check, and every row written from now on is
 -- checked. A fresh install adds it NOT VALID too (sql/schema.sql), so both schemas are one.
 ALTER TABLE @extschema@.idem_records
