@@ -1,7 +1,7 @@
 //! gRPC's framing of a unary message: a 5-byte header (compressed flag, length) and the message.
 
 /// The message of a unary gRPC request or answer body: the bytes after its 5-byte frame header
-/// (an uncompressed frame holding the whole body), for a [`Builder::key_from`] extractor
+/// (an uncompressed frame holding the whole body), for a [`Builder::key_from`](idempotency_tower::Builder::key_from) extractor
 /// to decode (`CreateCharge::decode(message(body)?)`). `None` for a compressed frame or a body
 /// that is not exactly one frame.
 pub fn message(body: &[u8]) -> Option<&[u8]> {
