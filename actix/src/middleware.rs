@@ -18,7 +18,7 @@ use futures_util::future::LocalBoxFuture;
 use futures_util::{FutureExt, StreamExt};
 use http::request::Parts;
 use idempotency_client::{postgres_by_default, Driver};
-use idempotency_tower::adapter::{self as core, panic_message, Answer, Config, Failure, Head, MatchedRoute, RouteFuture};
+use idempotency_tower::adapter::{self, panic_message, Answer, Config, Failure, Head, MatchedRoute, RouteFuture};
 use idempotency_tower::{Mode, Reply, Transaction};
 use std::cell::RefCell;
 use std::panic::AssertUnwindSafe;
@@ -68,7 +68,7 @@ where
         let Some(parts) = head_of(&req) else {
             return Box::pin(async move { Ok(inner.call(req).await?.map_into_left_body()) });
         };
-        let header_key = match core::head(&self.config, &parts) {
+        let header_key = match adapter::head(&self.config, &parts) {
             Head::Uncovered | Head::PassThrough => return Box::pin(async move { Ok(inner.call(req).await?.map_into_left_body()) }),
             Head::Refuse(problem) => {
                 return Box::pin(std::future::ready(Ok(req.into_response(response_of(problem.into_reply())).map_into_right_body())));
@@ -118,11 +118,11 @@ where
     let body = match read(req.take_payload(), config.body_limit).await {
         Ok(body) => body,
         Err(Unread::TooLarge) => {
-            let problem = core::unreadable(&config, &parts, true, &"over the limit");
+            let problem = adapter::unreadable(&config, &parts, true, &"over the limit");
             return Ok(req.into_response(response_of(problem.into_reply())).map_into_right_body());
         }
         Err(Unread::Broken(e)) => {
-            let problem = core::unreadable(&config, &parts, false, &e);
+            let problem = adapter::unreadable(&config, &parts, false, &e);
             return Ok(req.into_response(response_of(problem.into_reply())).map_into_right_body());
         }
     };
@@ -137,7 +137,7 @@ where
             answered.await.map_err(|_| Failure::Gone)?
         })
     };
-    let serve = core::serve(config, parts, body, header_key, route);
+    let serve = adapter::serve(config, parts, body, header_key, route);
     tokio::pin!(serve);
     let answer = loop {
         tokio::select! {

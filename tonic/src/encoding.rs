@@ -13,7 +13,7 @@
 
 use crate::frame::frames;
 use idempotency_client::Driver;
-use idempotency_tower::adapter::{self as core, Config, Failure, Problem};
+use idempotency_tower::adapter::{self, Config, Failure, Problem};
 use idempotency_tower::problem::types;
 use http::request::Parts;
 use bytes::{BufMut, Bytes, BytesMut};
@@ -56,10 +56,10 @@ pub(crate) fn refused<D: Driver>(config: &Config<D>, parts: &Parts, unreadable: 
     match unreadable {
         Unreadable::Unsupported(_) => {
             let problem = Problem::new(415, types::ENCODING_UNSUPPORTED, "Unsupported grpc-encoding", unreadable.to_string());
-            core::refused(config, parts, problem)
+            adapter::refused(config, parts, problem)
         }
-        Unreadable::TooLarge(_) => core::unreadable(config, parts, true, unreadable),
-        Unreadable::Corrupt(_) => core::unreadable(config, parts, false, unreadable),
+        Unreadable::TooLarge(_) => adapter::unreadable(config, parts, true, unreadable),
+        Unreadable::Corrupt(_) => adapter::unreadable(config, parts, false, unreadable),
     }
 }
 

@@ -69,7 +69,7 @@ use http::request::Parts;
 use http::{Request, Response};
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use idempotency_client::{postgres_by_default, Driver};
-use idempotency_tower::adapter::{self as core, ready_then_call, Answer, Config, Head, MatchedRoute, Problem, ServiceRoute};
+use idempotency_tower::adapter::{self, ready_then_call, Answer, Config, Head, MatchedRoute, Problem, ServiceRoute};
 use idempotency_tower::problem::types;
 use idempotency_tower::IdempotencyLayer;
 use std::sync::Arc;
@@ -187,7 +187,7 @@ const INFRASTRUCTURE: [&str; 3] = ["/grpc.health.v1.Health/", "/grpc.reflection.
 fn head<D: Driver>(config: &Config<D>, parts: &Parts) -> Head {
     match INFRASTRUCTURE.iter().any(|service| parts.uri.path().starts_with(service)) {
         true => Head::Uncovered,
-        false => core::head(config, parts),
+        false => adapter::head(config, parts),
     }
 }
 
@@ -203,7 +203,7 @@ where
 {
     let bytes = match Limited::new(body, config.body_limit).collect().await {
         Ok(collected) => collected.to_bytes(),
-        Err(e) => return Ok(status_of(&core::unreadable(&config, &parts, e.is::<LengthLimitError>(), &e))),
+        Err(e) => return Ok(status_of(&adapter::unreadable(&config, &parts, e.is::<LengthLimitError>(), &e))),
     };
     let mut parts = parts;
     let bytes = match encoding::identity_request(&mut parts.headers, bytes, config.body_limit) {
@@ -226,7 +226,7 @@ where
     let call = move |p: Parts, b: Bytes, tx: Option<Transaction<D>>, limit: usize| {
         route.call::<Body, R, D>(Request::from_parts(p, Body::new(Full::new(b))), tx, limit, answer::recorded)
     };
-    match core::serve(config, parts, bytes, header_key, call).await {
+    match adapter::serve(config, parts, bytes, header_key, call).await {
         Answer::Respond(reply) => Ok(response_of(reply)),
         Answer::Refuse(problem) => Ok(status_of(&problem)),
         Answer::ServiceError(e) => Err(e),
