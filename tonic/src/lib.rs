@@ -69,7 +69,7 @@ use http::request::Parts;
 use http::{Request, Response};
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use idempotency_client::{postgres_by_default, Driver};
-use idempotency_tower::adapter::{self, ready_then_call, Answer, Config, Head, MatchedRoute, Problem, ServiceRoute};
+use idempotency_tower::adapter::{self, ready_then_call, Answer, Config, Head, Inner, MatchedRoute, Problem, ServiceRoute, Whole};
 use idempotency_tower::problem::types;
 use idempotency_tower::IdempotencyLayer;
 use std::sync::Arc;
@@ -141,16 +141,11 @@ impl<S: tonic::server::NamedService, D: Driver> tonic::server::NamedService for 
     const NAME: &'static str = S::NAME;
 }
 
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
-
 impl<S, R, D> Service<Request<Body>> for GrpcService<S, D>
 where
     D: Driver,
-    S: Service<Request<Body>, Response = Response<R>> + Clone + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Send + 'static,
-    R: http_body::Body<Data = Bytes> + Send + 'static,
-    R::Error: Into<BoxError>,
+    S: Inner<Body, Response = Response<R>>,
+    R: Whole + http_body::Body<Data = Bytes>,
 {
     type Response = Response<Body>;
     type Error = S::Error;
@@ -195,11 +190,8 @@ fn head<D: Driver>(config: &Config<D>, parts: &Parts) -> Head {
 async fn covered<S, R, D>(config: Arc<Config<D>>, inner: S, parts: Parts, body: Body, header_key: Option<String>) -> Result<Response<Body>, S::Error>
 where
     D: Driver,
-    S: Service<Request<Body>, Response = Response<R>> + Clone + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Send + 'static,
-    R: http_body::Body<Data = Bytes> + Send + 'static,
-    R::Error: Into<BoxError>,
+    S: Inner<Body, Response = Response<R>>,
+    R: Whole + http_body::Body<Data = Bytes>,
 {
     let bytes = match Limited::new(body, config.body_limit).collect().await {
         Ok(collected) => collected.to_bytes(),

@@ -133,6 +133,6 @@ pub mod adapter {
     pub use crate::matched::MatchedRoute;
     pub use crate::problem::Problem;
     pub use crate::respond::error_reply;
-    pub use crate::service::{ready_and_call, ready_then_call, reply_of, Finish, ServiceRoute};
+    pub use crate::service::{ready_and_call, ready_then_call, reply_of, Finish, Inner, ServiceRoute, Whole};
     pub use crate::transaction::{shared_of, Taken};
 }

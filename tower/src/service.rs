@@ -29,6 +29,19 @@ use tower_service::Service;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
+/// The inner service of a route as every tower adapter (this crate's, idempotency-tonic's)
+/// calls it: cloned per call, the clone and its future sent to the core's task. The bounds,
+/// written once.
+pub trait Inner<B>: Service<Request<B>, Future: Send + 'static, Error: Send + 'static> + Clone + Send + 'static {}
+
+impl<S, B> Inner<B> for S where S: Service<Request<B>, Future: Send + 'static, Error: Send + 'static> + Clone + Send + 'static {}
+
+/// A body the layer reads whole (a request's, a response's): its frames sent across tasks, its
+/// error boxed.
+pub trait Whole: Body<Data: Send, Error: Into<BoxError>> + Send + 'static {}
+
+impl<T> Whole for T where T: Body<Data: Send, Error: Into<BoxError>> + Send + 'static {}
+
 postgres_by_default! {
 /// An idempotent route: the service [`IdempotencyLayer`] makes.
 pub struct IdempotencyService<S, D: Driver = Postgres> {
@@ -60,15 +73,9 @@ impl<S, D: Driver> std::fmt::Debug for IdempotencyService<S, D> {
 impl<S, B, R, D> Service<Request<B>> for IdempotencyService<S, D>
 where
     D: Driver,
-    S: Service<Request<B>, Response = Response<R>> + Clone + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Send + 'static,
-    B: Body + From<Bytes> + Send + 'static,
-    B::Data: Send,
-    B::Error: Into<BoxError>,
-    R: Body + From<Bytes> + Send + 'static,
-    R::Data: Send,
-    R::Error: Into<BoxError>,
+    S: Inner<B, Response = Response<R>>,
+    B: Whole + From<Bytes>,
+    R: Whole + From<Bytes>,
 {
     type Response = Response<R>;
     type Error = S::Error;
@@ -99,15 +106,9 @@ where
 async fn covered<S, B, R, D>(config: Arc<Config<D>>, inner: S, parts: Parts, body: B, header_key: Option<String>) -> Result<Response<R>, S::Error>
 where
     D: Driver,
-    S: Service<Request<B>, Response = Response<R>> + Clone + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Send + 'static,
-    B: Body + From<Bytes> + Send + 'static,
-    B::Data: Send,
-    B::Error: Into<BoxError>,
-    R: Body + From<Bytes> + Send + 'static,
-    R::Data: Send,
-    R::Error: Into<BoxError>,
+    S: Inner<B, Response = Response<R>>,
+    B: Whole + From<Bytes>,
+    R: Whole + From<Bytes>,
 {
     let bytes = match Limited::new(body, config.body_limit).collect().await {
         Ok(collected) => collected.to_bytes(),
@@ -178,13 +179,9 @@ impl<S> ServiceRoute<S> {
     pub fn call<B, R, D>(&self, mut req: Request<B>, tx: Option<Transaction<D>>, limit: usize, finish: Finish<S::Error>) -> RouteFuture<S::Error>
     where
         D: Driver,
-        S: Service<Request<B>, Response = Response<R>> + Clone + Send + 'static,
-        S::Future: Send + 'static,
-        S::Error: Send + 'static,
+        S: Inner<B, Response = Response<R>>,
         B: Send + 'static,
-        R: Body + Send + 'static,
-        R::Data: Send,
-        R::Error: Into<BoxError>,
+        R: Whole,
     {
         if let Some(tx) = tx {
             req.extensions_mut().insert(tx);
