@@ -146,8 +146,14 @@ pub(crate) fn run(ctx: &Ctx, checks: &mut Checks) {
     let prepare = |db: &str| psql.db(db).q(&format!("CREATE EXTENSION idempotency VERSION '{oldest}'; ALTER EXTENSION idempotency UPDATE")).map(drop);
     suites(checks, ctx, &psql, &format!("updated-from-{oldest}"), Path::new("tests/regress/schedule"), &[], &prepare);
 
-    if oldest != current {
-        load(ctx, checks, &psql, &oldest, &current);
+    // The load starts at the oldest version whose idem_reserve is native (0.2.0): 0.1.0's is
+    // PL/pgSQL, and a PL/pgSQL call in flight when an update that appends attributes to
+    // idem_reservation commits (0.7.0's step and state) fails once with 42804, which no update
+    // script can change in a body already running (docs/upgrading.md, "0.7.0"). The native
+    // idem_reserve answers the row its query was planned with: this load proves it.
+    let loaded_from = versions.iter().find(|v| v.as_str() != "0.1.0").unwrap_or(&oldest).clone();
+    if loaded_from != current {
+        load(ctx, checks, &psql, &loaded_from, &current);
     }
     super::finish(server, checks);
 }
