@@ -22,7 +22,7 @@ use crate::http::{self, fresh_key, Service, Side};
 use crate::pgbench::Measure;
 use actix_web::{web, App, HttpRequest, HttpResponse, HttpServer};
 use deadpool_postgres::{GenericClient, Pool};
-use idempotency_client::layer::Mode;
+use idempotency_tower::Mode;
 use crate::client::pool_size;
 use idempotency_client::{Idempotency, Postgres, Settings};
 use idempotency_examples::grpc_charges::proto::charges_client::ChargesClient;

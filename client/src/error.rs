@@ -1,7 +1,7 @@
 //! The one error type of the client, with its retry hints ([`Error::retry_after`] here,
 //! [`Error::is_retryable`] with the dispositions in `handler_error.rs`) for any caller, a queue
-//! consumer included. (Its HTTP mapping lives with the layer, behind the `tower` feature:
-//! `layer::http_status` and `layer::retry_after`, which calls [`Error::retry_after`].)
+//! consumer included. (Its HTTP mapping lives with the layer, in the crate idempotency-tower:
+//! `http_status` and `retry_after`, which calls [`Error::retry_after`].)
 
 use idempotency_core::KeyError;
 use std::convert::Infallible;

@@ -112,7 +112,7 @@
 //!
 //! A plain `Idempotency` is always `Idempotency<Postgres>`, whatever features the build turns on
 //! (without the `postgres` feature it has no default): over sqlx, name the driver,
-//! `Idempotency<Sqlx>`, `layer::Connection<Sqlx>`.
+//! `Idempotency<Sqlx>`, `idempotency_tower::Connection<Sqlx>`.
 //!
 //! Outcomes and errors are the same types; a sqlx error is the source of [`Error::Database`] or
 //! [`Error::StoreUnavailable`] as a tokio-postgres one is. sqlx does not pipeline, so the
@@ -132,16 +132,19 @@
 //!
 //! # Web services
 //!
-//! With the `axum` feature (or `tower` for any tower HTTP service), the `layer` module's
-//! `IdempotencyLayer` makes a route idempotent in a few lines: the `Idempotency-Key` header,
-//! problem+json answers, stored and replayed responses, in-transaction or two-phase routes, and
-//! `tracing` spans; the `metrics` feature adds counters and histograms through the `metrics`
-//! facade. The HTTP mapping of an error is `layer::http_status` and `layer::retry_after`. The
-//! `tracing` feature alone puts a span around every call of [`Idempotency`].
+//! This crate has no web framework in it. The layer that makes a route idempotent in a few
+//! lines (the `Idempotency-Key` header, problem+json answers, stored and replayed responses,
+//! in-transaction or two-phase routes, `tracing` spans, `metrics` counters) is a crate per
+//! service stack, each over this one: `idempotency-tower` (any tower HTTP service; axum with its
+//! feature `axum`), `idempotency-actix` (actix-web) and `idempotency-tonic` (tonic gRPC). The
+//! retry hints of an error are its own: [`Error::retry_after`] and [`Error::is_retryable`]. The
+//! `tracing` feature puts a span around every call of [`Idempotency`].
 
 #![deny(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+#[doc(hidden)]
+pub mod adapter;
 mod batch;
 mod cache;
 mod classify;
@@ -161,9 +164,6 @@ mod steps;
 pub mod tls;
 mod trace;
 pub mod types;
-#[cfg(feature = "tower")]
-#[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
-pub mod layer;
 
 pub use batch::{BatchItem, BatchOutcome};
 pub use cache::{ReplayCache, ReplayCacheStats};

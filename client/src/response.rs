@@ -112,7 +112,7 @@ pub(crate) const TOO_LARGE_SQLSTATE: &str = "54000";
 
 /// A problem details body (RFC 9457): the one shape of the layer's answers and of the
 /// too-large marker.
-pub(crate) fn problem_body(kind: &str, title: &str, status: u16, detail: &str) -> serde_json::Value {
+pub fn problem_body(kind: &str, title: &str, status: u16, detail: &str) -> serde_json::Value {
     serde_json::json!({"type": kind, "title": title, "status": status, "detail": detail})
 }
 

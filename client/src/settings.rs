@@ -296,8 +296,10 @@ impl Settings {
 
 impl Settings {
     /// Why the wait for a holder could outlast the call's deadline (which would answer
-    /// `StoreUnavailable` where the wait's bound answers `InProgress`), if it could.
-    pub(crate) fn wait_beyond_call(&self) -> Option<String> {
+    /// `StoreUnavailable` where the wait's bound answers `InProgress`), if it could. Hidden: the
+    /// layer's builder checks it too.
+    #[doc(hidden)]
+    pub fn wait_beyond_call(&self) -> Option<String> {
         match self.call_timeout {
             Some(call) if self.wait && self.wait_timeout >= call => Some(format!(
                 "Settings::wait_timeout ({:?}) must be shorter than Settings::call_timeout ({call:?}), which bounds the whole call, its wait included",

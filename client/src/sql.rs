@@ -27,7 +27,6 @@ pub(crate) const EXTENSION_SQL: &str = "SELECT schema, version FROM ( \
 
 /// The server's `idempotency.max_response_bytes` as `current_setting` shows it (`1MB`), or NULL
 /// where it is not defined (a portable install whose setting was never set: its default).
-#[cfg_attr(not(feature = "tower"), allow(dead_code))]
 pub(crate) const MAX_RESPONSE_BYTES_SQL: &str =
     "SELECT pg_catalog.current_setting('idempotency.max_response_bytes', true) AS max_response_bytes";
 

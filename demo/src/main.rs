@@ -7,7 +7,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post as post_route;
 use axum::{Json, Router};
-use idempotency_client::layer::{IdempotencyLayer, Transaction};
+use idempotency_tower::{IdempotencyLayer, Transaction};
 use idempotency_client::{Idempotency, Postgres, Settings};
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

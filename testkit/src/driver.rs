@@ -9,7 +9,7 @@
 //! What differs between the drivers is the [`Kit`] trait, one impl per driver; the two modules
 //! are written once, by a macro, over it.
 
-use idempotency_client::layer::Transaction;
+use idempotency_tower::Transaction;
 use idempotency_client::{Connect, Driver, Idempotency, Postgres, Sqlx};
 use std::future::Future;
 use std::time::Duration;
@@ -283,12 +283,12 @@ macro_rules! driver_module {
             }
 
             /// [`query_i64`] through the request's transaction of an in-transaction layer.
-            pub async fn query_i64_in(tx: &idempotency_client::layer::Transaction<TestDriver>, sql: &str, args: &[&str]) -> Result<i64, DbError> {
+            pub async fn query_i64_in(tx: &idempotency_tower::Transaction<TestDriver>, sql: &str, args: &[&str]) -> Result<i64, DbError> {
                 TestDriver::query_i64_in(tx, sql, args).await
             }
 
             /// [`exec`] through the request's transaction of an in-transaction layer.
-            pub async fn exec_in(tx: &idempotency_client::layer::Transaction<TestDriver>, sql: &str, args: &[&str]) -> Result<u64, DbError> {
+            pub async fn exec_in(tx: &idempotency_tower::Transaction<TestDriver>, sql: &str, args: &[&str]) -> Result<u64, DbError> {
                 TestDriver::exec_in(tx, sql, args).await
             }
 

@@ -47,7 +47,10 @@ SELECT idem_release('m', 'u', 'k2', 0) \;
 SELECT idem_release('m', 'u', 'k2', (SELECT token FROM idem_records WHERE key = 'k2')) \;
 SELECT idem_release('m', 'u', 'k2', (idem_reserve('m', 'u', 'k2', 'h')).token, max_retries => 2) \;
 SELECT idem_reserve('m', 'u', 'k2', 'h') \;
-SELECT idem_complete('m', 'u', 'k3', (idem_reserve('m', 'u', 'k3', 'h')).token, '{}', 'FAILED');
+SELECT idem_complete('m', 'u', 'k3', (idem_reserve('m', 'u', 'k3', 'h')).token, '{}', 'FAILED') \;
+SELECT idem_checkpoint('m', 'u', 'k4', (idem_reserve('m', 'u', 'k4', 'h')).token, 0, '{}') \;
+UPDATE idem_records SET lease_expires_at = now() - interval '1 second' WHERE operation = 'm' AND key = 'k4' \;
+SELECT idem_reserve('m', 'u', 'k4', 'h');
 
 -- [worker_metrics] the worker's counters that have counted
 SELECT count(*) FROM idem_metrics() WHERE name IN ('recovered', 'swept', 'worker_passes') AND value >= 1;

@@ -57,7 +57,7 @@ idempotency_testkit::for_each_driver! {
     /// panics the first time; how many times it ran.
     fn flaky_server(idem: Idem, listener: std::net::TcpListener, runs: std::sync::Arc<std::sync::atomic::AtomicUsize>) -> actix_web::dev::Server {
         use actix_web::{web, App, HttpResponse, HttpServer};
-        use idempotency_client::layer::{IdempotencyLayer, Transaction};
+        use idempotency_actix::{IdempotencyLayer, Transaction};
         use std::sync::atomic::Ordering;
         let layer = IdempotencyLayer::in_transaction(idem).anonymous().build().expect("layer");
         HttpServer::new(move || {
@@ -106,9 +106,9 @@ idempotency_testkit::for_each_driver! {
     /// A route of its own whose handler reports that it started, waits for a permit of `gate`,
     /// then writes a charge (through the transaction in-transaction, on its own connection
     /// two-phase) and answers 201.
-    fn held_server(idem: Idem, mode: idempotency_client::layer::Mode, listener: std::net::TcpListener, held: Held) -> actix_web::dev::Server {
+    fn held_server(idem: Idem, mode: idempotency_tower::Mode, listener: std::net::TcpListener, held: Held) -> actix_web::dev::Server {
         use actix_web::{web, App, HttpResponse, HttpServer};
-        use idempotency_client::layer::{IdempotencyLayer, Mode, Transaction};
+        use idempotency_actix::{IdempotencyLayer, Mode, Transaction};
         use std::sync::atomic::Ordering;
         let layer = IdempotencyLayer::builder(idem).mode(mode).anonymous().build().expect("layer");
         HttpServer::new(move || {
@@ -148,7 +148,7 @@ idempotency_testkit::for_each_driver! {
         gate: std::sync::Arc<tokio::sync::Semaphore>,
     }
 
-    async fn disconnected_client(mode: idempotency_client::layer::Mode) {
+    async fn disconnected_client(mode: idempotency_tower::Mode) {
         use std::sync::atomic::Ordering;
         let idem = handle(Settings::default()).await;
         let user = format!("actix-gone-{mode:?}");
@@ -190,21 +190,21 @@ idempotency_testkit::for_each_driver! {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_client_that_hangs_up_is_answered_by_its_retry_in_transaction() {
-        disconnected_client(idempotency_client::layer::Mode::InTransaction).await;
+        disconnected_client(idempotency_tower::Mode::InTransaction).await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_client_that_hangs_up_is_answered_by_its_retry_two_phase() {
-        disconnected_client(idempotency_client::layer::Mode::TwoPhase).await;
+        disconnected_client(idempotency_tower::Mode::TwoPhase).await;
     }
 
     /// actix-web drops a request's future when it gives the request up (a shutdown, an HTTP/2
     /// reset, its client-disconnect timeout); the route still runs to its end. Driven in process
     /// (actix's test service) to drop the future at a known point: while the handler is held.
-    async fn dropped_future(mode: idempotency_client::layer::Mode) {
+    async fn dropped_future(mode: idempotency_tower::Mode) {
         use actix_web::dev::Service;
         use actix_web::{test, web, App, HttpResponse};
-        use idempotency_client::layer::{IdempotencyLayer, Transaction};
+        use idempotency_actix::{IdempotencyLayer, Transaction};
         use std::sync::atomic::{AtomicUsize, Ordering};
         use std::sync::Arc;
         let idem = handle(Settings::default()).await;
@@ -267,11 +267,11 @@ idempotency_testkit::for_each_driver! {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_dropped_request_still_completes_its_key_in_transaction() {
-        dropped_future(idempotency_client::layer::Mode::InTransaction).await;
+        dropped_future(idempotency_tower::Mode::InTransaction).await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_dropped_request_still_completes_its_key_two_phase() {
-        dropped_future(idempotency_client::layer::Mode::TwoPhase).await;
+        dropped_future(idempotency_tower::Mode::TwoPhase).await;
     }
 }

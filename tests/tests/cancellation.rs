@@ -26,7 +26,7 @@ idempotency_testkit::for_each_driver! {
     use axum::response::IntoResponse;
     use axum::routing::post;
     use axum::Router;
-    use idempotency_client::layer::{IdempotencyLayer, Mode, Transaction};
+    use idempotency_tower::{IdempotencyLayer, Mode, Transaction};
     use idempotency_client::{BatchItem, Error, Fingerprint, Key, OneStatement, Outcome, Settings, SettingsBuilder, StoredResponse, TxFuture};
     use idempotency_testkit::server::eventually;
     use idempotency_testkit::tls_server::TlsServer;

@@ -38,7 +38,7 @@ idempotency_testkit::for_each_driver! {
         idem.run(&key, &fp(json!({"amount": 100})), Charge::of(&key).handler::<Failure>(&runs)).await.unwrap();
         let err = idem.run(&key, &fp(json!({"amount": 200})), Charge::of(&key).handler::<Failure>(&runs)).await.unwrap_err();
         assert!(matches!(err, Error::Mismatch), "{err:?}");
-        assert_eq!(idempotency_client::layer::http_status(&err), 422);
+        assert_eq!(idempotency_tower::http_status(&err), 422);
         assert_eq!(runs.load(Ordering::SeqCst), 1);
     }
 
@@ -128,7 +128,7 @@ idempotency_testkit::for_each_driver! {
             Error::Failed { response: Some(r) } => assert_eq!(r["status"], 402),
             other => panic!("expected the stored failure, got {other:?}"),
         }
-        assert_eq!(idempotency_client::layer::http_status(&err), 402);
+        assert_eq!(idempotency_tower::http_status(&err), 402);
         assert_eq!(runs.load(Ordering::SeqCst), 1);
 
         // A permanent handler error: its writes roll back, its response is stored and replayed.
@@ -181,7 +181,7 @@ idempotency_testkit::for_each_driver! {
         }
         let err = idem.run(&key, &fp(json!({"a": 1})), Charge::of(&key).handler::<Failure>(&runs)).await.unwrap_err();
         assert!(matches!(err, Error::Failed { response: None }), "{err:?}");
-        assert_eq!(idempotency_client::layer::http_status(&err), 409);
+        assert_eq!(idempotency_tower::http_status(&err), 409);
         assert_eq!(runs.load(Ordering::SeqCst), 3, "the poisoned key never runs again");
     }
 
@@ -198,7 +198,7 @@ idempotency_testkit::for_each_driver! {
         let answer = tokio::time::timeout(Duration::from_secs(60), idem.run(&key, &fingerprint, Charge::of(&key).handler::<Failure>(&runs))).await;
         let err = answer.expect("an unreachable store answers at the end of the client's own bounds, never hangs").unwrap_err();
         assert!(matches!(err, Error::StoreUnavailable(_)), "{err:?}");
-        assert_eq!(idempotency_client::layer::http_status(&err), 503);
+        assert_eq!(idempotency_tower::http_status(&err), 503);
         assert_eq!(runs.load(Ordering::SeqCst), 0);
         assert!(matches!(idem.check_extension().await, Err(Error::StoreUnavailable(_))));
     }
@@ -323,7 +323,7 @@ fn invalid_keys_are_refused_by_key_new_with_http_400() {
     let err = Key::new("op", "user", "bad\nkey").unwrap_err();
     assert_eq!(err.argument(), "key");
     let err: Error = err.into();
-    assert_eq!(idempotency_client::layer::http_status(&err), 400);
+    assert_eq!(idempotency_tower::http_status(&err), 400);
     assert!(Key::new("op", "", "k").is_err());
     assert!(Key::new("op", "u", "k".repeat(256)).is_err());
 }

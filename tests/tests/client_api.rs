@@ -242,7 +242,7 @@ async fn an_exhausted_pool_answers_store_unavailable_and_runs_nothing() {
                 let source = std::error::Error::source(&err).expect("the pool's error");
                 let pool_error = source.downcast_ref::<deadpool_postgres::PoolError>().expect("a PoolError");
                 assert!(matches!(pool_error, deadpool_postgres::PoolError::Timeout(_)), "{pool_error:?}");
-                assert_eq!(idempotency_client::layer::http_status(&err), 503);
+                assert_eq!(idempotency_tower::http_status(&err), 503);
                 unavailable.push(key);
             }
             (_, other) => panic!("{other:?}"),

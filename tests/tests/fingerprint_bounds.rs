@@ -9,7 +9,7 @@ idempotency_testkit::for_each_driver! {
     use axum::http::StatusCode;
     use axum::routing::post;
     use axum::Router;
-    use idempotency_client::layer::{problem::types, IdempotencyLayer, Mode};
+    use idempotency_tower::{problem::types, IdempotencyLayer, Mode};
     use idempotency_client::Settings;
 
     use serde_json::Value;

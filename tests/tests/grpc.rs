@@ -7,7 +7,7 @@
 //! (AIP-155); a streaming method refused; the store down UNAVAILABLE.
 
 idempotency_testkit::for_each_driver! {
-    use idempotency_client::layer::Mode;
+    use idempotency_tower::Mode;
     use idempotency_client::Settings;
     use idempotency_examples::grpc_charges::proto::charges_client::ChargesClient;
     use idempotency_examples::grpc_charges::proto::{Charge, CreateCharge};
@@ -251,8 +251,8 @@ idempotency_testkit::for_each_driver! {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_scope_from_an_authentication_layer_outside() {
-        use idempotency_client::layer::IdempotencyLayer;
         use idempotency_examples::grpc_charges::proto::charges_server::ChargesServer;
+        use idempotency_tonic::GrpcLayer;
         use idempotency_examples::grpc_charges::ChargeService;
         admin().await.batch_execute(SCHEMA).await.unwrap();
         let idem = handle(Settings::default()).await;
@@ -264,11 +264,10 @@ idempotency_testkit::for_each_driver! {
             }
             req
         });
-        let idempotent = IdempotencyLayer::in_transaction(idem.clone())
+        let idempotent = GrpcLayer::in_transaction(idem.clone())
             .user(|parts| parts.extensions.get::<Principal>().map(|p| p.0.clone()))
             .build()
-            .expect("layer")
-            .grpc();
+            .expect("layer");
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = format!("http://{}", listener.local_addr().unwrap());
         let server = tonic::transport::Server::builder()

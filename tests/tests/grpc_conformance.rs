@@ -16,7 +16,7 @@
 //!   limit (4 MiB), compressed or not: RESOURCE_EXHAUSTED, nothing reserved.
 
 idempotency_testkit::for_each_driver! {
-    use idempotency_client::layer::{GrpcLayer, IdempotencyLayer, Mode};
+    use idempotency_tonic::{GrpcLayer, Mode};
     use idempotency_client::Settings;
     use idempotency_examples::grpc_charges::proto::charges_client::ChargesClient;
     use idempotency_examples::grpc_charges::proto::charges_server::ChargesServer;
@@ -29,12 +29,12 @@ idempotency_testkit::for_each_driver! {
     /// The layer of the example (the user from `x-user`), over every route, with this response
     /// limit.
     fn layer(idem: Idem, mode: Mode, response_limit: Option<usize>) -> GrpcLayer<TestDriver> {
-        let builder = IdempotencyLayer::builder(idem).mode(mode).user(|req| req.headers.get("x-user")?.to_str().ok().map(str::to_owned));
+        let builder = GrpcLayer::builder(idem).mode(mode).user(|req| req.headers.get("x-user")?.to_str().ok().map(str::to_owned));
         let builder = match response_limit {
             Some(limit) => builder.response_limit(limit),
             None => builder,
         };
-        builder.build().expect("a complete layer configuration").grpc()
+        builder.build().expect("a complete layer configuration")
     }
 
     /// Serves the example's service (gzip accepted and sent) behind `layer` on every route,
@@ -326,7 +326,7 @@ idempotency_testkit::for_each_driver! {
 /// examples/python/grpc_check.py, over tokio-postgres (the client is what this proves; the
 /// drivers are the suite's above).
 mod python {
-    use idempotency_client::layer::Mode;
+    use idempotency_tower::Mode;
     use idempotency_client::Settings;
     use idempotency_testkit::driver::over_postgres::*;
     use std::process::Command;

@@ -4,24 +4,23 @@
 //! request's transaction used as the connection itself (`Connection`) in an axum and an
 //! actix-web handler, extracted once (a second extraction is `TransactionRejection::Taken`).
 
-use idempotency_client::layer::Connection;
-
-/// A charge tagged `key` written through the request's `Connection` as each driver's users write
-/// it (`tx.execute(..)` over tokio-postgres, `.execute(&mut *tx)` over sqlx); the rows written.
-trait WriteThrough: Sized {
-    fn charge(tx: Self, key: &str) -> impl std::future::Future<Output = u64> + Send;
+/// A charge tagged `key` written through the request's connection (the `Connection` of
+/// idempotency-tower or of idempotency-actix, dereferenced) as each driver's users write it
+/// (`tx.execute(..)` over tokio-postgres, `.execute(&mut *tx)` over sqlx); the rows written.
+trait WriteThrough {
+    fn charge(&mut self, key: &str) -> impl std::future::Future<Output = u64> + Send;
 }
 
-impl WriteThrough for Connection<idempotency_client::Postgres> {
-    async fn charge(tx: Self, key: &str) -> u64 {
-        tx.execute("INSERT INTO charges (user_id, amount, k) VALUES ('conn', 1, $1)", &[&key]).await.expect("insert")
+impl WriteThrough for deadpool_postgres::Client {
+    async fn charge(&mut self, key: &str) -> u64 {
+        self.execute("INSERT INTO charges (user_id, amount, k) VALUES ('conn', 1, $1)", &[&key]).await.expect("insert")
     }
 }
 
-impl WriteThrough for Connection<idempotency_client::Sqlx> {
-    async fn charge(mut tx: Self, key: &str) -> u64 {
+impl WriteThrough for sqlx::PgConnection {
+    async fn charge(&mut self, key: &str) -> u64 {
         let query = sqlx::query("INSERT INTO charges (user_id, amount, k) VALUES ('conn', 1, $1)").bind(key);
-        query.execute(&mut *tx).await.expect("insert").rows_affected()
+        query.execute(&mut *self).await.expect("insert").rows_affected()
     }
 }
 
@@ -31,7 +30,7 @@ idempotency_testkit::for_each_driver! {
     use axum::response::{IntoResponse, Response};
     use axum::routing::post;
     use axum::Router;
-    use idempotency_client::layer::{problem::types, Builder, IdempotencyLayer, Mode, Transaction};
+    use idempotency_tower::{problem::types, Builder, IdempotencyLayer, Mode, Transaction};
     use idempotency_client::{Idempotency, Postgres, Settings};
 
     use serde_json::{json, Value};
@@ -490,7 +489,7 @@ idempotency_testkit::for_each_driver! {
     // ---- the transaction used as the connection (issue 41) ------------------------------------
 
     use super::WriteThrough;
-    use idempotency_client::layer::{Connection, TransactionRejection};
+    use idempotency_tower::{Connection, TransactionRejection};
 
     /// The rows `'conn'` charges tagged `key`.
     async fn conn_rows(key: &str) -> i64 {
@@ -514,8 +513,8 @@ idempotency_testkit::for_each_driver! {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_connection_is_the_transaction_in_an_axum_handler() {
         let layer = IdempotencyLayer::in_transaction(handle(Settings::default()).await).anonymous().build().expect("layer");
-        let handler = post(|tx: Connection<TestDriver>, body: String| async move {
-            let written = WriteThrough::charge(tx, &body).await;
+        let handler = post(|mut tx: Connection<TestDriver>, body: String| async move {
+            let written = tx.charge(&body).await;
             let status = if body.ends_with("-fails") { StatusCode::SERVICE_UNAVAILABLE } else { StatusCode::CREATED };
             (status, axum::Json(json!({ "written": written }))).into_response()
         });
@@ -537,10 +536,10 @@ idempotency_testkit::for_each_driver! {
         type Second = Result<Connection<TestDriver>, TransactionRejection>;
         type Shared = Result<Transaction<TestDriver>, TransactionRejection>;
         let layer = IdempotencyLayer::in_transaction(handle(Settings::default()).await).anonymous().build().expect("layer");
-        let handler = post(|tx: Connection<TestDriver>, second: Second, shared: Shared, body: String| async move {
+        let handler = post(|mut tx: Connection<TestDriver>, second: Second, shared: Shared, body: String| async move {
             let rejections = (second.err(), shared.err());
             assert_eq!(rejections, (Some(TransactionRejection::Taken), Some(TransactionRejection::Taken)));
-            WriteThrough::charge(tx, &body).await;
+            tx.charge(&body).await;
             StatusCode::CREATED.into_response()
         });
         let router = Router::new().route("/c", handler).route_layer(layer);
@@ -573,9 +572,10 @@ idempotency_testkit::for_each_driver! {
         let answers = std::thread::spawn(move || {
             actix_web::rt::System::new().block_on(async move {
                 use actix_web::{test, web, App, HttpResponse};
+                use idempotency_actix::{Connection, IdempotencyLayer, TransactionRejection};
                 let layer = IdempotencyLayer::in_transaction(idem).anonymous().build().expect("layer");
-                let handler = |tx: Connection<TestDriver>, second: Result<Connection<TestDriver>, TransactionRejection>, body: String| async move {
-                    let written = WriteThrough::charge(tx, &body).await;
+                let handler = |mut tx: Connection<TestDriver>, second: Result<Connection<TestDriver>, TransactionRejection>, body: String| async move {
+                    let written = tx.charge(&body).await;
                     HttpResponse::Created().json(json!({ "written": written, "second": format!("{:?}", second.err()) }))
                 };
                 let app = test::init_service(App::new().service(web::resource("/c").wrap(layer).route(web::post().to(handler)))).await;

@@ -9,7 +9,7 @@ idempotency_testkit::for_each_driver! {
     use axum::response::{IntoResponse, Response};
     use axum::routing::post;
     use axum::Router;
-    use idempotency_client::layer::{problem::types, Builder, IdempotencyLayer, Reply, Transaction};
+    use idempotency_tower::{problem::types, Builder, IdempotencyLayer, Reply, Transaction};
     use idempotency_client::{Settings, Verdict};
     use serde_json::{json, Value};
     use std::collections::{HashMap, HashSet};
@@ -216,7 +216,7 @@ idempotency_testkit::for_each_driver! {
         let policy = serve(move |b| {
             b.status_policy(move |status| match retryable.contains(&status) {
                 true => Verdict::Transient,
-                false => idempotency_client::layer::default_status_policy(status),
+                false => idempotency_tower::default_status_policy(status),
             })
         })
         .await;

@@ -68,7 +68,7 @@ idempotency_testkit::for_each_driver! {
     use axum::routing::post;
     use axum::Router;
     use futures_util::StreamExt;
-    use idempotency_client::layer::{problem::types, Builder, IdempotencyLayer, Mode, Transaction, DEFAULT_RESPONSE_LIMIT};
+    use idempotency_tower::{problem::types, Builder, IdempotencyLayer, Mode, Transaction, DEFAULT_RESPONSE_LIMIT};
     use idempotency_client::{Body, Error, Fingerprint, Settings, StoredResponse, TxFuture};
 
     use idempotency_testkit::{unique_key};

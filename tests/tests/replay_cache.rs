@@ -11,7 +11,7 @@ idempotency_testkit::for_each_driver! {
     use axum::response::IntoResponse;
     use axum::routing::post;
     use axum::Router;
-    use idempotency_client::layer::{IdempotencyLayer, Mode, Transaction};
+    use idempotency_tower::{IdempotencyLayer, Mode, Transaction};
     use idempotency_client::{Error, Fingerprint, Outcome, ReplayCache, Settings, SettingsBuilder, StoredResponse, TxFuture};
     use idempotency_testkit::proxy::Proxy;
     use idempotency_testkit::server::eventually;
@@ -110,7 +110,7 @@ idempotency_testkit::for_each_driver! {
         let (err, trips) = counted(&proxy, idem.run(&key, &fp(json!({"amount": 200})), Charge::of(&key).handler::<Failure>(&runs))).await;
         let err = err.unwrap_err();
         assert!(matches!(err, Error::Mismatch), "{err:?}");
-        assert_eq!(idempotency_client::layer::http_status(&err), 422);
+        assert_eq!(idempotency_tower::http_status(&err), 422);
         assert!(trips > 0, "the mismatch is the database's answer");
         // The original request still replays from memory.
         let (again, trips) = counted(&proxy, idem.run(&key, &fp(json!({"amount": 100})), Charge::of(&key).handler::<Failure>(&runs))).await;

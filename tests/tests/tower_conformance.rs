@@ -27,7 +27,7 @@ idempotency_testkit::for_each_driver! {
     use axum::http::{Request, Response, StatusCode};
     use axum::routing::post;
     use axum::{BoxError, Router};
-    use idempotency_client::layer::{problem::types, IdempotencyLayer, Mode, ANONYMOUS_USER};
+    use idempotency_tower::{problem::types, IdempotencyLayer, Mode, ANONYMOUS_USER};
     use idempotency_client::{Key, Settings};
     use idempotency_testkit::server::eventually;
     use std::sync::atomic::{AtomicUsize, Ordering};
@@ -385,7 +385,7 @@ idempotency_testkit::for_each_driver! {
     type HttpHandle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
 
     /// The layer over a probed mock.
-    async fn over_mock(mode: Mode) -> (idempotency_client::layer::IdempotencyService<Probe<HttpMock>, TestDriver>, HttpHandle, mpsc::UnboundedReceiver<()>) {
+    async fn over_mock(mode: Mode) -> (idempotency_tower::IdempotencyService<Probe<HttpMock>, TestDriver>, HttpHandle, mpsc::UnboundedReceiver<()>) {
         let (mock, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
         let (probed, pending) = probe(mock);
         (tower::Layer::layer(&idem_layer(mode).await, probed), handle, pending)
@@ -504,10 +504,10 @@ idempotency_testkit::for_each_driver! {
         type GrpcMock = tower_test::mock::Mock<Request<GrpcBody>, Response<GrpcBody>>;
         type GrpcHandle = tower_test::mock::Handle<Request<GrpcBody>, Response<GrpcBody>>;
 
-        async fn over_mock(mode: Mode) -> (idempotency_client::layer::GrpcService<Probe<GrpcMock>, TestDriver>, GrpcHandle, mpsc::UnboundedReceiver<()>) {
+        async fn over_mock(mode: Mode) -> (idempotency_tonic::GrpcService<Probe<GrpcMock>, TestDriver>, GrpcHandle, mpsc::UnboundedReceiver<()>) {
             let (mock, handle) = tower_test::mock::pair::<Request<GrpcBody>, Response<GrpcBody>>();
             let (probed, pending) = probe(mock);
-            (tower::Layer::layer(&idem_layer(mode).await.grpc(), probed), handle, pending)
+            (tower::Layer::layer(&idempotency_tonic::GrpcLayer::from(idem_layer(mode).await), probed), handle, pending)
         }
 
         /// A unary call of the method: one uncompressed frame.

@@ -295,7 +295,7 @@ idempotency_testkit::for_each_driver! {
         };
         let err = idem.run_external(&key, &fp, call, record(key.to_string())).await.unwrap_err();
         assert!(matches!(err, Error::LeaseLost { .. }), "{err:?}");
-        assert_eq!(idempotency_client::layer::http_status(&err), 409);
+        assert_eq!(idempotency_tower::http_status(&err), 409);
         let client = operator.get().await.unwrap();
         assert_eq!(charges_for(&client, &key).await, 0, "the stale worker's local write rolled back");
         let record = ops::lookup(&client, &schema, &key).await.unwrap().unwrap();

@@ -7,7 +7,7 @@
 //! recovered as before; a mismatch is answered at once; a waiter dropped mid-wait leaves nothing.
 
 idempotency_testkit::for_each_driver! {
-    use idempotency_client::layer::{self, IdempotencyLayer, Mode};
+    use idempotency_tower::{self as layer, IdempotencyLayer, Mode};
     use idempotency_client::{Error, Fingerprint, Key, Outcome, Settings, StoredResponse, TxFuture};
     use idempotency_testkit::unique_key;
     use serde_json::json;
@@ -345,7 +345,7 @@ idempotency_testkit::for_each_driver! {
         let (idem, _) = small_pool("idem_wait_actix", FAR).await;
         let runs = Arc::new(AtomicUsize::new(0));
         let (started, mut starts) = tokio::sync::mpsc::unbounded_channel::<()>();
-        let layer = IdempotencyLayer::builder(idem).mode(Mode::TwoPhase).anonymous().build().expect("layer");
+        let layer = idempotency_actix::IdempotencyLayer::builder(idem).mode(Mode::TwoPhase).anonymous().build().expect("layer");
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let url = format!("http://{}/pay", listener.local_addr().unwrap());
         let server_runs = runs.clone();

@@ -24,16 +24,25 @@ pub(crate) const FEATURE_SETS: &[(&str, &[&str])] = &[
             "postgres,tracing",
             "postgres,anyhow",
             "sqlx,eyre",
-            "postgres,tower",
-            "postgres,axum",
-            "postgres,actix",
-            "postgres,tonic",
-            "postgres,metrics",
-            "sqlx,axum",
             // docs.rs's build (all-features).
-            "postgres,sqlx,tls,tracing,anyhow,eyre,tower,axum,actix,tonic,metrics",
+            "postgres,sqlx,tls,tracing,anyhow,eyre",
         ],
     ),
+    (
+        "idempotency-tower",
+        &[
+            // A driver in every set, as for the client (its compile_error!).
+            "postgres",      // the default: the tower layer, no web framework
+            "sqlx",
+            "postgres,axum", // the README's axum stack
+            "sqlx,axum",
+            "postgres,metrics",
+            "sqlx,tls",
+            "postgres,sqlx,tls,axum,metrics", // docs.rs's build (all-features)
+        ],
+    ),
+    ("idempotency-actix", &["postgres", "sqlx", "postgres,metrics", "sqlx,tls", "postgres,sqlx,tls,metrics"]),
+    ("idempotency-tonic", &["postgres", "sqlx", "postgres,metrics", "sqlx,tls", "postgres,sqlx,tls,metrics"]),
 ];
 
 /// `cargo check` of every set of [`FEATURE_SETS`], one check each, and how long they took

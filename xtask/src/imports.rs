@@ -18,16 +18,6 @@ use std::path::{Path, PathBuf};
 /// circle, the one that points down the order the folder is meant to have. An entry whose edge
 /// no longer exists fails the check, so none outlives its edge.
 const ALLOWED: &[(&str, &str, &str)] = &[
-    // client/src/layer, whose files import each other in circles (issue 41): the plain data
-    // (`Reply`) lives in core.rs, which imports config, extract, record and problem while they
-    // import it; transaction.rs holds the actix extractor impls and calls into actix.rs. The
-    // layer is moving out of the client into crates of their own whose modules import one way:
-    // that change empties this group.
-    ("idempotency-client", "layer::config", "layer::core"),
-    ("idempotency-client", "layer::extract", "layer::core"),
-    ("idempotency-client", "layer::problem", "layer::core"),
-    ("idempotency-client", "layer::record", "layer::core"),
-    ("idempotency-client", "layer::transaction", "layer::actix"),
     // Found when the check began to follow `super::` and to read every crate (0.7.0), not yet
     // untangled: tls/rustls_connector.rs builds the `Connector` that tls/postgres.rs defines and
     // postgres.rs calls rustls_connector's `connector`.

@@ -31,22 +31,41 @@ compile_error!("idempotency-client needs a driver: its feature `postgres` (the d
 /// `Idempotency` (a layer, a `Transaction`) is the tokio-postgres one whatever features the
 /// other crates of a build turn on, and sqlx users name `Idempotency<Sqlx>`. (Features are
 /// additive: a default that moved with them would change the type of code written for sqlx
-/// when some other dependency turned `postgres` on.)
+/// when some other dependency turned `postgres` on.) Exported, hidden, for the adapter crates
+/// (idempotency-tower, -actix, -tonic): which of its two forms exists is decided here, by this
+/// crate's `postgres` feature, so their types default exactly as `Idempotency` does.
+#[cfg(feature = "postgres")]
+#[doc(hidden)]
+#[macro_export]
 macro_rules! postgres_by_default {
     (@scan [$($done:tt)*] = Postgres $($rest:tt)*) => {
-        #[cfg(feature = "postgres")]
-        $($done)* = $crate::driver::Postgres $($rest)*
-        #[cfg(not(feature = "postgres"))]
+        $($done)* = $crate::Postgres $($rest)*
+    };
+    (@scan [$($done:tt)*] $next:tt $($rest:tt)*) => {
+        $crate::postgres_by_default!(@scan [$($done)* $next] $($rest)*);
+    };
+    ($(#[$meta:meta])* $vis:vis struct $name:ident < $($rest:tt)*) => {
+        $crate::postgres_by_default!(@scan [$(#[$meta])* $vis struct $name <] $($rest)*);
+    };
+}
+
+/// [`postgres_by_default!`] without the `postgres` feature: the parameter has no default.
+#[cfg(not(feature = "postgres"))]
+#[doc(hidden)]
+#[macro_export]
+macro_rules! postgres_by_default {
+    (@scan [$($done:tt)*] = Postgres $($rest:tt)*) => {
         $($done)* $($rest)*
     };
     (@scan [$($done:tt)*] $next:tt $($rest:tt)*) => {
-        $crate::driver::postgres_by_default!(@scan [$($done)* $next] $($rest)*);
+        $crate::postgres_by_default!(@scan [$($done)* $next] $($rest)*);
     };
     ($(#[$meta:meta])* $vis:vis struct $name:ident < $($rest:tt)*) => {
-        $crate::driver::postgres_by_default!(@scan [$(#[$meta])* $vis struct $name <] $($rest)*);
+        $crate::postgres_by_default!(@scan [$(#[$meta])* $vis struct $name <] $($rest)*);
     };
 }
-pub(crate) use postgres_by_default;
+// The path the crate's own modules use (`crate::driver::postgres_by_default`).
+pub(crate) use crate::postgres_by_default;
 
 use crate::error::Error;
 use crate::row::Row;

@@ -101,8 +101,9 @@ impl<D: Driver> Idempotency<D> {
     }
 
     /// The same driver and schema with other settings (the layer's per-route ttl, lease, wait).
-    #[cfg_attr(not(feature = "tower"), allow(dead_code))]
-    pub(crate) fn with_settings(&self, settings: impl Into<Settings>) -> Self {
+    /// Hidden: the adapter crates' seam (see [`crate::adapter`]).
+    #[doc(hidden)]
+    pub fn with_settings(&self, settings: impl Into<Settings>) -> Self {
         Idempotency { driver: self.driver.clone(), settings: Arc::new(settings.into()), schema: self.schema.clone() }
     }
 
@@ -242,8 +243,9 @@ impl<D: Driver> Idempotency<D> {
     }
 
     /// [`Idempotency::run`] with the work given the driver's transaction itself (the layer lends
-    /// it to the request in its shareable form).
-    pub(crate) async fn run_tx<T, E, F>(&self, key: &Key, fingerprint: &Fingerprint, work: F) -> Result<Outcome<T>, Error<E>>
+    /// it to the request in its shareable form). Hidden: the adapter crates' seam.
+    #[doc(hidden)]
+    pub async fn run_tx<T, E, F>(&self, key: &Key, fingerprint: &Fingerprint, work: F) -> Result<Outcome<T>, Error<E>>
     where
         T: Replayable + Send,
         E: HandlerError + Send,

@@ -20,7 +20,7 @@
 use actix_web::http::header;
 use actix_web::{web, App, HttpRequest, HttpResponse, HttpServer};
 use crate::store::Charges;
-use idempotency_client::layer::{Connection, IdempotencyLayer};
+use idempotency_actix::{Connection, IdempotencyLayer};
 use idempotency_client::{Driver, Idempotency};
 use serde_json::{json, Value};
 

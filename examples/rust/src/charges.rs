@@ -29,7 +29,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
 use deadpool_postgres::{GenericClient, Pool};
-use idempotency_client::layer::{Connection, IdempotencyLayer};
+use idempotency_tower::{Connection, ErrorResponse, IdempotencyLayer};
 use idempotency_client::{Driver, Error, Fingerprint, Idempotency, Key, OneStatement, Outcome};
 use serde_json::{json, Value};
 
@@ -88,7 +88,7 @@ async fn create_charge_plain(State(pool): State<Pool>, headers: HeaderMap, body:
 /// The same charge as one statement (`Idempotency::run_statement`): the reservation, the insert
 /// and the completion travel together, one round trip and one commit. The handler reads the key
 /// itself (no layer on this route); the stored response is the inserted row, and an error is
-/// answered with the layer's problem+json (the client's `Error` is an axum `IntoResponse`). Over
+/// answered with the layer's problem+json (the client's `Error` in an `ErrorResponse`, an axum `IntoResponse`). Over
 /// either driver (the sqlx example's route is this handler too).
 pub async fn create_charge_one<D: Driver>(State(idem): State<Idempotency<D>>, headers: HeaderMap, body: String) -> Response {
     const INSERT: &str = "INSERT INTO charges (user_id, amount) SELECT $1, $2 FROM created RETURNING id, amount";
@@ -105,7 +105,7 @@ pub async fn create_charge_one<D: Driver>(State(idem): State<Idempotency<D>>, he
         (Ok(key), fingerprint) => (key, fingerprint),
         (Err(e), _) => {
             let e: Error = e.into();
-            return e.into_response();
+            return ErrorResponse(e).into_response();
         }
     };
     let statement = OneStatement::new(INSERT).text(&user).int8(amount);
@@ -120,7 +120,7 @@ pub async fn create_charge_one<D: Driver>(State(idem): State<Idempotency<D>>, he
             response
         }
         // The layer's problem+json answer for every error (409 + Retry-After, 422, 503, ...).
-        Err(e) => e.into_response(),
+        Err(e) => ErrorResponse(e).into_response(),
     }
 }
 

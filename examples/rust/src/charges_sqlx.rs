@@ -21,7 +21,7 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
-use idempotency_client::layer::{Connection, IdempotencyLayer};
+use idempotency_tower::{Connection, IdempotencyLayer};
 use idempotency_client::{Idempotency, Sqlx};
 use serde_json::{json, Value};
 

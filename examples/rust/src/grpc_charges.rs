@@ -1,6 +1,6 @@
 //! The tonic twin of [`charges`](crate::charges): a gRPC service `charges.v1.Charges`
 //! (proto/charges.proto) whose unary `Create` is idempotent through the layer's
-//! [`GrpcLayer`](idempotency_client::layer::GrpcLayer), over either driver, in either mode.
+//! [`GrpcLayer`](idempotency_tonic::GrpcLayer), over either driver, in either mode.
 //!
 //! Served by the binary `tonic_charges` (`src/bin/tonic_charges.rs`; this crate's feature
 //! `tonic`), over tokio-postgres, or over sqlx with `IDEM_DRIVER=sqlx`; `IDEM_MODE=two_phase`
@@ -20,7 +20,7 @@
 //! FAILED_PRECONDITION: the layer covers unary methods only.
 
 use crate::store::Charges;
-use idempotency_client::layer::{grpc, Connection, GrpcLayer, IdempotencyLayer, Mode, TransactionRejection};
+use idempotency_tonic::{Connection, GrpcLayer, Mode, TransactionRejection};
 use idempotency_client::{Driver, Idempotency};
 use prost::Message;
 use std::sync::Arc;
@@ -130,21 +130,21 @@ pub fn fail_metadata() -> tonic::metadata::MetadataMap {
 
 /// The layer: the user from the `x-user` metadata, the key from `key_from`.
 pub fn layer<D: Driver>(idem: Idempotency<D>, mode: Mode, key_from: KeyFrom) -> GrpcLayer<D> {
-    let builder = IdempotencyLayer::builder(idem).mode(mode).user(|req| req.headers.get("x-user")?.to_str().ok().map(str::to_owned));
+    let builder = GrpcLayer::builder(idem).mode(mode).user(|req| req.headers.get("x-user")?.to_str().ok().map(str::to_owned));
     let builder = match key_from {
         KeyFrom::Metadata => builder,
         KeyFrom::RequestId => builder.key_from(|_, body| {
-            let id = grpc::message(body).and_then(|m| CreateCharge::decode(m).ok()).map(|m| m.request_id).filter(|id| !id.is_empty());
+            let id = idempotency_tonic::message(body).and_then(|m| CreateCharge::decode(m).ok()).map(|m| m.request_id).filter(|id| !id.is_empty());
             std::future::ready(id)
         }),
     };
-    builder.build().expect("a complete layer configuration").grpc()
+    builder.build().expect("a complete layer configuration")
 }
 
 /// The service behind its layer, ready for `Server::builder().add_service(..)`; it reads and
 /// sends gzip (answers of the methods the layer covers are sent uncompressed: see the layer's
 /// docs).
-pub fn service<D: Charges>(idem: Idempotency<D>, mode: Mode, key_from: KeyFrom, hold: Option<Arc<Hold>>) -> idempotency_client::layer::GrpcService<ChargesServer<ChargeService<D>>, D> {
+pub fn service<D: Charges>(idem: Idempotency<D>, mode: Mode, key_from: KeyFrom, hold: Option<Arc<Hold>>) -> idempotency_tonic::GrpcService<ChargesServer<ChargeService<D>>, D> {
     use tower_layer::Layer;
     use tonic::codec::CompressionEncoding::Gzip;
     let server = ChargesServer::new(ChargeService::new(idem.clone(), mode, hold)).accept_compressed(Gzip).send_compressed(Gzip);

@@ -1,5 +1,5 @@
 //! The example services of `idempotency-client`: axum routes behind its
-//! [`IdempotencyLayer`](idempotency_client::layer::IdempotencyLayer). Each is a module to read top
+//! [`IdempotencyLayer`](idempotency_tower::IdempotencyLayer). Each is a module to read top
 //! to bottom (the routes, their handlers and the SQL they need) and a binary in `src/bin/` that
 //! serves it:
 //!

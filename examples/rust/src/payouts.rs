@@ -24,7 +24,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
-use idempotency_client::layer::IdempotencyLayer;
+use idempotency_tower::IdempotencyLayer;
 use idempotency_client::Idempotency;
 use serde_json::{json, Value};
 use std::collections::HashMap;

@@ -33,6 +33,9 @@ SELECT err_hint($$SELECT idem_reserve('ro', 'u', 'new', 'h')$$);
 SELECT err_hint(format('SELECT idem_complete(%L, %L, %L, %s, %L)', 'ro', 'u', 'busy', :ro_busy, '{}'));
 SELECT err_hint(format('SELECT idem_release(%L, %L, %L, %s)', 'ro', 'u', 'busy', :ro_busy));
 SELECT err_hint(format('SELECT idem_heartbeat(%L, %L, %L, %s)', 'ro', 'u', 'busy', :ro_busy));
+SELECT err_hint(format('SELECT idem_checkpoint(%L, %L, %L, %s, 0, %L)', 'ro', 'u', 'busy', :ro_busy, '{}'));
+-- The completer's list is a read: it answers.
+SELECT count(*) AS resumable FROM idem_resumable('ro');
 SELECT err_hint($$SELECT idem_recover_stuck()$$);
 SELECT err_hint($$SELECT idem_sweep()$$);
 -- A stale token is refused too: the caller asked to write.

@@ -9,7 +9,7 @@ use super::kit::*;
 use axum::http::StatusCode;
 use axum::routing::post;
 use axum::Router;
-use idempotency_client::layer::{IdempotencyLayer, Transaction};
+use idempotency_tower::{IdempotencyLayer, Transaction};
 use idempotency_client::{Fingerprint, Key, Settings};
 
 use metrics::{SharedString, Unit};

@@ -180,12 +180,12 @@ max_worker_processes = 16",
         "each API outcome increments exactly its counter",
         eq(
             delta.join(" "),
-            "completions_failed=1 completions_success=1 poisonings=1 releases=1 reservations_created=4 reservations_failed=1 reservations_in_progress=1 reservations_mismatch=1 reservations_replay=1 stale_tokens=3",
+            "completions_failed=1 completions_success=1 poisonings=1 releases=2 reservations_created=5 reservations_failed=1 reservations_in_progress=1 reservations_mismatch=1 reservations_replay=1 reservations_resume=1 stale_tokens=3",
         ),
     );
     checks.check("recovered and swept count the worker's work", eq(sql.run(&p, "worker_metrics", &[]), "3"));
     let (watcher, plain) = (p.user("idem_watcher"), p.user("idem_plain"));
-    checks.check("pg_monitor may read the counters", eq(sql.q(&watcher, "metrics_count", &[]).unwrap_or_else(|e| e), "13"));
+    checks.check("pg_monitor may read the counters", eq(sql.q(&watcher, "metrics_count", &[]).unwrap_or_else(|e| e), "14"));
     let refused = sql.q(&plain, "metrics_count", &[("VERBOSITY", "sqlstate")]);
     checks.check("PUBLIC may not (42501)", eq(refused.map_or_else(|e| crate::psql::error_code(&e), |v| format!("succeeded: {v}")), "42501"));
 

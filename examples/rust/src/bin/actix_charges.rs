@@ -3,7 +3,7 @@
 //! 127.0.0.1:3000), `IDEM_SCHEMA` the extension's schema (otherwise looked up in
 //! `pg_extension`), `IDEM_DRIVER=sqlx` the sqlx driver (tokio-postgres otherwise).
 
-use idempotency_client::{Idempotency, Settings};
+use idempotency_client::{Idempotency, Postgres, Settings, Sqlx};
 use idempotency_examples::actix_charges::{server, SCHEMA};
 use idempotency_examples::charges::POOL_SIZE;
 
@@ -19,12 +19,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let listener = std::net::TcpListener::bind(&bind)?;
         println!("listening on http://{}", listener.local_addr()?);
         if sqlx {
-            let idem = Idempotency::connect_sqlx_with(&url, 16, settings)?;
+            let idem = Idempotency::<Sqlx>::from_url(&url, 16, settings)?;
             idem.check_extension().await?;
             sqlx::raw_sql(SCHEMA).execute(idem.pool()).await?;
             server(idem, listener)?.await?;
         } else {
-            let idem = Idempotency::connect_with(&url, POOL_SIZE, settings)?;
+            let idem = Idempotency::<Postgres>::from_url(&url, POOL_SIZE.try_into()?, settings)?;
             idem.check_extension().await?;
             idem.pool().get().await?.batch_execute(SCHEMA).await?;
             server(idem, listener)?.await?;

@@ -3,7 +3,7 @@
 //! 127.0.0.1:3000), `IDEM_SCHEMA` the extension's schema (otherwise looked up in
 //! `pg_extension`); `PLAIN=1` serves the route without the layer instead.
 
-use idempotency_client::{Idempotency, Settings};
+use idempotency_client::{Idempotency, Postgres, Settings};
 use idempotency_examples::charges::{plain_router, router, POOL_SIZE, SCHEMA};
 
 #[tokio::main]
@@ -14,7 +14,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     if let Ok(schema) = std::env::var("IDEM_SCHEMA") {
         settings = settings.schema(schema);
     }
-    let idem = Idempotency::connect_with(&url, POOL_SIZE, settings)?;
+    let idem = Idempotency::<Postgres>::from_url(&url, POOL_SIZE.try_into()?, settings)?;
     idem.check_extension().await?;
     idem.pool().get().await?.batch_execute(SCHEMA).await?;
     let listener = tokio::net::TcpListener::bind(&bind).await?;

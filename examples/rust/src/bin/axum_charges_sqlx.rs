@@ -3,7 +3,7 @@
 //! 127.0.0.1:3000), `IDEM_SCHEMA` the extension's schema (otherwise looked up in
 //! `pg_extension`).
 
-use idempotency_client::{Idempotency, Settings};
+use idempotency_client::{Idempotency, Settings, Sqlx};
 use idempotency_examples::charges_sqlx::{router, SCHEMA};
 
 #[tokio::main]
@@ -14,7 +14,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     if let Ok(schema) = std::env::var("IDEM_SCHEMA") {
         settings = settings.schema(schema);
     }
-    let idem = Idempotency::connect_sqlx_with(&url, 16, settings)?;
+    let idem = Idempotency::<Sqlx>::from_url(&url, 16, settings)?;
     idem.check_extension().await?;
     sqlx::raw_sql(SCHEMA).execute(idem.pool()).await?;
     let listener = tokio::net::TcpListener::bind(&bind).await?;

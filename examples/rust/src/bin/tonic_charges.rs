@@ -4,8 +4,8 @@
 //! `pg_extension`), `IDEM_DRIVER=sqlx` the sqlx driver (tokio-postgres otherwise),
 //! `IDEM_MODE=two_phase` the two-phase mode, `IDEM_KEY=request_id` the key from the message.
 
-use idempotency_client::layer::Mode;
-use idempotency_client::{Idempotency, Settings};
+use idempotency_tower::Mode;
+use idempotency_client::{Idempotency, Postgres, Settings, Sqlx};
 use idempotency_examples::charges::POOL_SIZE;
 use idempotency_examples::grpc_charges::{serve, KeyFrom, SCHEMA};
 
@@ -22,12 +22,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let listener = tokio::net::TcpListener::bind(&bind).await?;
     println!("listening on {} (gRPC, {mode:?}, key from {key_from:?})", listener.local_addr()?);
     if std::env::var("IDEM_DRIVER").is_ok_and(|d| d == "sqlx") {
-        let idem = Idempotency::connect_sqlx_with(&url, 16, settings)?;
+        let idem = Idempotency::<Sqlx>::from_url(&url, 16, settings)?;
         idem.check_extension().await?;
         sqlx::raw_sql(SCHEMA).execute(idem.pool()).await?;
         serve(idem, mode, key_from, None, listener).await?;
     } else {
-        let idem = Idempotency::connect_with(&url, POOL_SIZE, settings)?;
+        let idem = Idempotency::<Postgres>::from_url(&url, POOL_SIZE.try_into()?, settings)?;
         idem.check_extension().await?;
         idem.pool().get().await?.batch_execute(SCHEMA).await?;
         serve(idem, mode, key_from, None, listener).await?;

@@ -2,14 +2,14 @@
 //! stub on a free port of 127.0.0.1: `DATABASE_URL` names the database with the extension, `BIND`
 //! the address (default 127.0.0.1:3001); `PLAIN=1` serves the route without the layer instead.
 
-use idempotency_client::Idempotency;
+use idempotency_client::{Idempotency, Postgres, Settings};
 use idempotency_examples::payouts::{plain_router, provider, router, POOL_SIZE};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let url = std::env::var("DATABASE_URL").map_err(|_| "set DATABASE_URL to the database with the extension")?;
     let bind = std::env::var("BIND").unwrap_or_else(|_| "127.0.0.1:3001".into());
-    let idem = Idempotency::connect(&url, POOL_SIZE)?;
+    let idem = Idempotency::<Postgres>::from_url(&url, POOL_SIZE.try_into()?, Settings::default())?;
     idem.check_extension().await?;
     let provider_url = provider("127.0.0.1:0").await?;
     let listener = tokio::net::TcpListener::bind(&bind).await?;

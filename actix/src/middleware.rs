@@ -1,26 +1,6 @@
-//! The actix-web adapter of the layer's [core](super::core) (feature `actix`): an
-//! [`IdempotencyLayer`] is an actix-web `Transform`, so `.wrap(layer)` on a resource (or a scope)
-//! makes its routes idempotent with the same configuration and rules as the tower layer, and
-//! [`Connection`](super::Connection) (and [`Transaction`]) is an actix-web extractor.
-//!
-//! ```no_run
-//! use actix_web::{web, App, HttpResponse};
-//! use idempotency_client::layer::{Connection, IdempotencyLayer};
-//! use idempotency_client::Idempotency;
-//!
-//! async fn create(tx: Connection, body: web::Bytes) -> HttpResponse {
-//!     tx.execute("INSERT INTO charges (user_id, amount) VALUES ('u', 1)", &[]).await.unwrap();
-//!     HttpResponse::Created().body(body)
-//! }
-//!
-//! # fn demo(idem: Idempotency) -> Result<(), Box<dyn std::error::Error>> {
-//! let layer = IdempotencyLayer::in_transaction(idem)
-//!     .user(|req| req.headers.get("x-user")?.to_str().ok().map(str::to_owned))
-//!     .build()?;
-//! let app = App::new().service(web::resource("/charges").wrap(layer).route(web::post().to(create)));
-//! # Ok(())
-//! # }
-//! ```
+//! The actix-web adapter of idempotency-tower's core: the middleware `.wrap(layer)` makes. It
+//! reads the body, hands the core a route to call on the request's own thread, and answers with
+//! an actix-web response.
 //!
 //! actix-web runs a request on one worker thread and its futures are not `Send`; the layer's
 //! flow runs in a task of its own (as with tower), and calls the route back on the request's own
@@ -28,19 +8,18 @@
 //! the operation), and headers. As with tower, a covered request runs to its end in a task of its
 //! own (on its worker): a client that hangs up does not cancel the route, and its retry replays.
 
-use super::config::Config;
-use super::core::{self, Answer, Failure, Head, Reply, RouteFuture};
-use super::request::MatchedRoute;
-use super::transaction::Transaction;
-use super::{IdempotencyLayer, Mode};
-use crate::driver::{postgres_by_default, Driver};
-use actix_web::body::{to_bytes_limited, BoxBody, EitherBody, MessageBody};
+use crate::layer::IdempotencyLayer;
+use crate::respond::response_of;
+use actix_web::body::{to_bytes_limited, EitherBody, MessageBody};
 use actix_web::dev::{forward_ready, Payload, Service, ServiceRequest, ServiceResponse, Transform};
 use actix_web::{HttpMessage, HttpRequest, HttpResponse};
 use bytes::{Bytes, BytesMut};
 use futures_util::future::LocalBoxFuture;
 use futures_util::{FutureExt, StreamExt};
 use http::request::Parts;
+use idempotency_client::{postgres_by_default, Driver};
+use idempotency_tower::adapter::{self, panic_message, Answer, Config, Failure, Head, MatchedRoute, RouteFuture};
+use idempotency_tower::{Mode, Reply, Transaction};
 use std::cell::RefCell;
 use std::panic::AssertUnwindSafe;
 use std::rc::Rc;
@@ -60,7 +39,7 @@ where
     type Future = std::future::Ready<Result<Self::Transform, ()>>;
 
     fn new_transform(&self, service: S) -> Self::Future {
-        std::future::ready(Ok(IdempotencyMiddleware { inner: Rc::new(service), config: self.config.clone() }))
+        std::future::ready(Ok(IdempotencyMiddleware { inner: Rc::new(service), config: self.0.config().clone() }))
     }
 }
 
@@ -89,7 +68,7 @@ where
         let Some(parts) = head_of(&req) else {
             return Box::pin(async move { Ok(inner.call(req).await?.map_into_left_body()) });
         };
-        let header_key = match core::head(&self.config, &parts) {
+        let header_key = match adapter::head(&self.config, &parts) {
             Head::Uncovered | Head::PassThrough => return Box::pin(async move { Ok(inner.call(req).await?.map_into_left_body()) }),
             Head::Refuse(problem) => {
                 return Box::pin(std::future::ready(Ok(req.into_response(response_of(problem.into_reply())).map_into_right_body())));
@@ -139,11 +118,11 @@ where
     let body = match read(req.take_payload(), config.body_limit).await {
         Ok(body) => body,
         Err(Unread::TooLarge) => {
-            let problem = core::unreadable(&config, &parts, true, &"over the limit");
+            let problem = adapter::unreadable(&config, &parts, true, &"over the limit");
             return Ok(req.into_response(response_of(problem.into_reply())).map_into_right_body());
         }
         Err(Unread::Broken(e)) => {
-            let problem = core::unreadable(&config, &parts, false, &e);
+            let problem = adapter::unreadable(&config, &parts, false, &e);
             return Ok(req.into_response(response_of(problem.into_reply())).map_into_right_body());
         }
     };
@@ -158,7 +137,7 @@ where
             answered.await.map_err(|_| Failure::Gone)?
         })
     };
-    let serve = core::serve(config, parts, body, header_key, route);
+    let serve = adapter::serve(config, parts, body, header_key, route);
     tokio::pin!(serve);
     let answer = loop {
         tokio::select! {
@@ -222,14 +201,7 @@ impl<S> Local<S> {
                 *self.error.borrow_mut() = Some(e);
                 return Err(Failure::Service(()));
             }
-            Err(panic) => {
-                let message = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| (*s).to_owned())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "a panic".to_owned());
-                return Err(Failure::Panicked(message));
-            }
+            Err(panic) => return Err(Failure::Panicked(panic_message(panic.as_ref()))),
         };
         let (request, response) = response.into_parts();
         request.extensions_mut().remove::<Transaction<D>>();
@@ -284,20 +256,4 @@ async fn read(mut payload: Payload, limit: usize) -> Result<Bytes, Unread> {
         body.extend_from_slice(&chunk);
     }
     Ok(body.freeze())
-}
-
-/// An answer as an actix-web response.
-pub(crate) fn response_of(reply: Reply) -> HttpResponse<BoxBody> {
-    let status = actix_web::http::StatusCode::from_u16(reply.status.as_u16()).unwrap_or(actix_web::http::StatusCode::INTERNAL_SERVER_ERROR);
-    let mut response = HttpResponse::with_body(status, reply.body).map_into_boxed_body();
-    let headers = response.headers_mut();
-    for (name, value) in &reply.headers {
-        if let (Ok(name), Ok(value)) = (
-            actix_web::http::header::HeaderName::from_bytes(name.as_str().as_bytes()),
-            actix_web::http::header::HeaderValue::from_bytes(value.as_bytes()),
-        ) {
-            headers.append(name, value);
-        }
-    }
-    response
 }

@@ -87,7 +87,7 @@ pub(crate) fn markdown() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Verdict;
+    use idempotency_client::Verdict;
 
     #[test]
     fn every_code_once_in_number_order() {
@@ -101,12 +101,12 @@ mod tests {
     #[test]
     fn the_default_policy_gives_each_code_its_rule() {
         for r in CODES {
-            let verdict = crate::layer::default_status_policy(http_equivalent(r.code).as_u16());
+            let verdict = idempotency_tower::default_status_policy(http_equivalent(r.code).as_u16());
             assert_eq!(verdict != Verdict::Transient, r.remembered, "{:?} -> {}: {verdict:?}", r.code, r.http);
         }
         // The transient codes are released, whatever else changes.
         for code in [Code::Cancelled, Code::DeadlineExceeded, Code::Unavailable, Code::Aborted, Code::ResourceExhausted, Code::Internal, Code::Unknown] {
-            assert_eq!(crate::layer::default_status_policy(http_equivalent(code).as_u16()), Verdict::Transient, "{code:?}");
+            assert_eq!(idempotency_tower::default_status_policy(http_equivalent(code).as_u16()), Verdict::Transient, "{code:?}");
         }
     }
 

@@ -4,8 +4,8 @@
 //! bounded: the configured name or the matched route, never a raw path (a request that matched
 //! no route is labelled with its method and `(unmatched)`), and never the namespace.
 
-use super::problem::Problem;
-use crate::Decision as Outcome;
+use crate::problem::Problem;
+use idempotency_client::Decision;
 use sha2::{Digest, Sha256};
 use std::time::{Duration, Instant};
 use tracing::field::Empty;
@@ -56,11 +56,11 @@ impl Observed {
     pub(crate) fn refused(self, problem: &Problem) {
         let status = problem.status();
         self.span.in_scope(|| tracing::info!(status, "idempotency request rejected"));
-        self.finish(Outcome::Rejected, status);
+        self.finish(Decision::Rejected, status);
     }
 
     /// Closes the request: span fields, the decision event, the metrics.
-    pub(crate) fn finish(self, outcome: Outcome, status: u16) {
+    pub(crate) fn finish(self, outcome: Decision, status: u16) {
         let elapsed: Duration = self.started.elapsed();
         self.span.record("outcome", outcome.as_str());
         self.span.record("status", status);

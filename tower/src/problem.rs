@@ -5,6 +5,8 @@
 //! panic's message): its `detail` is fixed, and its `correlation_id` member names the `tracing`
 //! error event (field `correlation_id`) that holds the real error.
 
+use crate::reply::Reply;
+use crate::transaction::TransactionRejection;
 use bytes::Bytes;
 use http::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use http::{Response, StatusCode};
@@ -50,8 +52,8 @@ pub mod types {
     /// `idempotency.max_response_bytes`, so it was neither stored nor sent. In-transaction its
     /// writes were rolled back and the failure counted towards `max_retries`; two-phase its
     /// effect stands and this answer is stored for the key (the marker
-    /// [`crate::StoredResponse::too_large`]) and replayed to every retry.
-    pub const RESPONSE_TOO_LARGE: &str = crate::StoredResponse::TOO_LARGE_TYPE;
+    /// [`idempotency_client::StoredResponse::too_large`]) and replayed to every retry.
+    pub const RESPONSE_TOO_LARGE: &str = idempotency_client::StoredResponse::TOO_LARGE_TYPE;
     /// gRPC only (`FAILED_PRECONDITION`): the RPC sent or answered more than one message; the
     /// layer covers unary RPCs only. A streaming request is refused before anything is reserved;
     /// a streaming answer is not stored (in-transaction its writes are rolled back) and the key
@@ -78,9 +80,10 @@ pub(crate) mod details {
         "the response is larger than the idempotency store's limit, so it was not stored and the request's writes were rolled back";
 }
 
-/// A problem answer under construction.
+/// A problem answer under construction. Hidden: the adapters' (their stacks answer it).
+#[doc(hidden)]
 #[derive(Debug, Clone)]
-pub(crate) struct Problem {
+pub struct Problem {
     status: StatusCode,
     kind: &'static str,
     title: &'static str,
@@ -93,7 +96,7 @@ impl Problem {
     /// An answer whose detail is client-facing (a 4xx's rule). A 5xx made here gets a
     /// correlation id and an error event of its own (its detail must be fixed text: use
     /// [`Problem::failure`] for an error's).
-    pub(crate) fn new(status: u16, kind: &'static str, title: &'static str, detail: impl Into<String>) -> Self {
+    pub fn new(status: u16, kind: &'static str, title: &'static str, detail: impl Into<String>) -> Self {
         let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         let detail = detail.into();
         let correlation_id = status.is_server_error().then(|| logged(status, kind, &detail));
@@ -102,30 +105,30 @@ impl Problem {
 
     /// A 5xx answer for `error`: the fixed `detail` and a correlation id; `error` goes only to
     /// the `tracing` error event that carries the same id.
-    pub(crate) fn failure(status: u16, kind: &'static str, title: &'static str, detail: &'static str, error: &dyn std::fmt::Display) -> Self {
+    pub fn failure(status: u16, kind: &'static str, title: &'static str, detail: &'static str, error: &dyn std::fmt::Display) -> Self {
         let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         let correlation_id = Some(logged(status, kind, error));
         Problem { status, kind, title, detail: detail.to_owned(), retry_after: None, correlation_id }
     }
 
     /// Adds `Retry-After` (whole seconds, at least 1).
-    pub(crate) fn retry_after(mut self, after: Duration) -> Self {
+    pub fn retry_after(mut self, after: Duration) -> Self {
         self.retry_after = Some(after);
         self
     }
 
-    pub(crate) fn status(&self) -> u16 {
+    pub fn status(&self) -> u16 {
         self.status.as_u16()
     }
 
     /// The one mapping of the client's errors to the layer's answers (their statuses from
-    /// [`super::http::http_status`]): 409 in progress or lease lost and 503 store unavailable
+    /// [`crate::http::http_status`]): 409 in progress or lease lost and 503 store unavailable
     /// with `Retry-After` (`unavailable` for the store), 422 mismatch, 409 (or the stored
     /// status) failed, 400 invalid key, 502 too large, 500 a handler's error or anything else
     /// (the error and its sources only in the log, under the answer's correlation id).
-    pub(crate) fn of_error<E: std::fmt::Display>(error: &crate::Error<E>, unavailable: Duration) -> Self {
-        use crate::Error;
-        let status = super::http::http_status(error);
+    pub fn of_error<E: std::fmt::Display>(error: &idempotency_client::Error<E>, unavailable: Duration) -> Self {
+        use idempotency_client::Error;
+        let status = crate::http::http_status(error);
         let problem = match error {
             Error::InProgress { .. } => Problem::new(status, types::IN_PROGRESS, "Request in progress", "another request with this key is being processed"),
             Error::Mismatch => Problem::new(status, types::MISMATCH, "Idempotency key reused", "this key was used with a different request"),
@@ -139,8 +142,8 @@ impl Problem {
             Error::ResponseTooLarge { .. } => Problem::failure(
                 status,
                 types::RESPONSE_TOO_LARGE,
-                crate::StoredResponse::TOO_LARGE_TITLE,
-                crate::StoredResponse::TOO_LARGE_DETAIL,
+                idempotency_client::StoredResponse::TOO_LARGE_TITLE,
+                idempotency_client::StoredResponse::TOO_LARGE_DETAIL,
                 error,
             ),
             Error::Handler { .. } | Error::Poisoned { .. } => {
@@ -148,21 +151,25 @@ impl Problem {
             }
             other => Problem::failure(500, types::INTERNAL, "Internal error", details::INTERNAL, &described(other)),
         };
-        match super::http::retry_after(error, unavailable) {
+        match crate::http::retry_after(error, unavailable) {
             Some(after) => problem.retry_after(after),
             None => problem,
         }
     }
 
+    /// The answer to a handler that got no [`Connection`](crate::Connection) or
+    /// [`Transaction`](crate::Transaction): a 500 `no-transaction` problem whose detail says why.
+    pub fn of_rejection(rejection: TransactionRejection) -> Self {
+        Problem::new(500, types::NO_TRANSACTION, "No idempotency transaction", rejection.to_string())
+    }
+
     /// The problem's `type`.
-    #[cfg_attr(not(feature = "tonic"), allow(dead_code))]
-    pub(crate) fn kind(&self) -> &'static str {
+    pub fn kind(&self) -> &'static str {
         self.kind
     }
 
     /// The `detail`, with the correlation id of a 5xx appended.
-    #[cfg_attr(not(feature = "tonic"), allow(dead_code))]
-    pub(crate) fn message(&self) -> String {
+    pub fn message(&self) -> String {
         match &self.correlation_id {
             Some(id) => format!("{} (correlation_id {id})", self.detail),
             None => self.detail.clone(),
@@ -170,21 +177,19 @@ impl Problem {
     }
 
     /// The `Retry-After` hint, if any.
-    #[cfg_attr(not(feature = "tonic"), allow(dead_code))]
-    pub(crate) fn retry_after_hint(&self) -> Option<Duration> {
+    pub fn retry_after_hint(&self) -> Option<Duration> {
         self.retry_after
     }
 
-    /// The answer as a [`super::Reply`] (no trailers).
-    #[cfg_attr(not(feature = "actix"), allow(dead_code))]
-    pub(crate) fn into_reply(self) -> super::Reply {
+    /// The answer as a [`Reply`] (no trailers).
+    pub fn into_reply(self) -> Reply {
         let (parts, body) = self.into_response::<Bytes>().into_parts();
-        super::Reply { status: parts.status, headers: parts.headers, body, trailers: None }
+        Reply { status: parts.status, headers: parts.headers, body, trailers: None }
     }
 
     /// The response, with any body type built from bytes.
-    pub(crate) fn into_response<B: From<Bytes>>(self) -> Response<B> {
-        let mut body = crate::response::problem_body(self.kind, self.title, self.status.as_u16(), &self.detail);
+    pub fn into_response<B: From<Bytes>>(self) -> Response<B> {
+        let mut body = idempotency_client::adapter::problem_body(self.kind, self.title, self.status.as_u16(), &self.detail);
         if let (Some(id), Some(members)) = (self.correlation_id, body.as_object_mut()) {
             members.insert("correlation_id".to_owned(), id.into());
         }
@@ -200,8 +205,8 @@ impl Problem {
 }
 
 /// An error with its sources, for the log only.
-fn described<E: std::fmt::Display>(e: &crate::Error<E>) -> String {
-    use crate::Error;
+fn described<E: std::fmt::Display>(e: &idempotency_client::Error<E>) -> String {
+    use idempotency_client::Error;
     let source: Option<&(dyn std::error::Error + 'static)> = match e {
         Error::Database(db) => Some(db),
         Error::StoreUnavailable(s) => Some(s.as_ref()),

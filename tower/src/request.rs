@@ -1,19 +1,14 @@
 //! What the layer reads from a request: its operation, its user and its fingerprint.
 
-use super::config::{Config, ANONYMOUS_USER};
-use super::extract::Scope;
-use super::names;
-use super::pointer;
-use super::problem::{types, Problem};
-use crate::driver::Driver;
-use idempotency_core::fingerprint::{canonical_json, Fingerprint, FingerprintError};
+use crate::config::{Config, ANONYMOUS_USER};
+use crate::extract::Scope;
+use crate::matched::MatchedRoute;
+use crate::names;
+use crate::pointer;
+use crate::problem::{types, Problem};
 use http::header::CONTENT_TYPE;
 use http::request::Parts;
-
-/// The route a request matched, as a stack's adapter found it (actix-web's match pattern, the
-/// gRPC method's path): a request extension the layer reads like axum's `MatchedPath`.
-#[derive(Debug, Clone)]
-pub(crate) struct MatchedRoute(pub(crate) String);
+use idempotency_client::{canonical_json, Driver, Fingerprint, FingerprintError};
 
 /// The operation a request's key is scoped to, and its bounded label for spans and metrics.
 pub(crate) struct Operation {
@@ -24,8 +19,8 @@ pub(crate) struct Operation {
 }
 
 /// The configured operation name, else the method and the matched route (`POST /charges/{id}`,
-/// when axum put a `MatchedPath` in the request, the layer being added with `route_layer`, or an
-/// adapter put a [`MatchedRoute`]), else the method and the path (whose label is bounded:
+/// when an adapter put a [`MatchedRoute`] in the request: axum's `MatchedPath` when the layer is
+/// added with `route_layer`, actix-web's match pattern, the gRPC method), else the method and the path (whose label is bounded:
 /// `POST (unmatched)`). The namespace prefixes the scoped name ([`names::scoped`]).
 pub(crate) fn operation<D: Driver>(config: &Config<D>, parts: &Parts) -> Operation {
     let (name, label) = match named(config, parts) {
@@ -39,10 +34,6 @@ pub(crate) fn operation<D: Driver>(config: &Config<D>, parts: &Parts) -> Operati
 fn named<D: Driver>(config: &Config<D>, parts: &Parts) -> Option<String> {
     if let Some(name) = &config.operation {
         return Some(name.clone());
-    }
-    #[cfg(feature = "axum")]
-    if let Some(path) = parts.extensions.get::<axum::extract::MatchedPath>() {
-        return Some(format!("{} {}", parts.method, path.as_str()));
     }
     parts.extensions.get::<MatchedRoute>().map(|route| format!("{} {}", parts.method, route.0))
 }
@@ -118,8 +109,8 @@ fn canonical_body(subset: Option<&[pointer::Pointer]>, body: &[u8]) -> Result<Op
 #[cfg(all(test, feature = "postgres"))]
 mod tests {
     use super::*;
-    use crate::layer::IdempotencyLayer;
-    use crate::Idempotency;
+    use crate::IdempotencyLayer;
+    use idempotency_client::Idempotency;
 
     fn config(fields: Option<&[&str]>) -> std::sync::Arc<Config> {
         configured(|builder| match fields {
@@ -128,9 +119,9 @@ mod tests {
         })
     }
 
-    fn configured(f: impl FnOnce(crate::layer::Builder) -> crate::layer::Builder) -> std::sync::Arc<Config> {
-        let idem = Idempotency::from_url("postgresql://u@127.0.0.1:1/db", 1, crate::Settings::default()).unwrap();
-        f(IdempotencyLayer::builder(idem).anonymous()).build().unwrap().config
+    fn configured(f: impl FnOnce(crate::Builder) -> crate::Builder) -> std::sync::Arc<Config> {
+        let idem = Idempotency::from_url("postgresql://u@127.0.0.1:1/db", 1, idempotency_client::Settings::default()).unwrap();
+        f(IdempotencyLayer::builder(idem).anonymous()).build().unwrap().config().clone()
     }
 
     fn fp(config: &Config, parts: &Parts, body: &[u8]) -> Fingerprint {

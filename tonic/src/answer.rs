@@ -3,10 +3,12 @@
 //! answer). How a route's answer is recorded ([`recorded`]), how a stored or live answer is sent
 //! ([`response_of`]), and the layer's own answers ([`status_of`]).
 
-use super::super::core::{Failure, Reply};
-use super::super::problem::{types, Problem};
-use super::codes::http_equivalent;
-use super::{encoding, frames};
+use crate::codes::http_equivalent;
+use crate::encoding;
+use crate::frame::frames;
+use idempotency_tower::adapter::{Failure, Problem};
+use idempotency_tower::problem::types;
+use idempotency_tower::Reply;
 use bytes::Bytes;
 use http::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE};
 use http::{Response, StatusCode};
@@ -23,7 +25,7 @@ const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
 /// error: `grpc-status`, `grpc-message`, `grpc-status-details-bin` and what the handler attached
 /// with `Status::with_metadata`, `-bin` keys included) moved to the trailers, where they are
 /// stored and replayed (the initial headers keep only `content-type`); its status for the
-/// policy is the HTTP status its code maps to ([`super::codes::CODES`]).
+/// policy is the HTTP status its code maps to ([`crate::codes::CODES`]).
 pub(crate) fn recorded<SE>(mut reply: Reply, limit: usize, effect_stands: bool) -> Result<Reply, Failure<SE>> {
     if frames(&reply.body).is_some_and(|n| n > 1) {
         return Err(Failure::Streaming);
@@ -180,7 +182,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_stored_too_large_marker_is_a_grpc_status() {
-        let marker = crate::StoredResponse::too_large();
+        let marker = idempotency_client::StoredResponse::too_large();
         let mut headers = HeaderMap::new();
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
         headers.insert("idempotent-replayed", HeaderValue::from_static("true"));

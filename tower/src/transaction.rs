@@ -2,27 +2,27 @@
 //! connection itself for the handler's life (extracted once), and [`Transaction`], its shared
 //! form that is locked per use; [`TransactionRejection`] when neither can be had.
 
-use super::problem::{types, Problem};
-use crate::driver::{postgres_by_default, Driver, Lease, TransactionEnded};
+use idempotency_client::driver::Lease;
+use idempotency_client::{postgres_by_default, Driver, TransactionEnded};
 use std::ops::{Deref, DerefMut};
 
 postgres_by_default! {
 /// The transaction that holds the request's reservation, for an in-transaction route's handler.
-/// It dereferences to the driver's [`crate::Lent`] guard, whose `lock().await` is the connection
-/// inside the transaction: over [`crate::Postgres`] the pooled `deadpool_postgres::Client`
-/// (`query`, `execute`, `prepare_cached`; [`crate::SharedClient`]), over `Sqlx` (feature `sqlx`)
+/// It dereferences to the driver's [`Lent`](idempotency_client::Lent) guard, whose `lock().await` is the connection
+/// inside the transaction: over `Postgres` the pooled `deadpool_postgres::Client`
+/// (`query`, `execute`, `prepare_cached`; `SharedClient`), over `Sqlx` (feature `sqlx`)
 /// the `sqlx::PgConnection` (`.execute(&mut *conn)`; `SharedConnection`). Whatever the handler
 /// writes through it commits together with the stored response, or not at all. The layer
 /// begins, completes and commits it: do not `COMMIT` or `ROLLBACK` yourself. Once the handler
 /// has returned, a copy it kept reaches no connection: its `lock` is
-/// [`crate::TransactionEnded`].
+/// [`TransactionEnded`].
 ///
 /// For the transaction used as the connection itself (`tx.execute(..)`, `&mut *tx`), extract
 /// a [`Connection`] instead: it holds the connection for the handler's life, where this form is
 /// locked per use and may be cloned.
 ///
-/// With the `axum` feature it is an axum extractor, with `actix` an actix-web one; any other
-/// tower service finds it in the request's extensions.
+/// With the `axum` feature it is an axum extractor (idempotency-actix has its actix-web twin);
+/// any other tower service finds it in the request's extensions.
 pub struct Transaction<D: Driver = Postgres>(pub(crate) D::Shared);
 }
 
@@ -46,47 +46,25 @@ impl<D: Driver> std::fmt::Debug for Transaction<D> {
     }
 }
 
-#[cfg(feature = "axum")]
-impl<S: Send + Sync, D: Driver> axum::extract::FromRequestParts<S> for Transaction<D> {
-    type Rejection = TransactionRejection;
-
-    /// The request's transaction; [`TransactionRejection`] on a route without an in-transaction
-    /// layer, or once the handler has taken its [`Connection`].
-    async fn from_request_parts(parts: &mut http::request::Parts, _state: &S) -> Result<Self, Self::Rejection> {
-        shared_of(parts.extensions.get::<Taken>().is_some(), parts.extensions.get::<Transaction<D>>())
-    }
-}
-
-#[cfg(feature = "actix")]
-impl<D: Driver> actix_web::FromRequest for Transaction<D> {
-    type Error = TransactionRejection;
-    type Future = std::future::Ready<Result<Self, TransactionRejection>>;
-
-    /// The request's transaction; [`TransactionRejection`] on a route without an in-transaction
-    /// layer, or once the handler has taken its [`Connection`].
-    fn from_request(req: &actix_web::HttpRequest, _: &mut actix_web::dev::Payload) -> Self::Future {
-        use actix_web::HttpMessage;
-        let extensions = req.extensions();
-        std::future::ready(shared_of(extensions.get::<Taken>().is_some(), extensions.get::<Transaction<D>>()))
-    }
-}
-
-/// The shared transaction found in a request's extensions, unless its connection was taken.
-fn shared_of<D: Driver>(taken: bool, found: Option<&Transaction<D>>) -> Result<Transaction<D>, TransactionRejection> {
+/// The shared transaction found in a request's extensions, unless its connection was taken
+/// (`taken`: a [`Taken`] is there too): what every stack's extractor answers.
+#[doc(hidden)]
+pub fn shared_of<D: Driver>(taken: bool, found: Option<&Transaction<D>>) -> Result<Transaction<D>, TransactionRejection> {
     match (taken, found) {
         (true, _) => Err(TransactionRejection::Taken),
         (false, found) => found.cloned().ok_or(TransactionRejection::Missing),
     }
 }
 
-/// Marks a request whose [`Connection`] was taken.
+/// Marks a request whose [`Connection`] was taken (in its extensions).
+#[doc(hidden)]
 #[derive(Debug, Clone, Copy)]
-struct Taken;
+pub struct Taken;
 
 postgres_by_default! {
 /// The request's transaction used as the connection itself, for an in-transaction route's
 /// handler: `async fn create(mut tx: Connection, ..)`, then `tx.execute(..)` (over
-/// [`crate::Postgres`] it dereferences to the pooled `deadpool_postgres::Client`, a
+/// `Postgres` it dereferences to the pooled `deadpool_postgres::Client`, a
 /// `GenericClient`) or `sqlx::query(..).execute(&mut *tx)` (over `Sqlx`, feature `sqlx`, to the
 /// `sqlx::PgConnection`, an `Executor` as `&mut *tx`). Whatever the handler writes through it
 /// commits together with the stored response, or not at all; the layer begins, completes and
@@ -105,8 +83,8 @@ postgres_by_default! {
 /// helper written against it. `Transaction` keeps working as before; `Connection` is the form to
 /// write new handlers with.
 ///
-/// With the `axum` feature it is an axum extractor, with `actix` an actix-web one; a tonic method
-/// or any other tower service takes it from the request's extensions with
+/// With the `axum` feature it is an axum extractor (idempotency-actix has its actix-web twin); a
+/// tonic method or any other tower service takes it from the request's extensions with
 /// [`Connection::take`].
 pub struct Connection<D: Driver = Postgres> {
     held: <D::Shared as Lease>::Held,
@@ -134,8 +112,10 @@ impl<D: Driver> Connection<D> {
         Self::hold(shared).await
     }
 
-    /// The connection of `shared`, held.
-    async fn hold(shared: Transaction<D>) -> Result<Self, TransactionRejection> {
+    /// The connection of `shared`, held (an adapter's extractor, once it marked the request
+    /// [`Taken`]).
+    #[doc(hidden)]
+    pub async fn hold(shared: Transaction<D>) -> Result<Self, TransactionRejection> {
         let held = shared.0.hold().await.map_err(|TransactionEnded| TransactionRejection::Ended)?;
         Ok(Connection { held })
     }
@@ -161,37 +141,9 @@ impl<D: Driver> std::fmt::Debug for Connection<D> {
     }
 }
 
-#[cfg(feature = "axum")]
-impl<S: Send + Sync, D: Driver> axum::extract::FromRequestParts<S> for Connection<D> {
-    type Rejection = TransactionRejection;
-
-    /// The request's connection, held for the handler's life; see [`Connection::take`].
-    async fn from_request_parts(parts: &mut http::request::Parts, _state: &S) -> Result<Self, Self::Rejection> {
-        Connection::take(&mut parts.extensions).await
-    }
-}
-
-#[cfg(feature = "actix")]
-impl<D: Driver> actix_web::FromRequest for Connection<D> {
-    type Error = TransactionRejection;
-    type Future = std::pin::Pin<Box<dyn std::future::Future<Output = Result<Self, TransactionRejection>>>>;
-
-    /// The request's connection, held for the handler's life; see [`Connection::take`].
-    fn from_request(req: &actix_web::HttpRequest, _: &mut actix_web::dev::Payload) -> Self::Future {
-        use actix_web::HttpMessage;
-        let shared = {
-            let extensions = req.extensions();
-            shared_of(extensions.get::<Taken>().is_some(), extensions.get::<Transaction<D>>())
-        };
-        if shared.is_ok() {
-            req.extensions_mut().insert(Taken);
-        }
-        Box::pin(async move { Connection::hold(shared?).await })
-    }
-}
-
 /// Why a handler got no [`Connection`] or [`Transaction`]: answered as a 500 problem
-/// (`urn:idempotency:problem:no-transaction`), whose detail is this error's text.
+/// (`urn:idempotency:problem:no-transaction`), whose detail is this error's text (with the
+/// `axum` feature it is an `IntoResponse`; idempotency-actix answers it the same way).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum TransactionRejection {
@@ -205,30 +157,4 @@ pub enum TransactionRejection {
     /// The request was already answered.
     #[error("the idempotency transaction of this request has ended")]
     Ended,
-}
-
-impl TransactionRejection {
-    /// The problem this rejection answers with.
-    #[cfg_attr(not(any(feature = "axum", feature = "actix")), allow(dead_code))]
-    fn problem(self) -> Problem {
-        Problem::new(500, types::NO_TRANSACTION, "No idempotency transaction", self.to_string())
-    }
-}
-
-#[cfg(feature = "axum")]
-impl axum::response::IntoResponse for TransactionRejection {
-    fn into_response(self) -> axum::response::Response {
-        self.problem().into_response()
-    }
-}
-
-#[cfg(feature = "actix")]
-impl actix_web::ResponseError for TransactionRejection {
-    fn status_code(&self) -> actix_web::http::StatusCode {
-        actix_web::http::StatusCode::INTERNAL_SERVER_ERROR
-    }
-
-    fn error_response(&self) -> actix_web::HttpResponse {
-        super::actix::response_of(self.problem().into_reply())
-    }
 }

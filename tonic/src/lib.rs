@@ -1,22 +1,23 @@
-//! The tonic adapter of the layer's core (feature `tonic`): the same
-//! configuration ([`super::Builder`]) and rules as the HTTP layer, for unary gRPC methods.
+//! `idempotency-tonic`: the idempotency layer for tonic gRPC servers, over idempotency-tower's
+//! core: the same configuration ([`Builder`]) and rules as the HTTP layer, for unary gRPC
+//! methods. The client is re-exported as [`client`]; a method writes through the request's
+//! [`Connection`], taken with [`Connection::take`]`(request.extensions_mut())`.
 //!
 //! ```no_run
-//! # use idempotency_client::layer::IdempotencyLayer;
-//! # fn demo(idem: idempotency_client::Idempotency) -> Result<(), Box<dyn std::error::Error>> {
-//! let layer = IdempotencyLayer::in_transaction(idem)
+//! # use idempotency_tonic::GrpcLayer;
+//! # fn demo(idem: idempotency_tonic::client::Idempotency) -> Result<(), Box<dyn std::error::Error>> {
+//! let layer = GrpcLayer::in_transaction(idem)
 //!     .user(|req| req.headers.get("x-user")?.to_str().ok().map(str::to_owned))
-//!     .build()?
-//!     .grpc();
+//!     .build()?;
 //! // tonic::transport::Server::builder().add_service(layer.layer(ChargesServer::new(service)))
 //! # Ok(())
 //! # }
 //! ```
 //!
 //! - The key is the `idempotency-key` metadata (a bare token or an sf-string), or what
-//!   [`super::Builder::key_from`] finds in the request, for instance Google AIP-155's
+//!   [`Builder::key_from`] finds in the request, for instance Google AIP-155's
 //!   `request_id` field: decode [`message`] of the body with your message type.
-//! - The user is what [`super::Builder::user`] / [`super::Builder::user_from`] find in the
+//! - The user is what [`Builder::user`] / [`Builder::user_from`] find in the
 //!   metadata or in the extensions an authentication layer outside this one set.
 //! - The operation is the method's path (`/charges.v1.Charges/Create`, prefixed `POST `).
 //! - The first call's answer is stored: its initial metadata (the allow-listed headers), its
@@ -49,69 +50,51 @@
 //! - Streaming RPCs are refused: a request of more than one message before anything is
 //!   reserved, an answer of more than one message after the fact (not stored; the key released,
 //!   in-transaction its writes rolled back), both FAILED_PRECONDITION with a message that says
-//!   to leave the method out of the layer ([`problem::types::STREAMING`](super::problem::types::STREAMING)).
+//!   to leave the method out of the layer ([`problem::types::STREAMING`]).
 
 mod answer;
 mod codes;
 mod encoding;
+mod frame;
 
-use super::config::Config;
-use super::core::{self, Answer, Head, RouteFuture};
-use super::problem::{types, Problem};
-use super::request::MatchedRoute;
-use super::service::{ready_and_call, ready_then_call};
-use super::transaction::Transaction;
-use super::{IdempotencyLayer, Mode};
+pub use idempotency_client as client;
+pub use idempotency_tower::{default_status_policy, problem, Builder, ConfigError, Connection, Mode, Reply, Transaction, TransactionRejection, ANONYMOUS_USER};
+
 use answer::{response_of, status_of};
-use crate::driver::{postgres_by_default, Driver};
+use frame::frames;
+pub use frame::message;
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use http::request::Parts;
 use http::{Request, Response};
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
-use std::sync::{Arc, Mutex};
+use idempotency_client::{postgres_by_default, Driver};
+use idempotency_tower::adapter::{self, ready_then_call, Answer, Config, Head, Inner, MatchedRoute, Problem, ServiceRoute, Whole};
+use idempotency_tower::problem::types;
+use idempotency_tower::IdempotencyLayer;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use tokio::sync::watch;
 use tonic::body::Body;
 use tower_service::Service;
 
-/// The message of a unary gRPC request or answer body: the bytes after its 5-byte frame header
-/// (an uncompressed frame holding the whole body), for a [`super::Builder::key_from`] extractor
-/// to decode (`CreateCharge::decode(message(body)?)`). `None` for a compressed frame or a body
-/// that is not exactly one frame.
-pub fn message(body: &[u8]) -> Option<&[u8]> {
-    let (&[flag, a, b, c, d], rest) = body.split_first_chunk::<5>()?;
-    let len = u32::from_be_bytes([a, b, c, d]) as usize;
-    (flag == 0 && rest.len() == len).then_some(rest)
-}
-
-/// How many whole frames `body` holds; `None` when it is not a sequence of whole frames.
-fn frames(mut body: &[u8]) -> Option<usize> {
-    let mut count = 0;
-    while !body.is_empty() {
-        let (&[_, a, b, c, d], rest) = body.split_first_chunk::<5>()?;
-        let len = u32::from_be_bytes([a, b, c, d]) as usize;
-        body = rest.get(len..)?;
-        count += 1;
-    }
-    Some(count)
-}
-
-impl<D: Driver> IdempotencyLayer<D> {
-    /// The same layer for tonic: a tower layer over a tonic service (a generated `...Server`,
-    /// or `Routes`), for its unary methods. See [`GrpcLayer`].
-    pub fn grpc(self) -> GrpcLayer<D> {
-        GrpcLayer { config: self.config }
-    }
-}
-
 postgres_by_default! {
-/// An [`IdempotencyLayer`] for tonic servers (feature `tonic`), from [`IdempotencyLayer::grpc`]:
-/// per service (`Server::builder().add_service(layer.layer(ChargesServer::new(svc)))`, its
-/// service keeps its name) or for every route (`Server::builder().layer(layer)`).
+/// The idempotency layer for tonic servers: a tower layer over a tonic service (a generated
+/// `...Server`, or `Routes`), for its unary methods, per service
+/// (`Server::builder().add_service(layer.layer(ChargesServer::new(svc)))`, its service keeps its
+/// name) or for every route (`Server::builder().layer(layer)`). Built by the same [`Builder`] as
+/// idempotency-tower's [`IdempotencyLayer`] (and made from one with `From`).
 pub struct GrpcLayer<D: Driver = Postgres> {
     config: Arc<Config<D>>,
 }
+}
+
+idempotency_tower::layer_builders!(GrpcLayer);
+
+impl<D: Driver> From<IdempotencyLayer<D>> for GrpcLayer<D> {
+    fn from(layer: IdempotencyLayer<D>) -> Self {
+        GrpcLayer { config: layer.config().clone() }
+    }
 }
 
 impl<D: Driver> Clone for GrpcLayer<D> {
@@ -158,16 +141,11 @@ impl<S: tonic::server::NamedService, D: Driver> tonic::server::NamedService for 
     const NAME: &'static str = S::NAME;
 }
 
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
-
 impl<S, R, D> Service<Request<Body>> for GrpcService<S, D>
 where
     D: Driver,
-    S: Service<Request<Body>, Response = Response<R>> + Clone + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Send + 'static,
-    R: http_body::Body<Data = Bytes> + Send + 'static,
-    R::Error: Into<BoxError>,
+    S: Inner<Body, Response = Response<R>>,
+    R: Whole + http_body::Body<Data = Bytes>,
 {
     type Response = Response<Body>;
     type Error = S::Error;
@@ -204,7 +182,7 @@ const INFRASTRUCTURE: [&str; 3] = ["/grpc.health.v1.Health/", "/grpc.reflection.
 fn head<D: Driver>(config: &Config<D>, parts: &Parts) -> Head {
     match INFRASTRUCTURE.iter().any(|service| parts.uri.path().starts_with(service)) {
         true => Head::Uncovered,
-        false => core::head(config, parts),
+        false => adapter::head(config, parts),
     }
 }
 
@@ -212,15 +190,12 @@ fn head<D: Driver>(config: &Config<D>, parts: &Parts) -> Head {
 async fn covered<S, R, D>(config: Arc<Config<D>>, inner: S, parts: Parts, body: Body, header_key: Option<String>) -> Result<Response<Body>, S::Error>
 where
     D: Driver,
-    S: Service<Request<Body>, Response = Response<R>> + Clone + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Send + 'static,
-    R: http_body::Body<Data = Bytes> + Send + 'static,
-    R::Error: Into<BoxError>,
+    S: Inner<Body, Response = Response<R>>,
+    R: Whole + http_body::Body<Data = Bytes>,
 {
     let bytes = match Limited::new(body, config.body_limit).collect().await {
         Ok(collected) => collected.to_bytes(),
-        Err(e) => return Ok(status_of(&core::unreadable(&config, &parts, e.is::<LengthLimitError>(), &e))),
+        Err(e) => return Ok(status_of(&adapter::unreadable(&config, &parts, e.is::<LengthLimitError>(), &e))),
     };
     let mut parts = parts;
     let bytes = match encoding::identity_request(&mut parts.headers, bytes, config.body_limit) {
@@ -236,73 +211,17 @@ where
     }
     // Held until the core answers: dropped with this future, it tells the route to stop waiting.
     let (_present, gone) = watch::channel(());
-    let route = GrpcRoute { inner: Arc::new(Mutex::new(inner.clone())), mode: config.mode, gone };
-    let call = move |p: Parts, b: Bytes, tx: Option<Transaction<D>>, limit: usize| route.call::<R, D>(p, b, tx, limit);
-    match core::serve(config, parts, bytes, header_key, call).await {
+    // The request rebuilt (the transaction in its extensions, where `tonic::Request::extensions`
+    // finds it); the answer read as gRPC's (its status for the policy is the HTTP status its
+    // code maps to).
+    let route = ServiceRoute::new(inner.clone(), config.mode, gone);
+    let call = move |p: Parts, b: Bytes, tx: Option<Transaction<D>>, limit: usize| {
+        route.call::<Body, R, D>(Request::from_parts(p, Body::new(Full::new(b))), tx, limit, answer::recorded)
+    };
+    match adapter::serve(config, parts, bytes, header_key, call).await {
         Answer::Respond(reply) => Ok(response_of(reply)),
         Answer::Refuse(problem) => Ok(status_of(&problem)),
         Answer::ServiceError(e) => Err(e),
         Answer::PassThrough(parts, bytes) => Ok(ready_then_call(inner, Request::from_parts(parts, Body::new(Full::new(bytes)))).await?.map(Body::new)),
-    }
-}
-
-/// The inner service as the core's route.
-struct GrpcRoute<S> {
-    inner: Arc<Mutex<S>>,
-    mode: Mode,
-    /// Ends when the request's future is dropped ([`ready_and_call`]).
-    gone: watch::Receiver<()>,
-}
-
-impl<S> Clone for GrpcRoute<S> {
-    fn clone(&self) -> Self {
-        GrpcRoute { inner: self.inner.clone(), mode: self.mode, gone: self.gone.clone() }
-    }
-}
-
-impl<S> GrpcRoute<S> {
-    /// Calls a clone of the inner service, driven to readiness, with the request rebuilt (the transaction in its
-    /// extensions, where `tonic::Request::extensions` finds it) and reads the answer: its status
-    /// for the policy is the HTTP status its gRPC code maps to.
-    fn call<R, D>(&self, parts: Parts, body: Bytes, tx: Option<Transaction<D>>, limit: usize) -> RouteFuture<S::Error>
-    where
-        D: Driver,
-        S: Service<Request<Body>, Response = Response<R>> + Clone + Send + 'static,
-        S::Future: Send + 'static,
-        S::Error: Send + 'static,
-        R: http_body::Body<Data = Bytes> + Send + 'static,
-        R::Error: Into<BoxError>,
-    {
-        let mut req = Request::from_parts(parts, Body::new(Full::new(body)));
-        if let Some(tx) = tx {
-            req.extensions_mut().insert(tx);
-        }
-        let service = match self.inner.lock() {
-            Ok(inner) => inner.clone(),
-            Err(poisoned) => poisoned.into_inner().clone(),
-        };
-        let (effect_stands, gone) = (self.mode == Mode::TwoPhase, self.gone.clone());
-        Box::pin(async move {
-            let response = ready_and_call(service, req, gone).await?;
-            let reply = super::service::reply_of(response, limit, effect_stands).await?;
-            answer::recorded(reply, limit, effect_stands)
-        })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn frames_and_messages() {
-        let one = [&[0u8, 0, 0, 0, 2][..], b"hi"].concat();
-        assert_eq!(message(&one), Some(&b"hi"[..]));
-        assert_eq!(frames(&one), Some(1));
-        let two = [one.clone(), one.clone()].concat();
-        assert_eq!((message(&two), frames(&two)), (None, Some(2)));
-        assert_eq!(frames(&one[..4]), None);
-        assert_eq!(message(&[1, 0, 0, 0, 0]), None, "a compressed frame");
-        assert_eq!(frames(b""), Some(0));
     }
 }

@@ -3,11 +3,11 @@
 //! the user, may be async: it gets the request's head (and the key extractor its body) and returns
 //! a `'static` future, so clone what the future needs out of the request first.
 
-use super::core::Reply;
-use crate::response::Verdict;
+use crate::reply::Reply;
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use http::request::Parts;
+use idempotency_client::Verdict;
 use std::future::Future;
 use std::sync::Arc;
 

@@ -2,7 +2,7 @@
 //!
 //! - A compressed request (`grpc-encoding: gzip` or `deflate`) is decompressed before anything
 //!   else reads it, and handed on uncompressed (its `grpc-encoding` removed): the fingerprint
-//!   and a [`key_from`](crate::layer::Builder::key_from) extractor see the message itself, so a
+//!   and a [`key_from`](idempotency_tower::Builder::key_from) extractor see the message itself, so a
 //!   retry that differs only in compression is the same request. The decompressed message is
 //!   bounded by the layer's `body_limit` like an uncompressed one. Another encoding (`zstd`,
 //!   `snappy`) is refused with UNIMPLEMENTED and `grpc-accept-encoding: gzip,deflate,identity`,
@@ -11,10 +11,10 @@
 //!   uncompressed: the one stored answer decodes in every client, whatever encodings a retry
 //!   accepts. An answer compressed all the same is decompressed before it is stored.
 
-use super::super::config::Config;
-use super::super::core::{self, Failure};
-use super::super::problem::{types, Problem};
-use crate::driver::Driver;
+use crate::frame::frames;
+use idempotency_client::Driver;
+use idempotency_tower::adapter::{self, Config, Failure, Problem};
+use idempotency_tower::problem::types;
 use http::request::Parts;
 use bytes::{BufMut, Bytes, BytesMut};
 use http::header::{HeaderMap, HeaderName};
@@ -56,10 +56,10 @@ pub(crate) fn refused<D: Driver>(config: &Config<D>, parts: &Parts, unreadable: 
     match unreadable {
         Unreadable::Unsupported(_) => {
             let problem = Problem::new(415, types::ENCODING_UNSUPPORTED, "Unsupported grpc-encoding", unreadable.to_string());
-            core::refused(config, parts, problem)
+            adapter::refused(config, parts, problem)
         }
-        Unreadable::TooLarge(_) => core::unreadable(config, parts, true, unreadable),
-        Unreadable::Corrupt(_) => core::unreadable(config, parts, false, unreadable),
+        Unreadable::TooLarge(_) => adapter::unreadable(config, parts, true, unreadable),
+        Unreadable::Corrupt(_) => adapter::unreadable(config, parts, false, unreadable),
     }
 }
 
@@ -92,7 +92,7 @@ fn identity(encoding: Option<&[u8]>, body: Bytes, limit: usize) -> Result<Bytes,
         Some(b"deflate") => |b| Box::new(flate2::read::ZlibDecoder::new(b)),
         Some(other) => return Err(Unreadable::Unsupported(String::from_utf8_lossy(other).into_owned())),
     };
-    if super::frames(&body).is_none() || !has_compressed_frame(&body) {
+    if frames(&body).is_none() || !has_compressed_frame(&body) {
         return Ok(body);
     }
     let mut out = BytesMut::with_capacity(body.len().min(limit));

@@ -4,75 +4,46 @@
 //! tonic) is an adapter: it reads the body, hands the core a route to call, and turns the answer
 //! into its own response type.
 
-use super::config::Config;
-use super::extract::KeySource;
-use super::key_header::{self, KeyHeader};
-use super::observe::Observed;
-use super::problem::{details, types, Problem};
-use super::record::HttpRecord;
-use super::request::{self, Operation};
-use super::transaction::Transaction;
-use super::Mode;
-use crate::driver::Driver;
-use crate::Decision as Seen;
-use crate::{Disposition, Error, Fingerprint, HandlerError, Key, Outcome, StoredResponse, TxFuture};
+use crate::config::Config;
+use crate::extract::KeySource;
+use crate::key_header::{self, KeyHeader};
+use crate::mode::Mode;
+use crate::observe::Observed;
+use crate::problem::{details, types, Problem};
+use crate::record::HttpRecord;
+use crate::reply::Reply;
+use crate::request::{self, Operation};
+use crate::transaction::Transaction;
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
-use http::header::HeaderMap;
 use http::request::Parts;
-use http::{Response, StatusCode};
+use idempotency_client::{Decision, Disposition, Driver, Error, Fingerprint, HandlerError, Key, Outcome, StoredResponse, TxFuture};
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use tracing::Instrument;
 
-/// An answer as the layer reads, stores and replays it, whatever the stack: the status, the
-/// headers, the whole body and the trailers (a gRPC answer's `grpc-status` and `grpc-message`).
-/// A [`Builder::on_replay`](super::Builder::on_replay) hook gets the replayed one.
-#[derive(Debug, Clone)]
-pub struct Reply {
-    /// The status (over gRPC, the HTTP status of the response: 200).
-    pub status: StatusCode,
-    /// The headers (over gRPC, the initial metadata). A replay carries the stored ones and
-    /// `Idempotent-Replayed: true`.
-    pub headers: HeaderMap,
-    /// The body's bytes.
-    pub body: Bytes,
-    /// The trailers, when the answer had any.
-    pub trailers: Option<HeaderMap>,
-}
-
-impl Reply {
-    /// Whether this answer is a replay of a stored one.
-    pub fn is_replayed(&self) -> bool {
-        self.headers.get("idempotent-replayed").is_some_and(|v| v == "true")
-    }
-
-    /// The HTTP response with any body built from bytes (the trailers are left out: such a body
-    /// cannot carry them).
-    pub fn into_response<B: From<Bytes>>(self) -> Response<B> {
-        let mut response = Response::new(B::from(self.body));
-        *response.status_mut() = self.status;
-        *response.headers_mut() = self.headers;
-        response
-    }
-}
-
 /// Why the route produced no answer to record. The adapters make `Service`, `Body` and
 /// `TooLarge`; the core adds `Panicked`.
-pub(crate) enum Failure<SE> {
+pub enum Failure<SE> {
     /// The stack's service returned its own error (the key is released; the error goes on).
     Service(SE),
+    /// The route panicked (its message).
     Panicked(String),
+    /// The response body failed while it was read.
     Body(Box<dyn std::error::Error + Send + Sync>),
     /// The body is longer than the response limit (`limit` bytes); `effect_stands` in two-phase.
-    TooLarge { limit: usize, effect_stands: bool },
+    TooLarge {
+        /// The response limit, in bytes.
+        limit: usize,
+        /// Whether the route's effect stands (two-phase).
+        effect_stands: bool,
+    },
     /// The stack dropped the request before the route answered (actix-web, when its client went
     /// away; tower and tonic, when the request's future was dropped while the inner service was
     /// not ready, so it was never called).
     Gone,
     /// A gRPC answer of more than one message (a server-streaming RPC).
-    #[cfg_attr(not(feature = "tonic"), allow(dead_code))]
     Streaming,
 }
 
@@ -102,15 +73,16 @@ impl<SE> HandlerError for Failure<SE> {
 }
 
 /// The detail of [`types::STREAMING`] for an answer that streamed.
-pub(crate) const STREAMING_ANSWER: &str = "idempotency layer: this RPC answered more than one message; the layer covers unary RPCs only, so leave streaming RPCs out of it (its answer was not stored and the key was released)";
+pub const STREAMING_ANSWER: &str = "idempotency layer: this RPC answered more than one message; the layer covers unary RPCs only, so leave streaming RPCs out of it (its answer was not stored and the key was released)";
 
 /// What a route call gives back.
-pub(crate) type RouteFuture<SE> = BoxFuture<'static, Result<Reply, Failure<SE>>>;
+pub type RouteFuture<SE> = BoxFuture<'static, Result<Reply, Failure<SE>>>;
 
 /// The route as the core calls it: the request's head and body, the transaction in-transaction
 /// (to put where the handler finds it), and the response limit in bytes. It may be called again
 /// (a retry of the whole transaction after 40001 / 40P01).
-pub(crate) trait Route<D: Driver, SE>: Clone + Send + Sync + 'static {
+pub trait Route<D: Driver, SE>: Clone + Send + Sync + 'static {
+    /// Calls the route once.
     fn call(&self, parts: Parts, body: Bytes, tx: Option<Transaction<D>>, limit: usize) -> RouteFuture<SE>;
 }
 
@@ -124,7 +96,7 @@ where
 }
 
 /// How a covered request ends.
-pub(crate) enum Answer<SE> {
+pub enum Answer<SE> {
     /// The route's answer, a replay, or a stored failure.
     Respond(Reply),
     /// The layer's own answer (a problem).
@@ -136,7 +108,7 @@ pub(crate) enum Answer<SE> {
 }
 
 /// What the core decides from the head alone, before the body is read.
-pub(crate) enum Head {
+pub enum Head {
     /// Not a covered method: the adapter calls the route as if there were no layer.
     Uncovered,
     /// A header key and none sent, none required: the adapter passes the request through
@@ -150,7 +122,7 @@ pub(crate) enum Head {
 }
 
 /// Looks at a request's head: is it covered, does its key header hold a key?
-pub(crate) fn head<D: Driver>(config: &Config<D>, parts: &Parts) -> Head {
+pub fn head<D: Driver>(config: &Config<D>, parts: &Parts) -> Head {
     if !config.methods.contains(&parts.method) {
         return Head::Uncovered;
     }
@@ -171,7 +143,7 @@ fn missing(source: &str) -> Problem {
 }
 
 /// The answer to a body the adapter could not read: over the limit (413) or broken (400).
-pub(crate) fn unreadable<D: Driver>(config: &Config<D>, parts: &Parts, too_large: bool, error: &dyn std::fmt::Display) -> Problem {
+pub fn unreadable<D: Driver>(config: &Config<D>, parts: &Parts, too_large: bool, error: &dyn std::fmt::Display) -> Problem {
     let problem = match too_large {
         true => Problem::new(413, types::BODY_TOO_LARGE, "Request body too large", format!("the body is larger than {} bytes", config.body_limit)),
         false => Problem::new(400, types::BODY_UNREADABLE, "Request body unreadable", error.to_string()),
@@ -180,7 +152,7 @@ pub(crate) fn unreadable<D: Driver>(config: &Config<D>, parts: &Parts, too_large
 }
 
 /// Observes a request answered before it was identified, and gives its problem back.
-pub(crate) fn refused<D: Driver>(config: &Config<D>, parts: &Parts, problem: Problem) -> Problem {
+pub fn refused<D: Driver>(config: &Config<D>, parts: &Parts, problem: Problem) -> Problem {
     let Operation { label, .. } = request::operation(config, parts);
     Observed::start(&label, config.mode.label()).refused(&problem);
     problem
@@ -189,7 +161,7 @@ pub(crate) fn refused<D: Driver>(config: &Config<D>, parts: &Parts, problem: Pro
 /// A covered request whose body was read: identify it, run the route in its mode in a task of
 /// its own (a client that disconnects does not cancel it half-way: the key is completed or
 /// released, and the client's retry replays), and answer.
-pub(crate) async fn serve<D, SE, R>(config: Arc<Config<D>>, parts: Parts, body: Bytes, header_key: Option<String>, route: R) -> Answer<SE>
+pub async fn serve<D, SE, R>(config: Arc<Config<D>>, parts: Parts, body: Bytes, header_key: Option<String>, route: R) -> Answer<SE>
 where
     D: Driver,
     SE: Send + 'static,
@@ -233,7 +205,7 @@ where
         Ok(ended) => ended,
         Err(e) => {
             let cause = format_args!("the idempotency task failed: {e}");
-            (Answer::Refuse(Problem::failure(500, types::INTERNAL, "Internal error", details::INTERNAL, &cause)), Seen::Error)
+            (Answer::Refuse(Problem::failure(500, types::INTERNAL, "Internal error", details::INTERNAL, &cause)), Decision::Error)
         }
     };
     let status = match &answer {
@@ -261,15 +233,21 @@ async fn produce<D: Driver, SE, R: Route<D, SE>>(
         }
         Ok(Err(failure)) => Err(failure),
         Err(panic) => {
-            let message = panic
-                .downcast_ref::<&str>()
-                .map(|s| (*s).to_owned())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "a panic".to_owned());
+            let message = panic_message(panic.as_ref());
             tracing::error!(panic = message.as_str(), "the idempotent handler panicked; the key is released");
             Err(Failure::Panicked(message))
         }
     }
+}
+
+/// A caught panic's message (`&str` or `String` payloads), else "a panic": the text of
+/// [`Failure::Panicked`], whichever stack caught it.
+pub fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic".to_owned())
 }
 
 /// In-transaction: `run`, with the route as its work: the route gets the transaction, and its
@@ -281,7 +259,7 @@ async fn in_transaction<D: Driver, SE: Send + 'static, R: Route<D, SE>>(
     fingerprint: Fingerprint,
     parts: Parts,
     body: Bytes,
-) -> (Answer<SE>, Seen) {
+) -> (Answer<SE>, Decision) {
     let shared_config = config.clone();
     let work = work_fn::<D, _, _, _>(move |tx: &mut D::Tx| {
         let (config, route, parts, body) = (shared_config.clone(), route.clone(), parts.clone(), body.clone());
@@ -309,7 +287,7 @@ async fn two_phase<D: Driver, SE: Send + 'static, R: Route<D, SE>>(
     fingerprint: Fingerprint,
     parts: Parts,
     body: Bytes,
-) -> (Answer<SE>, Seen) {
+) -> (Answer<SE>, Decision) {
     let call = async {
         let limit = config.response_limit.pooled(config.idem.driver()).await;
         produce(config, &route, parts, body, None, limit).await
@@ -334,7 +312,7 @@ fn replied<D: Driver>(config: &Config<D>, record: HttpRecord) -> Reply {
 }
 
 /// Maps a flow's result to the answer and its label.
-fn answer_of<D: Driver, SE>(config: &Config<D>, result: Result<Outcome<HttpRecord>, Error<Failure<SE>>>) -> (Answer<SE>, Seen) {
+fn answer_of<D: Driver, SE>(config: &Config<D>, result: Result<Outcome<HttpRecord>, Error<Failure<SE>>>) -> (Answer<SE>, Decision) {
     match result {
         Ok(outcome) => {
             let decision = outcome.decision();
@@ -344,7 +322,7 @@ fn answer_of<D: Driver, SE>(config: &Config<D>, result: Result<Outcome<HttpRecor
     }
 }
 
-fn error_answer<D: Driver, SE>(config: &Config<D>, e: Error<Failure<SE>>) -> (Answer<SE>, Seen) {
+fn error_answer<D: Driver, SE>(config: &Config<D>, e: Error<Failure<SE>>) -> (Answer<SE>, Decision) {
     let outcome = e.decision();
     let problem = match e {
         Error::Failed { response: Some(stored) } => match serde_json::from_value::<HttpRecord>(stored) {
@@ -352,7 +330,7 @@ fn error_answer<D: Driver, SE>(config: &Config<D>, e: Error<Failure<SE>>) -> (An
             Err(e) => {
                 let cause = format_args!("the stored response does not decode: {e}");
                 let problem = Problem::failure(500, types::INTERNAL, "Internal error", details::INTERNAL, &cause);
-                return (Answer::Refuse(problem), Seen::Error);
+                return (Answer::Refuse(problem), Decision::Error);
             }
         },
         Error::Handler { error } | Error::Poisoned { error } => match error {
@@ -370,7 +348,7 @@ fn error_answer<D: Driver, SE>(config: &Config<D>, e: Error<Failure<SE>>) -> (An
                 Ok(record) => {
                     let mut reply = record.into_reply();
                     reply.headers.remove("idempotent-replayed"); // this attempt ran it
-                    return (Answer::Respond(reply), Seen::Error);
+                    return (Answer::Respond(reply), Decision::Error);
                 }
                 Err(e) => Problem::failure(500, types::INTERNAL, "Internal error", details::INTERNAL, &e),
             }
@@ -388,9 +366,9 @@ fn error_answer<D: Driver, SE>(config: &Config<D>, e: Error<Failure<SE>>) -> (An
 /// The answer to a response over the limit: in-transaction (rolled back, counted) a 502 that
 /// says so; two-phase (the effect stands, the key holds the marker) the marker's problem, with
 /// this attempt's correlation id.
-fn too_large<SE>(effect_stands: bool, outcome: Seen, cause: &dyn std::fmt::Display) -> (Answer<SE>, Seen) {
+fn too_large<SE>(effect_stands: bool, outcome: Decision, cause: &dyn std::fmt::Display) -> (Answer<SE>, Decision) {
     let (detail, outcome) = match effect_stands {
-        true => (StoredResponse::TOO_LARGE_DETAIL, Seen::Error),
+        true => (StoredResponse::TOO_LARGE_DETAIL, Decision::Error),
         false => (details::TOO_LARGE_ROLLED_BACK, outcome),
     };
     let status = StoredResponse::TOO_LARGE_STATUS;

@@ -1,25 +1,23 @@
-//! The layer's builder and the configuration it freezes.
+//! The layer's builder: every setting, checked once by [`Builder::build`], frozen into the
+//! [`Config`] every request reads.
 
-use super::core::Reply;
-use super::extract::{self, KeySource, PolicyFn, ReplayHook, Scope};
-use super::pointer::Pointer;
-use super::{IdempotencyLayer, Mode};
-use crate::response::{Replayable, StoredResponse, Verdict};
-use crate::driver::{postgres_by_default, Driver, Step};
-use crate::row::{only, Row};
-use crate::sql::MAX_RESPONSE_BYTES_SQL;
-use crate::{Error, Idempotency};
-use http::header::{HeaderName, AUTHORIZATION, CONTENT_TYPE, LOCATION, SET_COOKIE};
+use crate::config::Config;
+use crate::extract::{self, KeySource, PolicyFn, ReplayHook, Scope};
+use crate::layer::IdempotencyLayer;
+use crate::limits::ResponseLimit;
+use crate::mode::Mode;
+use crate::names;
+use crate::pointer::Pointer;
+use crate::reply::Reply;
 use bytes::Bytes;
+use http::header::{HeaderName, AUTHORIZATION, CONTENT_TYPE, LOCATION, SET_COOKIE};
 use http::request::Parts;
 use http::Method;
+use idempotency_client::{postgres_by_default, Driver, Idempotency, Key, Replayable, StoredResponse, Verdict};
 use std::future::Future;
+use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::OnceCell;
-
-/// The user id of [`Builder::anonymous`] routes.
-pub const ANONYMOUS_USER: &str = "anonymous";
 
 /// A layer configuration that is not safe or not complete; the message names the setting.
 #[derive(Debug, thiserror::Error)]
@@ -27,104 +25,10 @@ pub const ANONYMOUS_USER: &str = "anonymous";
 pub struct ConfigError(String);
 
 postgres_by_default! {
-/// The frozen configuration every request of a layer reads.
-pub(crate) struct Config<D: Driver = Postgres> {
-    pub(crate) idem: Idempotency<D>,
-    pub(crate) mode: Mode,
-    pub(crate) key: KeySource,
-    pub(crate) methods: Vec<Method>,
-    pub(crate) require_key: bool,
-    pub(crate) scope: Scope,
-    pub(crate) namespace: Option<String>,
-    pub(crate) operation: Option<String>,
-    pub(crate) body_limit: usize,
-    pub(crate) response_limit: ResponseLimit,
-    pub(crate) subset: Option<Vec<Pointer>>,
-    pub(crate) query_in_fingerprint: bool,
-    pub(crate) stored_headers: Vec<HeaderName>,
-    pub(crate) policy: PolicyFn,
-    pub(crate) on_replay: Option<ReplayHook>,
-    pub(crate) log_keys: bool,
-}
-}
-
-/// The default of [`Builder::response_limit`] where the server's `idempotency.max_response_bytes`
-/// cannot be read: that setting's documented default, 1MB.
-pub const DEFAULT_RESPONSE_LIMIT: usize = 1 << 20;
-
-/// The largest response body the layer reads from its route: the configured one, else the
-/// server's `idempotency.max_response_bytes`, read once per layer.
-pub(crate) struct ResponseLimit {
-    set: Option<usize>,
-    server: OnceCell<usize>,
-}
-
-impl ResponseLimit {
-    /// The limit, reading the server's on `tx` (a connection the request's flow holds: no second
-    /// one is taken) the first time it is needed, when none was configured. A read that fails
-    /// is not kept: this request uses [`DEFAULT_RESPONSE_LIMIT`] and the next one reads again.
-    pub(crate) async fn on<D: Driver>(&self, tx: &mut D::Tx) -> usize {
-        if let Some(limit) = self.set.or_else(|| self.server.get().copied()) {
-            return limit;
-        }
-        match server_limit::<D>(tx).await {
-            Ok(limit) => {
-                let _ = self.server.set(limit);
-                limit
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, default = DEFAULT_RESPONSE_LIMIT, "idempotency.max_response_bytes could not be read; the documented default is used");
-                DEFAULT_RESPONSE_LIMIT
-            }
-        }
-    }
-
-    /// [`ResponseLimit::on`] a pooled connection (two-phase: the flow holds none while the route
-    /// runs), taken only when the limit is not known yet.
-    pub(crate) async fn pooled<D: Driver>(&self, driver: &D) -> usize {
-        if let Some(limit) = self.set.or_else(|| self.server.get().copied()) {
-            return limit;
-        }
-        match driver.connection().await {
-            Ok(mut tx) => self.on::<D>(&mut tx).await,
-            Err(e) => {
-                tracing::warn!(error = %e, default = DEFAULT_RESPONSE_LIMIT, "idempotency.max_response_bytes could not be read; the documented default is used");
-                DEFAULT_RESPONSE_LIMIT
-            }
-        }
-    }
-}
-
-/// The server's `idempotency.max_response_bytes` in bytes; its default where it is not defined.
-async fn server_limit<D: Driver>(tx: &mut D::Tx) -> Result<usize, Error> {
-    let row = only(D::send(tx, &[Step::Query(MAX_RESPONSE_BYTES_SQL, vec![])]).await?)?;
-    match row.text("max_response_bytes")? {
-        None => Ok(DEFAULT_RESPONSE_LIMIT),
-        Some(text) if text.trim().is_empty() => Ok(DEFAULT_RESPONSE_LIMIT),
-        Some(text) => memory_setting(&text).ok_or_else(|| {
-            Error::protocol(format!("idempotency.max_response_bytes must be a number of bytes with an optional unit (B, kB, MB, GB, TB), got {text:?}"))
-        }),
-    }
-}
-
-/// A memory setting as PostgreSQL shows it (`1MB`, `4kB`, `1500B`, `1048576`), in bytes.
-fn memory_setting(text: &str) -> Option<usize> {
-    let text = text.trim();
-    let digits = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
-    let (number, unit) = text.split_at(digits);
-    let scale: usize = match unit.trim() {
-        "" | "B" => 1,
-        "kB" => 1 << 10,
-        "MB" => 1 << 20,
-        "GB" => 1 << 30,
-        "TB" => 1 << 40,
-        _ => return None,
-    };
-    number.parse::<usize>().ok()?.checked_mul(scale)
-}
-
-postgres_by_default! {
-/// Builds an [`IdempotencyLayer`]; start from [`IdempotencyLayer::builder`].
+/// Builds an [`IdempotencyLayer`]; start from [`IdempotencyLayer::builder`]. `L` is the layer
+/// it builds: this crate's [`IdempotencyLayer`] by default, an adapter crate's own layer type
+/// (idempotency-actix's, idempotency-tonic's: anything made from an [`IdempotencyLayer`]) from
+/// that type's `builder`, so one configuration serves every stack.
 ///
 /// | setting | default |
 /// | --- | --- |
@@ -149,7 +53,7 @@ postgres_by_default! {
 /// | [`on_replay`](Builder::on_replay) | none: a replay is the stored answer and `Idempotent-Replayed: true` |
 /// | [`log_keys`](Builder::log_keys) | `false`: spans carry a hash of the key |
 #[must_use]
-pub struct Builder<D: Driver = Postgres> {
+pub struct Builder<D: Driver = Postgres, L = IdempotencyLayer<D>> {
     idem: Idempotency<D>,
     mode: Mode,
     key: KeySource,
@@ -173,16 +77,51 @@ pub struct Builder<D: Driver = Postgres> {
     policy: PolicyFn,
     on_replay: Option<ReplayHook>,
     log_keys: bool,
+    layer: PhantomData<fn() -> L>,
 }
 }
+
+/// The three entry points of a layer type that a [`Builder`] builds (`builder`,
+/// `in_transaction`, `two_phase`), written once for this crate's [`IdempotencyLayer`] and the
+/// adapter crates' layers (idempotency-actix's `IdempotencyLayer`, idempotency-tonic's
+/// `GrpcLayer`: any type made `From` an [`IdempotencyLayer`]). Hidden: those crates' seam.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! layer_builders {
+    ($layer:ident) => {
+        impl<D: $crate::client::Driver> $layer<D> {
+            /// A builder over the handle `idem` (its pool, schema and settings are the defaults),
+            /// in-transaction unless `Builder::mode` says otherwise.
+            pub fn builder(idem: $crate::client::Idempotency<D>) -> $crate::Builder<D, Self> {
+                $crate::Builder::new(idem)
+            }
+
+            /// A builder for an in-transaction route: its handler writes through the request's
+            /// `Connection`.
+            pub fn in_transaction(idem: $crate::client::Idempotency<D>) -> $crate::Builder<D, Self> {
+                $crate::Builder::new(idem).mode($crate::Mode::InTransaction)
+            }
+
+            /// A builder for a two-phase route: its handler's effects leave the database.
+            pub fn two_phase(idem: $crate::client::Idempotency<D>) -> $crate::Builder<D, Self> {
+                $crate::Builder::new(idem).mode($crate::Mode::TwoPhase)
+            }
+        }
+    };
+}
+
+crate::layer_builders!(IdempotencyLayer);
 
 /// The default status policy: the contract's, as [`StoredResponse`] applies it.
 pub fn default_status_policy(status: u16) -> Verdict {
     StoredResponse::json(status, serde_json::Value::Null).verdict()
 }
 
-impl<D: Driver> Builder<D> {
-    pub(crate) fn new(idem: Idempotency<D>) -> Self {
+impl<D: Driver, L> Builder<D, L> {
+    /// A builder over the handle `idem` (its pool, schema and settings are the defaults), in
+    /// [`Mode::InTransaction`] unless [`Builder::mode`] says otherwise: what
+    /// [`IdempotencyLayer::builder`] (and an adapter crate's layer's `builder`) returns.
+    pub fn new(idem: Idempotency<D>) -> Self {
         Builder {
             idem,
             mode: Mode::InTransaction,
@@ -207,10 +146,11 @@ impl<D: Driver> Builder<D> {
             policy: Arc::new(default_status_policy),
             on_replay: None,
             log_keys: false,
+            layer: PhantomData,
         }
     }
 
-    /// In-transaction (the handler writes through the [`super::Transaction`] it is given) or
+    /// In-transaction (the handler writes through the [`Connection`](crate::Connection) it is given) or
     /// two-phase (lease, heartbeat, complete after the handler).
     pub fn mode(mut self, mode: Mode) -> Self {
         self.mode = mode;
@@ -231,7 +171,7 @@ impl<D: Driver> Builder<D> {
     /// future needs first. `None` is a request without a key ([`require_key`](Builder::require_key)).
     ///
     /// ```no_run
-    /// # use idempotency_client::layer::IdempotencyLayer;
+    /// # use idempotency_tower::IdempotencyLayer;
     /// # fn demo(idem: idempotency_client::Idempotency) {
     /// let layer = IdempotencyLayer::builder(idem)
     ///     .anonymous()
@@ -277,7 +217,7 @@ impl<D: Driver> Builder<D> {
     /// future needs out of the request first. `None` is answered 401 (gRPC: `UNAUTHENTICATED`).
     ///
     /// ```no_run
-    /// # use idempotency_client::layer::IdempotencyLayer;
+    /// # use idempotency_tower::IdempotencyLayer;
     /// # use std::{collections::HashMap, sync::Arc};
     /// # fn demo(idem: idempotency_client::Idempotency) {
     /// let sessions: Arc<HashMap<String, String>> = Arc::default();
@@ -307,7 +247,7 @@ impl<D: Driver> Builder<D> {
     }
 
     /// Declares the route unauthenticated: every caller's keys share one scope
-    /// ([`ANONYMOUS_USER`]), so callers must use unguessable keys.
+    /// ([`ANONYMOUS_USER`](crate::ANONYMOUS_USER)), so callers must use unguessable keys.
     pub fn anonymous(mut self) -> Self {
         self.scope = Some(Scope::Anonymous);
         self
@@ -346,7 +286,7 @@ impl<D: Driver> Builder<D> {
     /// committed, a two-phase holder whose handler runs), then answer its stored response,
     /// instead of answering 409 at once; 409 + `Retry-After` at
     /// [`wait_timeout`](Builder::wait_timeout), 422 at once for a mismatch. The request polls the key (see
-    /// [`Settings::wait`](crate::Settings::wait)), holding no pooled connection between polls.
+    /// [`Settings::wait`](idempotency_client::Settings::wait)), holding no pooled connection between polls.
     pub fn wait(mut self, wait: bool) -> Self {
         self.wait = Some(wait);
         self
@@ -377,7 +317,7 @@ impl<D: Driver> Builder<D> {
     /// refuse. A larger body is not stored, and it is not sent: in-transaction the request is
     /// rolled back and counted like a transient failure (a 502 `response-too-large` problem;
     /// the retries end in a poisoned key); two-phase the effect stands and the key is completed
-    /// with the marker [`crate::StoredResponse::too_large`], replayed to every retry. A stored
+    /// with the marker [`StoredResponse::too_large`], replayed to every retry. A stored
     /// form still over the server's limit (headers, escapes, a binary body's hex) gets the
     /// same answers from the server's refusal. A limit above the server's only moves the
     /// refusal to the server, after the whole body was read.
@@ -442,7 +382,10 @@ impl<D: Driver> Builder<D> {
     }
 
     /// The layer, or the first setting that is missing or unsafe.
-    pub fn build(self) -> Result<IdempotencyLayer<D>, ConfigError> {
+    pub fn build(self) -> Result<L, ConfigError>
+    where
+        L: From<IdempotencyLayer<D>>,
+    {
         let Some(scope) = self.scope else {
             return Err(ConfigError(
                 "no scope: call .user(..) with the authenticated principal, or .anonymous() for a route without one".into(),
@@ -480,12 +423,12 @@ impl<D: Driver> Builder<D> {
             if namespace.is_empty() {
                 return Err(ConfigError("namespace: leave it unset, or give at least one character".into()));
             }
-            crate::Key::new(namespace.as_str(), "u", "k").map_err(|e| ConfigError(format!("namespace: {e}")))?;
+            Key::new(namespace.as_str(), "u", "k").map_err(|e| ConfigError(format!("namespace: {e}")))?;
         }
         if let Some(name) = &self.operation {
             // The operation as it is sent: escaped and after the namespace (its length counts).
-            let scoped = super::names::scoped(self.namespace.as_deref(), name);
-            crate::Key::new(scoped.as_str(), "u", "k").map_err(|e| ConfigError(format!("operation: {e}")))?;
+            let scoped = names::scoped(self.namespace.as_deref(), name);
+            Key::new(scoped.as_str(), "u", "k").map_err(|e| ConfigError(format!("operation: {e}")))?;
         }
         let mut settings = self.idem.settings().clone();
         settings.ttl = self.ttl.or(settings.ttl);
@@ -502,43 +445,23 @@ impl<D: Driver> Builder<D> {
         settings.retry_after = self.retry_after.unwrap_or(settings.retry_after);
         let mut stored_headers = self.stored_headers;
         stored_headers.dedup();
-        Ok(IdempotencyLayer {
-            config: Arc::new(Config {
-                idem: self.idem.with_settings(settings),
-                mode: self.mode,
-                key: self.key,
-                methods: self.methods,
-                require_key: self.require_key,
-                scope,
-                namespace: self.namespace,
-                operation: self.operation,
-                body_limit: self.body_limit,
-                response_limit: ResponseLimit { set: self.response_limit, server: OnceCell::new() },
-                subset,
-                query_in_fingerprint: self.query_in_fingerprint,
-                stored_headers,
-                policy: self.policy,
-                on_replay: self.on_replay,
-                log_keys: self.log_keys,
-            }),
-        })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::memory_setting;
-
-    #[test]
-    fn memory_settings_as_postgres_shows_them() {
-        assert_eq!(memory_setting("1MB"), Some(1 << 20));
-        assert_eq!(memory_setting("4kB"), Some(4096));
-        assert_eq!(memory_setting("1500B"), Some(1500));
-        assert_eq!(memory_setting(" 2 GB "), Some(2 << 30));
-        assert_eq!(memory_setting("1048576"), Some(1 << 20));
-        assert_eq!(memory_setting("0"), Some(0));
-        assert_eq!(memory_setting("1mb"), None, "units are case-sensitive, as PostgreSQL reads them");
-        assert_eq!(memory_setting("MB"), None);
-        assert_eq!(memory_setting("-1"), None);
+        Ok(L::from(IdempotencyLayer::new(Config {
+            idem: self.idem.with_settings(settings),
+            mode: self.mode,
+            key: self.key,
+            methods: self.methods,
+            require_key: self.require_key,
+            scope,
+            namespace: self.namespace,
+            operation: self.operation,
+            body_limit: self.body_limit,
+            response_limit: ResponseLimit::new(self.response_limit),
+            subset,
+            query_in_fingerprint: self.query_in_fingerprint,
+            stored_headers,
+            policy: self.policy,
+            on_replay: self.on_replay,
+            log_keys: self.log_keys,
+        })))
     }
 }

@@ -3,11 +3,11 @@
 //! the trailers when there are any (a gRPC answer's `grpc-status`, `grpc-message` and the rest),
 //! plus the live answer of the attempt that ran.
 
-use super::core::Reply;
-use crate::response::{Body, Replayable, StoredResponse, Verdict};
+use crate::reply::Reply;
 use bytes::Bytes;
 use http::header::{HeaderMap, HeaderName, HeaderValue, AUTHORIZATION, SET_COOKIE};
 use http::StatusCode;
+use idempotency_client::{Body, Replayable, StoredResponse, Verdict};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// The stored form, plus (never stored) the live answer of this attempt and the verdict the

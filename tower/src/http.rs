@@ -1,7 +1,7 @@
 //! The one HTTP mapping of the client's errors: the status a server answers with and its
 //! `Retry-After`. The layer's problem answers use it; a service that calls `run` itself can too.
 
-use crate::Error;
+use idempotency_client::Error;
 use std::time::Duration;
 
 /// The HTTP status for an error: 409 in progress / lease lost (send `Retry-After`, see
@@ -21,13 +21,13 @@ pub fn http_status<E>(error: &Error<E>) -> u16 {
             .unwrap_or(409),
         Error::InvalidKey(_) => 400,
         Error::StoreUnavailable(_) => 503,
-        Error::ResponseTooLarge { .. } => crate::StoredResponse::TOO_LARGE_STATUS,
+        Error::ResponseTooLarge { .. } => idempotency_client::StoredResponse::TOO_LARGE_STATUS,
         _ => 500,
     }
 }
 
 /// How long a client should wait before retrying, for `Retry-After`: the hint an in-progress or
-/// lost-lease error carries ([`crate::Settings::retry_after`]), and `unavailable` for a store
+/// lost-lease error carries ((`Settings::retry_after`)), and `unavailable` for a store
 /// that could not be used; none for any other error ([`Error::retry_after`], plus the
 /// `unavailable` wait).
 pub fn retry_after<E>(error: &Error<E>, unavailable: Duration) -> Option<Duration> {

@@ -1,5 +1,7 @@
-//! An idempotency [`tower_layer::Layer`] for HTTP services (feature `tower`; the axum extractor
-//! with feature `axum`; metrics with feature `metrics`).
+//! `idempotency-tower`: an idempotency [`tower_layer::Layer`] for HTTP services, over
+//! `idempotency-client` (re-exported as [`client`]): the axum extractors with the feature `axum`,
+//! metrics with the feature `metrics`; the client's driver is the feature `postgres` (the
+//! default) or `sqlx`.
 //!
 //! It follows the IETF draft "The Idempotency-Key HTTP Header Field" and Stripe's conventions:
 //!
@@ -23,18 +25,18 @@
 //!   503 store unavailable; a 5xx never carries an error's text: its `detail` is fixed and its
 //!   `correlation_id` names the `tracing` error event that holds the error.
 //!
-//! One configuration ([`Builder`]) and one core of rules serve every stack: tower and axum (this
-//! layer), actix-web (feature `actix`: [`IdempotencyLayer`] is an actix `Transform`, see
-//! `IdempotencyMiddleware`) and tonic (feature `tonic`: [`IdempotencyLayer::grpc`] gives a
-//! `GrpcLayer`; see the `grpc` module).
+//! One configuration ([`Builder`]) and one core of rules, this crate's, serve every stack: tower
+//! and axum (this crate), actix-web (the crate `idempotency-actix`: its `IdempotencyLayer` is an
+//! actix-web `Transform`) and tonic (the crate `idempotency-tonic`: its `GrpcLayer`). Each of
+//! those holds its own framework's impls; this one names no web framework but with `axum`.
 //!
 //! Routes run in one of two [`Mode`]s, chosen per route (one layer per route, added with axum's
 //! `route_layer` so the matched route names the operation):
 //!
 //! ```no_run
 //! use axum::{routing::post, Router};
-//! use idempotency_client::layer::{Connection, IdempotencyLayer, Mode};
-//! use idempotency_client::Idempotency;
+//! use idempotency_tower::client::Idempotency;
+//! use idempotency_tower::{Connection, IdempotencyLayer, Mode};
 //!
 //! async fn create(tx: Connection, body: String) -> (axum::http::StatusCode, String) {
 //!     // `tx` is the request's transaction, used as the connection: business writes through it
@@ -83,104 +85,54 @@
 //! `docs/rust-client.md`, "Stacking with tower middleware"): its key is released and the inner
 //! service is never called.
 
-#[cfg(feature = "actix")]
-mod actix;
+mod builder;
 mod config;
 mod core;
 mod extract;
-#[cfg(feature = "tonic")]
-#[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]
-pub mod grpc;
 pub mod http;
 mod key_header;
+mod layer;
+mod limits;
+mod matched;
+mod mode;
 mod names;
 mod observe;
 mod pointer;
 pub mod problem;
 mod record;
+mod reply;
 mod request;
-#[cfg(any(feature = "axum", feature = "actix"))]
 mod respond;
 mod service;
 mod transaction;
+#[cfg(feature = "axum")]
+mod axum_adapter;
 
-#[cfg(feature = "actix")]
-#[cfg_attr(docsrs, doc(cfg(feature = "actix")))]
-pub use actix::IdempotencyMiddleware;
-#[cfg(feature = "tonic")]
-#[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]
-pub use grpc::{GrpcLayer, GrpcService};
-pub use self::core::Reply;
-pub use config::{default_status_policy, Builder, ConfigError, ANONYMOUS_USER, DEFAULT_RESPONSE_LIMIT};
+#[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
+pub use axum_adapter::ErrorResponse;
+pub use builder::{default_status_policy, Builder, ConfigError};
+pub use config::ANONYMOUS_USER;
 pub use extract::UserFn;
 pub use http::{http_status, retry_after};
+pub use idempotency_client as client;
+pub use layer::IdempotencyLayer;
+pub use limits::DEFAULT_RESPONSE_LIMIT;
+pub use mode::Mode;
+pub use reply::Reply;
 pub use service::IdempotencyService;
 pub use transaction::{Connection, Transaction, TransactionRejection};
 
-use crate::driver::{postgres_by_default, Driver};
-use crate::Idempotency;
-use std::sync::Arc;
-
-/// How a route's handler relates to the key's record.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mode {
-    /// The handler writes through the request's [`Connection`]; its writes and the stored
-    /// response commit together.
-    InTransaction,
-    /// The handler's effects leave the database: lease, heartbeat, complete after the handler.
-    TwoPhase,
-}
-
-impl Mode {
-    pub(crate) fn label(self) -> &'static str {
-        match self {
-            Mode::InTransaction => "in_transaction",
-            Mode::TwoPhase => "two_phase",
-        }
-    }
-}
-
-postgres_by_default! {
-/// Makes a tower HTTP service idempotent; see the [module documentation](self).
-pub struct IdempotencyLayer<D: Driver = Postgres> {
-    pub(crate) config: Arc<config::Config<D>>,
-}
-}
-
-impl<D: Driver> Clone for IdempotencyLayer<D> {
-    fn clone(&self) -> Self {
-        IdempotencyLayer { config: self.config.clone() }
-    }
-}
-
-impl<D: Driver> std::fmt::Debug for IdempotencyLayer<D> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("IdempotencyLayer").field("mode", &self.config.mode).finish_non_exhaustive()
-    }
-}
-
-impl<D: Driver> IdempotencyLayer<D> {
-    /// A builder over the handle `idem` (its pool, schema and settings are the defaults), in
-    /// [`Mode::InTransaction`] unless [`Builder::mode`] says otherwise.
-    pub fn builder(idem: Idempotency<D>) -> Builder<D> {
-        Builder::new(idem)
-    }
-
-    /// A builder for an in-transaction route: its handler writes through the [`Connection`].
-    pub fn in_transaction(idem: Idempotency<D>) -> Builder<D> {
-        Builder::new(idem).mode(Mode::InTransaction)
-    }
-
-    /// A builder for a two-phase route: its handler's effects leave the database.
-    pub fn two_phase(idem: Idempotency<D>) -> Builder<D> {
-        Builder::new(idem).mode(Mode::TwoPhase)
-    }
-}
-
-impl<S, D: Driver> tower_layer::Layer<S> for IdempotencyLayer<D> {
-    type Service = IdempotencyService<S, D>;
-
-    fn layer(&self, inner: S) -> IdempotencyService<S, D> {
-        IdempotencyService { inner, config: self.config.clone() }
-    }
+/// What an adapter crate (idempotency-actix, idempotency-tonic) builds its stack's service on:
+/// the core's entry points and the plain types they speak. Hidden: those crates depend on this
+/// one at exactly its own version, so it may change in any release.
+#[doc(hidden)]
+pub mod adapter {
+    pub use crate::config::Config;
+    pub use crate::core::{head, panic_message, refused, serve, unreadable, Answer, Failure, Head, Route, RouteFuture, STREAMING_ANSWER};
+    pub use crate::matched::MatchedRoute;
+    pub use crate::problem::Problem;
+    pub use crate::respond::error_reply;
+    pub use crate::service::{ready_and_call, ready_then_call, reply_of, Finish, Inner, ServiceRoute, Whole};
+    pub use crate::transaction::{shared_of, Taken};
 }
