@@ -3,15 +3,15 @@
 //! latency, a local step writing the call's result, then the finish marking the row done and
 //! completing the key) against the same steps by hand without idempotency, cut at the same
 //! boundaries in three transactions (`BEGIN; INSERT; COMMIT`, the call, `BEGIN; UPDATE; COMMIT`,
-//! `BEGIN; UPDATE; COMMIT`), over tokio-postgres, at 1, 8 and 32 tasks (1 and 8 in smoke mode),
-//! interleaved. The figure is requests per second; what `run_steps` adds per request: the
+//! `BEGIN; UPDATE; COMMIT`), over tokio-postgres and over sqlx, at 1, 8 and 32 tasks (1 and 8
+//! in smoke mode), interleaved. The figure is requests per second; what `run_steps` adds per request: the
 //! reservation with recovery point 0 (one statement), an `idem_checkpoint` queued with each
 //! local step's `COMMIT`, the outside step's recovery point (one statement), `idem_complete`
 //! queued with the finish's `COMMIT`, and the heartbeat task started and stopped around the call.
 
 use crate::pgbench::Measure;
 use crate::Row;
-use idempotency_client::{Fingerprint, Idempotency, Key, Outcome, Plan, Postgres, StoredResponse, Tx};
+use idempotency_client::{Connect, Driver, Fingerprint, Idempotency, Key, Outcome, Plan, Postgres, Sqlx, StoredResponse, Tx};
 use tokio_postgres::types::ToSql;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -95,12 +95,87 @@ async fn by_hand(idem: &Idempotency, stub: &Stub, user: &str, n: u64) {
     }
 }
 
+/// The three steps over a driver: as a plan, and by hand.
+trait Steps: Driver + Connect + Sized {
+    const NAME: &'static str;
+    fn plan(stub: Stub) -> Plan<State, StoredResponse, String, Self>;
+    fn by_hand(idem: &Idempotency<Self>, stub: &Stub, user: &str, n: u64) -> impl std::future::Future<Output = ()> + Send;
+    fn handle(url: &str, tasks: usize) -> Idempotency<Self> {
+        Idempotency::<Self>::from_url(url, crate::client::pool_size(tasks), idempotency_client::Settings::default()).expect("pool")
+    }
+}
+
+impl Steps for Postgres {
+    const NAME: &'static str = "tokio-postgres";
+
+    fn plan(stub: Stub) -> Plan<State, StoredResponse, String, Self> {
+        plan(stub)
+    }
+
+    async fn by_hand(idem: &Idempotency<Self>, stub: &Stub, user: &str, n: u64) {
+        by_hand(idem, stub, user, n).await
+    }
+}
+
+impl Steps for Sqlx {
+    const NAME: &'static str = "sqlx";
+
+    fn plan(stub: Stub) -> Plan<State, StoredResponse, String, Self> {
+        Plan::new()
+            .local_boxed("create", |tx: &mut sqlx::PgConnection, mut s: State| {
+                Box::pin(async move {
+                    s.1 = Some(sqlx::query_scalar::<_, i64>(INSERT).bind(&s.0).fetch_one(&mut *tx).await.map_err(|e| e.to_string())?);
+                    Ok(s)
+                })
+            })
+            .outside_boxed("call", move |derived, mut s: State| {
+                let stub = stub.clone();
+                Box::pin(async move {
+                    s.2 = Some(stub.call(derived.as_str()));
+                    Ok(s)
+                })
+            })
+            .local_boxed("record", |tx: &mut sqlx::PgConnection, s: State| {
+                Box::pin(async move {
+                    sqlx::query(RECORD).bind(s.1).bind(&s.2).execute(&mut *tx).await.map_err(|e| e.to_string())?;
+                    Ok(s)
+                })
+            })
+            .finish_boxed(|tx: &mut sqlx::PgConnection, s: State| {
+                Box::pin(async move {
+                    sqlx::query(DONE).bind(s.1).execute(&mut *tx).await.map_err(|e| e.to_string())?;
+                    Ok(StoredResponse::json(201, serde_json::json!({"id": s.1, "result": s.2})))
+                })
+            })
+    }
+
+    async fn by_hand(idem: &Idempotency<Self>, stub: &Stub, user: &str, n: u64) {
+        use sqlx::Connection;
+        let mut conn = idem.pool().acquire().await.expect("connection");
+        let mut tx = conn.begin().await.expect("begin");
+        let id: i64 = sqlx::query_scalar(INSERT).bind(user).fetch_one(&mut *tx).await.expect("insert");
+        tx.commit().await.expect("commit");
+        drop(conn);
+        let result = stub.call(&format!("{user}-{n}"));
+        for record in [true, false] {
+            let mut conn = idem.pool().acquire().await.expect("connection");
+            let mut tx = conn.begin().await.expect("begin");
+            if record {
+                sqlx::query(RECORD).bind(id).bind(&result).execute(&mut *tx).await.expect("record");
+            } else {
+                sqlx::query(DONE).bind(id).execute(&mut *tx).await.expect("done");
+            }
+            tx.commit().await.expect("commit");
+        }
+    }
+}
+
 /// One run of `tasks` loops for `run`, through `run_steps` or by hand.
-async fn throughput(url: &str, db: &tokio_postgres::Client, tasks: usize, run: Duration, ours: bool) -> Measure {
+async fn throughput<D: Steps>(url: &str, db: &tokio_postgres::Client, tasks: usize, run: Duration, ours: bool) -> Measure {
     static NEXT: AtomicU64 = AtomicU64::new(0);
-    let idem = Idempotency::<Postgres>::from_url(url, crate::client::pool_size(tasks), idempotency_client::Settings::default()).expect("pool");
+    let idem = D::handle(url, tasks);
     let stub = Stub::default();
-    let plan = Arc::new(plan(stub.clone()));
+    let plan = Arc::new(D::plan(stub.clone()));
     let before = crate::client::wal_lsn(db).await;
     let stop = Instant::now() + run;
     let started = Instant::now();
@@ -120,7 +195,7 @@ async fn throughput(url: &str, db: &tokio_postgres::Client, tasks: usize, run: D
                     let out = idem.run_steps(&key, &fingerprint, &plan, input).await.expect("run_steps");
                     assert!(matches!(out, Outcome::Executed(_)), "a new key executes");
                 } else {
-                    by_hand(&idem, &stub, &user, n).await;
+                    D::by_hand(&idem, &stub, &user, n).await;
                 }
                 latencies.push(t0.elapsed());
             }
@@ -142,26 +217,34 @@ pub(crate) async fn rows(url: &str, db: &tokio_postgres::Client, smoke: bool, re
     let tasks: &[usize] = if smoke { &[1, 8] } else { &[1, 8, 32] };
     let mut rows = Vec::new();
     for &n in tasks {
-        let (mut hand, mut ours) = (Vec::new(), Vec::new());
-        for rep in 0..reps {
-            for first in [rep % 2 == 0, rep % 2 != 0] {
-                let m = throughput(url, db, n, run, !first).await;
-                if first { hand.push(m) } else { ours.push(m) }
-            }
-        }
-        rows.push(Row {
-            figure: "three-step request via run_steps vs the same steps by hand in three transactions".into(),
-            clients: format!("{n} tasks"),
-            baseline: "BEGIN; INSERT; COMMIT, the call, BEGIN; UPDATE; COMMIT, BEGIN; UPDATE; COMMIT (no idempotency)".into(),
-            base: Measure::mean(&hand),
-            ours: Measure::mean(&ours),
-            goal: None,
-            work: Some(
-                "round trips per request, counted from the code (statements prepared once per connection): by hand 9 (BEGIN, the statement, COMMIT, three times); \
-                 run_steps 8 (the reservation with recovery point 0; BEGIN + INSERT, checkpoint + COMMIT; the call's checkpoint; BEGIN + UPDATE, checkpoint + COMMIT; BEGIN + UPDATE, complete + COMMIT)"
-                    .into(),
-            ),
-        });
+        rows.push(row::<Postgres>(url, db, n, reps, run).await);
+    }
+    for &n in tasks {
+        rows.push(row::<Sqlx>(url, db, n, reps, run).await);
     }
     rows
+}
+
+/// One row: `reps` interleaved pairs at `n` tasks over `D`.
+async fn row<D: Steps>(url: &str, db: &tokio_postgres::Client, n: usize, reps: usize, run: Duration) -> Row {
+    let (mut hand, mut ours) = (Vec::new(), Vec::new());
+    for rep in 0..reps {
+        for first in [rep % 2 == 0, rep % 2 != 0] {
+            let m = throughput::<D>(url, db, n, run, !first).await;
+            if first { hand.push(m) } else { ours.push(m) }
+        }
+    }
+    Row {
+        figure: format!("three-step request via run_steps vs the same steps by hand in three transactions ({})", D::NAME),
+        clients: format!("{n} tasks"),
+        baseline: "BEGIN; INSERT; COMMIT, the call, BEGIN; UPDATE; COMMIT, BEGIN; UPDATE; COMMIT (no idempotency)".into(),
+        base: Measure::mean(&hand),
+        ours: Measure::mean(&ours),
+        goal: None,
+        work: Some(
+            "round trips per request, counted from the code (statements prepared once per connection): by hand 9 (BEGIN, the statement, COMMIT, three times); \
+             run_steps 8 (the reservation with recovery point 0; BEGIN + INSERT, checkpoint + COMMIT; the call's checkpoint; BEGIN + UPDATE, checkpoint + COMMIT; BEGIN + UPDATE, complete + COMMIT)"
+                .into(),
+        ),
+    }
 }
