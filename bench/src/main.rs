@@ -367,6 +367,13 @@ async fn main() {
         check_numbers(&rows, None);
         return;
     }
+    // --sqlx-acquire: only the row of sqlx's test_before_acquire.
+    if args.iter().any(|a| a == "--sqlx-acquire") {
+        rows.push(sqlx_acquire_row(&s, &url).await);
+        print!("{}", render(&rows, None, &s, started.elapsed().as_secs()));
+        check_numbers(&rows, None);
+        return;
+    }
     // --waiters: only the waiters' row (waiters.rs).
     if args.iter().any(|a| a == "--waiters") {
         rows.push(waiters::row(&url, &db, s.smoke, s.reps).await);
@@ -726,4 +733,19 @@ async fn sqlx_rows(s: &Settings, url: &str, calls: u64, rows: &mut Vec<Row>) {
         }
     }
     rows.push(Row { figure: "Rust replay from the replay cache (sqlx) vs raw sqlx primary-key SELECT".into(), clients: "8 tasks".into(), baseline: "SELECT of the record (sqlx)".into(), base: Measure::mean(&select), ours: Measure::mean(&cached), goal: Some(3.0), work: Some("round trips 0 / 1".into()) });
+    rows.push(sqlx_acquire_row(s, url).await);
+}
+
+/// What sqlx's `test_before_acquire` (a ping on every acquire, sqlx's default) costs a replay:
+/// replays over a pool that tests (a pool of your own made with sqlx's defaults, given to
+/// `from_pool`) against one that does not (what `from_url` makes), interleaved, at 8 tasks.
+async fn sqlx_acquire_row(s: &Settings, url: &str) -> Row {
+    let (mut off, mut on) = (Vec::new(), Vec::new());
+    for rep in 0..s.reps {
+        for first in [rep % 2 == 0, rep % 2 != 0] {
+            let m = client_sqlx::replay_over_pool(url, 8, s.run, !first).await;
+            if first { off.push(m) } else { on.push(m) }
+        }
+    }
+    Row { figure: "Rust replay (sqlx), pool with test_before_acquire vs without".into(), clients: "8 tasks".into(), baseline: "replay, test_before_acquire(false) (from_url's pool)".into(), base: Measure::mean(&off), ours: Measure::mean(&on), goal: None, work: Some("a ping per acquire".into()) }
 }
