@@ -91,6 +91,23 @@ pub(crate) async fn throughput(url: &str, tasks: usize, run: Duration, kind: Cal
         Call::CachedReplay => connect_with(url, pool_size(tasks), Settings::builder().replay_cache(ReplayCache::new(10_000, Duration::from_secs(60)))),
         _ => connect(url, pool_size(tasks)),
     };
+    throughput_on(idem, tasks, run, kind).await
+}
+
+/// [`throughput`] of replays over a pool of the caller's own (`Idempotency::from_pool`) made by
+/// sqlx's `PgPoolOptions` with `test_before_acquire` as given (sqlx's default: on, a ping per
+/// acquire; `from_url`'s pool: off). The rest as `from_url` makes it: the same size, statements.
+pub(crate) async fn replay_over_pool(url: &str, tasks: usize, run: Duration, test_before_acquire: bool) -> Measure {
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(pool_size(tasks))
+        .test_before_acquire(test_before_acquire)
+        .connect_lazy(url)
+        .expect("pool");
+    throughput_on(Idempotency::from_pool(pool, Settings::default()), tasks, run, Call::Replay).await
+}
+
+/// [`throughput`] over the handle `idem`.
+async fn throughput_on(idem: Idempotency<Sqlx>, tasks: usize, run: Duration, kind: Call) -> Measure {
     let replayed = if matches!(kind, Call::Replay | Call::RawSelect | Call::CachedReplay) { replayed_key(&idem).await } else { replay_key() };
     let stop = Instant::now() + run;
     let started = Instant::now();

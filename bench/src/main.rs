@@ -7,7 +7,8 @@
 //! `target/bench/soak.csv` and `target/bench/soak.png`. `--http` runs only the HTTP rows (see
 //! [`http`]) and writes `target/bench/http.csv`; `--stacks` only the actix-web and gRPC rows (see
 //! [`stacks`]) into `target/bench/stacks.csv`; `--soak` only the soak; `--rust` only the Rust
-//! client's rows (the waiters' row, [`waiters`], among them; `--waiters` that row alone); `--rust-case CASE TASKS SECONDS` one case of them for a profiler
+//! client's rows (the waiters' row, [`waiters`], among them; `--waiters` that row alone; `--steps` the
+//! recovery points' rows, [`steps`], alone); `--rust-case CASE TASKS SECONDS` one case of them for a profiler
 //! (bench/profile-client.sh); `--fingerprint` only the fingerprint rows (see [`fingerprint`], no
 //! database), into `target/bench/fingerprint.csv`; `--scale` only the ten-million-key rows (see
 //! [`scale`], on a server of its own) into `target/bench/scale.csv`; `--chart CSV PNG [TITLE]`
@@ -24,6 +25,7 @@ mod scale;
 mod seed_twin;
 mod soak;
 mod stacks;
+mod steps;
 mod waiters;
 
 use idempotency_testkit::{cluster_addr, fresh_database, pg_bin, root};
@@ -358,6 +360,20 @@ async fn main() {
     db.batch_execute(&std::fs::read_to_string(script("setup")).expect("setup.sql")).await.expect("bench setup");
     db.batch_execute("VACUUM ANALYZE").await.expect("vacuum");
     let mut rows: Vec<Row> = Vec::new();
+    // --steps: only the recovery points' rows (steps.rs).
+    if args.iter().any(|a| a == "--steps") {
+        rows.extend(steps::rows(&url, &db, s.smoke, s.reps, s.run).await);
+        print!("{}", render(&rows, None, &s, started.elapsed().as_secs()));
+        check_numbers(&rows, None);
+        return;
+    }
+    // --sqlx-acquire: only the row of sqlx's test_before_acquire.
+    if args.iter().any(|a| a == "--sqlx-acquire") {
+        rows.push(sqlx_acquire_row(&s, &url).await);
+        print!("{}", render(&rows, None, &s, started.elapsed().as_secs()));
+        check_numbers(&rows, None);
+        return;
+    }
     // --waiters: only the waiters' row (waiters.rs).
     if args.iter().any(|a| a == "--waiters") {
         rows.push(waiters::row(&url, &db, s.smoke, s.reps).await);
@@ -684,6 +700,8 @@ async fn rust_rows(s: &Settings, url: &str, db: &tokio_postgres::Client, rows: &
     sqlx_rows(s, url, calls, rows).await;
     // The waiters' row (issue 44): waiting duplicates of a two-phase holder against 409s.
     rows.push(waiters::row(url, db, s.smoke, s.reps).await);
+    // The recovery points' rows (issue 45): a three-step request against the steps by hand.
+    rows.extend(steps::rows(url, db, s.smoke, s.reps, s.run).await);
 }
 
 /// The same rows over the sqlx driver, against a raw sqlx transaction and SELECT, at 8 tasks.
@@ -716,4 +734,19 @@ async fn sqlx_rows(s: &Settings, url: &str, calls: u64, rows: &mut Vec<Row>) {
         }
     }
     rows.push(Row { figure: "Rust replay from the replay cache (sqlx) vs raw sqlx primary-key SELECT".into(), clients: "8 tasks".into(), baseline: "SELECT of the record (sqlx)".into(), base: Measure::mean(&select), ours: Measure::mean(&cached), goal: Some(3.0), work: Some("round trips 0 / 1".into()) });
+    rows.push(sqlx_acquire_row(s, url).await);
+}
+
+/// What sqlx's `test_before_acquire` (a ping on every acquire, sqlx's default) costs a replay:
+/// replays over a pool that tests (a pool of your own made with sqlx's defaults, given to
+/// `from_pool`) against one that does not (what `from_url` makes), interleaved, at 8 tasks.
+async fn sqlx_acquire_row(s: &Settings, url: &str) -> Row {
+    let (mut off, mut on) = (Vec::new(), Vec::new());
+    for rep in 0..s.reps {
+        for first in [rep % 2 == 0, rep % 2 != 0] {
+            let m = client_sqlx::replay_over_pool(url, 8, s.run, !first).await;
+            if first { off.push(m) } else { on.push(m) }
+        }
+    }
+    Row { figure: "Rust replay (sqlx), pool with test_before_acquire vs without".into(), clients: "8 tasks".into(), baseline: "replay, test_before_acquire(false) (from_url's pool)".into(), base: Measure::mean(&off), ours: Measure::mean(&on), goal: None, work: Some("a ping per acquire".into()) }
 }

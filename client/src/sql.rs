@@ -87,6 +87,10 @@ pub(crate) struct Statements {
     /// columns with `step` and `state`, and, when it created the key, recovery point 0 with the
     /// input $8 as its state (`checkpointed`).
     pub(crate) reserve_steps: String,
+    /// `reserve` with the `step` and `state` of a `resume` answer, for the two-phase layer
+    /// whose handler may take `Steps`: read from the row as a whole, so the statement runs
+    /// against every version (before 0.7 they are NULL, and `resume` is never answered).
+    pub(crate) reserve_resumable: String,
     /// `idem_checkpoint` (0.7): $4 token, $5 step, $6 state, $7 lease in seconds.
     pub(crate) checkpoint: String,
     /// `idem_checkpoint` that aborts the transaction when it answers false, so that a `COMMIT`
@@ -166,6 +170,11 @@ impl Schema {
                 "SELECT r.outcome, r.token, r.response, r.attempts, extract(epoch FROM r.expires_at)::float8 AS expires_at, r.step, r.state, \
                  CASE WHEN r.outcome = 'created' THEN {s}.idem_checkpoint({key}, token => r.token, step => 0, state => $8, \
                  lease => make_interval(secs => $6::float8)) END AS checkpointed FROM {reserve_call} AS r"
+            ),
+            reserve_resumable: format!(
+                "SELECT r.outcome, r.token, r.response, r.attempts, extract(epoch FROM r.expires_at)::float8 AS expires_at, \
+                 (pg_catalog.to_jsonb(r) OPERATOR(pg_catalog.->>) 'step')::pg_catalog.int4 AS step, \
+                 pg_catalog.to_jsonb(r) OPERATOR(pg_catalog.->) 'state' AS state FROM {reserve_call} AS r"
             ),
             checkpoint: format!("SELECT {checkpoint} AS checkpointed"),
             checkpoint_or_abort: format!(

@@ -1,10 +1,11 @@
-//! The axum adapter (feature `axum`): the [`Connection`] and [`Transaction`] extractors, the
+//! The axum adapter (feature `axum`): the [`Connection`], [`Transaction`] and [`Steps`] extractors, the
 //! answers of a [`TransactionRejection`] and of an [`ErrorResponse`], and axum's matched route
 //! as the operation name. Only this module names axum; the layer itself is the tower one.
 
 use crate::matched::MatchedRoute;
 use crate::problem::Problem;
 use crate::respond::error_reply;
+use crate::steps::{Steps, StepsRejection};
 use crate::transaction::{shared_of, Connection, Taken, Transaction, TransactionRejection};
 use axum::extract::{FromRequestParts, MatchedPath};
 use axum::response::{IntoResponse, Response};
@@ -27,6 +28,21 @@ impl<S: Send + Sync, D: Driver> FromRequestParts<S> for Connection<D> {
     /// The request's connection, held for the handler's life; see [`Connection::take`].
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
         Connection::take(&mut parts.extensions).await
+    }
+}
+
+impl<S: Send + Sync, D: Driver> FromRequestParts<S> for Steps<D> {
+    type Rejection = StepsRejection;
+
+    /// The request's [`Steps`], taken once; see [`Steps::take`].
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        Steps::take(&parts.extensions)
+    }
+}
+
+impl IntoResponse for StepsRejection {
+    fn into_response(self) -> Response {
+        Problem::of_steps_rejection(self).into_response()
     }
 }
 

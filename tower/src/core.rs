@@ -12,6 +12,7 @@ use crate::observe::Observed;
 use crate::problem::{details, types, Problem};
 use crate::record::HttpRecord;
 use crate::reply::Reply;
+use crate::steps::StepsSlot;
 use crate::request::{self, Operation};
 use crate::transaction::Transaction;
 use bytes::Bytes;
@@ -288,11 +289,17 @@ async fn two_phase<D: Driver, SE: Send + 'static, R: Route<D, SE>>(
     parts: Parts,
     body: Bytes,
 ) -> (Answer<SE>, Decision) {
-    let call = async {
-        let limit = config.response_limit.pooled(config.idem.driver()).await;
-        produce(config, &route, parts, body, None, limit).await
+    // A key with a recovery point (written by the handler's `Steps`) answers `resume`: the
+    // handler's `Steps` continue after it; a key without one never does.
+    let start = |token, resumed| {
+        let mut parts = parts;
+        parts.extensions.insert(StepsSlot::new(config.idem.clone(), key.clone(), token, resumed));
+        async {
+            let limit = config.response_limit.pooled(config.idem.driver()).await;
+            produce(config, &route, parts, body, None, limit).await
+        }
     };
-    let result = config.idem.run_external(&key, &fingerprint, call, nothing_local).await;
+    let result = config.idem.run_external_resumable(&key, &fingerprint, start, nothing_local).await;
     answer_of(config, result)
 }
 

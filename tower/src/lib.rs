@@ -104,6 +104,7 @@ mod reply;
 mod request;
 mod respond;
 mod service;
+mod steps;
 mod transaction;
 #[cfg(feature = "axum")]
 mod axum_adapter;
@@ -121,6 +122,7 @@ pub use limits::DEFAULT_RESPONSE_LIMIT;
 pub use mode::Mode;
 pub use reply::Reply;
 pub use service::IdempotencyService;
+pub use steps::{Steps, StepsRejection};
 pub use transaction::{Connection, Transaction, TransactionRejection};
 
 /// What an adapter crate (idempotency-actix, idempotency-tonic) builds its stack's service on:
@@ -134,5 +136,6 @@ pub mod adapter {
     pub use crate::problem::Problem;
     pub use crate::respond::error_reply;
     pub use crate::service::{ready_and_call, ready_then_call, reply_of, Finish, Inner, ServiceRoute, Whole};
+    pub use crate::steps::StepsSlot;
     pub use crate::transaction::{shared_of, Taken};
 }

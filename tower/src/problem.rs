@@ -46,6 +46,9 @@ pub mod types {
     /// 500: the in-transaction `Transaction` extractor was used on a route without the layer
     /// in in-transaction mode.
     pub const NO_TRANSACTION: &str = "urn:idempotency:problem:no-transaction";
+    /// 500: the two-phase `Steps` extractor was used on a route without the layer in
+    /// two-phase mode, or twice in one handler.
+    pub const NO_STEPS: &str = "urn:idempotency:problem:no-steps";
     /// 500: anything else (a database or protocol error).
     pub const INTERNAL: &str = "urn:idempotency:problem:internal";
     /// 502: the route's response is larger than the layer's response limit or the server's
@@ -161,6 +164,12 @@ impl Problem {
     /// [`Transaction`](crate::Transaction): a 500 `no-transaction` problem whose detail says why.
     pub fn of_rejection(rejection: TransactionRejection) -> Self {
         Problem::new(500, types::NO_TRANSACTION, "No idempotency transaction", rejection.to_string())
+    }
+
+    /// The answer to a handler that got no [`Steps`](crate::Steps): a 500 `no-steps` problem
+    /// whose detail says why.
+    pub fn of_steps_rejection(rejection: crate::StepsRejection) -> Self {
+        Problem::new(500, types::NO_STEPS, "No idempotency steps", rejection.to_string())
     }
 
     /// The problem's `type`.

@@ -35,25 +35,36 @@ pub(crate) async fn reserve<D: Driver>(driver: &D, schema: &Schema, key: &Key, f
     Reservation::read(&one(driver, &schema.sql().reserve, reserve_params(key, fingerprint, options)).await?)
 }
 
+/// `idem_reserve` with the `step` and `state` of a `resume` answer (`reserve_resumable`).
+async fn reserve_resumable<D: Driver>(driver: &D, schema: &Schema, key: &Key, fingerprint: &Fingerprint, options: &ReserveOptions) -> Result<Reservation, Error> {
+    Reservation::read(&one(driver, &schema.sql().reserve_resumable, reserve_params(key, fingerprint, options)).await?)
+}
+
 /// `idem_reserve` for the two-phase flow, safe to drop at any point: the request runs in a task
 /// of its own, so a caller dropped while it is in flight (a timeout before the outside call
 /// started) does not leave behind a key that nobody will run. A key created for a caller that is
 /// gone is released: by the task, when nobody is left to take the answer, or by the dropped
 /// caller's [`Unclaimed`] guard, when the answer arrived but was never read. The release counts
 /// one transient failure (`idem_release` always counts) but never poisons the key (its
-/// `max_retries` is the largest there is): a drop must not fail a call that never ran.
+/// `max_retries` is the largest there is): a drop must not fail a call that never ran. With
+/// `resumes`, a `resume` answer carries its step and state (`reserve_resumable`); a key resumed
+/// for a caller that is gone is left to its lease, as a dropped `run_steps` leaves it.
 pub(crate) async fn reserve_detached<D: Driver>(
     driver: &D,
     schema: &Schema,
     key: &Key,
     fingerprint: &Fingerprint,
     options: &ReserveOptions,
+    resumes: bool,
 ) -> Result<Reservation, Error> {
     let (driver, schema, key, fingerprint, options) = (driver.clone(), schema.clone(), key.clone(), fingerprint.clone(), options.clone());
     let (answer, answered) = tokio::sync::oneshot::channel();
     let mut unclaimed = Unclaimed { answered: Some(answered), key: (driver.clone(), schema.clone(), key.clone()) };
     tokio::spawn(async move {
-        let reserved = reserve(&driver, &schema, &key, &fingerprint, &options).await;
+        let reserved = match resumes {
+            true => reserve_resumable(&driver, &schema, &key, &fingerprint, &options).await,
+            false => reserve(&driver, &schema, &key, &fingerprint, &options).await,
+        };
         if let Err(Ok(Reservation { outcome: ReserveOutcome::Created(token), .. })) = answer.send(reserved) {
             let _ = release(&driver, &schema, &key, token, NEVER_POISON).await;
         }

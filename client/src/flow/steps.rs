@@ -28,7 +28,7 @@ use crate::response::{Replayable, StoredResponse, Verdict, TOO_LARGE_SQLSTATE};
 use crate::row::{only, Row};
 use crate::settings::DEFAULT_EXTERNAL_LEASE;
 use crate::sql::{checkpoint_params, complete_params, reserve_params_of, Param};
-use crate::steps::{DerivedKey, LocalFn, Plan, Work};
+use crate::steps::{DerivedKey, FinishFn, Plan, Work};
 use crate::types::{ReserveOptions, ReserveOutcome, Reservation, Status, Token};
 use crate::Outcome;
 use futures_util::future::BoxFuture;
@@ -78,7 +78,7 @@ where
             _ => break reservation,
         }
     };
-    let (token, reached, mut state) = match reservation.outcome {
+    let (token, reached, state) = match reservation.outcome {
         ReserveOutcome::Created(token) => (token, 0, input),
         ReserveOutcome::Resume { token, step, state } => {
             let state = serde_json::from_value(state.unwrap_or(Value::Null)).map_err(Error::Decode)?;
@@ -91,18 +91,11 @@ where
     if from > plan.steps.len() {
         return Err(Error::protocol(format!("the record's step is {from}, past the plan's {} steps", plan.steps.len())));
     }
-    for (index, step) in plan.steps.iter().enumerate().skip(from) {
-        let ordinal = i32::try_from(index + 1).map_err(|_| Error::protocol("a plan of more than 2^31 steps"))?;
-        let result = match &step.work {
-            Work::Local(f) => super::retried!(cx, local_once(cx, &held, ordinal, f, state.clone()).await),
-            Work::Outside(f) => outside(cx, &held, ordinal, &step.name, f(derived(key, &step.name)?, state.clone()), wrap).await,
-        };
-        state = match result {
-            Ok(next) => next,
-            Err(Error::Handler { error }) => return failed(cx, &held, error).await,
-            Err(other) => return Err(other),
-        };
-    }
+    let state = match steps_from(cx, &held, plan, from, state, wrap).await {
+        Ok(state) => state,
+        Err(Error::Handler { error }) => return failed(cx, &held, error).await,
+        Err(other) => return Err(other),
+    };
     let finish = plan.finish.as_ref().ok_or_else(|| Error::protocol("a plan without finish passed its check"))?;
     match super::retried!(cx, finish_once(cx, &held, finish, state.clone()).await) {
         Ok(Finished::Committed(value)) => Ok(Outcome::Executed(value)),
@@ -122,6 +115,68 @@ where
         }
         Err(other) => Err(other),
     }
+}
+
+/// Each step of `plan` after the first `from`, the state passing from step to step; a step's
+/// error is returned as [`Error::Handler`], the key left as it is.
+async fn steps_from<D, S, R, E>(cx: &Context<'_, D>, held: &Held<'_>, plan: &Plan<S, R, E, D>, from: usize, mut state: S, wrap: Wrap<'_, S, E>) -> Result<S, Error<E>>
+where
+    D: Driver,
+    S: Serialize + Clone + Send + Sync + 'static,
+    E: HandlerError + Send + 'static,
+{
+    for (index, step) in plan.steps.iter().enumerate().skip(from) {
+        let ordinal = i32::try_from(index + 1).map_err(|_| Error::protocol("a plan of more than 2^31 steps"))?;
+        state = match &step.work {
+            Work::Local(f) => super::retried!(cx, local_once(cx, held, ordinal, f, state.clone()).await)?,
+            Work::Outside(f) => outside(cx, held, ordinal, &step.name, f(derived(held.key, &step.name)?, state.clone()), wrap).await?,
+        };
+    }
+    Ok(state)
+}
+
+/// The plan of a request whose key the two-phase layer holds (`token`, reserved `created` or
+/// `resume` at recovery point `reached` with `recorded`): the steps after it, then `finish` in
+/// a transaction that commits with recovery point `steps + 1` holding its result, which is
+/// returned (the layer stores the handler's response and completes the key). A key recorded at
+/// `steps + 1` answers the recorded result without running anything. Errors leave the key as it
+/// is, for the layer: a step's is [`Error::Handler`].
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn run_held<D, S, R, E>(
+    cx: &Context<'_, D>,
+    key: &Key,
+    token: Token,
+    reached: i32,
+    recorded: Option<Value>,
+    plan: &Plan<S, R, E, D>,
+    input: S,
+    wrap: Wrap<'_, S, E>,
+) -> Result<R, Error<E>>
+where
+    D: Driver,
+    S: Serialize + DeserializeOwned + Clone + Send + Sync + 'static,
+    R: Serialize + DeserializeOwned + Send + 'static,
+    E: HandlerError + Send + 'static,
+{
+    plan.check().map_err(|reason| Error::Configuration { reason, source: None })?;
+    let lease = cx.settings.lease.unwrap_or(DEFAULT_EXTERNAL_LEASE);
+    let held = Held { key, token, lease };
+    let from = usize::try_from(reached).map_err(|_| Error::protocol(format!("the record's step is {reached}, below 0")))?;
+    let last = plan.steps.len() + 1;
+    if from == last {
+        return serde_json::from_value(recorded.unwrap_or(Value::Null)).map_err(Error::Decode);
+    }
+    if from > last {
+        return Err(Error::protocol(format!("the record's step is {from}, past the plan's {} steps and its finish", plan.steps.len())));
+    }
+    let state = match recorded {
+        Some(recorded) => serde_json::from_value(recorded).map_err(Error::Decode)?,
+        None => input,
+    };
+    let state = steps_from(cx, &held, plan, from, state, wrap).await?;
+    let finish = plan.finish.as_ref().ok_or_else(|| Error::protocol("a plan without finish passed its check"))?;
+    let ordinal = i32::try_from(last).map_err(|_| Error::protocol("a plan of more than 2^31 steps"))?;
+    super::retried!(cx, local_once(cx, &held, ordinal, finish, state.clone()).await)
 }
 
 fn derived<E>(key: &Key, step: &str) -> Result<DerivedKey, Error<E>> {
@@ -145,10 +200,10 @@ async fn reserve<D: Driver>(cx: &Context<'_, D>, key: &Key, hash: &str, options:
 
 /// One try of a local step: `BEGIN` with the step's first statement, its writes, then its
 /// recovery point and `COMMIT` together.
-async fn local_once<D, S, E>(cx: &Context<'_, D>, held: &Held<'_>, ordinal: i32, f: &LocalFn<D::Conn, S, E>, state: S) -> Result<S, Error<E>>
+async fn local_once<D, S, T, E>(cx: &Context<'_, D>, held: &Held<'_>, ordinal: i32, f: &FinishFn<D::Conn, S, T, E>, state: S) -> Result<T, Error<E>>
 where
     D: Driver,
-    S: Serialize,
+    T: Serialize,
 {
     let mut tx = cx.driver.connection().await.map_err(Error::widen)?;
     D::queue(&mut tx, &Step::Begin(cx.settings.isolation));
@@ -215,7 +270,7 @@ enum Finished<R> {
 async fn finish_once<D, S, R, E>(
     cx: &Context<'_, D>,
     held: &Held<'_>,
-    f: &crate::steps::FinishFn<D::Conn, S, R, E>,
+    f: &FinishFn<D::Conn, S, R, E>,
     state: S,
 ) -> Result<Finished<R>, Error<E>>
 where

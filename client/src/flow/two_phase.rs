@@ -35,11 +35,15 @@ use idempotency_core::{Fingerprint, Key};
 use serde_json::Value;
 
 /// The flow.
-pub(crate) async fn run<D, T, E, C, R>(
+/// `start` makes the call once the key is held: given the attempt's token and, when `resumes`
+/// and the reservation answered `resume` (the layer's `Steps`), the recorded step and state;
+/// without `resumes`, a `resume` answer is refused as every flow without steps refuses it.
+pub(crate) async fn run<D, T, E, C, S, R>(
     cx: &Context<'_, D>,
     key: &Key,
     fingerprint: &Fingerprint,
-    call: C,
+    resumes: bool,
+    start: S,
     mut record: R,
 ) -> Result<Outcome<T>, Error<E>>
 where
@@ -47,6 +51,7 @@ where
     T: Replayable + Send + Sync,
     E: HandlerError + Send,
     C: std::future::Future<Output = Result<T, E>> + Send,
+    S: FnOnce(Token, Option<(i32, Option<Value>)>) -> C + Send,
     R: for<'t> FnMut(&'t mut D::Conn, &'t T) -> TxFuture<'t, (), E> + Send,
 {
     let lease = cx.settings.lease.unwrap_or(DEFAULT_EXTERNAL_LEASE);
@@ -56,7 +61,7 @@ where
     let reservation = loop {
         // Waiting in the server for an uncommitted holder, the reservation's own task outlives
         // the wait's bound (see `reserve_detached`: a key it creates after that is released).
-        let Some(reserved) = waiting.within(calls::reserve_detached(cx.driver, cx.schema, key, fingerprint, &options)).await else {
+        let Some(reserved) = waiting.within(calls::reserve_detached(cx.driver, cx.schema, key, fingerprint, &options, resumes)).await else {
             return Err(Error::InProgress { retry_after: cx.settings.retry_after });
         };
         let reservation = reserved.map_err(Error::widen)?;
@@ -66,8 +71,9 @@ where
         }
     };
     let memo = memo.reserved(key, fingerprint, &reservation);
-    let token = match reservation.outcome {
-        ReserveOutcome::Created(token) => token,
+    let (token, call) = match reservation.outcome {
+        ReserveOutcome::Created(token) => (token, start(token, None)),
+        ReserveOutcome::Resume { token, step, state } if resumes => (token, start(token, Some((step, state)))),
         other => return cx.answer(other),
     };
 

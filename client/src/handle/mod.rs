@@ -333,7 +333,7 @@ impl<D: Driver> Idempotency<D> {
                 return hit;
             }
             let schema = self.resolve_schema().await.map_err(Error::widen)?;
-            flow::two_phase::run(&self.context(&schema), key, fingerprint, call, record).await
+            flow::two_phase::run(&self.context(&schema), key, fingerprint, false, |_, _| call, record).await
         };
         crate::trace::call("run_external", key, deadline::around_outside("run_external", self.settings.call_timeout, outside, flow)).await
     }

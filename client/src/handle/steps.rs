@@ -8,6 +8,7 @@ use crate::flow;
 use crate::handler_error::{Disposition, HandlerError};
 use crate::response::Replayable;
 use crate::steps::{Plan, Resumed};
+use crate::types::Token;
 use crate::Outcome;
 use futures_util::future::BoxFuture;
 use idempotency_core::{Fingerprint, Key};
@@ -90,6 +91,61 @@ impl<D: Driver> Idempotency<D> {
             flow::steps::run(&self.context(&schema), key, hash, plan, input, &wrap).await
         };
         deadline::around_outside("run_steps", self.settings.call_timeout, outside.clone(), flow).await
+    }
+
+    /// The two-phase layer's `Steps` (the repository's docs/recovery-points.md, "In the
+    /// layer"): `plan` for a key the layer holds with `token`, reserved `created` (`reached`
+    /// 0, `recorded` `None`) or `resume` (the recorded step and state); returns the finish's
+    /// result, recorded as the recovery point after the last step. Within the call's deadline
+    /// around every part but the outside calls. Hidden: the layer crates' seam.
+    #[doc(hidden)]
+    #[allow(clippy::too_many_arguments)]
+    pub async fn run_steps_held<S, R, E>(
+        &self,
+        key: &Key,
+        token: Token,
+        reached: i32,
+        recorded: Option<Value>,
+        plan: &Plan<S, R, E, D>,
+        input: S,
+    ) -> Result<R, Error<E>>
+    where
+        S: Serialize + DeserializeOwned + Clone + Send + Sync + 'static,
+        R: Serialize + DeserializeOwned + Send + 'static,
+        E: HandlerError + Send + 'static,
+    {
+        let outside = deadline::Outside::default();
+        let wrap = |call: BoxFuture<'static, Result<S, E>>| -> BoxFuture<'static, Result<S, E>> { Box::pin(outside.wrap(call)) };
+        let flow = async {
+            let schema = self.resolve_schema().await.map_err(Error::widen)?;
+            flow::steps::run_held(&self.context(&schema), key, token, reached, recorded, plan, input, &wrap).await
+        };
+        deadline::around_outside("run_steps", self.settings.call_timeout, outside.clone(), flow).await
+    }
+
+    /// The two-phase flow of `run_external` for the layer, whose reservation may answer
+    /// `resume`: `start` gets the token and, on `resume`, the recorded step and state (for
+    /// [`Idempotency::run_steps_held`]). Hidden: the layer crates' seam.
+    #[doc(hidden)]
+    pub async fn run_external_resumable<T, E, C, St, Rec>(&self, key: &Key, fingerprint: &Fingerprint, start: St, record: Rec) -> Result<Outcome<T>, Error<E>>
+    where
+        T: Replayable + Send + Sync,
+        E: HandlerError + Send,
+        C: std::future::Future<Output = Result<T, E>> + Send,
+        St: FnOnce(Token, Option<(i32, Option<Value>)>) -> C + Send,
+        Rec: for<'t> FnMut(&'t mut D::Conn, &'t T) -> crate::TxFuture<'t, (), E> + Send,
+    {
+        let outside = deadline::Outside::default();
+        let wrapped = outside.clone();
+        let start = move |token, resumed| wrapped.wrap(start(token, resumed));
+        let flow = async {
+            if let Some(hit) = crate::cache::hit(self.settings.replay_cache.as_ref(), key, fingerprint) {
+                return hit;
+            }
+            let schema = self.resolve_schema().await.map_err(Error::widen)?;
+            flow::two_phase::run(&self.context(&schema), key, fingerprint, true, start, record).await
+        };
+        crate::trace::call("run_external", key, deadline::around_outside("run_external", self.settings.call_timeout, outside, flow)).await
     }
 
     /// A completer's pass over `operation` (docs/recovery-points.md, "The completer"): reads up

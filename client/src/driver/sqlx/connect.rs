@@ -61,8 +61,10 @@ pub(crate) fn pool(url: &str, pool_size: u32, settings: &Settings) -> Result<PgP
         }
     }
     let check = !options.get_options().unwrap_or("").contains("client_connection_check_interval");
-    // No test on acquire: sqlx already checks every connection when it is given back. sqlx
-    // bounds the wait for a free connection and the opening of a new one together.
+    // No test on acquire (sqlx's default: a ping each call waits for, its cost measured by
+    // `bench --sqlx-acquire`, docs/performance.md): sqlx already checks every connection when it
+    // is given back. sqlx bounds the wait for a free connection and the opening of a new one
+    // together.
     let pool = PgPoolOptions::new()
         .max_connections(pool_size)
         .acquire_timeout(settings.pool_timeout + connect)
@@ -192,6 +194,8 @@ mod tests {
         let p = pool("postgres://db/x?application_name=a", 1, &settings).expect("a pool");
         assert_eq!(p.options().get_acquire_timeout(), Duration::from_secs(5));
         assert_eq!(p.connect_options().get_options(), Some("-c statement_timeout=1500"));
+        // No ping per acquire (sqlx's default): docs/rust-client.md, "The pool's checks".
+        assert!(!p.options().get_test_before_acquire(), "from_url's pool tests no connection on acquire");
         // The URL's connect_timeout and statement_timeout win; keepalives=0 is what sqlx does.
         let p = pool("postgres://db/x?connect_timeout=9&keepalives=0&options=-c%20statement_timeout%3D3s", 1, &settings).expect("a pool");
         assert_eq!(p.options().get_acquire_timeout(), Duration::from_secs(11));

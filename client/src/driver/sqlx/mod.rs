@@ -27,7 +27,11 @@ pub struct Sqlx {
 }
 
 impl Sqlx {
-    /// A driver over `pool`.
+    /// A driver over `pool`, used as you made it. sqlx's `PgPoolOptions` test each connection
+    /// when it is taken (`test_before_acquire`, on by default: a ping every call waits for
+    /// before its first statement); the pool `Idempotency::from_url` makes turns that off, as
+    /// sqlx checks every connection given back anyway. Turn it off on yours too unless you
+    /// want the check (docs/rust-client.md, "The pool's checks of a connection").
     ///
     /// # Errors
     ///
