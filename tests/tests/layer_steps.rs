@@ -115,7 +115,7 @@ idempotency_testkit::for_each_driver! {
 
     /// The key's record: status and recorded step.
     async fn record(served: &Served, user: &str, key: &str) -> (String, Option<i32>) {
-        let sql = "SELECT status::text, step FROM idem_records WHERE operation = $1 AND user_id = $2 AND key = $3";
+        let sql = "SELECT _idem_status_word(status), step FROM idem_records WHERE operation = $1 AND user_id = $2 AND key = $3";
         let row = served.admin.query_one(sql, &[&OPERATION, &user, &key]).await.expect("the key's record");
         (row.get(0), row.get(1))
     }
