@@ -27,7 +27,7 @@ fn replay(v: Value) -> Answer {
 
 #[test]
 fn a_hit_is_the_answer_kept_for_the_same_request() {
-    let cache = ReplayCache::new(10, Duration::from_secs(60));
+    let cache = one_shard(10, Duration::from_secs(60));
     assert_eq!(cache.lookup(&key(1), &fp("a")), None);
     cache.insert(&key(1), &fp("a"), replay(json!({"id": 1})), far());
     assert_eq!(cache.lookup(&key(1), &fp("a")), Some(replay(json!({"id": 1}))));
@@ -40,7 +40,7 @@ fn a_hit_is_the_answer_kept_for_the_same_request() {
 
 #[test]
 fn another_fingerprint_is_a_miss_not_a_mismatch_and_keeps_the_entry() {
-    let cache = ReplayCache::new(10, Duration::from_secs(60));
+    let cache = one_shard(10, Duration::from_secs(60));
     cache.insert(&key(1), &fp("a"), replay(json!(1)), far());
     assert_eq!(cache.lookup(&key(1), &fp("b")), None);
     assert_eq!(cache.lookup(&key(1), &fp("a")), Some(replay(json!(1))), "the original request still replays");
@@ -97,17 +97,23 @@ fn an_expired_entry_is_evicted_first_even_when_hit() {
 
 #[test]
 fn the_deadline_is_the_earlier_of_the_cache_ttl_and_the_record_expiry() {
-    let cache = ReplayCache::new(4, Duration::from_millis(20));
+    let cache = one_shard(4, Duration::from_millis(20));
     cache.insert(&key(0), &fp("a"), replay(json!(0)), far());
     let held = deadline_of(&cache, &key(0));
     assert!(held <= Instant::now() + Duration::from_millis(20), "the cache's ttl bounds a far record");
     let short = Instant::now() + Duration::from_millis(5);
-    let cache = ReplayCache::new(4, Duration::from_secs(60));
+    let cache = one_shard(4, Duration::from_secs(60));
     cache.insert(&key(1), &fp("a"), replay(json!(1)), short);
     assert_eq!(deadline_of(&cache, &key(1)), short, "the record's expiry bounds a long ttl");
     cache.insert(&key(2), &fp("a"), replay(json!(2)), Instant::now());
     assert_eq!(cache.lookup(&key(2), &fp("a")), None, "an expired record is not kept");
     assert_eq!(cache.stats().entries, 1);
+}
+
+/// A cache of one shard: with `new`'s shards of one entry each (10 entries, 10 shards) two
+/// keys share a shard one time in ten under the random hasher, and the second evicts the first.
+fn one_shard(entries: usize, ttl: Duration) -> ReplayCache {
+    ReplayCache::with_shards(entries, ttl, 1)
 }
 
 fn settings(cache: &ReplayCache) -> Settings {
@@ -120,7 +126,7 @@ fn reservation(outcome: ReserveOutcome, expires_in: Duration) -> Reservation {
 
 #[test]
 fn a_failed_record_is_answered_as_stored() {
-    let cache = ReplayCache::new(10, Duration::from_secs(60));
+    let cache = one_shard(10, Duration::from_secs(60));
     let settings = settings(&cache);
     let (k, f) = (key(1), fp("a"));
     let stored = json!({"status": 402, "body": "declined"});
@@ -138,7 +144,7 @@ fn a_failed_record_is_answered_as_stored() {
 
 #[test]
 fn replays_and_completions_fill_it_and_nothing_else_does() {
-    let cache = ReplayCache::new(10, Duration::from_secs(60));
+    let cache = one_shard(10, Duration::from_secs(60));
     let settings = settings(&cache);
     let f = fp("a");
     let keys: Vec<Key> = (0..5).map(key).collect();
@@ -162,7 +168,7 @@ fn replays_and_completions_fill_it_and_nothing_else_does() {
 
 #[test]
 fn an_expired_or_unknown_record_expiry_is_not_kept() {
-    let cache = ReplayCache::new(10, Duration::from_secs(60));
+    let cache = one_shard(10, Duration::from_secs(60));
     let settings = settings(&cache);
     let (k, f) = (key(1), fp("a"));
     let past = Reservation { outcome: ReserveOutcome::Replay(Some(json!(1))), attempts: 0, expires_at: Some(SystemTime::now() - Duration::from_secs(1)) };
@@ -175,7 +181,7 @@ fn an_expired_or_unknown_record_expiry_is_not_kept() {
 
 #[test]
 fn an_executed_entry_never_outlives_the_requested_ttl_whatever_the_server_clock_says() {
-    let cache = ReplayCache::new(10, Duration::from_secs(3600));
+    let cache = one_shard(10, Duration::from_secs(3600));
     let settings = Settings::builder().replay_cache(cache.clone()).ttl(Duration::from_millis(50)).build();
     let (k, f) = (key(1), fp("a"));
     // A server clock an hour ahead: its expires_at reads an hour too late here.
