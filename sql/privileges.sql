@@ -77,15 +77,18 @@ GRANT EXECUTE ON FUNCTION
     @extschema@.idem_complete_many(text, text, text[], bigint[], jsonb[], text),
     @extschema@.idem_await(text, text, text, text, interval, interval, interval),
     @extschema@.idem_checkpoint(text, text, text, bigint, integer, jsonb, interval),
-    @extschema@.idem_resumable(text, integer)
+    @extschema@.idem_resumable(text, integer),
+    @extschema@.idem_replay(text, text, text, text)
     TO idempotency_user;
 
--- idem_await, idem_checkpoint and idem_resumable are new in 0.7.0, so no install has an
--- application relying on PUBLIC's EXECUTE on them: a plain REVOKE, replayed by the update too.
+-- idem_await, idem_checkpoint, idem_resumable and idem_replay are new in 0.7.0, so no install
+-- has an application relying on PUBLIC's EXECUTE on them: a plain REVOKE, replayed by the update
+-- too.
 REVOKE EXECUTE ON FUNCTION
     @extschema@.idem_await(text, text, text, text, interval, interval, interval),
     @extschema@.idem_checkpoint(text, text, text, bigint, integer, jsonb, interval),
-    @extschema@.idem_resumable(text, integer)
+    @extschema@.idem_resumable(text, integer),
+    @extschema@.idem_replay(text, text, text, text)
     FROM PUBLIC;
 
 -- ... and for nobody else on a fresh install. A DO block, not a REVOKE statement, on purpose: the

@@ -40,6 +40,8 @@ pgrx::extension_sql_file!("../../sql/operations.sql", name = "operations", requi
 pgrx::extension_sql_file!("../../sql/native.sql", name = "native", requires = ["operations"]);
 // idem_await, the bounded wait for a key's holder: PL/pgSQL over idem_reserve, both installs.
 pgrx::extension_sql_file!("../../sql/wait.sql", name = "wait", requires = ["native"]);
+// idem_replay, the read-only first step of idem_reserve (native; sql/portable/replay.sql).
+pgrx::extension_sql_file!("../../sql/replay.sql", name = "replay", requires = ["wait"]);
 pgrx::extension_sql_file!("../../sql/privileges.sql", name = "privileges", finalize);
 
 /// Called by PostgreSQL when it loads the library: registers the settings.

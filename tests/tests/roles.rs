@@ -142,6 +142,8 @@ async fn another_role_cannot_complete_extend_release_or_replay_a_key_whatever_it
         (format!("SELECT * FROM idem_complete_many('roles', 'u', ARRAY['k1'], ARRAY[{t}]::bigint[], ARRAY['{{}}']::jsonb[])"), "complete a key"),
         ("SELECT idem_reserve('roles', 'u', 'k1', 'h')".to_owned(), "reserve a key"),
         ("SELECT idem_reserve('roles', 'u', 'k1', 'other')".to_owned(), "reserve a key"),
+        ("SELECT idem_replay('roles', 'u', 'k1', 'h')".to_owned(), "replay a key"),
+        ("SELECT idem_replay('roles', 'u', 'k1', 'other')".to_owned(), "replay a key"),
     ] {
         let (code, message) = refused(&mallory, &sql).await;
         assert_eq!(code, "42501", "{sql}: {message}");

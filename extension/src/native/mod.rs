@@ -12,7 +12,8 @@
 //!   them; plans know only the schema's name, so the two modules do not import each other).
 //! - [`call`]: reading the arguments of a V1 call and building the answers.
 //! - [`writable`]: the refusal to write on a standby or in a read-only transaction.
-//! - [`reserve`], [`finish`]: the functions.
+//! - [`reserve`], [`finish`]: the functions; [`replay`]: `idem_replay`, the read-only first
+//!   step of `idem_reserve` (sql/replay.sql).
 
 use pgrx::pg_sys;
 
@@ -23,6 +24,7 @@ pub(crate) mod owner;
 pub(crate) mod pending;
 pub(crate) mod plans;
 pub(crate) mod probe;
+pub(crate) mod replay;
 pub(crate) mod reserve;
 pub(crate) mod writable;
 

@@ -42,8 +42,8 @@ use std::rc::Rc;
 const ATTEMPTS: usize = 8;
 
 /// The answer, as the `idem_reservation` row.
-struct Answer {
-    outcome: &'static str,
+pub(super) struct Answer {
+    pub(super) outcome: &'static str,
     token: Option<i64>,
     response: Option<Datum>,
     attempts: i32,
@@ -62,7 +62,7 @@ impl Answer {
     /// waited for the update's lock) expects the 5 attributes of then, and gets them, as an
     /// anonymous row of those 5, instead of the 7 of now, which the executor would refuse
     /// ("function return row and query-specified return row do not match").
-    fn into_datum(self, catalog: &Catalog, expected: Option<pg_sys::TupleDesc>) -> Datum {
+    pub(super) fn into_datum(self, catalog: &Catalog, expected: Option<pg_sys::TupleDesc>) -> Datum {
         // SAFETY: the catalog's descriptor, valid while the catalog lives; the caller's, valid
         // during the call. A blessed copy is registered in the backend's record type cache.
         let desc = unsafe {
@@ -176,7 +176,7 @@ fn current_natts(catalog: &Catalog) -> i32 {
 ///
 /// # Safety
 /// `fcinfo` is the call's.
-unsafe fn expected_row(fcinfo: pg_sys::FunctionCallInfo) -> Option<pg_sys::TupleDesc> {
+pub(super) unsafe fn expected_row(fcinfo: pg_sys::FunctionCallInfo) -> Option<pg_sys::TupleDesc> {
     // SAFETY: guaranteed by the caller; resultinfo is a node (or NULL), read as ReturnSetInfo
     // only when its tag says so.
     unsafe {
@@ -189,8 +189,8 @@ unsafe fn expected_row(fcinfo: pg_sys::FunctionCallInfo) -> Option<pg_sys::Tuple
     }
 }
 
-/// The answer to a live record.
-fn answer(record: &probe::Record, attempts: impl FnOnce() -> i32) -> Answer {
+/// The answer to a live record (also `idem_replay`'s, [`super::replay`]).
+pub(super) fn answer(record: &probe::Record, attempts: impl FnOnce() -> i32) -> Answer {
     let outcome = match (record.same_hash, record.status) {
         (false, _) => "mismatch",
         (true, Status::Success) => "replay",

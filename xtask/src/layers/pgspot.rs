@@ -1,5 +1,5 @@
 //! Layer pgspot: pgspot over the generated install script. Every finding fails the layer but
-//! one: the native functions of sql/native.sql are SECURITY DEFINER without a SET search_path on
+//! one: the native functions of sql/native.sql and sql/replay.sql are SECURITY DEFINER without a SET search_path on
 //! purpose (they resolve nothing by name; see that file), which pgspot reports as PS003.
 
 use crate::ctx::Ctx;
@@ -16,10 +16,13 @@ pub(crate) fn run(ctx: &Ctx, checks: &mut Checks) {
     )
     .unwrap_or_else(|e| e);
     checks.log(&out);
-    let native_sql = std::fs::read_to_string("sql/native.sql").expect("read sql/native.sql");
+    // sql/native.sql's replacements, and sql/replay.sql's idem_replay (native from the start).
+    let native_sql = ["sql/native.sql", "sql/replay.sql"]
+        .map(|f| std::fs::read_to_string(f).unwrap_or_else(|e| panic!("read {f}: {e}")))
+        .join("\n");
     let native: Vec<&str> = native_sql
         .lines()
-        .filter_map(|l| l.strip_prefix("CREATE OR REPLACE FUNCTION @extschema@."))
+        .filter_map(|l| l.strip_prefix("CREATE OR REPLACE FUNCTION @extschema@.").or_else(|| l.strip_prefix("CREATE FUNCTION @extschema@.")))
         .filter_map(|rest| rest.split_once('(').map(|(name, _)| name))
         .filter(|name| name.bytes().all(|b| b.is_ascii_lowercase() || b == b'_'))
         .collect();
