@@ -74,6 +74,18 @@ pub struct Settings {
     /// `run_external` and the layer (None, the default: every call goes to the database). See
     /// [`ReplayCache`] for what it trades.
     pub replay_cache: Option<ReplayCache>,
+    /// Replay first: `run` (and the layer's in-transaction mode) first asks the extension's
+    /// read-only `idem_replay` on a pooled connection outside any transaction, and returns its
+    /// answer when the key's record is final (replayed, `Failed`, `Mismatch`); only otherwise
+    /// does it open the transaction and reserve. A replay then costs one round trip with nothing
+    /// queued behind it (no `BEGIN`, no `ROLLBACK`), and a fresh request one round trip more. On
+    /// for retry-heavy traffic, where most calls are replays; off (the default) where most
+    /// requests are fresh. `run_statement`, `run_external`, `run_steps` and the layer's
+    /// two-phase mode reserve in autocommit already (a replay is one round trip) and
+    /// `run_batch` reserves its keys in one statement: this setting does not change them. Needs
+    /// the extension at 0.7.0 or later (`idem_replay`); the repository's docs/performance.md,
+    /// "Replay first", has the figures.
+    pub replay_first: bool,
     /// The deadline of every call of the handle (`run`, `run_batch`, `run_statement`,
     /// `check_extension`, `schema`, and the layer's calls): when it passes, the call ends in
     /// [`crate::Error::StoreUnavailable`] whose source is an [`crate::Elapsed`] naming this
@@ -128,6 +140,7 @@ impl Default for Settings {
             serialization_retries: 5,
             isolation: None,
             replay_cache: None,
+            replay_first: false,
             call_timeout: Some(DEFAULT_CALL_TIMEOUT),
             pool_timeout: DEFAULT_POOL_TIMEOUT,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
@@ -230,6 +243,14 @@ setters! {
     /// assert!(settings.replay_cache.is_some());
     /// ```
     replay_cache(cache: ReplayCache) => replay_cache = Some(cache);
+    /// See [`Settings::replay_first`]: a replay in one round trip, a fresh request in one more.
+    ///
+    /// ```
+    /// use idempotency_client::Settings;
+    /// let settings = Settings::builder().replay_first(true).build();
+    /// assert!(settings.replay_first);
+    /// ```
+    replay_first(on: bool) => replay_first = on;
     /// See [`Settings::call_timeout`] (`None`: no deadline).
     call_timeout(deadline: Option<Duration>) => call_timeout = deadline;
     /// See [`Settings::pool_timeout`].

@@ -98,6 +98,9 @@ pub(crate) struct Statements {
     pub(crate) checkpoint_or_abort: String,
     /// `idem_resumable` (0.7): $1 operation, $2 batch_size.
     pub(crate) resumable: String,
+    /// `idem_replay` (0.7), in autocommit: $1-$3 the key, $4 request_hash; `reserve`'s columns,
+    /// `outcome` NULL when the record is not final (the caller reserves).
+    pub(crate) replay: String,
 }
 
 impl Schema {
@@ -182,6 +185,10 @@ impl Schema {
             ),
             resumable: format!(
                 "SELECT user_id, key, request_hash, step, state, attempts FROM {s}.idem_resumable(operation => $1, batch_size => $2)"
+            ),
+            replay: format!(
+                "SELECT outcome, token, response, attempts, extract(epoch FROM expires_at)::float8 AS expires_at \
+                 FROM {s}.idem_replay({key}, request_hash => $4)"
             ),
             name,
         })))
@@ -293,6 +300,13 @@ pub(crate) fn key_params(key: &Key) -> Vec<Param<'_>> {
 /// follows): the key, the request's fingerprint, ttl and lease in seconds, wait.
 pub(crate) fn reserve_params<'a>(key: &'a Key, fingerprint: &'a Fingerprint, options: &ReserveOptions) -> Vec<Param<'a>> {
     reserve_params_of(key, fingerprint.as_str(), options)
+}
+
+/// `$1`-`$4` of `replay`.
+pub(crate) fn replay_params<'a>(key: &'a Key, fingerprint: &'a Fingerprint) -> Vec<Param<'a>> {
+    let mut params = key_params(key);
+    params.push(Param::Text(fingerprint.as_str()));
+    params
 }
 
 /// [`reserve_params`] with the request's hash as text (a completer's, read from the record).

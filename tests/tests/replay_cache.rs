@@ -5,6 +5,9 @@
 //! not served; a FAILED record answers as stored; a record removed by hand is still replayed until
 //! its entry's ttl (the documented trade); the capacity evicts; `run_external` and the layer
 //! (both modes) replay from memory; 64 concurrent duplicates still run once with the cache on.
+//! Replay first (`Settings::replay_first`, issue 43 item 3): a replay, a mismatch and a stored
+//! failure answered by `idem_replay` in one round trip; a fresh key and a key in progress fall
+//! through to the reservation (one round trip more); the answer fills the cache.
 
 idempotency_testkit::for_each_driver! {
     use axum::http::StatusCode;
@@ -386,5 +389,93 @@ idempotency_testkit::for_each_driver! {
         assert!(late.unwrap().is_replayed() && trips == 0, "the completion filled the cache");
         assert_eq!(race.runs, 1);
         assert_eq!(charges_for(&admin().await, &key).await, 1);
+    }
+
+    /// A first call on `idem`, so that the counted ones find the connection open and the schema
+    /// known.
+    async fn warm_up(idem: &Idem) {
+        let key = unique_key("first.warm");
+        let runs = Arc::new(AtomicUsize::new(0));
+        idem.run(&key, &fp(json!({})), Charge::of(&key).handler::<Failure>(&runs)).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn replay_first_answers_a_final_record_in_one_round_trip_and_falls_through_otherwise() {
+        let (idem, proxy) = through_proxy(Settings::builder().replay_first(true), 1).await;
+        let plain = connect_with(test_database().await, 2, Settings::default());
+        let runs = Arc::new(AtomicUsize::new(0));
+        let body = fp(json!({"amount": 100}));
+        warm_up(&idem).await;
+
+        // A fresh key: idem_replay answers nothing, the flow reserves and runs.
+        let key = unique_key("first.fresh");
+        settled(&idem).await;
+        let (first, trips) = counted(&proxy, idem.run(&key, &body, Charge::of(&key).handler::<Failure>(&runs))).await;
+        assert!(first.as_ref().unwrap().is_executed(), "{first:?}");
+        assert_eq!(trips, 4, "idem_replay, then BEGIN+reserve, the INSERT, complete+COMMIT");
+        // Its retry: the stored answer, one round trip, as a reservation's replay answers it.
+        settled(&idem).await;
+        let (again, trips) = counted(&proxy, idem.run(&key, &body, Charge::of(&key).handler::<Failure>(&runs))).await;
+        let again = again.unwrap();
+        assert!(again.is_replayed(), "{again:?}");
+        assert_eq!(again.value(), first.unwrap().value(), "the stored response");
+        assert_eq!(again.decision().as_str(), "replayed");
+        assert_eq!(trips, 1, "idem_replay alone");
+        assert!(!pooled_in_transaction(&idem).await, "nothing left open on the connection");
+        // Another body: the database's mismatch, one round trip.
+        settled(&idem).await;
+        let (err, trips) = counted(&proxy, idem.run(&key, &fp(json!({"amount": 200})), Charge::of(&key).handler::<Failure>(&runs))).await;
+        assert!(matches!(err, Err(Error::Mismatch)), "{err:?}");
+        assert_eq!(trips, 1);
+
+        // A stored failure: answered as the reservation answers it (the plain handle's answer).
+        let key = unique_key("first.failed");
+        let declined = json!({"status": 402, "body": "declined"});
+        let err = idem.run(&key, &body, Charge::of(&key).failing(&runs, Failure(Some(declined.clone())))).await.unwrap_err();
+        assert!(matches!(err, Error::Handler { .. }), "{err:?}");
+        settled(&idem).await;
+        let (first, trips) = counted(&proxy, idem.run(&key, &body, Charge::of(&key).handler::<Failure>(&runs))).await;
+        let reserved = plain.run(&key, &body, Charge::of(&key).handler::<Failure>(&runs)).await;
+        match (&first, &reserved) {
+            (Err(Error::Failed { response: Some(a) }), Err(Error::Failed { response: Some(b) })) => assert_eq!((a, b), (&declined, &declined)),
+            other => panic!("both answer the stored failure: {other:?}"),
+        }
+        assert_eq!(trips, 1);
+
+        // A key in progress (a committed PROCESSING record): not final, so the flow reserves and
+        // answers InProgress from the reservation (two round trips).
+        let key = unique_key("first.held");
+        let admin = admin().await;
+        admin.batch_execute("BEGIN").await.unwrap();
+        admin
+            .execute("SELECT idem_reserve($1, $2, $3, $4, lease => interval '1 hour')", &[&key.operation(), &key.user_id(), &key.key(), &body.as_str()])
+            .await
+            .unwrap();
+        admin.batch_execute("COMMIT").await.unwrap();
+        settled(&idem).await;
+        let (held, trips) = counted(&proxy, idem.run(&key, &body, Charge::of(&key).handler::<Failure>(&runs))).await;
+        assert!(matches!(held, Err(Error::InProgress { .. })), "{held:?}");
+        assert_eq!(trips, 2, "idem_replay, then BEGIN+reserve");
+        assert_eq!(runs.load(Ordering::SeqCst), 2, "the fresh key and the failing one ran, nothing else");
+    }
+
+    #[tokio::test]
+    async fn replay_first_fills_the_cache() {
+        let (cache, settings) = cached(100, Duration::from_secs(60));
+        let (idem, proxy) = through_proxy(settings.replay_first(true), 1).await;
+        warm_up(&idem).await;
+        let key = unique_key("first.cache");
+        let runs = Arc::new(AtomicUsize::new(0));
+        let body = fp(json!({"amount": 100}));
+        // Completed by another handle: this one's cache knows nothing of it.
+        let plain = connect_with(test_database().await, 2, Settings::default());
+        plain.run(&key, &body, Charge::of(&key).handler::<Failure>(&runs)).await.unwrap();
+        settled(&idem).await;
+        let (from_db, trips) = counted(&proxy, idem.run(&key, &body, Charge::of(&key).handler::<Failure>(&runs))).await;
+        assert!(from_db.unwrap().is_replayed() && trips == 1, "idem_replay's answer");
+        settled(&idem).await;
+        let (from_memory, trips) = counted(&proxy, idem.run(&key, &body, Charge::of(&key).handler::<Failure>(&runs))).await;
+        assert!(from_memory.unwrap().is_replayed() && trips == 0, "kept by the cache");
+        assert_eq!((runs.load(Ordering::SeqCst), cache.stats().hits), (1, 1));
     }
 }

@@ -1,7 +1,9 @@
 //! Round trips per flow, counted by the test kit's proxy, over the driver under test (this
 //! binary runs both drivers: `over_postgres::`, `over_sqlx::`): both
 //! drivers reach the raw transaction's count, because the statements of one round trip travel
-//! in one request (pipelined over tokio-postgres, one simple query over sqlx).
+//! in one request (pipelined over tokio-postgres, one simple query over sqlx). With
+//! `Settings::replay_first` a replay is one round trip with nothing after it, and a fresh
+//! request one round trip more.
 
 idempotency_testkit::for_each_driver! {
     use idempotency_client::{Fingerprint, Key, Settings, StoredResponse};
@@ -107,6 +109,29 @@ idempotency_testkit::for_each_driver! {
         let replay = all_told(&proxy, &idem).await - before;
         assert_eq!(statement, if NAME == "sqlx" { 2 } else { 1 }, "{NAME}: one statement through the pool, all told");
         assert_eq!(replay, statement + 1, "{NAME}: a replay, all told: the reservation's trip and its queued ROLLBACK's");
+
+        // Replay first (Settings::replay_first, issue 43 item 3): the replay is idem_replay's one
+        // round trip in autocommit, with nothing queued behind it: all told, one statement's
+        // count. A fresh request pays that round trip before the flow's own.
+        let first = connect_with(&proxy.url(name), 1, Settings::builder().replay_first(true));
+        let replayed = Key::new("rt.one", user, "k1").unwrap();
+        let answer = trips_of(&proxy, &first, |_| {
+            let (first, key) = (first.clone(), replayed.clone());
+            async move { assert!(!run_once(&first, &key, 1).await, "a replay") }
+        })
+        .await;
+        assert_eq!(answer, 1, "{NAME}: a replay first: idem_replay alone");
+        let before = all_told(&proxy, &first).await;
+        assert!(!run_once(&first, &replayed, 1).await, "a replay");
+        let replay_first = all_told(&proxy, &first).await - before;
+        assert_eq!(replay_first, statement, "{NAME}: a replay first, all told: one statement's");
+        assert!(!pooled_in_transaction(&first).await, "{NAME}: nothing left open");
+        let fresh = trips_of(&proxy, &first, |i| {
+            let first = first.clone();
+            async move { assert!(run_once(&first, &Key::new("rt.first", user, format!("k{i}")).unwrap(), 1).await) }
+        })
+        .await;
+        assert_eq!(fresh, one + 1, "{NAME}: a fresh request with replay first: idem_replay, then the flow's 3");
 
         // run_external: the reservation (1); the outside call (here it lasts until the pool has
         // taken the reservation's connection back, as any real call outlasts sqlx's check of a

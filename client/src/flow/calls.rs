@@ -1,11 +1,11 @@
 //! The calls a flow makes in a transaction of their own (autocommit, one statement, one round
-//! trip): the two-phase flow's reservation, release, completion and heartbeat, and the lookup
-//! of the installed extension.
+//! trip): the two-phase flow's reservation, release, completion and heartbeat, replay first's
+//! `idem_replay`, and the lookup of the installed extension.
 
 use crate::driver::{Driver, Step};
 use crate::error::Error;
 use crate::row::{only, required, Row};
-use crate::sql::{complete_params, heartbeat_params, release_params, reserve_params, Param, Schema, EXTENSION_SQL};
+use crate::sql::{complete_params, heartbeat_params, release_params, replay_params, reserve_params, Param, Schema, EXTENSION_SQL};
 use crate::types::{release_answer, ReleaseOutcome, ReserveOptions, ReserveOutcome, Reservation, Status, Token};
 use idempotency_core::{Fingerprint, Key};
 use serde_json::Value;
@@ -33,6 +33,17 @@ pub(crate) async fn installed<D: Driver>(driver: &D) -> Result<(String, String),
 /// `idem_reserve`.
 pub(crate) async fn reserve<D: Driver>(driver: &D, schema: &Schema, key: &Key, fingerprint: &Fingerprint, options: &ReserveOptions) -> Result<Reservation, Error> {
     Reservation::read(&one(driver, &schema.sql().reserve, reserve_params(key, fingerprint, options)).await?)
+}
+
+/// `idem_replay` on `tx` (a pooled connection outside a transaction): the key's final answer
+/// (replay, failed, mismatch) read without reserving; None when its record is not final
+/// (absent, expired, in progress, resumable): the caller reserves, on the same connection.
+pub(crate) async fn replay<D: Driver>(tx: &mut D::Tx, schema: &Schema, key: &Key, fingerprint: &Fingerprint) -> Result<Option<Reservation>, Error> {
+    let row = only(D::send(tx, &[Step::Query(&schema.sql().replay, replay_params(key, fingerprint))]).await?)?;
+    if row.text("outcome")?.is_none() {
+        return Ok(None);
+    }
+    Reservation::read(&row).map(Some)
 }
 
 /// `idem_reserve` with the `step` and `state` of a `resume` answer (`reserve_resumable`).

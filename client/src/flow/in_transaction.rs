@@ -7,6 +7,10 @@
 //! lost, so the `COMMIT` behind it commits only a completed key. Each numbered request is one
 //! [`Driver::send`]: one round trip on either driver.
 //!
+//! With [`Settings::replay_first`](crate::Settings::replay_first), a request (0) comes first:
+//! `idem_replay` in autocommit on a pooled connection; a final answer (replay, failed,
+//! mismatch) returns there, with nothing queued behind it, and anything else goes on to (1).
+//!
 //! No subtransaction on any path. A failure (a transient result or error, a permanent error)
 //! rolls the whole transaction back, which undoes the work's writes and the reservation with
 //! them, then records the failure in a fresh transaction that reserves the key again and at once
@@ -44,9 +48,18 @@ where
     E: HandlerError + Send,
     F: for<'t> FnMut(&'t mut D::Tx) -> TxFuture<'t, T, E> + Send,
 {
+    // Replay first: a final answer returns at once; otherwise its connection takes the first
+    // attempt (given back to the pool and taken again, it would cost sqlx's check between them).
+    let mut held = None;
+    if cx.settings.replay_first {
+        match replayed(cx, key, fingerprint).await {
+            First::Answered(answer) => return answer,
+            First::Reserve(tx) => held = Some(tx),
+        }
+    }
     let mut waiting = Waiting::start(cx.settings);
     loop {
-        let result = super::retried!(cx, once(cx, key, fingerprint, &mut waiting, &mut work).await);
+        let result = super::retried!(cx, once(cx, key, fingerprint, &mut waiting, &mut work, held.take()).await);
         match waiting.after(&result) {
             Some(pause) => tokio::time::sleep(pause).await,
             None => break result,
@@ -54,7 +67,39 @@ where
     }
 }
 
-async fn once<D, T, E, F>(cx: &Context<'_, D>, key: &Key, fingerprint: &Fingerprint, waiting: &mut Waiting, work: &mut F) -> Result<Outcome<T>, Error<E>>
+/// What replay first found: the answer, or the connection to reserve on.
+enum First<D: Driver, T, E> {
+    Answered(Result<Outcome<T>, Error<E>>),
+    Reserve(D::Tx),
+}
+
+/// Replay first: `idem_replay` on a pooled connection outside any transaction.
+async fn replayed<D: Driver, T: Replayable, E>(cx: &Context<'_, D>, key: &Key, fingerprint: &Fingerprint) -> First<D, T, E> {
+    let mut tx = match cx.driver.connection().await {
+        Ok(tx) => tx,
+        Err(e) => return First::Answered(Err(e.widen())),
+    };
+    let memo = Memo::start(cx.settings.replay_cache.as_ref(), cx.settings.ttl);
+    match super::calls::replay::<D>(&mut tx, cx.schema, key, fingerprint).await {
+        Ok(Some(reservation)) => {
+            // Kept in the replay cache as a reservation's replay would be.
+            let _ = memo.reserved(key, fingerprint, &reservation);
+            First::Answered(cx.answer(reservation.outcome))
+        }
+        Ok(None) => First::Reserve(tx),
+        Err(e) => First::Answered(Err(cx.ours(e))),
+    }
+}
+
+/// One attempt, on `held` (replay first's connection) or a pooled connection.
+async fn once<D, T, E, F>(
+    cx: &Context<'_, D>,
+    key: &Key,
+    fingerprint: &Fingerprint,
+    waiting: &mut Waiting,
+    work: &mut F,
+    held: Option<D::Tx>,
+) -> Result<Outcome<T>, Error<E>>
 where
     D: Driver,
     T: Replayable + Send,
@@ -63,7 +108,10 @@ where
 {
     let options = cx.options(cx.settings.lease);
     let memo = Memo::start(cx.settings.replay_cache.as_ref(), cx.settings.ttl);
-    let mut tx = cx.driver.connection().await.map_err(Error::widen)?;
+    let mut tx = match held {
+        Some(tx) => tx,
+        None => cx.driver.connection().await.map_err(Error::widen)?,
+    };
     let steps = [Step::Begin(cx.settings.isolation), Step::Query(&cx.schema.sql().reserve, reserve_params(key, fingerprint, &options))];
     // A reservation waiting in the server for an uncommitted holder is given up at the wait's
     // bound: its guard, dropped with the request in flight, closes the connection.
