@@ -197,7 +197,23 @@ INSERT INTO steps (n, kind, sql, expect) VALUES
      '{"code": "42501"}'),
     (132, 'answer', $$SELECT count(*) AS v FROM @s.idem_resumable('parity')$$, '{"v": 0}'),
     (133, 'do', 'RESET ROLE', NULL),
-    (134, 'answer', $$SELECT * FROM @s.idem_records WHERE key IN ('steps', 'rec', 'rec-plain', 'q1', 'q2', 'role-cp') ORDER BY key$$, NULL);
+    (134, 'answer', $$SELECT * FROM @s.idem_records WHERE key IN ('steps', 'rec', 'rec-plain', 'q1', 'q2', 'role-cp') ORDER BY key$$, NULL),
+    -- idem_replay (issue 43): idem_reserve's final answers, NULL otherwise, 42501 for another role
+    (135, 'answer', $$SELECT * FROM @s.idem_reserve('parity', 'u', 'rp', 'h1', ttl => '1 day')$$, '{"outcome": "created"}'),
+    (136, 'answer', $$SELECT @s.idem_complete('parity', 'u', 'rp', pg_temp.tok('@s', 135), '{"id": 9}') AS v$$, '{"v": true}'),
+    (137, 'answer', $$SELECT * FROM @s.idem_replay('parity', 'u', 'rp', 'h1')$$, '{"outcome": "replay", "response": {"id": 9}, "token": null}'),
+    (138, 'answer', $$SELECT * FROM @s.idem_replay('parity', 'u', 'rp', 'h2')$$, '{"outcome": "mismatch", "response": null}'),
+    (139, 'answer', $$SELECT * FROM @s.idem_reserve('parity', 'u', 'rp-failed', 'h1')$$, '{"outcome": "created"}'),
+    (140, 'answer', $$SELECT @s.idem_complete('parity', 'u', 'rp-failed', pg_temp.tok('@s', 139), '{"error": "declined"}', status => 'FAILED') AS v$$, '{"v": true}'),
+    (141, 'answer', $$SELECT * FROM @s.idem_replay('parity', 'u', 'rp-failed', 'h1')$$, '{"outcome": "failed", "response": {"error": "declined"}}'),
+    (142, 'answer', $$SELECT * FROM @s.idem_replay('parity', 'u', 'rp-absent', 'h1')$$, '{"outcome": null, "expires_at": null}'),
+    (143, 'answer', $$SELECT * FROM @s.idem_reserve('parity', 'u', 'rp-held', 'h1', lease => '1 hour')$$, '{"outcome": "created"}'),
+    (144, 'answer', $$SELECT * FROM @s.idem_replay('parity', 'u', 'rp-held', 'h1')$$, '{"outcome": null}'),
+    (145, 'answer', $$SELECT * FROM @s.idem_replay('parity', 'u', 'rp-held', 'h2')$$, '{"outcome": "mismatch"}'),
+    (147, 'do', 'SET ROLE parity_b', NULL),
+    (148, 'answer', $$SELECT left(e, 5) AS code, e AS v FROM pg_temp.err($q$SELECT @s.idem_replay('parity', 'u', 'rp', 'h1')$q$) AS e$$,
+     '{"code": "42501"}'),
+    (149, 'do', 'RESET ROLE', NULL);
 
 -- Run the scenario against each schema, step by step.
 SELECT CASE kind
