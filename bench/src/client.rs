@@ -31,16 +31,31 @@ pub(crate) enum Call {
     CachedReplay,
     /// `run_statement` around the same INSERT: the flow in one statement.
     RunStatement,
+    /// [`Call::Replay`] with `Settings::replay_first`: `idem_replay` in autocommit.
+    FirstReplay,
+    /// [`Call::Run`] with `Settings::replay_first`: a fresh key pays `idem_replay` first.
+    FirstRun,
 }
 
-/// The handle of `tasks` loops of `kind`, a connection each: with a replay cache for
-/// [`Call::CachedReplay`].
+impl Call {
+    /// Whether the call reads the replayed key (a replay, or the raw SELECT of its record).
+    pub(crate) fn reads_the_replayed_key(self) -> bool {
+        matches!(self, Call::Replay | Call::RawSelect | Call::CachedReplay | Call::FirstReplay)
+    }
+
+    /// The handle's settings for this call kind.
+    pub(crate) fn settings(self) -> Settings {
+        match self {
+            Call::CachedReplay => Settings::builder().replay_cache(ReplayCache::new(10_000, Duration::from_secs(60))).build(),
+            Call::FirstReplay | Call::FirstRun => Settings::builder().replay_first(true).build(),
+            _ => Settings::default(),
+        }
+    }
+}
+
+/// The handle of `tasks` loops of `kind`, a connection each, with [`Call::settings`].
 fn handle(url: &str, tasks: usize, kind: Call) -> Idempotency {
-    let settings = match kind {
-        Call::CachedReplay => Settings::builder().replay_cache(ReplayCache::new(10_000, Duration::from_secs(60))).build(),
-        _ => Settings::default(),
-    };
-    Idempotency::from_url(url, pool_size(tasks), settings).expect("pool")
+    Idempotency::from_url(url, pool_size(tasks), kind.settings()).expect("pool")
 }
 
 static NEXT_ONE: AtomicU64 = AtomicU64::new(0);
@@ -97,7 +112,7 @@ pub(crate) async fn replayed_key(idem: &Idempotency) -> Key {
 pub(crate) async fn throughput(url: &str, db: &tokio_postgres::Client, tasks: usize, run: Duration, kind: Call) -> Measure {
     let idem = handle(url, tasks, kind);
     // The replay rows read one key that executed once, before the clock starts.
-    let replayed = if matches!(kind, Call::Replay | Call::RawSelect | Call::CachedReplay) { replayed_key(&idem).await } else { replay_key() };
+    let replayed = if kind.reads_the_replayed_key() { replayed_key(&idem).await } else { replay_key() };
     let before = wal_lsn(db).await;
     let stop = Instant::now() + run;
     let started = Instant::now();
@@ -113,9 +128,9 @@ pub(crate) async fn throughput(url: &str, db: &tokio_postgres::Client, tasks: us
             while Instant::now() < stop {
                 let t0 = Instant::now();
                 match kind {
-                    Call::Run | Call::RawInsert => call(&idem, raw.as_mut(), &user, false).await,
+                    Call::Run | Call::RawInsert | Call::FirstRun => call(&idem, raw.as_mut(), &user, false).await,
                     Call::RunStatement => run_statement(&idem, &user).await,
-                    Call::Replay | Call::RawSelect | Call::CachedReplay => replay(&idem, raw.as_mut(), &replayed).await,
+                    Call::Replay | Call::RawSelect | Call::CachedReplay | Call::FirstReplay => replay(&idem, raw.as_mut(), &replayed).await,
                 }
                 // A replay from memory never waits, so never yields on its own: give the
                 // runtime its turn when the task's budget runs out, as a service's next read would.
@@ -176,7 +191,7 @@ pub(crate) async fn single_case(url: &str, db: &tokio_postgres::Client, kind: Ca
     use std::sync::atomic::AtomicBool;
     use std::sync::Arc;
     let idem = handle(url, tasks, kind);
-    let replayed = if matches!(kind, Call::Replay | Call::RawSelect | Call::CachedReplay) { replayed_key(&idem).await } else { replay_key() };
+    let replayed = if kind.reads_the_replayed_key() { replayed_key(&idem).await } else { replay_key() };
     let (calls, stop) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicBool::new(false)));
     let mut handles = Vec::new();
     for t in 0..tasks {
@@ -187,9 +202,9 @@ pub(crate) async fn single_case(url: &str, db: &tokio_postgres::Client, kind: Ca
             let mut raw = if raw_kind { Some(idem.pool().get().await.expect("connection")) } else { None };
             while !stop.load(Ordering::Relaxed) {
                 match kind {
-                    Call::Run | Call::RawInsert => call(&idem, raw.as_mut(), &user, false).await,
+                    Call::Run | Call::RawInsert | Call::FirstRun => call(&idem, raw.as_mut(), &user, false).await,
                     Call::RunStatement => run_statement(&idem, &user).await,
-                    Call::Replay | Call::RawSelect | Call::CachedReplay => replay(&idem, raw.as_mut(), &replayed).await,
+                    Call::Replay | Call::RawSelect | Call::CachedReplay | Call::FirstReplay => replay(&idem, raw.as_mut(), &replayed).await,
                 }
                 // A replay from memory never waits, so never yields on its own: give the
                 // runtime its turn when the task's budget runs out, as a service's next read would.

@@ -4,7 +4,7 @@
 //! kit's proxy).
 
 use crate::pgbench::Measure;
-use idempotency_client::{Fingerprint, Idempotency, Key, ReplayCache, Settings, Sqlx, StoredResponse};
+use idempotency_client::{Fingerprint, Idempotency, Key, Settings, Sqlx, StoredResponse};
 use idempotency_testkit::proxy::Proxy;
 use serde_json::json;
 use sqlx::pool::PoolConnection;
@@ -87,10 +87,7 @@ pub(crate) async fn replayed_key(idem: &Idempotency<Sqlx>) -> Key {
 /// `tasks` concurrent loops of one call kind for `run` over sqlx: calls per second and
 /// client-side p50/p99 latency.
 pub(crate) async fn throughput(url: &str, tasks: usize, run: Duration, kind: Call) -> Measure {
-    let idem = match kind {
-        Call::CachedReplay => connect_with(url, pool_size(tasks), Settings::builder().replay_cache(ReplayCache::new(10_000, Duration::from_secs(60)))),
-        _ => connect(url, pool_size(tasks)),
-    };
+    let idem = connect_with(url, pool_size(tasks), kind.settings());
     throughput_on(idem, tasks, run, kind).await
 }
 
@@ -108,7 +105,7 @@ pub(crate) async fn replay_over_pool(url: &str, tasks: usize, run: Duration, tes
 
 /// [`throughput`] over the handle `idem`.
 async fn throughput_on(idem: Idempotency<Sqlx>, tasks: usize, run: Duration, kind: Call) -> Measure {
-    let replayed = if matches!(kind, Call::Replay | Call::RawSelect | Call::CachedReplay) { replayed_key(&idem).await } else { replay_key() };
+    let replayed = if kind.reads_the_replayed_key() { replayed_key(&idem).await } else { replay_key() };
     let stop = Instant::now() + run;
     let started = Instant::now();
     let mut handles = Vec::new();
@@ -123,9 +120,9 @@ async fn throughput_on(idem: Idempotency<Sqlx>, tasks: usize, run: Duration, kin
             while Instant::now() < stop {
                 let t0 = Instant::now();
                 match kind {
-                    Call::Run | Call::RawInsert => call(&idem, raw.as_mut(), &user, false).await,
+                    Call::Run | Call::RawInsert | Call::FirstRun => call(&idem, raw.as_mut(), &user, false).await,
                     Call::RunStatement => crate::client::run_statement(&idem, &user).await,
-                    Call::Replay | Call::RawSelect | Call::CachedReplay => replay(&idem, raw.as_mut(), &replayed).await,
+                    Call::Replay | Call::RawSelect | Call::CachedReplay | Call::FirstReplay => replay(&idem, raw.as_mut(), &replayed).await,
                 }
                 // A replay from memory never waits, so never yields on its own: give the
                 // runtime its turn when the task's budget runs out, as a service's next read would.

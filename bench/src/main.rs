@@ -1,7 +1,8 @@
 //! The benchmark of the performance goals (docs/performance.md): every figure a ratio against a baseline measured in the
 //! same run, interleaved A/B/B/A so machine drift cancels. Run with `bash scripts/bench.sh`
 //! (or `--smoke` for a few seconds per case, which checks only that every case produced numbers;
-//! `--rust` for only the Rust client's rows, over tokio-postgres and over sqlx).
+//! `--rust` for only the Rust client's rows, over tokio-postgres and over sqlx;
+//! `--replay-first` only the rows of `Settings::replay_first`, both drivers).
 //!
 //! Writes `target/bench/results.csv` and `target/bench/benchmark.png`, and the soak's
 //! `target/bench/soak.csv` and `target/bench/soak.png`. `--http` runs only the HTTP rows (see
@@ -374,6 +375,15 @@ async fn main() {
         check_numbers(&rows, None);
         return;
     }
+    // --replay-first: only the replay-first rows (issue 43 item 3): idem_replay against the
+    // primary-key SELECT (pgbench, 8 clients), then the Rust rows of both drivers.
+    if args.iter().any(|a| a == "--replay-first") {
+        rows.push(idem_replay_row(&s, &url, &db, 8).await);
+        replay_first_rows(&s, &url, &db, &mut rows).await;
+        print!("{}", render(&rows, None, &s, started.elapsed().as_secs()));
+        check_numbers(&rows, None);
+        return;
+    }
     // --waiters: only the waiters' row (waiters.rs).
     if args.iter().any(|a| a == "--waiters") {
         rows.push(waiters::row(&url, &db, s.smoke, s.reps).await);
@@ -408,6 +418,7 @@ async fn main() {
     for &c in &s.clients {
         let (pk, replay) = pair(&s, &url, &db, "pk_select", "replay", c).await;
         rows.push(Row { figure: "replay of an existing key vs primary-key SELECT".into(), clients: c.to_string(), baseline: "SELECT by primary key".into(), base: pk, ours: replay, goal: Some(0.85), work: work(&url, &db, "replay", "pk_select").await });
+        rows.push(idem_replay_row(&s, &url, &db, c).await);
     }
     // 4: the seed libraries' store.
     let (seed, fresh) = pair(&s, &url, &db, "seed_store", "fresh", 8).await;
@@ -698,6 +709,7 @@ async fn rust_rows(s: &Settings, url: &str, db: &tokio_postgres::Client, rows: &
         rows.push(Row { figure: "Rust replay from the replay cache vs raw primary-key SELECT".into(), clients: format!("{n} tasks"), baseline: "prepared SELECT of the record (tokio-postgres)".into(), base: Measure::mean(&select), ours: Measure::mean(&cached), goal: Some(3.0), work: Some("round trips 0 / 1".into()) });
     }
     sqlx_rows(s, url, calls, rows).await;
+    replay_first_rows(s, url, db, rows).await;
     // The waiters' row (issue 44): waiting duplicates of a two-phase holder against 409s.
     rows.push(waiters::row(url, db, s.smoke, s.reps).await);
     // The recovery points' rows (issue 45): a three-step request against the steps by hand.
@@ -735,6 +747,51 @@ async fn sqlx_rows(s: &Settings, url: &str, calls: u64, rows: &mut Vec<Row>) {
     }
     rows.push(Row { figure: "Rust replay from the replay cache (sqlx) vs raw sqlx primary-key SELECT".into(), clients: "8 tasks".into(), baseline: "SELECT of the record (sqlx)".into(), base: Measure::mean(&select), ours: Measure::mean(&cached), goal: Some(3.0), work: Some("round trips 0 / 1".into()) });
     rows.push(sqlx_acquire_row(s, url).await);
+}
+
+/// `idem_replay` of an existing key against the primary-key SELECT of its record, pgbench at
+/// `clients` (bench/pgbench/idem_replay.sql, issue 43 item 3).
+async fn idem_replay_row(s: &Settings, url: &str, db: &tokio_postgres::Client, clients: u32) -> Row {
+    let (pk, replay) = pair(s, url, db, "pk_select", "idem_replay", clients).await;
+    Row { figure: "idem_replay of an existing key vs primary-key SELECT".into(), clients: clients.to_string(), baseline: "SELECT by primary key".into(), base: pk, ours: replay, goal: Some(0.9), work: work(url, db, "idem_replay", "pk_select").await }
+}
+
+/// Replay first (`Settings::replay_first`, issue 43 item 3), over each driver at 8 tasks,
+/// interleaved in one process (the order rotated each repetition): a replay with the setting
+/// and without it against the raw primary-key SELECT of the record, and a fresh `run` with it
+/// against one without (what the setting costs a fresh request: `idem_replay` first). The load
+/// average before and after goes to stderr (ratios only: the machine is shared).
+async fn replay_first_rows(s: &Settings, url: &str, db: &tokio_postgres::Client, rows: &mut Vec<Row>) {
+    use client::Call::{FirstReplay, FirstRun, RawSelect, Replay, Run};
+    let before = load_average();
+    for sqlx in [false, true] {
+        let driver = if sqlx { "sqlx" } else { "tokio-postgres" };
+        let measure = |kind| async move {
+            match sqlx {
+                true => client_sqlx::throughput(url, 8, s.run, kind).await,
+                false => client::throughput(url, db, 8, s.run, kind).await,
+            }
+        };
+        let kinds = [RawSelect, Replay, FirstReplay, Run, FirstRun];
+        let mut runs: Vec<Vec<Measure>> = vec![Vec::new(); kinds.len()];
+        for rep in 0..s.reps {
+            for i in 0..kinds.len() {
+                let at = (i + rep) % kinds.len();
+                runs[at].push(measure(kinds[at]).await);
+            }
+        }
+        let [select, off, on, fresh_off, fresh_on] = [0, 1, 2, 3, 4].map(|i| Measure::mean(&runs[i]));
+        let baseline = format!("SELECT of the record ({driver})");
+        rows.push(Row { figure: format!("Rust replay ({driver}) vs raw primary-key SELECT, replay_first off"), clients: "8 tasks".into(), baseline: baseline.clone(), base: select.clone(), ours: off, goal: None, work: Some("BEGIN+reserve, its ROLLBACK queued".into()) });
+        rows.push(Row { figure: format!("Rust replay ({driver}) vs raw primary-key SELECT, replay_first on"), clients: "8 tasks".into(), baseline, base: select, ours: on, goal: Some(if sqlx { 0.6 } else { 0.8 }), work: Some("idem_replay in autocommit, nothing after it".into()) });
+        rows.push(Row { figure: format!("Rust fresh run ({driver}), replay_first on vs off"), clients: "8 tasks".into(), baseline: format!("run of a new key ({driver})"), base: fresh_off, ours: fresh_on, goal: None, work: Some("idem_replay's round trip first".into()) });
+    }
+    eprintln!("replay-first rows: load average {before} before, {} after", load_average());
+}
+
+/// The load average (1, 5, 15 min) as /proc/loadavg says it.
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg").map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" ")).unwrap_or_default()
 }
 
 /// What sqlx's `test_before_acquire` (a ping on every acquire, sqlx's default) costs a replay:
