@@ -3,7 +3,7 @@
 # library serves a database created at 0.6.0 (its text layout) and one at 0.7.0 (the compact one).
 #
 #   bench/layout_060_070.sh start          a server of its own (PG_CONFIG, PORT default 56243, data
-#                                          in target/hlayout, fsync on, shared_buffers 256MB,
+#                                          in OUT, default target/hlayout, fsync on, shared_buffers 256MB,
 #                                          max_wal_size 8GB, checkpoint_timeout 1h, autovacuum off)
 #   bench/layout_060_070.sh wal [N=3000]   WAL per fresh cycle (bench/pgbench/fresh.sql), exact, by
 #                                          pg_walinspect, at 10k records, both layouts (HASH=hex:
@@ -12,13 +12,17 @@
 #                                          (default 1,000,000) and VACUUM ANALYZE, both layouts
 #   bench/layout_060_070.sh update [ROWS]  ALTER EXTENSION idempotency UPDATE of a 0.6.0 database of
 #                                          ROWS records (1,000 PROCESSING): its time, which is the
-#                                          time it holds idem_records' ACCESS EXCLUSIVE lock
+#                                          time it holds idem_records' ACCESS EXCLUSIVE lock (catalog
+#                                          only: it moves no record); then the move that follows it,
+#                                          idem_move_records(BATCH, default 10000) until it answers 0
+#                                          (each call its own transaction, as the worker runs it):
+#                                          rows per second, WAL per row, the old table dropped
 #   bench/layout_060_070.sh stop
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PG_CONFIG=${PG_CONFIG:-$root/target/postgres/18/bin/pg_config}
 bindir=$("$PG_CONFIG" --bindir); port=${PORT:-56243}
-out=$root/target/hlayout; data=$out/data
+out=${OUT:-$root/target/hlayout}; data=$out/data
 url() { echo "postgresql://postgres@127.0.0.1:$port/$1"; }
 as_server() { if [ "$(id -u)" = 0 ]; then sudo -u postgres -- "$@"; else "$@"; fi; }
 q() { "$bindir/psql" -X -At -v ON_ERROR_STOP=1 "$(url "$1")" -c "$2"; }
@@ -105,7 +109,16 @@ update)
     t=$( { /usr/bin/time -f %e "$bindir/psql" -X -q -v ON_ERROR_STOP=1 "$(url "$d")" -c "ALTER EXTENSION idempotency UPDATE" ; } 2>&1 )
     b=$(q "$d" "SELECT pg_current_wal_insert_lsn()")
     q "$d" "SELECT 'update 0.6.0 -> ' || extversion || ' of $rows records: ${t} s in one transaction holding idem_records''s ACCESS EXCLUSIVE lock, '
-                   || round(pg_wal_lsn_diff('$b', '$a') / $rows::numeric, 1) || ' B of WAL per record; records after: '
-                   || (SELECT count(*) FROM idem_records) FROM pg_extension WHERE extname = 'idempotency'"
+                   || pg_wal_lsn_diff('$b', '$a') || ' B of WAL; records after: ' || (SELECT count(*) FROM idem_records)
+                   || ' in idem_records, ' || (SELECT count(*) FROM idem_records_060) || ' in idem_records_060'
+              FROM pg_extension WHERE extname = 'idempotency'"
+    batch=${BATCH:-10000} calls=0 started=$(date +%s.%N)
+    while [ "$(q "$d" "SELECT idem_move_records($batch)")" != 0 ]; do calls=$((calls + 1)); done
+    ended=$(date +%s.%N)
+    c=$(q "$d" "SELECT pg_current_wal_insert_lsn()")
+    q "$d" "SELECT 'the move: $rows records in ' || round(($ended - $started)::numeric, 1) || ' s, $calls batches of $batch ('
+                   || round($rows / ($ended - $started)::numeric) || ' rows/s, ' || round(pg_wal_lsn_diff('$c', '$b') / $rows::numeric, 1)
+                   || ' B of WAL per row); records after: ' || (SELECT count(*) FROM idem_records)
+                   || ', idem_records_060 ' || CASE WHEN to_regclass('idem_records_060') IS NULL THEN 'dropped' ELSE 'left' END"
     ;;
 esac

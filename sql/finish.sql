@@ -45,6 +45,8 @@ BEGIN
         END IF;
     END IF;
     v_counted := @extschema@._idem_require_writable('complete a key');
+    -- After the update from 0.6.0: the key's record moved from idem_records_060 first.
+    PERFORM @extschema@._idem_adopt(operation, user_id, key);
 
     -- The recovery point's state goes (the response is the answer now); its step stays.
     UPDATE @extschema@.idem_records AS r
@@ -121,6 +123,10 @@ BEGIN
         RAISE EXCEPTION 'responses[%] must be at most % bytes (idempotency.max_response_bytes), got %',
             v_bad.i, v_limit, v_bad.size USING ERRCODE = '54000';
     END IF;
+    -- After the update from 0.6.0: the keys' records moved from idem_records_060 first.
+    IF to_regclass('@extschema@.idem_records_060') IS NOT NULL THEN
+        PERFORM @extschema@._idem_adopt(operation, user_id, u.k) FROM unnest(keys) AS u(k);
+    END IF;
     IF NOT @extschema@._idem_distributed() THEN
         WITH u AS (
             SELECT DISTINCT ON (u.k, u.t) u.k, u.t, u.r, u.i
@@ -188,6 +194,8 @@ BEGIN
     END IF;
     v_max := @extschema@._idem_max_retries(max_retries);
     v_counted := @extschema@._idem_require_writable('release a key');
+    -- After the update from 0.6.0: the key's record moved from idem_records_060 first.
+    PERFORM @extschema@._idem_adopt(operation, user_id, key);
 
     SELECT r.created_at, r.expires_at INTO v_rec
       FROM @extschema@.idem_records AS r
@@ -246,6 +254,8 @@ BEGIN
     v_ttl := @extschema@._idem_ttl(NULL);
     v_ceiling := v_now + v_ttl;
     v_counted := @extschema@._idem_require_writable('extend a lease');
+    -- After the update from 0.6.0: the key's record moved from idem_records_060 first.
+    PERFORM @extschema@._idem_adopt(operation, user_id, key);
 
     -- expires_at moves to at least the lease end, so a live, heartbeating attempt is never
     -- taken over as expired.
@@ -330,6 +340,8 @@ BEGIN
     v_ttl := @extschema@._idem_ttl(NULL);
     v_ceiling := v_now + v_ttl;
     v_counted := @extschema@._idem_require_writable('record a recovery point');
+    -- After the update from 0.6.0: the key's record moved from idem_records_060 first.
+    PERFORM @extschema@._idem_adopt(operation, user_id, key);
     -- A reservation this transaction made and has not written yet (the native write-once flow:
     -- recovery point 0 may share the reservation's transaction) is written first.
     PERFORM @extschema@._idem_write_pending(operation, user_id, key);

@@ -48,6 +48,8 @@ BEGIN
     PERFORM @extschema@._idem_check_scope(operation, user_id, key);
     -- A reservation this transaction made and has not written yet shows as its record.
     PERFORM @extschema@._idem_write_pending(operation, user_id, key);
+    -- After the update from 0.6.0: the key's record moved from idem_records_060 first.
+    PERFORM @extschema@._idem_adopt(operation, user_id, key);
     -- Another role's record is refused (guarantee 8), to operators too unless members of it.
     PERFORM @extschema@._idem_check_owner(
         (SELECT r.owner FROM @extschema@.idem_records AS r

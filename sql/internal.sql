@@ -462,3 +462,160 @@ $fn$;
 
 COMMENT ON FUNCTION @extschema@._idem_distributed() IS
     'Internal: true when idem_records is a Citus distributed or reference table.';
+
+-- The records kept from 0.6.0 (docs/record-layout.md, "The update from 0.6.0"). The update
+-- renames 0.6.0's table to idem_records_060 and creates the new idem_records empty, catalog only;
+-- the old rows move one key at a time when a call reaches their key (_idem_adopt) and in batches
+-- behind it (idem_move_records: the maintenance worker, idem_maintain), and the old table is
+-- dropped once empty. A fresh install never has idem_records_060: each function below then
+-- answers at its first line, a catalog lookup. The table is named only inside PL/pgSQL bodies,
+-- planned when they run: a body that runs after the drop fails with undefined_table, caught in
+-- the branch that only runs while the table was seen.
+--
+-- The one conversion rule: the given rows of idem_records_060 deleted and inserted into
+-- idem_records (in a batch, not the finished expired ones: idem_sweep would delete them) with their id digest, their
+-- hash as stored (64 lowercase hex digits decoded, any other text hashed), their status code and
+-- the retry count they were created with (their counter's, if it was live then: what a replay
+-- answered). The delete and the insert are one statement: a reader sees the record in one table
+-- or the other, never in neither. A key that already has a record in the new table (written
+-- after the old one expired) keeps it: the old row goes.
+CREATE FUNCTION @extschema@._idem_legacy_move(ctids tid[], batch boolean) RETURNS bigint
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $fn$
+DECLARE
+    v_now timestamptz := clock_timestamp();
+    v_n   bigint;
+BEGIN
+    WITH gone AS (
+        DELETE FROM @extschema@.idem_records_060 AS o
+         WHERE o.ctid = ANY (ctids)
+        RETURNING o.*
+    ), moved AS (
+        INSERT INTO @extschema@.idem_records
+               (id, token, lease_expires_at, expires_at, created_at, updated_at, owner, attempts, status,
+                request_hash, operation, user_id, key, response)
+        SELECT @extschema@._idem_id(o.operation, o.user_id, o.key), o.token, o.lease_expires_at, o.expires_at,
+               o.created_at, o.updated_at, o.owner,
+               coalesce((SELECT t.attempts FROM @extschema@.idem_retries AS t
+                          WHERE t.operation = o.operation AND t.user_id = o.user_id AND t.key = o.key
+                            AND t.expires_at > o.created_at), 0),
+               @extschema@._idem_status_code(o.status), @extschema@._idem_hash(o.request_hash),
+               o.operation, o.user_id, o.key, o.response
+          FROM gone AS o
+         WHERE NOT batch OR o.status = 'PROCESSING' OR o.expires_at > v_now
+        ON CONFLICT ON CONSTRAINT idem_records_pkey DO NOTHING
+        RETURNING 1
+    )
+    SELECT count(*) INTO v_n FROM gone;
+    RETURN v_n;
+END
+$fn$;
+
+COMMENT ON FUNCTION @extschema@._idem_legacy_move(tid[], boolean) IS
+    'Internal (the update from 0.6.0): moves the given rows of idem_records_060 into idem_records (in a batch, finished expired ones only deleted); returns how many rows left the old table.';
+
+-- One batch of the old rows, rows other transactions hold skipped: 'stuck' (PROCESSING, lease
+-- run out: idem_recover_stuck's), 'expired' (finished, expired: idem_sweep's) or 'any'
+-- (PROCESSING first, by lease end, so recovery meets them early; then the rest in table order).
+-- NULL when there is no old table; else how many rows left it.
+CREATE FUNCTION @extschema@._idem_legacy_batch(batch_size integer, kind text) RETURNS bigint
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $fn$
+DECLARE
+    v_now   timestamptz := clock_timestamp();
+    v_n     bigint := 0;
+BEGIN
+    IF to_regclass('@extschema@.idem_records_060') IS NULL THEN
+        RETURN NULL;
+    END IF;
+    BEGIN
+        IF kind IN ('stuck', 'any') THEN
+            v_n := @extschema@._idem_legacy_move(ARRAY(
+                SELECT x.ctid FROM @extschema@.idem_records_060 AS x
+                 WHERE x.status = 'PROCESSING' AND (kind = 'any' OR x.lease_expires_at <= v_now)
+                 ORDER BY x.lease_expires_at
+                 LIMIT batch_size
+                   FOR UPDATE OF x SKIP LOCKED), true);
+        END IF;
+        IF kind = 'expired' THEN
+            v_n := @extschema@._idem_legacy_move(ARRAY(
+                SELECT x.ctid FROM @extschema@.idem_records_060 AS x
+                 WHERE x.status <> 'PROCESSING' AND x.expires_at <= v_now
+                 ORDER BY x.expires_at
+                 LIMIT batch_size
+                   FOR UPDATE OF x SKIP LOCKED), true);
+        ELSIF kind = 'any' AND v_n < batch_size THEN
+            v_n := v_n + @extschema@._idem_legacy_move(ARRAY(
+                SELECT x.ctid FROM @extschema@.idem_records_060 AS x
+                 LIMIT batch_size - v_n
+                   FOR UPDATE OF x SKIP LOCKED), true);
+        END IF;
+    EXCEPTION WHEN undefined_table THEN
+        RETURN NULL; -- dropped since the lookup
+    END;
+    RETURN v_n;
+END
+$fn$;
+
+COMMENT ON FUNCTION @extschema@._idem_legacy_batch(integer, text) IS
+    'Internal (the update from 0.6.0): moves one batch of idem_records_060 into idem_records: kind stuck, expired or any (PROCESSING first). NULL without the old table, else the rows that left it.';
+
+-- A key's record kept from 0.6.0, moved before a call reads or writes the key: every function
+-- that reads or writes a record by its key calls this first (idem_reserve once it holds the
+-- key's advisory lock). NULL when there is no old table (the only cost then: a catalog lookup).
+-- Otherwise the key's old row, if any, is moved under its row lock, waiting for a transaction
+-- that holds it (a batch moving it, another call moving it): after that wait the row is gone and
+-- its record committed in idem_records, which the caller's next statement (a new snapshot) sees.
+-- Never skipped: a call that skipped a row another transaction is moving would see no record and
+-- could run the request twice. With wait => false (a reservation that must not wait) a row
+-- another transaction holds answers false instead (the caller answers in_progress); true once the
+-- key has nothing left in the old table. In a read-only transaction (a standby) nothing moves:
+-- NULL. The caller reads the key again after a non-NULL answer.
+CREATE FUNCTION @extschema@._idem_adopt(operation text, user_id text, key text, wait boolean DEFAULT true)
+    RETURNS boolean
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $fn$
+#variable_conflict use_variable
+DECLARE
+    v_rows tid[];
+BEGIN
+    IF to_regclass('@extschema@.idem_records_060') IS NULL
+       OR current_setting('transaction_read_only')::boolean THEN
+        RETURN NULL;
+    END IF;
+    BEGIN
+        IF wait THEN
+            v_rows := ARRAY(SELECT o.ctid FROM @extschema@.idem_records_060 AS o
+                             WHERE o.operation = operation AND o.user_id = user_id AND o.key = key
+                               FOR UPDATE);
+        ELSE
+            v_rows := ARRAY(SELECT o.ctid FROM @extschema@.idem_records_060 AS o
+                             WHERE o.operation = operation AND o.user_id = user_id AND o.key = key
+                               FOR UPDATE SKIP LOCKED);
+            IF cardinality(v_rows) = 0
+               AND EXISTS (SELECT FROM @extschema@.idem_records_060 AS o
+                            WHERE o.operation = operation AND o.user_id = user_id AND o.key = key) THEN
+                RETURN false; -- another transaction holds the key's old row
+            END IF;
+        END IF;
+        IF cardinality(v_rows) > 0 THEN
+            PERFORM @extschema@._idem_legacy_move(v_rows, false);
+        END IF;
+    EXCEPTION WHEN undefined_table THEN
+        NULL; -- dropped since the lookup: nothing left to move
+    END;
+    RETURN true;
+END
+$fn$;
+
+COMMENT ON FUNCTION @extschema@._idem_adopt(text, text, text, boolean) IS
+    'Internal (the update from 0.6.0): moves the key''s record from idem_records_060 into idem_records before a call reads or writes it. NULL without the old table (or read-only), false when wait is false and another transaction holds the old row, else true.';
+
+REVOKE EXECUTE ON FUNCTION
+    @extschema@._idem_legacy_move(tid[], boolean),
+    @extschema@._idem_legacy_batch(integer, text),
+    @extschema@._idem_adopt(text, text, text, boolean)
+    FROM PUBLIC;

@@ -35,6 +35,8 @@ BEGIN
     END IF;
     v_max := @extschema@._idem_max_retries(max_retries);
     v_counted := @extschema@._idem_require_writable('recover stuck reservations');
+    -- Stuck records kept from 0.6.0 and not moved yet: moved first, then recovered below.
+    PERFORM @extschema@._idem_legacy_batch(batch_size, 'stuck');
 
     IF @extschema@._idem_distributed() THEN
         -- Citus: candidates by a plain read across shards, then key by key (see above).
@@ -120,11 +122,15 @@ DECLARE
     v_bucket   integer := @extschema@._idem_expiry_bucket(v_now);
     v_records  bigint;
     v_counters bigint := 0;
+    v_legacy   bigint;
     v_key      record;
     v_counted  boolean; -- receives _idem_count
 BEGIN
     PERFORM @extschema@._idem_check_batch_size(batch_size);
     v_counted := @extschema@._idem_require_writable('sweep expired records');
+    -- Expired records kept from 0.6.0 and not moved yet: deleted, counted as swept. While any
+    -- is left, no retry counter is swept (an old record's move reads its counter).
+    v_legacy := @extschema@._idem_legacy_batch(batch_size, 'expired');
 
     IF @extschema@._idem_distributed() THEN
         -- Citus: candidates by a plain read across shards, then key by key (see above).
@@ -183,13 +189,14 @@ BEGIN
                  FROM @extschema@.idem_records AS x
                 WHERE x.status <> 'p' AND @extschema@._idem_expiry_bucket(x.expires_at) <= v_bucket
                   AND x.expires_at <= v_now
-                LIMIT batch_size
+                LIMIT batch_size - coalesce(v_legacy, 0)
                   FOR UPDATE OF x SKIP LOCKED))
        AND r.status <> 'p' AND r.expires_at <= v_now;
     GET DIAGNOSTICS v_records = ROW_COUNT;
+    v_records := v_records + coalesce(v_legacy, 0);
 
     -- Retry counters: expired, and no remaining record was created while the counter was live.
-    IF v_records < batch_size THEN
+    IF v_records < batch_size AND v_legacy IS NULL THEN
         DELETE FROM @extschema@.idem_retries AS t
          WHERE t.ctid = ANY (ARRAY(
                    SELECT x.ctid
@@ -212,3 +219,48 @@ $fn$;
 
 COMMENT ON FUNCTION @extschema@.idem_sweep(integer) IS
     'Deletes up to batch_size expired SUCCESS/FAILED/RESUMABLE records, then expired retry counters no remaining record needs. Returns how many rows it deleted. Safe to run concurrently with itself and with traffic.';
+
+-- The records kept from 0.6.0 (docs/record-layout.md, "The update from 0.6.0"; docs/upgrading.md):
+-- one batch of idem_records_060 moved into idem_records (PROCESSING first, finished expired ones
+-- deleted), rows live transactions hold skipped. Once the old table is empty it is dropped, under
+-- a short lock_timeout (a transaction still holding it, such as a call that moved a key of it and
+-- has not committed, makes the drop wait for the next call instead). The maintenance worker calls
+-- it each pass while the old table exists, and idem_maintain; without either, call it until it
+-- answers 0 (docs/upgrading.md). Returns how many rows left the old table; 0 once it is gone.
+CREATE FUNCTION @extschema@.idem_move_records(batch_size integer DEFAULT 10000)
+    RETURNS bigint
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp
+    AS $fn$
+DECLARE
+    v_n       bigint;
+    v_counted boolean; -- receives _idem_count
+BEGIN
+    PERFORM @extschema@._idem_check_batch_size(batch_size);
+    v_counted := @extschema@._idem_require_writable('move records');
+    v_n := @extschema@._idem_legacy_batch(batch_size, 'any');
+    IF v_n IS NULL THEN
+        RETURN 0; -- no old table (a fresh install, or the move is over)
+    END IF;
+    IF v_n > 0 THEN
+        RETURN v_n;
+    END IF;
+    -- Empty, or every row left is held by a live transaction.
+    BEGIN
+        SET LOCAL lock_timeout = '100ms';
+        LOCK TABLE @extschema@.idem_records_060 IN ACCESS EXCLUSIVE MODE;
+        IF NOT EXISTS (SELECT FROM @extschema@.idem_records_060) THEN
+            DROP TABLE @extschema@.idem_records_060;
+            RAISE LOG 'idempotency: every record kept from 0.6.0 is in idem_records; idem_records_060 dropped';
+        END IF;
+    EXCEPTION WHEN lock_not_available OR undefined_table THEN
+        NULL; -- in use (tried again by the next call), or dropped meanwhile
+    END;
+    RETURN 0;
+END
+$fn$;
+
+COMMENT ON FUNCTION @extschema@.idem_move_records(integer) IS
+    'After the update from 0.6.0: moves up to batch_size records kept in idem_records_060 into idem_records (PROCESSING first; finished expired ones deleted), and drops idem_records_060 once it is empty. Returns how many rows left the old table: call it until it answers 0 (the maintenance worker and idem_maintain do). Not granted to PUBLIC.';
+
+REVOKE EXECUTE ON FUNCTION @extschema@.idem_move_records(integer) FROM PUBLIC;

@@ -114,7 +114,7 @@ COMMENT ON FUNCTION @extschema@.idem_stats() IS
 -- batch commits on its own, so no transaction is long and a crash loses at most one batch.
 -- A procedure with transaction control cannot pin its search_path (SET clause), so every name
 -- and operator here is qualified; it is not SECURITY DEFINER: its caller needs EXECUTE on
--- idem_recover_stuck and idem_sweep.
+-- idem_move_records, idem_recover_stuck and idem_sweep.
 CREATE PROCEDURE @extschema@.idem_maintain(batch_size integer DEFAULT 10000, action text DEFAULT 'fail')
     LANGUAGE plpgsql
     AS $fn$
@@ -124,7 +124,17 @@ DECLARE
     v_recovered  bigint := 0;
     v_swept      bigint := 0;
     v_xacts      integer := 0;
+    v_moved      bigint := 0;
 BEGIN
+    -- After the update from 0.6.0: the records kept in idem_records_060 moved into idem_records,
+    -- then the emptied table dropped (idem_move_records answers 0 at once on any other install).
+    LOOP
+        v_n := @extschema@.idem_move_records(batch_size => batch_size);
+        COMMIT;
+        v_moved := v_moved OPERATOR(pg_catalog.+) v_n;
+        v_xacts := v_xacts OPERATOR(pg_catalog.+) 1;
+        EXIT WHEN v_n OPERATOR(pg_catalog.=) 0;
+    END LOOP;
     LOOP
         v_n := @extschema@.idem_recover_stuck(batch_size => batch_size, action => action);
         COMMIT;
@@ -139,16 +149,16 @@ BEGIN
         v_xacts := v_xacts OPERATOR(pg_catalog.+) 1;
         EXIT WHEN v_n OPERATOR(pg_catalog.<) batch_size;
     END LOOP;
-    IF v_recovered OPERATOR(pg_catalog.+) v_swept OPERATOR(pg_catalog.>) 0 THEN
-        RAISE LOG 'idempotency maintenance in database "%": recovered % (action %), swept %, in % transactions of at most % rows, % s',
-            pg_catalog.current_database(), v_recovered, action, v_swept, v_xacts, batch_size,
+    IF v_moved OPERATOR(pg_catalog.+) v_recovered OPERATOR(pg_catalog.+) v_swept OPERATOR(pg_catalog.>) 0 THEN
+        RAISE LOG 'idempotency maintenance in database "%": moved % (kept from 0.6.0), recovered % (action %), swept %, in % transactions of at most % rows, % s',
+            pg_catalog.current_database(), v_moved, v_recovered, action, v_swept, v_xacts, batch_size,
             pg_catalog.round(pg_catalog.date_part('epoch', pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) v_started)::numeric, 3);
     END IF;
 END
 $fn$;
 
 COMMENT ON PROCEDURE @extschema@.idem_maintain(integer, text) IS
-    'Maintenance for pg_cron: idem_recover_stuck, then idem_sweep, batch after batch, each batch committed on its own, until a batch comes back less than full; logs a summary when it did work. CALL it outside a transaction block. Not granted to PUBLIC.';
+    'Maintenance for pg_cron: idem_move_records (after the update from 0.6.0, until the old table is gone), idem_recover_stuck, then idem_sweep, batch after batch, each batch committed on its own, until a batch comes back less than full; logs a summary when it did work. CALL it outside a transaction block. Not granted to PUBLIC.';
 
 REVOKE EXECUTE ON PROCEDURE @extschema@.idem_maintain(integer, text) FROM PUBLIC;
 

@@ -179,6 +179,7 @@ DECLARE
     v_answer   @extschema@.idem_reservation;
     v_id       uuid;
     v_stored   bytea; -- request_hash as the record stores it
+    v_adopted  boolean := false;
 BEGIN
     -- The argument rules, checked natively (extension/src/args.rs, on the client crate's key
     -- rules): each check raises 22004/22023 naming the argument, or answers true.
@@ -290,6 +291,24 @@ BEGIN
         END IF;
 
         v_locked := true;
+        -- After the update from 0.6.0, the key's record may still be in idem_records_060: moved
+        -- now (under the key's lock, so no reservation of the key runs meanwhile), then read
+        -- again. NULL: no old table, nothing to do.
+        IF NOT v_adopted THEN
+            v_adopted := true;
+            v_found := @extschema@._idem_adopt(operation, user_id, key, wait);
+            IF NOT v_found THEN
+                -- Another transaction holds the key's old row (moving it, or completing it).
+                SELECT t.attempts INTO v_attempts
+                  FROM @extschema@.idem_retries AS t
+                 WHERE t.operation = operation AND t.user_id = user_id AND t.key = key
+                   AND t.expires_at > v_now;
+                v_counted := @extschema@._idem_count('reservations_in_progress');
+                RETURN ROW('in_progress', NULL, NULL, coalesce(v_attempts, 0), NULL, NULL, NULL)::@extschema@.idem_reservation;
+            ELSIF v_found THEN
+                CONTINUE;
+            END IF;
+        END IF;
         v_token := nextval('@extschema@.idem_token_seq');
         v_owner := @extschema@._idem_caller();
         IF v_resume THEN

@@ -1,5 +1,6 @@
 //! Scheduled maintenance: `idem_recover_stuck` and `idem_sweep` in every database listed in
-//! `idempotency.maintenance_databases`, every `idempotency.maintenance_interval`.
+//! `idempotency.maintenance_databases`, every `idempotency.maintenance_interval` (and first,
+//! after the update from 0.6.0 and until it is over, `idem_move_records`).
 //!
 //! A PostgreSQL process connects to one database for its whole life, so one process cannot visit
 //! a list of them. As pg_partman's worker does, a static *launcher* (registered when the library
@@ -305,9 +306,10 @@ fn run_pass(db: &str, logged: &mut HashSet<String>, vacuumed: &mut HashMap<Strin
 }
 
 /// Runs `sql` (one batch, `$1` = batch size) in its own transaction until a batch is less than
-/// full, at most [`PASS_BATCHES`] times. Returns the rows handled, the number of transactions,
-/// and whether it finished (false: it stopped at the bound after a full batch).
-fn drain(sql: &str, batch_size: i32, action: Option<&str>) -> (i64, i64, bool) {
+/// full (with `until_zero`, until a batch handles nothing), at most [`PASS_BATCHES`] times.
+/// Returns the rows handled, the number of transactions, and whether it finished (false: it
+/// stopped at the bound).
+fn drain(sql: &str, batch_size: i32, action: Option<&str>, until_zero: bool) -> (i64, i64, bool) {
     let (mut total, mut transactions) = (0i64, 0i64);
     let activity = CString::new(sql).unwrap_or_default();
     while !shutdown_requested() {
@@ -328,7 +330,7 @@ fn drain(sql: &str, batch_size: i32, action: Option<&str>) -> (i64, i64, bool) {
         unsafe { pg_sys::pgstat_report_activity(pg_sys::BackendState::STATE_IDLE, std::ptr::null()) };
         total += n;
         transactions += 1;
-        if n < i64::from(batch_size) {
+        if n < i64::from(batch_size) && !(until_zero && n > 0) {
             break;
         }
     }
@@ -372,23 +374,36 @@ pub extern "C-unwind" fn _idem_maintenance_main(arg: pg_sys::Datum) {
     // Within the grace after a promotion (begin_grace_if_promoted) recovery waits.
     // SAFETY: reads the clock.
     let in_grace = handshake::grace_until() > unsafe { pg_sys::GetCurrentTimestamp() };
+    // After the update from 0.6.0 (docs/record-layout.md): the records kept in idem_records_060
+    // move into idem_records first, PROCESSING ones first, so recovery below meets them; the
+    // old table is dropped by the call that finds it empty. Looked up each pass (one catalog
+    // lookup): the table exists only until the move ends.
+    let kept = BackgroundWorker::transaction(|| {
+        Spi::get_one_with_args::<bool>("SELECT pg_catalog.to_regclass($1) IS NOT NULL", &[format!("{schema}.idem_records_060").into()])
+    });
+    let (moved, move_xacts, move_done) = match kept {
+        Ok(Some(true)) => drain(&format!("SELECT {schema}.idem_move_records(batch_size => $1)"), settings.batch_size, None, true),
+        Ok(_) => (0, 0, true),
+        Err(e) => error!("idempotency maintenance: looking up idem_records_060 in database \"{db}\": {e}"),
+    };
     let (recovered, recover_xacts, recover_done) = if in_grace {
         (0, 0, true)
     } else {
-        drain(&format!("SELECT {schema}.idem_recover_stuck(batch_size => $1, action => $2)"), settings.batch_size, Some(action))
+        drain(&format!("SELECT {schema}.idem_recover_stuck(batch_size => $1, action => $2)"), settings.batch_size, Some(action), false)
     };
     let (swept, sweep_xacts, sweep_done) =
-        drain(&format!("SELECT {schema}.idem_sweep(batch_size => $1)"), settings.batch_size, None);
+        drain(&format!("SELECT {schema}.idem_sweep(batch_size => $1)"), settings.batch_size, None, false);
     crate::vacuum::after_sweep(db, &schema, swept);
     metrics::add("worker_passes", 1);
-    if recovered + swept > 0 {
+    if moved + recovered + swept > 0 {
         log!(
-            "idempotency maintenance in database \"{db}\": recovered {recovered} (action {action}), swept {swept}, in {} transactions of at most {} rows, {:.3} s{}",
-            recover_xacts + sweep_xacts,
+            "idempotency maintenance in database \"{db}\": {}recovered {recovered} (action {action}), swept {swept}, in {} transactions of at most {} rows, {:.3} s{}",
+            if move_xacts > 0 { format!("moved {moved} (kept from 0.6.0), ") } else { String::new() },
+            move_xacts + recover_xacts + sweep_xacts,
             settings.batch_size,
             started.elapsed().as_secs_f64(),
-            if recover_done && sweep_done { "" } else { "; stopped at the pass's bound, the next round continues" }
+            if move_done && recover_done && sweep_done { "" } else { "; stopped at the pass's bound, the next round continues" }
         );
     }
-    handshake::set(if recover_done && sweep_done { Pass::Done } else { Pass::Unfinished });
+    handshake::set(if move_done && recover_done && sweep_done { Pass::Done } else { Pass::Unfinished });
 }

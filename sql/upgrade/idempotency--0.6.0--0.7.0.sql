@@ -57,13 +57,12 @@ $do$;
 
 -- The record's layout (issue 43, docs/record-layout.md, "The update from 0.6.0"): 0.6.0's table is
 -- renamed aside and a new idem_records created in the compact layout, with issue 45's step and
--- state; then every record is moved into it, keeping its token, owner, times and response, and
--- the old table dropped. The records' rows change type (a digest key, a 32-byte hash, a status
--- code), so no ALTER TABLE can get there without rewriting the table under its lock anyway.
---
--- Not done yet (docs/record-layout.md, "What the implementation changes"): the move runs here,
--- in the update's transaction, under the ACCESS EXCLUSIVE lock taken above; the plan moves it to
--- the maintenance worker in batches while both tables answer.
+-- state. The records' rows change type (a digest key, a 32-byte hash, a status code), so no ALTER
+-- TABLE gets there without rewriting the table under its lock. Nothing is moved here: this
+-- script changes the catalog only, so its lock lasts milliseconds (plus the wait for the
+-- transactions already holding a lock on the tables). The records move afterwards, each key's
+-- when a call reaches it (_idem_adopt, under the key's lock) and the rest in batches
+-- (idem_move_records: the maintenance worker, idem_maintain); the old table goes once empty.
 
 -- What the new table and the move need before the replay below (which replaces each with the
 -- sources' definition, its comment and its privileges): the record's id and stored hash, the
@@ -192,30 +191,17 @@ CREATE TABLE @extschema@.idem_records (
 COMMENT ON TABLE @extschema@.idem_records IS
     'One record per (operation, user_id, key), keyed by its id digest: the reservation, its fencing token and the stored response.';
 
--- Every record, in one statement: its id, its hash as stored (64 lowercase hex digits decoded,
--- any other text hashed: the rule new writes follow), its status code, and the retry count it
--- was created with (its counter's, when the counter was live then: what a replay answered).
-INSERT INTO @extschema@.idem_records
-       (id, token, lease_expires_at, expires_at, created_at, updated_at, owner, attempts, status,
-        request_hash, operation, user_id, key, response)
-SELECT @extschema@._idem_id(o.operation, o.user_id, o.key), o.token, o.lease_expires_at, o.expires_at,
-       o.created_at, o.updated_at, o.owner,
-       coalesce((SELECT t.attempts FROM @extschema@.idem_retries AS t
-                  WHERE t.operation OPERATOR(pg_catalog.=) o.operation
-                    AND t.user_id OPERATOR(pg_catalog.=) o.user_id AND t.key OPERATOR(pg_catalog.=) o.key
-                    AND t.expires_at OPERATOR(pg_catalog.>) o.created_at), 0),
-       @extschema@._idem_status_code(o.status), @extschema@._idem_hash(o.request_hash),
-       o.operation, o.user_id, o.key, o.response
-  FROM @extschema@.idem_records_060 AS o;
-
--- The indexes after the rows: built once instead of updated per row.
+-- The new table's indexes (the table is empty: built at once).
 CREATE INDEX idem_records_lease_idx ON @extschema@.idem_records (lease_expires_at)
     WHERE status OPERATOR(pg_catalog.=) 'p'::"char";
 CREATE INDEX idem_records_expiry_idx ON @extschema@.idem_records (@extschema@._idem_expiry_bucket(expires_at))
     WHERE status OPERATOR(pg_catalog.<>) 'p'::"char";
 
--- pg_dump keeps the new table's rows; the old table leaves the extension (and its dump list)
--- and goes.
+-- pg_dump keeps the new table's rows. The old table leaves the extension (and pg_dump's list of
+-- its members' rows): as a plain table, a dump carries it whole (definition and rows) and a
+-- restore re-creates it beside a fresh install, where the move carries on. (As a member, a dump
+-- would carry its rows but not the table, which a fresh install of 0.7.0 does not create.)
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.idem_records'::pg_catalog.regclass, '');
 ALTER EXTENSION idempotency DROP TABLE @extschema@.idem_records_060;
-DROP TABLE @extschema@.idem_records_060;
+COMMENT ON TABLE @extschema@.idem_records_060 IS
+    'The records kept from idempotency 0.6.0, moving into idem_records (idem_move_records; docs/upgrading.md). Dropped once empty.';

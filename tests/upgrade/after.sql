@@ -8,6 +8,45 @@ CREATE TEMP VIEW installed AS
 SELECT string_to_array(coalesce((SELECT extversion FROM pg_extension WHERE extname = 'idempotency'),
                                 (SELECT substring(prosrc, '''([0-9][^'']*)''') FROM pg_proc
                                   WHERE proname = '_idem_portable_version' LIMIT 1)), '.')::int[] AS version;
+-- 0.7.0's update moves no record (docs/record-layout.md, "The update from 0.6.0"): they stay in
+-- idem_records_060, each key's moved when a call reaches it, the rest by idem_move_records.
+CREATE FUNCTION pg_temp.kept(k text) RETURNS boolean LANGUAGE plpgsql AS $$
+BEGIN
+    IF to_regclass('idem_records_060') IS NULL THEN
+        RETURN false;
+    END IF;
+    RETURN EXISTS (SELECT FROM idem_records_060 WHERE operation = 'up' AND user_id = 'u' AND key = k);
+END $$;
+-- The rows still in the old table, as the calling statement's snapshot sees them (STABLE).
+CREATE FUNCTION pg_temp.kept_count() RETURNS bigint LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    IF to_regclass('idem_records_060') IS NULL THEN
+        RETURN 0;
+    END IF;
+    RETURN (SELECT count(*) FROM idem_records_060);
+END $$;
+SELECT 'the update moved no record: all in idem_records_060, idem_records empty (0.7.0 on)',
+       version < '{0,7,0}'
+       OR (pg_temp.kept_count() = (SELECT count(*) FROM upgrade_test.records) AND NOT EXISTS (SELECT FROM idem_records))
+  FROM installed;
+SELECT 'the in-flight reservation''s record is still in idem_records_060 (0.7.0 on)',
+       version < '{0,7,0}' OR pg_temp.kept('kept')
+  FROM installed;
+SELECT 'its token completes it (moved by the call)',
+       idem_complete('up', 'u', 'kept', token, '{"id": 5}')
+  FROM upgrade_test.tokens WHERE key = 'kept';
+SELECT 'and the key then replays that response',
+       outcome = 'replay' AND response = '{"id": 5}' AND NOT pg_temp.kept('kept')
+  FROM idem_reserve('up', 'u', 'kept', 'h');
+SELECT 'the records answered below are still in idem_records_060 (0.7.0 on)',
+       version < '{0,7,0}' OR bool_and(pg_temp.kept(key))
+  FROM upgrade_test.answers, installed GROUP BY version;
+SELECT 'every record answers as before (outcome, response, attempts, expiry)',
+       count(*) = 0
+  FROM (SELECT * FROM upgrade_test.answers
+        EXCEPT
+        SELECT q.key, q.hash, r.outcome, r.token, r.response, r.attempts, r.expires_at
+          FROM upgrade_test.answers AS q, LATERAL idem_reserve('up', 'u', q.key, q.hash) AS r) AS d;
 SELECT 'the update changed no record and no retry counter',
        (SELECT count(*)
           FROM (SELECT o.operation, o.user_id, o.key, o.status, o.token, o.response, o.lease_expires_at,
@@ -16,11 +55,13 @@ SELECT 'the update changed no record and no retry counter',
                             THEN encode(sha256(convert_to(o.request_hash, getdatabaseencoding())), 'hex')
                             ELSE o.request_hash END
                   FROM upgrade_test.records AS o
+                 WHERE o.key NOT LIKE 'kept%' AND o.key <> 'moving'
                 EXCEPT
                 SELECT l.operation, l.user_id, l.key, l.status, l.token, l.response, l.lease_expires_at,
                        l.expires_at, l.created_at, l.updated_at, l.request_hash
-                  FROM upgrade_test.records AS o, LATERAL idem_lookup(o.operation, o.user_id, o.key) AS l) AS d) = 0
-       AND (SELECT count(*) FROM idem_records) = (SELECT count(*) FROM upgrade_test.records)
+                  FROM upgrade_test.records AS o, LATERAL idem_lookup(o.operation, o.user_id, o.key) AS l
+                 WHERE o.key NOT LIKE 'kept%' AND o.key <> 'moving') AS d) = 0
+       AND (SELECT count(*) FROM idem_records) + pg_temp.kept_count() = (SELECT count(*) FROM upgrade_test.records)
        AND (SELECT count(*) FROM (SELECT to_jsonb(o) - 'owner' FROM upgrade_test.retries AS o
                               EXCEPT
                               SELECT to_jsonb(t) - 'owner' FROM idem_retries AS t) AS d) = 0
@@ -28,12 +69,6 @@ SELECT 'the update changed no record and no retry counter',
 SELECT 'the answers before the update were replay, failed, in_progress and mismatch',
        array_agg(DISTINCT outcome ORDER BY outcome) = '{failed,in_progress,mismatch,replay}'
   FROM upgrade_test.answers;
-SELECT 'every record answers as before (outcome, response, attempts, expiry)',
-       count(*) = 0
-  FROM (SELECT * FROM upgrade_test.answers
-        EXCEPT
-        SELECT q.key, q.hash, r.outcome, r.token, r.response, r.attempts, r.expires_at
-          FROM upgrade_test.answers AS q, LATERAL idem_reserve('up', 'u', q.key, q.hash) AS r) AS d;
 SELECT 'the in-flight reservation''s token completes it',
        idem_complete('up', 'u', 'inflight', token, '{"id": 3}')
   FROM upgrade_test.tokens WHERE key = 'inflight';
@@ -65,10 +100,22 @@ SELECT 'the retry counters kept from before the update have no owner, counted ag
   FROM (SELECT coalesce((SELECT extversion FROM pg_extension WHERE extname = 'idempotency'),
                         (SELECT substring(prosrc, '''([0-9][^'']*)''') FROM pg_proc
                           WHERE proname = '_idem_portable_version' LIMIT 1)) AS version) AS v;
-SELECT 'recovery takes the old stuck row (and only it)', idem_recover_stuck() = 1;
-SELECT 'the stuck row is now FAILED', status::text IN ('FAILED', 'f') FROM idem_records WHERE key = 'stuck';
-SELECT 'sweep deletes the old expired row (and only it)', idem_sweep() = 1;
-SELECT 'the expired row is gone', NOT EXISTS (SELECT FROM idem_records WHERE key = 'expired');
+SELECT 'another in-flight reservation, still in idem_records_060, heartbeats and is released with its token (0.7.0 on)',
+       version < '{0,7,0}'
+       OR (pg_temp.kept('kept_released')
+           AND (SELECT idem_heartbeat('up', 'u', 'kept_released', token) FROM upgrade_test.tokens WHERE key = 'kept_released')
+           AND (SELECT idem_release('up', 'u', 'kept_released', token) = 'released' FROM upgrade_test.tokens WHERE key = 'kept_released')
+           AND NOT EXISTS (SELECT FROM idem_records WHERE key = 'kept_released') AND NOT pg_temp.kept('kept_released'))
+  FROM installed;
+SELECT 'a stuck and an expired record are still in idem_records_060 (0.7.0 on)',
+       version < '{0,7,0}' OR (pg_temp.kept('kept_stuck') AND pg_temp.kept('kept_expired'))
+  FROM installed;
+SELECT 'recovery takes the two old stuck rows (and only them)', idem_recover_stuck() = 2;
+SELECT 'the stuck rows are now FAILED', count(*) = 2 AND bool_and(status::text IN ('FAILED', 'f'))
+  FROM idem_records WHERE key IN ('stuck', 'kept_stuck');
+SELECT 'sweep deletes the two old expired rows (and only them)', idem_sweep() = 2;
+SELECT 'the expired rows are gone, in both tables', NOT EXISTS (SELECT FROM idem_records WHERE key IN ('expired', 'kept_expired'))
+       AND NOT pg_temp.kept('kept_expired');
 SELECT 'the expired key can be reserved again', outcome = 'created'
   FROM idem_reserve('up', 'u', 'expired', 'h');
 -- From 0.4.0 on (an update to an earlier version, as the portable chain's steps, keeps the default).
@@ -166,3 +213,67 @@ SELECT 'after the documented REVOKE (0.6.0 on), PUBLIC may not reserve; idempote
   FROM (SELECT coalesce((SELECT extversion FROM pg_extension WHERE extname = 'idempotency'),
                         (SELECT substring(prosrc, '''([0-9][^'']*)''') FROM pg_proc
                           WHERE proname = '_idem_portable_version' LIMIT 1)) AS version) AS v;
+-- 0.7.0: the move in batches (idem_move_records) while reservations of a moving key run. A
+-- second session (dblink) moves every row left and holds its transaction open; a reservation
+-- that must not wait answers in_progress (never created: the record it cannot see yet is
+-- moving), one that waits blocks on the moved row until the mover commits, then reads the record
+-- the mover committed after its statement began: replay (docs/record-layout.md).
+CREATE EXTENSION IF NOT EXISTS dblink SCHEMA upgrade_test;
+CREATE FUNCTION pg_temp.reserve_while_moving() RETURNS text LANGUAGE plpgsql AS $$
+DECLARE
+    v_conn     text := format('host=127.0.0.1 port=%s user=postgres dbname=%s', current_setting('port'), current_database());
+    v_pid      integer;
+    v_moved    bigint;
+    v_nowait   text;
+    v_blocked  boolean := false;
+    v_deadline timestamptz := clock_timestamp() + interval '30 seconds';
+    v_waited   record;
+BEGIN
+    PERFORM upgrade_test.dblink_connect('mover', v_conn);
+    PERFORM upgrade_test.dblink_connect('waiter', v_conn);
+    PERFORM upgrade_test.dblink_exec('mover', 'BEGIN');
+    SELECT n INTO v_moved FROM upgrade_test.dblink('mover', 'SELECT idem_move_records(100000)') AS t(n bigint);
+    -- (In a session of its own: the PL/pgSQL idem_reserve keeps the key's lock to the end of
+    -- its transaction, and this function's transaction lasts until the waiter has answered.)
+    SELECT outcome INTO v_nowait
+      FROM upgrade_test.dblink('waiter', $q$SELECT outcome FROM idem_reserve('up', 'u', 'moving', 'h')$q$) AS t(outcome text);
+    SELECT p INTO v_pid FROM upgrade_test.dblink('waiter', 'SELECT pg_backend_pid()') AS t(p integer);
+    PERFORM upgrade_test.dblink_send_query('waiter', $q$SELECT outcome, response FROM idem_reserve('up', 'u', 'moving', 'h', wait => true)$q$);
+    LOOP
+        v_blocked := cardinality(pg_blocking_pids(v_pid)) > 0;
+        EXIT WHEN v_blocked OR clock_timestamp() > v_deadline;
+        PERFORM pg_sleep(0.01);
+    END LOOP;
+    PERFORM upgrade_test.dblink_exec('mover', 'COMMIT');
+    SELECT * INTO v_waited FROM upgrade_test.dblink_get_result('waiter') AS t(outcome text, response jsonb);
+    PERFORM upgrade_test.dblink_disconnect('mover');
+    PERFORM upgrade_test.dblink_disconnect('waiter');
+    RETURN format('moved>0 %s, without waiting %s, blocked %s, then %s %s', v_moved > 0, v_nowait, v_blocked,
+                  v_waited.outcome, v_waited.response);
+END $$;
+SELECT 'a batch moving the key: a reservation answers in_progress, one that waits blocks and then replays (0.7.0 on)',
+       CASE WHEN version < '{0,7,0}' THEN 't'
+            ELSE (SELECT CASE WHEN r = 'moved>0 t, without waiting in_progress, blocked t, then replay {"id": 6}'
+                              THEN 't' ELSE r END
+                    FROM pg_temp.reserve_while_moving() AS r) END
+  FROM installed;
+-- (A function, so that versions without idem_move_records never parse a call of it.)
+CREATE FUNCTION pg_temp.move_records() RETURNS bigint LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN idem_move_records();
+END $$;
+SELECT 'the next idem_move_records finds idem_records_060 empty: it drops it and answers 0 (0.7.0 on)',
+       CASE WHEN version < '{0,7,0}' THEN true ELSE pg_temp.move_records() = 0 END
+  FROM installed;
+SELECT 'idem_records_060 is gone, and idem_move_records answers 0 without it (0.7.0 on)',
+       CASE WHEN version < '{0,7,0}' THEN true
+            ELSE to_regclass('idem_records_060') IS NULL AND pg_temp.move_records() = 0 END
+  FROM installed;
+SELECT 'every record kept from before the update is in idem_records (the swept expired ones and the released one aside)',
+       NOT EXISTS (SELECT FROM upgrade_test.records AS o
+                    WHERE o.key NOT IN ('expired', 'kept_expired', 'kept_released')
+                      AND NOT EXISTS (SELECT FROM idem_records AS r
+                                       WHERE r.operation = o.operation AND r.user_id = o.user_id AND r.key = o.key));
+SELECT 'and a record moved by a batch replays after the move',
+       outcome = 'replay' AND response = '{"id": 6}'
+  FROM idem_reserve('up', 'u', 'moving', 'h');

@@ -8,6 +8,21 @@ CREATE TABLE upgrade_test.tokens (key text PRIMARY KEY, token bigint);
 -- completed); its token completes it after the update.
 INSERT INTO upgrade_test.tokens
 SELECT 'inflight', token FROM idem_reserve('up', 'u', 'inflight', 'h', ttl => '1 hour', lease => '1 hour');
+-- Another in flight, completed after the update while its record is still in 0.6.0's table
+-- (0.7.0's update moves no record; tests/upgrade/after.sql).
+INSERT INTO upgrade_test.tokens
+SELECT 'kept', token FROM idem_reserve('up', 'u', 'kept', 'h', ttl => '1 hour', lease => '1 hour');
+-- SUCCESS, moved by a batch while a reservation of the key waits for it (0.7.0).
+INSERT INTO upgrade_test.tokens SELECT 'moving', token FROM idem_reserve('up', 'u', 'moving', 'h');
+SELECT idem_complete('up', 'u', 'moving', token, '{"id": 6}') FROM upgrade_test.tokens WHERE key = 'moving';
+-- In flight, heartbeated and released after the update while still in 0.6.0's table (0.7.0).
+INSERT INTO upgrade_test.tokens
+SELECT 'kept_released', token FROM idem_reserve('up', 'u', 'kept_released', 'h', ttl => '1 hour', lease => '1 hour');
+-- Stuck and expired, still in 0.6.0's table when idem_recover_stuck and idem_sweep meet them (0.7.0).
+INSERT INTO upgrade_test.tokens
+SELECT 'kept_stuck', token FROM idem_reserve('up', 'u', 'kept_stuck', 'h', ttl => '1 hour', lease => '1 ms');
+INSERT INTO upgrade_test.tokens SELECT 'kept_expired', token FROM idem_reserve('up', 'u', 'kept_expired', 'h', ttl => '1 ms');
+SELECT idem_complete('up', 'u', 'kept_expired', token, '{"id": 7}') FROM upgrade_test.tokens WHERE key = 'kept_expired';
 -- PROCESSING stuck: its lease runs out below.
 INSERT INTO upgrade_test.tokens
 SELECT 'stuck', token FROM idem_reserve('up', 'u', 'stuck', 'h', ttl => '1 hour', lease => '1 ms');

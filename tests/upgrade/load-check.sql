@@ -9,6 +9,8 @@ SELECT 'the load created keys before the update', count(*) > 0
   FROM idem_records WHERE operation = 'load' AND created_at < :'updated_at';
 SELECT 'the load created keys after the update', count(*) > 0
   FROM idem_records WHERE operation = 'load' AND created_at > :'updated_at';
+SELECT 'the load created keys after the move of the records kept from 0.6.0 ended', count(*) > 0
+  FROM idem_records WHERE operation = 'load' AND created_at > :'moved_at';
 SELECT 'no key ran twice (one business row per key at most)',
        coalesce(max(n), 0) <= 1 FROM (SELECT count(*) AS n FROM charges GROUP BY k) AS c;
 SELECT 'every completed key has exactly its one business row and its own response',

@@ -6,6 +6,7 @@
 
 use super::call::{self, v1_function_info, Text};
 use super::catalog;
+use super::legacy;
 use super::owner;
 use super::pending;
 use super::plans::{self, Stmt};
@@ -120,6 +121,8 @@ pub unsafe extern "C-unwind" fn idem_complete_native(fcinfo: pg_sys::FunctionCal
     }
     let catalog = catalog::for_function(fn_oid);
     writable::require(&catalog, "complete a key");
+    // After the update from 0.6.0: the key's record moved from idem_records_060 first.
+    legacy::adopt(&catalog, operation, user_id, key, true);
     let now = now();
     // A reservation of this transaction not written yet: write it once, finished.
     let done = pending::complete(&catalog, &Scope { operation, user_id, key }, token, status, response, now) || {
@@ -161,6 +164,8 @@ pub unsafe extern "C-unwind" fn idem_release_native(fcinfo: pg_sys::FunctionCall
     let max_retries = args::_idem_max_retries(max_retries);
     let catalog = catalog::for_function(fn_oid);
     writable::require(&catalog, "release a key");
+    // After the update from 0.6.0: the key's record moved from idem_records_060 first.
+    legacy::adopt(&catalog, operation, user_id, key, true);
     let _ = pending::materialize(&catalog, &Scope { operation, user_id, key });
     let scope = [Some(operation.datum), Some(user_id.datum), Some(key.datum)];
     let outcome = plans::connected(|| {
@@ -214,6 +219,8 @@ pub unsafe extern "C-unwind" fn idem_heartbeat_native(fcinfo: pg_sys::FunctionCa
     let ceiling = call::plus(now, ttl.into_datum().unwrap_or(Datum::from(0)));
     let catalog = catalog::for_function(fn_oid);
     writable::require(&catalog, "extend a lease");
+    // After the update from 0.6.0: the key's record moved from idem_records_060 first.
+    legacy::adopt(&catalog, operation, user_id, key, true);
     let _ = pending::materialize(&catalog, &Scope { operation, user_id, key });
     let params = [
         Some(operation.datum),

@@ -12,6 +12,7 @@
 //!   them; plans know only the schema's name, so the two modules do not import each other).
 //! - [`call`]: reading the arguments of a V1 call and building the answers.
 //! - [`writable`]: the refusal to write on a standby or in a read-only transaction.
+//! - [`legacy`]: after the update from 0.6.0, a key's record moved from the old table first.
 //! - [`reserve`], [`finish`]: the functions; [`replay`]: `idem_replay`, the read-only first
 //!   step of `idem_reserve` (sql/replay.sql).
 
@@ -20,6 +21,7 @@ use pgrx::pg_sys;
 pub(crate) mod call;
 pub(crate) mod catalog;
 pub(crate) mod finish;
+pub(crate) mod legacy;
 pub(crate) mod owner;
 pub(crate) mod pending;
 pub(crate) mod plans;

@@ -63,9 +63,14 @@ pub(crate) enum Stmt {
     /// recovery point and no live holder, under the key's lock (sql/reserve.sql's
     /// `_idem_resume_locked`: its `idem_reservation`, or NULL when the record changed).
     Resume,
+    /// $1-$3 scope, $4 wait: after the update from 0.6.0, the key's record moved from
+    /// `idem_records_060` into `idem_records` (sql/internal.sql's `_idem_adopt`: NULL without
+    /// the old table, false when `wait` is false and another transaction holds the old row).
+    /// Prepared only while the old table exists ([`super::catalog::Catalog::legacy`]).
+    Adopt,
 }
 
-const STATEMENTS: usize = 13;
+const STATEMENTS: usize = 14;
 
 /// The fence on a keyed statement: the record is still PROCESSING. Compared under the C
 /// collation (the same answer: equality of a deterministic collation is bytewise) so that the
@@ -263,6 +268,7 @@ fn text(stmt: Stmt, s: &str, shape: Shape) -> (String, &'static [Oid]) {
             &[TEXT, TEXT, TEXT, INT8],
         ),
         Stmt::Resume => (format!("SELECT {s}._idem_resume_locked($1, $2, $3, $4, $5, $6)"), &[TEXT, TEXT, TEXT, TEXT, INT8, INTERVAL]),
+        Stmt::Adopt => (format!("SELECT {s}._idem_adopt($1, $2, $3, $4)"), &[TEXT, TEXT, TEXT, BOOL]),
     }
 }
 

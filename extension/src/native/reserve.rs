@@ -24,6 +24,7 @@
 
 use super::call::{self, v1_function_info, Text};
 use super::catalog::{self, Catalog};
+use super::legacy;
 use super::owner;
 use super::pending;
 use super::plans::{self, Stmt};
@@ -345,6 +346,8 @@ fn reserve_locking(
     let wrote = pending::materialize(catalog, scope);
     // The request's hash as the record stores it.
     let stored = catalog.stored_hash(request_hash.bytes);
+    // Whether this call has moved the key's record kept from 0.6.0 ([`legacy`]), if any.
+    let mut adopted = false;
     for attempt in 0..ATTEMPTS {
         // SAFETY: reads the clock.
         let now = unsafe { pg_sys::GetCurrentTimestamp() };
@@ -377,6 +380,17 @@ fn reserve_locking(
         };
         if locked.replace(lock_id).is_none() && wait {
             continue; // the holder may have committed while we waited: read again
+        }
+        // After the update from 0.6.0 the key's record may still be in idem_records_060: moved
+        // now, under the key's lock, then read again under a new snapshot (which sees it in
+        // idem_records whoever moved it: this call, or a batch this call waited for).
+        if !adopted {
+            adopted = true;
+            match legacy::adopt_scope(catalog, scope, wait) {
+                legacy::Adopted::None => {}
+                legacy::Adopted::Moved => continue,
+                legacy::Adopted::Busy => return Answer::busy(found.attempts(now), None).into(),
+            }
         }
         // The record as it is now, uncommitted rows included (not on Citus: there the table
         // here is a shell; a row written past a lock budget is met by the INSERT instead).

@@ -8,8 +8,10 @@
 //!   schema     the updated schema equals a fresh install's (tests/upgrade/schema.sql, diff -u);
 //!              deliberate mismatches prove the comparison sees each kind of difference
 //!   suites     the regress and isolation suites on an updated database
-//!   load       clients reserve and complete through the update: no wrong answer, no key run
-//!              twice; prints the locks the update holds and how long it takes (not asserted)
+//!   load       clients reserve and complete through the update and through the move of the
+//!              records kept from 0.6.0 that follows it (idem_maintain, in batches): no wrong
+//!              answer, no key run twice; prints the locks the update holds and how long it
+//!              takes (not asserted)
 
 use super::{diff, schema_of, suites, throwaway};
 use crate::ctx::Ctx;
@@ -68,6 +70,11 @@ SELECT 'overlap', current_setting('idem_load.overlap');
 SELECT 'update_done', clock_timestamp();
 COMMIT;
 SELECT 'committed', clock_timestamp();
+-- The records kept in idem_records_060 (0.7.0's update moves none) move in batches of 20 while
+-- the load runs (idem_maintain, as pg_cron would call it), and the emptied table goes.
+SELECT 'kept_rows', count(*) FROM idem_records_060;
+CALL idem_maintain(batch_size => 20);
+SELECT 'moved', clock_timestamp(), to_regclass('idem_records_060') IS NULL;
 ";
 
 /// Runs the layer.
@@ -143,7 +150,12 @@ pub(crate) fn run(ctx: &Ctx, checks: &mut Checks) {
     // this runs every function of the updated install (the update chain's C symbols, sequences
     // and the extension's membership as the suites use them). The portable layer runs them on
     // a fresh portable install; no other layer reruns them.
-    let prepare = |db: &str| psql.db(db).q(&format!("CREATE EXTENSION idempotency VERSION '{oldest}'; ALTER EXTENSION idempotency UPDATE")).map(drop);
+    // (The update leaves 0.6.0's table to the move: empty here, idem_move_records drops it.)
+    let prepare = |db: &str| {
+        psql.db(db)
+            .q(&format!("CREATE EXTENSION idempotency VERSION '{oldest}'; ALTER EXTENSION idempotency UPDATE; SELECT idem_move_records()"))
+            .map(drop)
+    };
     suites(checks, ctx, &psql, &format!("updated-from-{oldest}"), Path::new("tests/regress/schedule"), &[], &prepare);
 
     // The load starts at the oldest version whose idem_reserve is native (0.2.0): 0.1.0's is
@@ -209,7 +221,19 @@ fn load(ctx: &Ctx, checks: &mut Checks, psql: &crate::psql::Psql, oldest: &str, 
         p.q("SELECT extversion FROM pg_extension WHERE extname = 'idempotency'").and_then(|v| eq(v, current)),
     );
     let updated_at = committed.unwrap_or_default();
-    sql_checks(checks, "tests/upgrade/load-check.sql", p.file(Path::new("tests/upgrade/load-check.sql"), &[("updated_at", &updated_at)]));
+    // The move after the update, under the load: batches of 20, the table dropped at the end.
+    let kept: i64 = locks.lines().find_map(|l| l.strip_prefix("kept_rows ")).and_then(|n| n.trim().parse().ok()).unwrap_or(-1);
+    let moved = locks.lines().find_map(|l| l.strip_prefix("moved ")).unwrap_or("").to_owned();
+    checks.check(
+        &format!("the records kept from 0.6.0 moved in batches under the load (idem_maintain, batches of 20: {kept} rows), idem_records_060 dropped"),
+        ensure(kept > 20 && moved.ends_with(" t"), format!("kept_rows {kept}, moved [{moved}]")),
+    );
+    let moved_at = moved.rsplit_once(' ').map(|(at, _)| at.to_owned()).unwrap_or_default();
+    sql_checks(
+        checks,
+        "tests/upgrade/load-check.sql",
+        p.file(Path::new("tests/upgrade/load-check.sql"), &[("updated_at", &updated_at), ("moved_at", &moved_at)]),
+    );
     checks.note("locks held by the update until commit (not asserted):");
     for l in locks.lines().filter_map(|l| l.strip_prefix("lock ")) {
         checks.note(&format!("  {}", l.chars().take(215).collect::<String>()));
