@@ -97,3 +97,17 @@ COMMIT;
 
 -- [all_metrics]
 SELECT string_agg(name || '=' || value, ' ' ORDER BY name) FROM idem_metrics();
+
+-- [install_060] idem_noext at 0.6.0 with 300 finished records and one in-flight reservation
+CREATE EXTENSION idempotency VERSION '0.6.0';
+SELECT count(idem_complete('ops', 'u', 'k' || i, (idem_reserve('ops', 'u', 'k' || i, 'h')).token, '{}')) FROM generate_series(1, 300) AS i;
+SELECT (idem_reserve('ops', 'u', 'inflight', 'h', ttl => '1 hour', lease => '1 hour')).outcome;
+
+-- [update_070] the update, which moves no record (counted before the worker can move any)
+BEGIN;
+ALTER EXTENSION idempotency UPDATE;
+SELECT count(*) FROM idem_records_060;
+COMMIT;
+
+-- [kept_gone] the old table dropped, every record in the new one
+SELECT to_regclass('idem_records_060') IS NULL AND (SELECT count(*) FROM idem_records) = 301;

@@ -206,6 +206,16 @@ max_worker_processes = 16",
     set_interval(1);
     checks.check("back to 1 s: it is recovered", status_of("stuck2"));
 
+    checks.note("-- the move after the update from 0.6.0 (docs/upgrading.md)");
+    let noext = pg.db("idem_noext");
+    sql.run(&noext, "install_060", &[]);
+    checks.check("the update from 0.6.0 leaves the 301 records in idem_records_060", eq(sql.run(&noext, "update_070", &[]), "301"));
+    checks.check("the worker moves them into idem_records and drops idem_records_060", noext.until_script_equal(30, sql.get("kept_gone"), &[], "t"));
+    checks.check(
+        "and logs the move in its summary",
+        until_logged(&server, 10, "idempotency maintenance in database \"idem_noext\": moved 301 (kept from 0.6.0)", 0),
+    );
+
     checks.note("-- restart after the launcher is killed");
     let old_pid = sql.run(&pg, "launcher_pid", &[]);
     sql.run(&pg, "terminate", &[("pid", &old_pid)]);
