@@ -205,6 +205,7 @@ BEGIN
     -- transaction block, so the advisory lock and the rows of one key live on one node.
     FOREACH v_fn IN ARRAY ARRAY[
         '@extschema@.idem_reserve(text, text, text, text, interval, interval, boolean)',
+        '@extschema@.idem_replay(text, text, text, text)',
         '@extschema@.idem_complete(text, text, text, bigint, jsonb, text)',
         '@extschema@.idem_release(text, text, text, bigint, integer)',
         '@extschema@.idem_heartbeat(text, text, text, bigint, interval)',
@@ -221,6 +222,6 @@ END
 $fn$;
 
 COMMENT ON FUNCTION @extschema@.idem_distribute(regclass) IS
-    'Citus: distributes idem_records and idem_retries by user_id, co-located with colocate_with (a business table distributed by its text user_id), and delegates idem_reserve, idem_complete, idem_release, idem_heartbeat, idem_checkpoint, idem_lookup, idem_reserve_many and idem_complete_many to the node of the user''s shard (force_delegation). Run on the coordinator, once and again after an update (it then only delegates what is new). Not granted to PUBLIC.';
+    'Citus: distributes idem_records and idem_retries by user_id, co-located with colocate_with (a business table distributed by its text user_id), and delegates idem_reserve, idem_replay, idem_complete, idem_release, idem_heartbeat, idem_checkpoint, idem_lookup, idem_reserve_many and idem_complete_many to the node of the user''s shard (force_delegation). Run on the coordinator, once and again after an update (it then only delegates what is new). Not granted to PUBLIC.';
 
 REVOKE EXECUTE ON FUNCTION @extschema@.idem_distribute(regclass) FROM PUBLIC;

@@ -11,14 +11,20 @@ SELECT ok AS completed FROM idem_complete('pay', :'u1', 'k-1', :token, '{"status
 COMMIT;
 \echo RESULT :outcome :completed
 
--- [record_status] on the worker: the record in its shard :records_shard
-SELECT status FROM :"records_shard" WHERE user_id = :'u1' AND key = 'k-1';
+-- [record_status] on the worker: the record in its shard :records_shard (its status code as the
+-- word, by the extension's own vocabulary)
+SELECT _idem_status_word(status) FROM :"records_shard" WHERE user_id = :'u1' AND key = 'k-1';
 
 -- [business_rows_in_shard] on the worker: the business row in its shard :charges_shard
 SELECT count(*) FROM :"charges_shard" WHERE user_id = :'u1' AND key = 'k-1';
 
 -- [replay]
 SELECT outcome || ' ' || response::text FROM idem_reserve('pay', :'u1', 'k-1', 'h1');
+
+-- [replay_first] idem_replay in autocommit, with the remote commands logged as NOTICEs
+SET citus.log_remote_commands = on;
+SET client_min_messages = notice;
+SELECT 'RESULT ' || outcome || ' ' || response::text FROM idem_replay('pay', :'u1', 'k-1', 'h1');
 
 -- [mismatch]
 SELECT outcome FROM idem_reserve('pay', :'u1', 'k-1', 'other');

@@ -194,10 +194,10 @@ fn setup(checks: &mut Checks, k: &Citus, cp: u16, p1: u16, p2: u16) {
         eq(k.run(c, "distributed_tables", &[]), "charges:user_id idem_records:user_id idem_retries:user_id 1"),
     );
     checks.check(
-        "idem_reserve, idem_complete, idem_release, idem_heartbeat, idem_lookup and the batch functions are delegated by user_id with force_delegation",
+        "idem_reserve, idem_replay, idem_complete, idem_release, idem_heartbeat, idem_checkpoint, idem_lookup and the batch functions are delegated by user_id with force_delegation",
         eq(
             k.run(c, "delegated_functions", &[]),
-            "idem_complete:1:true idem_complete_many:1:true idem_heartbeat:1:true idem_lookup:1:true idem_release:1:true idem_reserve:1:true idem_reserve_many:1:true",
+            "idem_checkpoint:1:true idem_complete:1:true idem_complete_many:1:true idem_heartbeat:1:true idem_lookup:1:true idem_release:1:true idem_replay:1:true idem_reserve:1:true idem_reserve_many:1:true",
         ),
     );
     checks.check("idem_distribute is idempotent (a second call changes nothing)", k.q(c, "distribute_again", &[]).map(drop));
@@ -261,6 +261,19 @@ fn flow(checks: &mut Checks, k: &Citus, u1: &str, u2: &str, p1: u16, p2: u16) {
     );
     let q = |name: &str| k.q(c, name, &users).unwrap_or_else(|e| e);
     checks.check("a retry through the coordinator replays the stored response", eq(q("replay"), "replay {\"status\": 201}"));
+    // idem_replay in autocommit: one delegated call on the user's worker, where the record is
+    // read locally (undelegated, the coordinator read the record's and the counter's shards by
+    // two remote statements).
+    let replay_log = c.with_notices(k.sql.get("replay_first"), &users);
+    let issued: Vec<&str> = replay_log.lines().filter(|l| l.contains("issuing ")).collect();
+    checks.check(
+        &format!("idem_replay through the coordinator answers the replay as one delegated call on the user's worker ({p1})"),
+        eq(
+            format!("{}|{}|{}", replay_log.lines().any(|l| l == "RESULT replay {\"status\": 201}"), issued.len(), issued.iter().all(|l| l.contains("idem_replay"))),
+            "true|1|true",
+        ),
+    );
+    checks.check("and nothing ran on the other worker", eq(servers_in(&replay_log, false), format!("{p1} ")));
     checks.check("the same key with another request is a mismatch", eq(q("mismatch"), "mismatch"));
     checks.check("keys are scoped per user: the other user's same key is new", eq(q("other_user"), "created"));
     checks.check("one business row", eq(q("business_rows"), "1"));
