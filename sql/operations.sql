@@ -183,6 +183,31 @@ BEGIN
             USING ERRCODE = '55000';
     END IF;
     IF NOT @extschema@._idem_distributed() THEN
+        -- Records an update from 0.6.0 kept in idem_records_060 (docs/record-layout.md, "The
+        -- update from 0.6.0"): moved now, while both tables are local (the move's statement is
+        -- not one Citus can plan once idem_records is distributed), and the emptied table
+        -- dropped. A row another transaction holds stops the distribution instead of being lost.
+        IF pg_catalog.to_regclass('@extschema@.idem_records_060') IS NOT NULL THEN
+            LOOP
+                EXIT WHEN coalesce(@extschema@._idem_legacy_batch(10000, 'any'), 0) = 0;
+            END LOOP;
+            IF EXISTS (SELECT FROM @extschema@.idem_records_060) THEN
+                RAISE EXCEPTION 'idem_distribute: records kept from 0.6.0 in idem_records_060 are held by another transaction; run it again when they are free'
+                    USING ERRCODE = '55006';
+            END IF;
+            DROP TABLE @extschema@.idem_records_060;
+        END IF;
+        -- The workers' own idem_records_060: the update ran there too, on tables never written
+        -- (the rows live on the coordinator until now), so each is empty; dropped when it is, or
+        -- every call delegated there would keep looking for records to move.
+        EXECUTE 'SELECT count(*) FROM pg_catalog.run_command_on_workers($1)' USING
+            $cmd$DO $do$ BEGIN
+                IF pg_catalog.to_regclass('@extschema@.idem_records_060') IS NOT NULL THEN
+                    IF NOT EXISTS (SELECT FROM @extschema@.idem_records_060) THEN
+                        DROP TABLE @extschema@.idem_records_060;
+                    END IF;
+                END IF;
+            END $do$$cmd$;
         -- A distributed table's unique keys must hold the distribution column: the records'
         -- primary key becomes (user_id, id) (docs/record-layout.md, "Citus"). Every statement
         -- names the id and the three texts, so either key serves it.

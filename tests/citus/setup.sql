@@ -22,6 +22,10 @@ SELECT extversion FROM pg_extension WHERE extname = 'idempotency';
 -- [create_extension]
 CREATE EXTENSION idempotency VERSION :'version';
 
+-- [before_update] at the previous release, before the update: a finished record and one in flight
+SELECT idem_complete('pre', 'o-1', 'k', (idem_reserve('pre', 'o-1', 'k', 'h')).token, '{"pre": 1}');
+SELECT token FROM idem_reserve('pre', 'o-2', 'k', 'h');
+
 -- [update_extension]
 ALTER EXTENSION idempotency UPDATE;
 
@@ -56,3 +60,12 @@ SELECT idem_distribute('charges');
 
 -- [records_distributed] on a worker
 SELECT count(*) FROM pg_dist_partition WHERE logicalrelid = 'idem_records'::regclass;
+
+-- [legacy_table] on each node: the table an update from 0.6.0 kept its records in
+SELECT to_regclass('idem_records_060') IS NOT NULL;
+
+-- [old_replay] the finished record written before the update
+SELECT outcome || ' ' || response::text FROM idem_reserve('pre', 'o-1', 'k', 'h');
+
+-- [old_complete] the reservation in flight across the update and the distribution
+SELECT idem_complete('pre', 'o-2', 'k', :token, '{"pre": 2}');

@@ -167,6 +167,9 @@ fn setup(checks: &mut Checks, k: &Citus, cp: u16, p1: u16, p2: u16) {
         &format!("CREATE EXTENSION idempotency VERSION '{previous}' on the coordinator reaches both workers"),
         eq(versions_on(), format!("{previous} {previous} {previous} ")),
     );
+    // Records written before the update, still local: the update keeps them (from 0.6.0 in
+    // idem_records_060), idem_distribute carries them into the shards.
+    let old_token = k.run(c, "before_update", &[]).lines().last().unwrap_or_default().to_owned();
     k.run(c, "update_extension", &[]);
     checks.check(
         &format!("ALTER EXTENSION idempotency UPDATE on the coordinator updates both workers to {current}"),
@@ -201,6 +204,12 @@ fn setup(checks: &mut Checks, k: &Citus, cp: u16, p1: u16, p2: u16) {
         ),
     );
     checks.check("idem_distribute is idempotent (a second call changes nothing)", k.q(c, "distribute_again", &[]).map(drop));
+    let legacy_on = || [&k.c, &k.w1, &k.w2].iter().map(|p| k.q(p, "legacy_table", &[]).unwrap_or_else(|e| e) + " ").collect::<String>();
+    checks.check("no idem_records_060 is left on the coordinator or the workers (moved and dropped by idem_distribute)", eq(legacy_on(), "f f f "));
+    checks.check(
+        "the records written before the update are in the shards: the finished one replays, the one in flight completes with its token",
+        eq(format!("{}|{}", k.q(c, "old_replay", &[]).unwrap_or_else(|e| e), k.q(c, "old_complete", &[("token", &old_token)]).unwrap_or_else(|e| e)), "replay {\"pre\": 1}|t"),
+    );
     checks.check("the workers see idem_records as distributed (Citus metadata synced)", eq(k.run(&k.w1, "records_distributed", &[]), "1"));
 }
 
