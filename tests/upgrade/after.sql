@@ -107,6 +107,23 @@ SELECT 'another in-flight reservation, still in idem_records_060, heartbeats and
            AND (SELECT idem_release('up', 'u', 'kept_released', token) = 'released' FROM upgrade_test.tokens WHERE key = 'kept_released')
            AND NOT EXISTS (SELECT FROM idem_records WHERE key = 'kept_released') AND NOT pg_temp.kept('kept_released'))
   FROM installed;
+-- (A function, so that versions without idem_checkpoint never parse a call of it.)
+CREATE FUNCTION pg_temp.kept_many_and_step() RETURNS boolean LANGUAGE plpgsql AS $$
+DECLARE
+    v_many bigint := (SELECT token FROM upgrade_test.tokens WHERE key = 'kept_many');
+    v_step bigint := (SELECT token FROM upgrade_test.tokens WHERE key = 'kept_step');
+BEGIN
+    RETURN pg_temp.kept('kept_many') AND pg_temp.kept('kept_step')
+           AND (SELECT bool_and(c.completed) FROM idem_complete_many('up', 'u', '{kept_many}', ARRAY[v_many], ARRAY['{"id": 8}'::jsonb]) AS c)
+           AND idem_checkpoint('up', 'u', 'kept_step', v_step, 0, '{"s": 1}')
+           AND (SELECT step = 0 AND state = '{"s": 1}' FROM idem_lookup('up', 'u', 'kept_step'))
+           AND idem_complete('up', 'u', 'kept_step', v_step, '{"id": 9}')
+           AND NOT pg_temp.kept('kept_many') AND NOT pg_temp.kept('kept_step')
+           AND (SELECT outcome = 'replay' AND response = '{"id": 8}' FROM idem_reserve('up', 'u', 'kept_many', 'h'));
+END $$;
+SELECT 'two more in-flight reservations still in idem_records_060: one completes by idem_complete_many, one records a recovery point and completes (0.7.0 on)',
+       CASE WHEN version < '{0,7,0}' THEN true ELSE pg_temp.kept_many_and_step() END
+  FROM installed;
 SELECT 'a stuck and an expired record are still in idem_records_060 (0.7.0 on)',
        version < '{0,7,0}' OR (pg_temp.kept('kept_stuck') AND pg_temp.kept('kept_expired'))
   FROM installed;
@@ -167,10 +184,11 @@ BEGIN
            AND idem_checkpoint('up', 'u', 'steps', v_answer.token, 1, '{"done": 1}')
            AND idem_complete('up', 'u', 'steps', v_answer.token, '{"id": 4}');
 END $$;
-SELECT 'the records written before the update have no recovery point (0.7.0 on)',
+SELECT 'the records written before the update have no recovery point (0.7.0 on; but the one given one above)',
        version < '{0,7,0}'
        OR NOT EXISTS (SELECT FROM idem_records AS r JOIN upgrade_test.records AS o USING (operation, user_id, key)
-                       WHERE to_jsonb(r) ->> 'step' IS NOT NULL OR to_jsonb(r) ->> 'state' IS NOT NULL)
+                       WHERE (to_jsonb(r) ->> 'step' IS NOT NULL OR to_jsonb(r) ->> 'state' IS NOT NULL)
+                         AND o.key <> 'kept_step')
   FROM installed;
 SELECT 'idem_reservation has the attributes of 0.6.0 then step and state, appended (0.7.0 on)',
        version < '{0,7,0}'

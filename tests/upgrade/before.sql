@@ -18,6 +18,12 @@ SELECT idem_complete('up', 'u', 'moving', token, '{"id": 6}') FROM upgrade_test.
 -- In flight, heartbeated and released after the update while still in 0.6.0's table (0.7.0).
 INSERT INTO upgrade_test.tokens
 SELECT 'kept_released', token FROM idem_reserve('up', 'u', 'kept_released', 'h', ttl => '1 hour', lease => '1 hour');
+-- In flight, completed by idem_complete_many, and one that records a recovery point, after the
+-- update while still in 0.6.0's table (0.7.0).
+INSERT INTO upgrade_test.tokens
+SELECT 'kept_many', token FROM idem_reserve('up', 'u', 'kept_many', 'h', ttl => '1 hour', lease => '1 hour');
+INSERT INTO upgrade_test.tokens
+SELECT 'kept_step', token FROM idem_reserve('up', 'u', 'kept_step', 'h', ttl => '1 hour', lease => '1 hour');
 -- Stuck and expired, still in 0.6.0's table when idem_recover_stuck and idem_sweep meet them (0.7.0).
 INSERT INTO upgrade_test.tokens
 SELECT 'kept_stuck', token FROM idem_reserve('up', 'u', 'kept_stuck', 'h', ttl => '1 hour', lease => '1 ms');
