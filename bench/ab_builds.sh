@@ -9,12 +9,12 @@
 # children, cutime + cstime, so only the benchmark's backends), then per build and script the
 # mean tps and CPU and their ratios to the last script of the list in the same build. Needs a
 # server made by `bench/wal_per_cycle.sh start` (PG_CONFIG, PORT: default 56220; data under
-# target/hbench) and root (the server runs as the postgres user). Leaves the last build installed.
+# target/hbench, or BENCH_DIR as there) and root (the server runs as the postgres user). Leaves the last build installed.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PG_CONFIG=${PG_CONFIG:-$root/target/postgres/16/bin/pg_config}
 bindir=$("$PG_CONFIG" --bindir); lib=$("$PG_CONFIG" --pkglibdir)/idempotency.so
-port=${PORT:-56220}; url=postgresql://postgres@127.0.0.1:$port/b; data=$root/target/hbench/data
+port=${PORT:-56220}; url=postgresql://postgres@127.0.0.1:$port/b; dir=${BENCH_DIR:-$root/target/hbench}; data=$dir/data
 secs=$1 rounds=$2 clients=$3; read -r -a builds <<<"$4"; read -r -a scripts <<<"$5"
 tck=$(getconf CLK_TCK)
 cticks() { awk '{ print $16 + $17 }' "/proc/$(head -1 "$data/postmaster.pid")/stat"; }
@@ -26,8 +26,9 @@ for r in $(seq 1 "$rounds"); do
     fi
     for b in "${bo[@]}"; do
         sudo -u postgres "$bindir/pg_ctl" -D "$data" -m fast -w stop >/dev/null
-        cp "$b" "$lib"
-        sudo -u postgres "$bindir/pg_ctl" -D "$data" -l "$root/target/hbench/server.log" -w start >/dev/null
+        # Not over an identical library: cp rewrites it in place, under every server mapping it.
+        cmp -s "$b" "$lib" || cp "$b" "$lib"
+        sudo -u postgres "$bindir/pg_ctl" -D "$data" -l "$dir/server.log" -w start >/dev/null
         "$bindir/pgbench" -n -M prepared -c"$clients" -j2 -T2 -f "$root/bench/pgbench/${scripts[0]}.sql" "$url" >/dev/null 2>&1 || true
         for s in "${so[@]}"; do
             c0=$(cticks)

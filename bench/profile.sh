@@ -21,7 +21,8 @@
 # transaction, the share of their samples per bucket and the same in µs per transaction, a few
 # inclusive rows, and the top 15 symbols (self time). target/profile/NN/samples.txt keeps the
 # resolved call chains; PROFILE_KEEP=1 keeps the perf.data files too (~100 MB each).
-# PROFILE_FREQ (default 499 Hz) and PROFILE_STACK (bytes of stack per sample, 16384) tune perf.
+# PROFILE_FREQ (default 499 Hz) and PROFILE_STACK (bytes of stack per sample, 16384) tune perf;
+# PROFILE_CASES="fresh-0.7.0 minimal bare" profiles only the cases named (the list is below).
 #
 # A sample goes to the bucket of its nearest frame, leaf first, whose symbol (or library) matches
 # a bucket (BUCKETS, below: the one place they are defined); frames that match none (libc, the
@@ -64,7 +65,10 @@ stop() { [ -f "$data/PG_VERSION" ] && as_server "$bindir/pg_ctl" -D "$data" -m f
 rm -rf "$out"
 mkdir -p "$out"
 chown postgres:postgres "$out"
-as_server "$bindir/initdb" -D "$data" -U postgres --auth=trust --encoding=UTF8 --locale=C.UTF-8 >"$out/initdb.log" 2>&1 ||
+# Data checksums off, as before PostgreSQL 18 turned them on by default (CHECKSUMS=on keeps them).
+sums=()
+if [ "${CHECKSUMS:-}" = on ]; then sums=(--data-checksums); elif [ "$major" -ge 18 ]; then sums=(--no-data-checksums); fi
+as_server "$bindir/initdb" -D "$data" -U postgres --auth=trust --encoding=UTF8 --locale=C.UTF-8 "${sums[@]}" >"$out/initdb.log" 2>&1 ||
     { cat "$out/initdb.log" >&2; exit 1; }
 cat >>"$data/postgresql.conf" <<CONF
 listen_addresses = '127.0.0.1'
@@ -78,22 +82,33 @@ CONF
 as_server "$bindir/pg_ctl" -D "$data" -l "$out/server.log" -w -t 60 start >/dev/null || { tail -20 "$out/server.log" >&2; exit 1; }
 trap stop EXIT
 
-psql_ "$(url postgres)" -c 'CREATE DATABASE v010' -c 'CREATE DATABASE vcur'
-psql_ "$(url v010)" -c "CREATE EXTENSION idempotency VERSION '0.1.0'" -f "$root/bench/pgbench/setup.sql"
-psql_ "$(url vcur)" -f "$root/bench/pgbench/setup.sql"
-installed=$(psql_ "$(url vcur)" -Atc "SELECT extversion FROM pg_extension WHERE extname = 'idempotency'")
-[ "$installed" = "$version" ] || die "the tree's default version is $installed, Cargo.toml's is $version: reinstall the extension"
-
-# The cases: name, database, pgbench script (bench/pgbench/).
+# The cases: name, database, pgbench script (bench/pgbench/). PROFILE_CASES="NAME ...": only those.
 cases=(
     "fresh-0.1.0 v010 fresh"
     "fresh-$version vcur fresh"
     "hand-written vcur handwritten"
+    "minimal vcur minimal"
     "bare vcur bare"
     "replay-0.1.0 v010 replay"
     "replay-$version vcur replay"
     "pk-select vcur pk_select"
 )
+if [ -n "${PROFILE_CASES:-}" ]; then
+    mapfile -t cases < <(printf '%s\n' "${cases[@]}" | awk -v keep=" $PROFILE_CASES " 'index(keep, " " $1 " ")')
+    [ "${#cases[@]}" -gt 0 ] || die "PROFILE_CASES=$PROFILE_CASES names no case"
+fi
+
+psql_ "$(url postgres)" -c 'CREATE DATABASE vcur'
+psql_ "$(url vcur)" -f "$root/bench/pgbench/setup.sql"
+# 0.1.0 (PL/pgSQL) only for the cases that use it: bench/pgbench/setup.sql fills the current
+# version's table, which 0.1.0's is not.
+if printf '%s\n' "${cases[@]}" | grep -q ' v010 '; then
+    psql_ "$(url postgres)" -c 'CREATE DATABASE v010'
+    psql_ "$(url v010)" -c "CREATE EXTENSION idempotency VERSION '0.1.0'" -f "$root/bench/pgbench/setup.sql"
+fi
+installed=$(psql_ "$(url vcur)" -Atc "SELECT extversion FROM pg_extension WHERE extname = 'idempotency'")
+[ "$installed" = "$version" ] || die "the tree's default version is $installed, Cargo.toml's is $version: reinstall the extension"
+
 
 run_case() { # run_case NAME DB SCRIPT REP
     local name=$1 db=$2 script=$3 rep=$4 pids="" n=0 log=$out/$1.$4.pgbench t0 t1

@@ -4,7 +4,8 @@
 # past the first-touch full-page images), with a per-record-type breakdown.
 #
 #   bench/wal_per_cycle.sh start              a server of its own (PG_CONFIG, PORT default 56220,
-#                                             data in target/hbench, fsync on, database b with
+#                                             data in target/hbench or BENCH_DIR, fsync on, data
+#                                             checksums off (CHECKSUMS=on: on), database b with
 #                                             bench/pgbench/setup.sql and pg_walinspect; PG 15+)
 #   bench/wal_per_cycle.sh SCRIPT [N=3000]    e.g. fresh, minimal, bare
 #   bench/wal_per_cycle.sh stop
@@ -12,14 +13,18 @@ set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PG_CONFIG=${PG_CONFIG:-$root/target/postgres/16/bin/pg_config}
 bindir=$("$PG_CONFIG" --bindir); port=${PORT:-56220}
-out=$root/target/hbench; data=$out/data; url=postgresql://postgres@127.0.0.1:$port/b
+out=${BENCH_DIR:-$root/target/hbench}; data=$out/data; url=postgresql://postgres@127.0.0.1:$port/b
 as_server() { if [ "$(id -u)" = 0 ]; then sudo -u postgres -- "$@"; else "$@"; fi; }
 q() { "$bindir/psql" -X -At -v ON_ERROR_STOP=1 "$url" -c "$1"; }
 case ${1:?usage: $0 start|stop|SCRIPT [N]} in
 start)
     [ ! -f "$data/postmaster.pid" ] || as_server "$bindir/pg_ctl" -D "$data" -m fast -w stop >/dev/null 2>&1 || true
     rm -rf "$out"; mkdir -p "$out"; [ "$(id -u)" != 0 ] || chown postgres:postgres "$out"
-    as_server "$bindir/initdb" -D "$data" -U postgres --auth=trust --encoding=UTF8 --locale=C.UTF-8 >"$out/initdb.log" 2>&1
+    # Data checksums off, as before PostgreSQL 18 turned them on by default (with them the first
+    # hint bit set on a page after a checkpoint logs the whole page); CHECKSUMS=on keeps them.
+    major=$("$PG_CONFIG" --version | sed 's/[^0-9]*\([0-9]*\).*/\1/'); sums=()
+    if [ "${CHECKSUMS:-}" = on ]; then sums=(--data-checksums); elif [ "$major" -ge 18 ]; then sums=(--no-data-checksums); fi
+    as_server "$bindir/initdb" -D "$data" -U postgres --auth=trust --encoding=UTF8 --locale=C.UTF-8 "${sums[@]}" >"$out/initdb.log" 2>&1
     printf "listen_addresses = '127.0.0.1'\nport = %s\nunix_socket_directories = '%s'\nmax_connections = 100\nshared_buffers = 256MB\nfsync = on\nlog_min_messages = warning\n" "$port" "$out" >>"$data/postgresql.conf"
     as_server "$bindir/pg_ctl" -D "$data" -l "$out/server.log" -w -t 60 start >/dev/null
     "$bindir/psql" -X -q -v ON_ERROR_STOP=1 "postgresql://postgres@127.0.0.1:$port/postgres" -c 'CREATE DATABASE b'

@@ -300,9 +300,9 @@ async fn main() {
     if args.iter().any(|a| a == "--scale") {
         let report = scale::run(s.smoke).await;
         let s = Settings { run: report.run, reps: report.reps, ..s };
-        print!("{}{}", render(std::slice::from_ref(&report.reserve), None, &s, started.elapsed().as_secs()), report.render());
+        print!("{}{}", render(report.reserve.as_slice(), None, &s, started.elapsed().as_secs()), report.render());
         std::fs::write(out.join("scale.csv"), report.csv()).expect("csv");
-        check_numbers(std::slice::from_ref(&report.reserve), None);
+        check_numbers(report.reserve.as_slice(), None);
         if !report.empty().is_empty() {
             eprintln!("scale figures without numbers: {:?}", report.empty());
             std::process::exit(1);

@@ -6,10 +6,15 @@
 //! 1. **Reserve at scale**: the `fresh` pgbench script (reserve, business insert, complete; 8
 //!    clients) in a database holding 10,000,000 live records (finished, unexpired) against one
 //!    holding 10,000, interleaved A/B/B/A/A/B/B/A (10 s runs). The figure is the 10M side's tps over the
-//!    10k side's (goal ≥ 0.85), with p99 on both sides. The filled records look like the script's
+//!    10k side's (goal ≥ 0.85), with p99 on both sides, and each side's WAL per transaction, the
+//!    full-page images in it (pg_walinspect over each run's WAL, read after the run) and the
+//!    blocks read into shared buffers per transaction. The filled records look like the script's
 //!    own: same operation, users `u1`..`u1000`, keys `k` + a uniform 63-bit number (so new keys
 //!    land all over the primary key, not at one edge), a 64-hex-digit request hash, a 34-byte
-//!    response, expiries spread over the next 2 to 24 hours.
+//!    response, expiries spread over the next 2 to 24 hours; written in the table's own layout
+//!    (0.7.0's compact record, its key digest, stored hash and status code from the extension's
+//!    functions `_idem_id`, `_idem_hash` and `_idem_status_code`, or the text record of 0.6.0 and
+//!    earlier).
 //! 2. **Sweep of a 10M backlog**: `idem_sweep(10000)` (the worker's batch, the default of
 //!    `idempotency.maintenance_batch_size`), one transaction per call as the worker runs it, until
 //!    a batch comes back less than full, over 10,000,000 expired records (expiries spread over 22
@@ -32,17 +37,32 @@
 //!    transaction: its duration (the statement, then the commit), whether it rewrote the table
 //!    (relfilenode and size before and after), and the locks the transaction holds on idem_records
 //!    at its end (`pg_locks`).
+//! 6. **The online update from 0.6.0 under load** (issue 43, item 5): a database created at 0.6.0
+//!    holding 10,000,000 live records (its text layout), the `fresh` script (8 clients) running in
+//!    back-to-back 10 s pgbench runs that log every transaction, then `ALTER EXTENSION idempotency
+//!    UPDATE` (which sets the old table aside as idem_records_060), then the maintenance worker
+//!    listed for the database until it has moved every kept record into the compact table and
+//!    dropped the old one (`idem_move_records`), then 10 s more. Reports the longest `fresh`
+//!    transaction overlapping the update and the move (goal ≤ 1 s: a transaction's latency bounds
+//!    how long its `idem_reserve` waited), the update's duration and WAL, and the move's duration,
+//!    rows/s and WAL (the load's WAL included). The logs stay in `target/bench/scale-update-logs`.
 //!
 //! The server: a new cluster in `target/scale` (the data directory; `IDEM_SCALE_DIR` another) on
 //! 127.0.0.1 port 56230 (`IDEM_SCALE_PORT` another) from the PostgreSQL of `PG_CONFIG` (the test
 //! kit's, as every server of the bench), with `shared_buffers = 256MB`, `max_wal_size = 4GB`,
-//! fsync on, idempotency preloaded and its worker idle but in row 4; started as the `postgres` OS
+//! fsync on, data checksums off (PostgreSQL 18's initdb turns them on: `IDEM_SCALE_CHECKSUMS=on`
+//! keeps them, and their hint-bit page images in the WAL), idempotency preloaded and its worker
+//! idle but in rows 4 and 6; started as the `postgres` OS
 //! user when run as root. The extension must be installed in that tree already. Each data set is
 //! filled by one `INSERT .. SELECT generate_series` with fsync turned off for the fill only
 //! (`ALTER SYSTEM`, reload), then `VACUUM ANALYZE`, `CHECKPOINT`, fsync back on and an OS `sync`,
 //! before anything is timed; the fill's duration is reported. Each database is dropped after its
 //! figure, and the cluster is stopped and its directory removed at the end (kept after a panic).
 //! `IDEM_SCALE_ROWS=N` gives the 10M figures another size (the worker's backlog is 60 % of it).
+//! `IDEM_SCALE_VERSION=0.6.0` creates the databases of rows 1 to 4 at that version instead of the
+//! default (the same library serving 0.6.0's text record: the comparison of issue 43), and
+//! `IDEM_SCALE_SKIP=reserve,sweep,worker,upgrade,update` leaves out any of the rows (row 3 goes
+//! with row 1).
 
 use crate::pgbench::{self, Measure};
 use crate::soak::counter;
@@ -75,6 +95,13 @@ struct Sizes {
     run: Duration,
     /// Rounds of A/B/B/A in row 1.
     rounds: usize,
+    /// The extension version of the databases of rows 1 to 4 (`IDEM_SCALE_VERSION`; None: the
+    /// default version, the compact record of 0.7.0 on; `0.6.0` measures 0.6.0's text layout
+    /// served by the same library).
+    version: Option<String>,
+    /// Rows to leave out (`IDEM_SCALE_SKIP`, names separated by commas: `reserve` (with row 3),
+    /// `sweep`, `worker`, `upgrade`, `update`).
+    skip: Vec<String>,
 }
 
 impl Sizes {
@@ -85,7 +112,16 @@ impl Sizes {
             Err(_) => 10_000_000,
         };
         let (small, run, rounds) = if smoke { (1_000, Duration::from_secs(1), 1) } else { (10_000, Duration::from_secs(10), 2) };
-        Sizes { smoke, large, small, backlog: large, worker_backlog: large * 6 / 10, upgrade: large, run, rounds }
+        let version = std::env::var("IDEM_SCALE_VERSION").ok().filter(|v| !v.is_empty());
+        let skip: Vec<String> = std::env::var("IDEM_SCALE_SKIP").unwrap_or_default().split(',').map(str::trim).filter(|r| !r.is_empty()).map(str::to_owned).collect();
+        if let Some(bad) = skip.iter().find(|r| !["reserve", "sweep", "worker", "upgrade", "update"].contains(&r.as_str())) {
+            panic!("IDEM_SCALE_SKIP: {bad} is not a row that can be left out (reserve, sweep, worker, upgrade, update)");
+        }
+        Sizes { smoke, large, small, backlog: large, worker_backlog: large * 6 / 10, upgrade: large, run, rounds, version, skip }
+    }
+
+    fn runs(&self, row: &str) -> bool {
+        !self.skip.iter().any(|r| r == row)
     }
 }
 
@@ -135,8 +171,8 @@ impl Figure {
 
 /// What `bench --scale` measured.
 pub(crate) struct Report {
-    /// Row 1 as a benchmark row (tps, p50/p99 of both sides).
-    pub(crate) reserve: Row,
+    /// Row 1 as a benchmark row (tps, p50/p99 of both sides); None when left out.
+    pub(crate) reserve: Option<Row>,
     figures: Vec<Figure>,
     pub(crate) run: Duration,
     /// Runs per side in row 1.
@@ -191,8 +227,18 @@ impl ScaleServer {
         let _ = std::fs::remove_dir_all(&server.data);
         std::fs::create_dir_all(&server.data).unwrap_or_else(|e| panic!("{}: {e}", server.data.display()));
         chown_to_server(&server.data);
-        let out = as_server(&server.bindir.join("initdb"))
-            .args(["-U", "postgres", "--auth=trust", "--encoding=UTF8", "--locale=C.UTF-8", "--no-sync", "-D"])
+        let initdb = server.bindir.join("initdb");
+        // PostgreSQL 18 turned data checksums on by default; with them the first hint bit set on
+        // a page after a checkpoint logs the whole page (FPI_FOR_HINT), which the figures of
+        // earlier majors never paid. Off, as every earlier major's default, unless
+        // IDEM_SCALE_CHECKSUMS=on.
+        let version = Command::new(&initdb).arg("--version").output().expect("initdb --version");
+        let major: u32 = String::from_utf8_lossy(&version.stdout).split_whitespace().last().and_then(|v| v.split('.').next()).and_then(|m| m.parse().ok()).unwrap_or(0);
+        let checksums = std::env::var("IDEM_SCALE_CHECKSUMS").is_ok_and(|v| v == "on");
+        let out = as_server(&initdb)
+            .args(["-U", "postgres", "--auth=trust", "--encoding=UTF8", "--locale=C.UTF-8", "--no-sync"])
+            .args(if checksums { &["--data-checksums"][..] } else if major >= 18 { &["--no-data-checksums"][..] } else { &[][..] })
+            .arg("-D")
             .arg(&server.data)
             .output()
             .expect("run initdb");
@@ -257,7 +303,7 @@ async fn database(server: &ScaleServer, admin: &Client, name: &str, version: Opt
         Some(v) => format!("CREATE EXTENSION idempotency VERSION '{v}'"),
         None => "CREATE EXTENSION idempotency".into(),
     };
-    db.batch_execute(&format!("{create}; CREATE TABLE bench_charges (id bigserial PRIMARY KEY, user_id text NOT NULL, amount bigint NOT NULL)"))
+    db.batch_execute(&format!("{create}; CREATE EXTENSION pg_walinspect; CREATE TABLE bench_charges (id bigserial PRIMARY KEY, user_id text NOT NULL, amount bigint NOT NULL)"))
         .await
         .unwrap_or_else(|e| panic!("{name}: {create}: {e}"));
     (url, db)
@@ -284,20 +330,79 @@ async fn set_fsync(admin: &Client, on: bool) {
     tokio::time::sleep(Duration::from_millis(500)).await;
 }
 
+/// The physical layout of a database's idem_records: 0.7.0's compact record (a `uuid` digest key,
+/// the hash as 32 bytes, a one-byte status code, `attempts`) or the text layout of 0.6.0 and
+/// earlier (`owner` from 0.6.0 on).
+#[derive(Clone, Copy, PartialEq)]
+enum Layout {
+    Compact,
+    Text { owner: bool },
+}
+
+impl Layout {
+    async fn of(db: &Client) -> Layout {
+        let columns: Vec<String> = db
+            .query("SELECT attname::text FROM pg_attribute WHERE attrelid = 'idem_records'::regclass AND attnum > 0 AND NOT attisdropped", &[])
+            .await
+            .expect("idem_records' columns")
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        let has = |c: &str| columns.iter().any(|x| x == c);
+        if has("id") { Layout::Compact } else { Layout::Text { owner: has("owner") } }
+    }
+
+    /// The sweep's condition on a row `x` as sql/maintenance.sql writes it for this layout (`now()`
+    /// for its `v_now`): what its DELETE re-checks.
+    fn sweepable(self, x: &str) -> String {
+        match self {
+            Layout::Compact => format!("{x}.status <> 'p' AND {x}.expires_at <= now()"),
+            Layout::Text { .. } => format!("{x}.status <> 'PROCESSING' AND {x}.expires_at <= now()"),
+        }
+    }
+
+    /// The sweep's candidate condition: [`Layout::sweepable`], and on the compact layout the
+    /// expiry index's bucket up to now's.
+    fn candidate(self, x: &str) -> String {
+        match self {
+            Layout::Compact => format!("{} AND _idem_expiry_bucket({x}.expires_at) <= _idem_expiry_bucket(now())", self.sweepable(x)),
+            Layout::Text { .. } => self.sweepable(x),
+        }
+    }
+}
+
 /// Fills idem_records of `db` with `rows` records in one INSERT .. SELECT under fsync off, then
-/// VACUUM ANALYZE, CHECKPOINT, fsync on and an OS sync. `owner`: the table has 0.6.0's owner
-/// column. Returns the seconds of the INSERT and of the VACUUM ANALYZE.
-async fn fill(admin: &Client, db: &Client, records: Records, rows: i64, owner: bool) -> (f64, f64) {
+/// VACUUM ANALYZE, CHECKPOINT, fsync on and an OS sync. The records are the same whatever the
+/// table's [`Layout`]; the compact one gets its key digest, stored hash and status code from the
+/// extension's own functions (`_idem_id`, `_idem_hash`, `_idem_status_code`: core/src/record.rs
+/// and core/src/vocabulary.rs), as every write of the extension does. Returns the seconds of the
+/// INSERT and of the VACUUM ANALYZE.
+async fn fill(admin: &Client, db: &Client, records: Records, rows: i64) -> (f64, f64) {
+    let layout = Layout::of(db).await;
     set_fsync(admin, false).await;
     let hours_from_now = if records == Records::Live { 2 } else { -26 };
-    let (owner_column, owner_value) = if owner { (", owner", ", to_regrole(current_user)") } else { ("", "") };
-    let sql = format!(
-        "INSERT INTO idem_records (operation, user_id, key, request_hash, status, token, response, lease_expires_at, expires_at, created_at, updated_at{owner_column})
-         SELECT 'bench.fresh', 'u' || (1 + i % 1000), 'k' || abs(hashint8extended(i, 0)), encode(sha256(i::text::bytea), 'hex'), 'SUCCESS', i,
-                '{{\"status\": 201, \"body\": {{\"id\": 1}}}}', e - interval '1 day' + interval '5 minutes', e, e - interval '1 day', e - interval '1 day'{owner_value}
-           FROM generate_series(1, {rows}::bigint) AS i,
-                LATERAL (SELECT now() + interval '{hours_from_now} hours' + (i::float8 / {rows}) * interval '22 hours' AS e) AS t"
+    let from = format!(
+        "FROM generate_series(1, {rows}::bigint) AS i,
+              LATERAL (SELECT 'u' || (1 + i % 1000) AS u, 'k' || abs(hashint8extended(i, 0)) AS k, encode(sha256(i::text::bytea), 'hex') AS h,
+                              now() + interval '{hours_from_now} hours' + (i::float8 / {rows}) * interval '22 hours' AS e) AS t"
     );
+    let response = "'{\"status\": 201, \"body\": {\"id\": 1}}'";
+    let times = "e - interval '1 day' + interval '5 minutes', e, e - interval '1 day', e - interval '1 day'";
+    let sql = match layout {
+        Layout::Compact => format!(
+            "INSERT INTO idem_records (id, operation, user_id, key, request_hash, status, token, response, lease_expires_at, expires_at, created_at, updated_at, owner, attempts)
+             SELECT _idem_id('bench.fresh', u, k), 'bench.fresh', u, k, _idem_hash(h), _idem_status_code('SUCCESS'), i, {response}, {times}, to_regrole(current_user), 0
+             {from}"
+        ),
+        Layout::Text { owner } => {
+            let (owner_column, owner_value) = if owner { (", owner", ", to_regrole(current_user)") } else { ("", "") };
+            format!(
+                "INSERT INTO idem_records (operation, user_id, key, request_hash, status, token, response, lease_expires_at, expires_at, created_at, updated_at{owner_column})
+                 SELECT 'bench.fresh', u, k, h, 'SUCCESS', i, {response}, {times}{owner_value}
+                 {from}"
+            )
+        }
+    };
     let started = Instant::now();
     db.batch_execute(&sql).await.expect("fill idem_records");
     db.batch_execute(&format!("SELECT setval('idem_token_seq', {rows})")).await.expect("setval");
@@ -319,23 +424,43 @@ fn fresh(url: &str, run: Duration) -> Measure {
     pgbench::run(&pg_bin("pgbench"), url, &script("fresh"), CLIENTS, run, &root().join("target/bench/scale-logs"))
 }
 
-/// [`fresh`] with the WAL written (pgbench's counters) and the blocks the database read into
-/// shared buffers, added to `reads` (pg_stat_database, flushed when the pgbench sessions end).
-async fn counted(url: &str, db: &Client, run: Duration, reads: &mut i64) -> Measure {
+/// What one side of row 1 read and logged, summed over its runs.
+#[derive(Default)]
+struct Side {
+    /// Blocks the database read into shared buffers (pg_stat_database, flushed when the pgbench
+    /// sessions end).
+    reads: i64,
+    /// The bytes of full-page images in the run's WAL (pg_walinspect, read after the run).
+    fpi_bytes: f64,
+}
+
+/// [`fresh`] with the WAL written (pgbench's counters), its full-page images and the blocks the
+/// database read, added to `side`.
+async fn counted(url: &str, db: &Client, run: Duration, side: &mut Side) -> Measure {
     let blocks_read = || async { db.query_one("SELECT blks_read FROM pg_stat_database WHERE datname = current_database()", &[]).await.expect("blks_read").get::<_, i64>(0) };
-    let (before, read_before) = (pgbench::counters(db).await, blocks_read().await);
+    let lsn = || async { db.query_one("SELECT pg_current_wal_insert_lsn()::text", &[]).await.expect("lsn").get::<_, String>(0) };
+    let (before, read_before, lsn_before) = (pgbench::counters(db).await, blocks_read().await, lsn().await);
     let mut m = fresh(url, run);
+    let lsn_after = lsn().await;
     pgbench::delta(db, &before, &mut m).await;
-    *reads += blocks_read().await - read_before;
+    side.reads += blocks_read().await - read_before;
+    let fpi = db
+        .query_one("SELECT coalesce(sum(fpi_size), 0)::float8 FROM pg_get_wal_stats($1::text::pg_lsn, $2::text::pg_lsn, false)", &[&lsn_before, &lsn_after])
+        .await
+        .expect("pg_get_wal_stats");
+    side.fpi_bytes += fpi.get::<_, f64>(0);
     m
 }
 
 /// Row 1 (and row 3 in the same large database).
-async fn reserve_at_scale(server: &ScaleServer, admin: &Client, z: &Sizes, figures: &mut Vec<Figure>) -> Row {
-    let (small_url, small_db) = database(server, admin, "idem_scale_small", None).await;
-    fill(admin, &small_db, Records::Live, z.small, true).await;
-    let (large_url, large_db) = database(server, admin, "idem_scale_large", None).await;
-    let (inserted, vacuumed) = fill(admin, &large_db, Records::Live, z.large, true).await;
+/// Returns the row and the extension's version and layout in the large database.
+async fn reserve_at_scale(server: &ScaleServer, admin: &Client, z: &Sizes, figures: &mut Vec<Figure>) -> (Row, String) {
+    let (small_url, small_db) = database(server, admin, "idem_scale_small", z.version.as_deref()).await;
+    fill(admin, &small_db, Records::Live, z.small).await;
+    let (large_url, large_db) = database(server, admin, "idem_scale_large", z.version.as_deref()).await;
+    let (inserted, vacuumed) = fill(admin, &large_db, Records::Live, z.large).await;
+    let extversion: String = large_db.query_one("SELECT extversion FROM pg_extension WHERE extname = 'idempotency'", &[]).await.expect("extversion").get(0);
+    let extension = format!("{extversion} ({})", if Layout::of(&large_db).await == Layout::Compact { "the compact record" } else { "the text record" });
     figures.push(Figure::new(
         format!("fill: {} live records, one INSERT .. SELECT", human(z.large)),
         inserted,
@@ -345,19 +470,19 @@ async fn reserve_at_scale(server: &ScaleServer, admin: &Client, z: &Sizes, figur
     figures.extend(bytes_per_record(&large_db, z.large).await);
     let load_before = load();
     let (mut small, mut large) = (Vec::new(), Vec::new());
-    let (mut small_reads, mut large_reads) = (0, 0);
+    let (mut small_side, mut large_side) = (Side::default(), Side::default());
     for _ in 0..z.rounds {
-        for small_side in [true, false, false, true] {
-            if small_side {
-                small.push(counted(&small_url, &small_db, z.run, &mut small_reads).await);
+        for small_first in [true, false, false, true] {
+            if small_first {
+                small.push(counted(&small_url, &small_db, z.run, &mut small_side).await);
             } else {
-                large.push(counted(&large_url, &large_db, z.run, &mut large_reads).await);
+                large.push(counted(&large_url, &large_db, z.run, &mut large_side).await);
             }
         }
     }
     let (small, large) = (Measure::mean(&small), Measure::mean(&large));
-    let per_op = |reads: i64, m: &Measure| reads as f64 / m.transactions.max(1) as f64;
-    let (small_reads, large_reads) = (per_op(small_reads, &small), per_op(large_reads, &large));
+    let per_op = |x: f64, m: &Measure| x / m.transactions.max(1) as f64;
+    let (small_reads, large_reads) = (per_op(small_side.reads as f64, &small), per_op(large_side.reads as f64, &large));
     let row = Row {
         figure: format!("reserve (fresh script) at {} vs {} live records", human(z.large), human(z.small)),
         clients: CLIENTS.to_string(),
@@ -380,9 +505,23 @@ async fn reserve_at_scale(server: &ScaleServer, admin: &Client, z: &Sizes, figur
         .goal(Goal::AtLeast(0.85)),
     );
     figures.push(Figure::new(format!("reserve p99 at {} / at {} live records", human(z.large), human(z.small)), large.p99_ms / small.p99_ms, "", format!("{:.2} / {:.2} ms", large.p99_ms, small.p99_ms)));
+    for (records, m, side) in [(z.large, &large, &large_side), (z.small, &small, &small_side)] {
+        figures.push(Figure::new(
+            format!("WAL per fresh transaction at {} live records", human(records)),
+            m.wal_per_op(),
+            "B",
+            format!(
+                "of which full-page images {:.1} B; blocks read into shared buffers {:.2} per transaction; {} transactions over {} runs since the fill's CHECKPOINT",
+                per_op(side.fpi_bytes, m),
+                per_op(side.reads as f64, m),
+                m.transactions,
+                2 * z.rounds
+            ),
+        ));
+    }
     drop_database(admin, "idem_scale_small").await;
     drop_database(admin, "idem_scale_large").await;
-    row
+    (row, extension)
 }
 
 /// Row 3: bytes per record of each relation of idem_records.
@@ -423,15 +562,17 @@ struct Probe {
 /// that position past the rows it read, and the sweep came back for them at the end of the drain,
 /// through the emptied heap: the first two runs' last full batches). Not among the timed batches.
 async fn probe(db: &Client) -> Probe {
+    let layout = Layout::of(db).await;
+    let (candidate, row) = (layout.candidate("x"), layout.sweepable("r"));
     let sql = format!(
         "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON)
          DELETE FROM idem_records AS r
           WHERE r.ctid = ANY (ARRAY(
                     SELECT x.ctid FROM idem_records AS x
-                     WHERE x.status <> 'PROCESSING' AND x.expires_at <= now()
+                     WHERE {candidate}
                      LIMIT {WORKER_BATCH}
                        FOR UPDATE OF x SKIP LOCKED))
-            AND r.status <> 'PROCESSING' AND r.expires_at <= now()"
+            AND {row}"
     );
     let plan: serde_json::Value = db.query_one(&sql, &[]).await.expect("explain").get(0);
     let top = &plan[0];
@@ -447,9 +588,16 @@ async fn probe(db: &Client) -> Probe {
     Probe { rows, buffers, ms: top["Execution Time"].as_f64().unwrap_or(f64::NAN), scan: how.trim().to_owned() }
 }
 
-/// Checkpoints so far (timed and requested).
+/// Checkpoints so far (timed and requested): pg_stat_checkpointer from PostgreSQL 17 on,
+/// pg_stat_bgwriter before.
 async fn checkpoints(db: &Client) -> i64 {
-    db.query_one("SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter", &[]).await.expect("pg_stat_bgwriter").get(0)
+    let version: i32 = db.query_one("SELECT current_setting('server_version_num')::int", &[]).await.expect("server_version_num").get(0);
+    let sql = if version >= 170000 {
+        "SELECT num_timed + num_requested FROM pg_stat_checkpointer"
+    } else {
+        "SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter"
+    };
+    db.query_one(sql, &[]).await.expect("checkpoints").get(0)
 }
 
 /// The checkpointer's wait event (`CheckpointerMain` when idle between checkpoints) and the WAL
@@ -476,8 +624,8 @@ fn mean(v: &[f64]) -> f64 {
 
 /// Row 2: the sweep draining the backlog, every batch timed.
 async fn sweep_backlog(server: &ScaleServer, admin: &Client, z: &Sizes, figures: &mut Vec<Figure>) {
-    let (_, db) = database(server, admin, "idem_scale_sweep", None).await;
-    let (inserted, _) = fill(admin, &db, Records::Expired, z.backlog, true).await;
+    let (_, db) = database(server, admin, "idem_scale_sweep", z.version.as_deref()).await;
+    let (inserted, _) = fill(admin, &db, Records::Expired, z.backlog).await;
     let full = (z.backlog / WORKER_BATCH) as usize;
     // Two of the full batches are probed (the first, and the first of the last decile of the
     // timed ones).
@@ -617,8 +765,8 @@ async fn workers_running(admin: &Client) -> i64 {
 /// draining, idle.
 async fn worker_effect(server: &ScaleServer, admin: &Client, z: &Sizes, figures: &mut Vec<Figure>) {
     const NAME: &str = "idem_scale_worker";
-    let (url, db) = database(server, admin, NAME, None).await;
-    fill(admin, &db, Records::Expired, z.worker_backlog, true).await;
+    let (url, db) = database(server, admin, NAME, z.version.as_deref()).await;
+    fill(admin, &db, Records::Expired, z.worker_backlog).await;
     let load_before = load();
     let swept_at_start = counter(&db, "swept").await;
     let mut idle = vec![fresh(&url, z.run)];
@@ -670,7 +818,7 @@ async fn storage(db: &Client) -> (u32, i64) {
 async fn upgrade_cost(server: &ScaleServer, admin: &Client, z: &Sizes, figures: &mut Vec<Figure>) {
     const NAME: &str = "idem_scale_upgrade";
     let (_, db) = database(server, admin, NAME, Some("0.5.0")).await;
-    let (inserted, _) = fill(admin, &db, Records::Live, z.upgrade, false).await;
+    let (inserted, _) = fill(admin, &db, Records::Live, z.upgrade).await;
     let (node_before, size_before) = storage(&db).await;
     let load_before = load();
     db.batch_execute("BEGIN").await.expect("begin");
@@ -704,6 +852,151 @@ async fn upgrade_cost(server: &ScaleServer, admin: &Client, z: &Sizes, figures: 
     drop_database(admin, NAME).await;
 }
 
+/// One transaction of a pgbench per-transaction log: when it started and ended (µs since the
+/// epoch) and its latency (µs).
+struct Logged {
+    start_us: u64,
+    end_us: u64,
+    latency_us: u64,
+}
+
+/// Every transaction in the pgbench logs under `dir` (its subdirectories too): lines of
+/// `client_id transaction_no time script_no time_epoch time_us`.
+fn logged(dir: &std::path::Path) -> Vec<Logged> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            out.extend(logged(&path));
+            continue;
+        }
+        for line in std::fs::read_to_string(&path).unwrap_or_default().lines() {
+            let f: Vec<u64> = line.split_whitespace().filter_map(|v| v.parse().ok()).collect();
+            if let [_, _, latency_us, _, epoch, us, ..] = f[..] {
+                let end_us = epoch * 1_000_000 + us;
+                out.push(Logged { start_us: end_us.saturating_sub(latency_us), end_us, latency_us });
+            }
+        }
+    }
+    out
+}
+
+fn epoch_us() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_micros() as u64
+}
+
+/// The longest transaction among `txs` that overlapped `[from, to]` (µs since the epoch), in ms,
+/// and how many overlapped.
+fn longest(txs: &[Logged], from: u64, to: u64) -> (f64, usize) {
+    let overlapping: Vec<&Logged> = txs.iter().filter(|t| t.start_us <= to && t.end_us >= from).collect();
+    (overlapping.iter().map(|t| t.latency_us).max().unwrap_or(0) as f64 / 1000.0, overlapping.len())
+}
+
+/// Row 6: the update from 0.6.0 over a filled table under the `fresh` load (issue 43, item 5):
+/// the `fresh` script (8 clients) runs in back-to-back 10 s pgbench runs, each logging every
+/// transaction, from 10 s before `ALTER EXTENSION idempotency UPDATE` until 10 s after the
+/// maintenance worker (listed for the database when the update has committed) has moved every
+/// record kept in idem_records_060 into the compact table and dropped the old one. Reports the
+/// update's duration and WAL, the move's duration, rows/s and WAL, and the longest `fresh`
+/// transaction that overlapped the update, the move, and the 10 s before (each transaction's
+/// latency bounds how long its `idem_reserve` waited for a lock).
+async fn online_update(server: &ScaleServer, admin: &Client, z: &Sizes, figures: &mut Vec<Figure>) {
+    const NAME: &str = "idem_scale_update";
+    const CHUNK: Duration = Duration::from_secs(10);
+    let (url, db) = database(server, admin, NAME, Some("0.6.0")).await;
+    let (inserted, _) = fill(admin, &db, Records::Live, z.upgrade).await;
+    let lsn = || async { db.query_one("SELECT pg_current_wal_insert_lsn()::text", &[]).await.expect("lsn").get::<_, String>(0) };
+    let wal_since = |from: String| {
+        let db = &db;
+        async move { db.query_one("SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), $1::text::pg_lsn)::float8", &[&from]).await.expect("wal").get::<_, f64>(0) }
+    };
+    let logs = root().join("target/bench/scale-update-logs");
+    let _ = std::fs::remove_dir_all(&logs);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let load_thread = {
+        let (stop, logs, url) = (stop.clone(), logs.clone(), url.clone());
+        std::thread::spawn(move || {
+            let mut runs = Vec::new();
+            let mut i = 0;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                runs.push(pgbench::run(&pg_bin("pgbench"), &url, &script("fresh"), CLIENTS, CHUNK, &logs.join(format!("run{i:03}"))));
+                i += 1;
+            }
+            runs
+        })
+    };
+    let load_before = load();
+    let load_started = epoch_us();
+    tokio::time::sleep(CHUNK).await;
+    let before_update = lsn().await;
+    let update_started = epoch_us();
+    db.batch_execute("ALTER EXTENSION idempotency UPDATE").await.expect("ALTER EXTENSION idempotency UPDATE");
+    let update_ended = epoch_us();
+    let update_wal = wal_since(before_update).await;
+    let version: String = db.query_one("SELECT extversion FROM pg_extension WHERE extname = 'idempotency'", &[]).await.expect("extversion").get(0);
+    // The records set aside for the move (none when the update moved them itself).
+    let aside: bool = db.query_one("SELECT to_regclass('idem_records_060') IS NOT NULL", &[]).await.expect("to_regclass").get(0);
+    let kept: i64 = if aside { db.query_one("SELECT count(*) FROM idem_records_060", &[]).await.expect("idem_records_060 after the update").get(0) } else { 0 };
+    let load_during_update = load();
+    let before_move = lsn().await;
+    let move_started = epoch_us();
+    set_worker(admin, Some(NAME)).await;
+    let db_ref = &db;
+    let deadline = Instant::now() + Duration::from_secs(3600);
+    loop {
+        let gone: bool = db_ref.query_one("SELECT to_regclass('idem_records_060') IS NULL", &[]).await.expect("to_regclass").get(0);
+        if gone {
+            break;
+        }
+        assert!(Instant::now() < deadline, "bench --scale: idem_records_060 still there an hour after the worker started moving it");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let move_ended = epoch_us();
+    let move_wal = wal_since(before_move).await;
+    let load_during_move = load();
+    set_worker(admin, None).await;
+    worker_stopped(admin).await;
+    tokio::time::sleep(CHUNK).await;
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let runs = load_thread.join().expect("the load's thread");
+    let records: i64 = db.query_one("SELECT count(*) FROM idem_records", &[]).await.expect("count").get(0);
+    let txs = logged(&logs);
+    let (before_ms, before_n) = longest(&txs, load_started, update_started);
+    let (update_ms, update_n) = longest(&txs, update_started, update_ended);
+    let (move_ms, move_n) = longest(&txs, move_started, move_ended);
+    let update_s = (update_ended - update_started) as f64 / 1e6;
+    let move_s = (move_ended - move_started) as f64 / 1e6;
+    let tps = Measure::mean(&runs).tps;
+    figures.push(
+        Figure::new(
+            format!("update 0.6.0 -> {version} over {} records under the fresh load: the longest fresh transaction during ALTER EXTENSION UPDATE", human(z.upgrade)),
+            update_ms / 1000.0,
+            "s",
+            format!(
+                "{update_n} transactions overlapped the update ({update_s:.3} s, {update_wal:.0} B of WAL; {kept} records kept in idem_records_060); the longest in the 10 s before: {before_ms:.1} ms ({before_n} transactions); fresh {} clients, {} runs of {} s back to back, {tps:.0} tps on average; fill {inserted:.0} s; load {load_before} before, {load_during_update} after the update",
+                CLIENTS,
+                runs.len(),
+                CHUNK.as_secs()
+            ),
+        )
+        .goal(Goal::AtMost(1.0)),
+    );
+    figures.push(
+        Figure::new("update: the longest fresh transaction during the worker's move", move_ms / 1000.0, "s", format!("{move_n} transactions overlapped the move"))
+            .goal(Goal::AtMost(1.0)),
+    );
+    figures.push(Figure::new(
+        format!("update: the worker's move of {} records kept from 0.6.0", human(kept)),
+        kept as f64 / move_s,
+        "rows/s",
+        format!(
+            "{move_s:.1} s from listing the database for the worker until idem_records_060 was dropped; {:.1} B of WAL per row moved (the fresh load's included); {records} records in idem_records after; load {load_during_move} at its end",
+            move_wal / kept.max(1) as f64
+        ),
+    ));
+    drop_database(admin, NAME).await;
+}
+
 /// Runs the section (see the module docs) on its own server.
 pub(crate) async fn run(smoke: bool) -> Report {
     let z = Sizes::new(smoke);
@@ -712,15 +1005,31 @@ pub(crate) async fn run(smoke: bool) -> Report {
     let admin = connect(&server.url("postgres")).await;
     let version: String = admin.query_one("SHOW server_version", &[]).await.expect("server_version").get(0);
     let mut figures = Vec::new();
-    let reserve = reserve_at_scale(&server, &admin, &z, &mut figures).await;
-    sweep_backlog(&server, &admin, &z, &mut figures).await;
-    worker_effect(&server, &admin, &z, &mut figures).await;
-    upgrade_cost(&server, &admin, &z, &mut figures).await;
+    let (reserve, extension) = if z.runs("reserve") {
+        let (row, extension) = reserve_at_scale(&server, &admin, &z, &mut figures).await;
+        (Some(row), extension)
+    } else {
+        (None, "(row 1 left out)".to_owned())
+    };
+    if z.runs("sweep") {
+        sweep_backlog(&server, &admin, &z, &mut figures).await;
+    }
+    if z.runs("worker") {
+        worker_effect(&server, &admin, &z, &mut figures).await;
+    }
+    if z.runs("upgrade") {
+        upgrade_cost(&server, &admin, &z, &mut figures).await;
+    }
+    if z.runs("update") {
+        online_update(&server, &admin, &z, &mut figures).await;
+    }
     let fsync: String = admin.query_one("SHOW fsync", &[]).await.expect("fsync").get(0);
+    let checksums: String = admin.query_one("SHOW data_checksums", &[]).await.expect("data_checksums").get(0);
     let header = format!(
-        "bench --scale — PostgreSQL {version} on port {}, shared_buffers 256MB, fsync {fsync} (off only while filling), {} records{}",
+        "bench --scale — PostgreSQL {version} on port {}, shared_buffers 256MB, fsync {fsync} (off only while filling), data checksums {checksums}, {} records, extension {}{}",
         server.port,
         human(z.large),
+        extension,
         if z.smoke { " (SMOKE: numbers are not meaningful)" } else { "" }
     );
     drop(admin);
