@@ -321,10 +321,10 @@ async fn main() {
     }
 
     // --rust-case CASE TASKS SECONDS: one call kind of the Rust rows on its own, for perf to
-    // attach to (bench/profile-client.sh); CASE is raw-insert, run, raw-select, replay or
-    // cached-replay.
+    // attach to (bench/profile-client.sh); CASE is raw-insert, run, raw-select, replay,
+    // cached-replay, run-statement or replay-first.
     if let Some(at) = args.iter().position(|a| a == "--rust-case") {
-        let usage = "usage: bench --rust-case raw-insert|run|raw-select|replay|cached-replay TASKS SECONDS";
+        let usage = "usage: bench --rust-case raw-insert|run|raw-select|replay|cached-replay|run-statement|replay-first TASKS SECONDS";
         let [case, tasks, seconds] = [1, 2, 3].map(|i| args.get(at + i).cloned().unwrap_or_else(|| panic!("{usage}")));
         let kind = match case.as_str() {
             "raw-insert" => client::Call::RawInsert,
@@ -333,6 +333,7 @@ async fn main() {
             "replay" => client::Call::Replay,
             "cached-replay" => client::Call::CachedReplay,
             "run-statement" => client::Call::RunStatement,
+            "replay-first" => client::Call::FirstReplay,
             _ => panic!("{usage}"),
         };
         let (tasks, seconds) = (tasks.parse().unwrap_or_else(|_| panic!("{usage}")), seconds.parse().unwrap_or_else(|_| panic!("{usage}")));
