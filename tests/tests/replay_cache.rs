@@ -323,6 +323,39 @@ idempotency_testkit::for_each_driver! {
         }
     }
 
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_layer_replays_first_in_its_in_transaction_mode() {
+        // The layer inherits its handle's settings: a replay is idem_replay's one round trip.
+        let (idem, proxy) = through_proxy(Settings::builder().replay_first(true), 4).await;
+        let runs = Arc::new(AtomicUsize::new(0));
+        let url = serve(idem.clone(), Mode::InTransaction, runs.clone()).await;
+        let http = reqwest::Client::new();
+        let key = format!("layer-first-{}", std::process::id());
+        let post = |body: &'static str| http.post(&url).header("idempotency-key", &key).header("x-user", "u1").body(body).send();
+        let first = post("{\"amount\": 1}").await.unwrap();
+        assert_eq!(first.status(), 201);
+        let first: Value = first.json().await.unwrap();
+        settled(&idem).await;
+        let (second, trips) = counted(&proxy, post("{\"amount\": 1}")).await;
+        let second = second.unwrap();
+        assert_eq!(second.status(), 201);
+        assert_eq!(second.headers().get("idempotent-replayed").map(|v| v.to_str().unwrap()), Some("true"));
+        assert_eq!(second.json::<Value>().await.unwrap(), first);
+        // Counted over tokio-postgres only: over sqlx this two-thread window also takes in the
+        // pool's background checks of connections given back (sqlx's exact counts are
+        // round_trips.rs's, on one thread).
+        if NAME != "sqlx" {
+            assert_eq!(trips, 1, "idem_replay alone");
+        }
+        settled(&idem).await;
+        let (other, trips) = counted(&proxy, post("{\"amount\": 2}")).await;
+        assert_eq!(other.unwrap().status(), 422, "another body is a mismatch");
+        if NAME != "sqlx" {
+            assert_eq!(trips, 1, "the mismatch is idem_replay's answer");
+        }
+        assert_eq!(runs.load(Ordering::SeqCst), 1);
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn concurrent_duplicates_run_once_with_the_cache_on() {
         // The checklist's 64 waiting duplicates, with a cache: the one that gets the key holds it (its
