@@ -335,24 +335,24 @@ idempotency_testkit::for_each_driver! {
         let first = post("{\"amount\": 1}").await.unwrap();
         assert_eq!(first.status(), 201);
         let first: Value = first.json().await.unwrap();
+        // One replay first, uncounted: over sqlx the first use of idem_replay's statement on a
+        // connection prepares it (a round trip, once per connection).
+        assert_eq!(post("{\"amount\": 1}").await.unwrap().status(), 201);
         settled(&idem).await;
         let (second, trips) = counted(&proxy, post("{\"amount\": 1}")).await;
         let second = second.unwrap();
         assert_eq!(second.status(), 201);
         assert_eq!(second.headers().get("idempotent-replayed").map(|v| v.to_str().unwrap()), Some("true"));
         assert_eq!(second.json::<Value>().await.unwrap(), first);
-        // Counted over tokio-postgres only: over sqlx this two-thread window also takes in the
-        // pool's background checks of connections given back (sqlx's exact counts are
-        // round_trips.rs's, on one thread).
-        if NAME != "sqlx" {
-            assert_eq!(trips, 1, "idem_replay alone");
-        }
+        // Over sqlx this two-thread window may also take in the pool's check of the connection
+        // given back (sqlx's exact counts, on one thread, are round_trips.rs's): never the
+        // reservation's BEGIN and its ROLLBACK besides.
+        let most = if NAME == "sqlx" { 2 } else { 1 };
+        assert!((1..=most).contains(&trips), "{NAME}: idem_replay alone, got {trips} round trips");
         settled(&idem).await;
         let (other, trips) = counted(&proxy, post("{\"amount\": 2}")).await;
         assert_eq!(other.unwrap().status(), 422, "another body is a mismatch");
-        if NAME != "sqlx" {
-            assert_eq!(trips, 1, "the mismatch is idem_replay's answer");
-        }
+        assert!((1..=most).contains(&trips), "{NAME}: the mismatch is idem_replay's answer, got {trips}");
         assert_eq!(runs.load(Ordering::SeqCst), 1);
     }
 
