@@ -120,13 +120,13 @@ COMMENT ON TABLE @extschema@.idem_records IS
 -- idem_recover_stuck walks PROCESSING records by lease end; the partial index holds only those, so
 -- its cost grows with the in-flight rows, not with the table.
 CREATE INDEX idem_records_lease_idx ON @extschema@.idem_records (lease_expires_at)
-    WHERE status OPERATOR(pg_catalog.=) 'p'::"char";
+    WHERE status OPERATOR(pg_catalog.=) 'p'::pg_catalog."char";
 
 -- idem_sweep deletes finished and RESUMABLE records by expiry; PROCESSING rows (recovered, not
 -- swept) stay out. Keyed by the 64-second bucket (deduplicated: a few bytes per record); the sweep
 -- reads the buckets up to now's and re-checks expires_at.
 CREATE INDEX idem_records_expiry_idx ON @extschema@.idem_records (@extschema@._idem_expiry_bucket(expires_at))
-    WHERE status OPERATOR(pg_catalog.<>) 'p'::"char";
+    WHERE status OPERATOR(pg_catalog.<>) 'p'::pg_catalog."char";
 
 -- The transient-failure counter outlives the record that idem_release deletes, so a retried key
 -- keeps counting towards max_retries. A counter belongs to every record created before it expired.

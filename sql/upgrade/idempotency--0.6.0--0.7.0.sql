@@ -193,9 +193,9 @@ COMMENT ON TABLE @extschema@.idem_records IS
 
 -- The new table's indexes (the table is empty: built at once).
 CREATE INDEX idem_records_lease_idx ON @extschema@.idem_records (lease_expires_at)
-    WHERE status OPERATOR(pg_catalog.=) 'p'::"char";
+    WHERE status OPERATOR(pg_catalog.=) 'p'::pg_catalog."char";
 CREATE INDEX idem_records_expiry_idx ON @extschema@.idem_records (@extschema@._idem_expiry_bucket(expires_at))
-    WHERE status OPERATOR(pg_catalog.<>) 'p'::"char";
+    WHERE status OPERATOR(pg_catalog.<>) 'p'::pg_catalog."char";
 
 -- pg_dump keeps the new table's rows. The old table leaves the extension (and pg_dump's list of
 -- its members' rows): as a plain table, a dump carries it whole (definition and rows) and a

@@ -1,10 +1,19 @@
 //! Layer pgspot: pgspot over the generated install script. Every finding fails the layer but
-//! one: the native functions of sql/native.sql and sql/replay.sql are SECURITY DEFINER without a SET search_path on
+//! two: sql/schema.sql's inlined SQL functions have no SET search_path (see [`INLINED`]), and the native functions of sql/native.sql and sql/replay.sql are SECURITY DEFINER without a SET search_path on
 //! purpose (they resolve nothing by name; see that file), which pgspot reports as PS003.
 
 use crate::ctx::Ctx;
 use crate::report::Checks;
 use std::process::Command;
+
+/// sql/schema.sql's IMMUTABLE LANGUAGE sql functions: without a `SET` clause so the planner inlines
+/// them (the expiry index's key is computed per inserted record; a `SET search_path` would make it
+/// a function call with a GUC save and restore each time), every name in them schema-qualified.
+const INLINED: [&str; 3] = [
+    "extschema._idem_status_code(word text)",
+    "extschema._idem_status_word(code pg_catalog.char)",
+    "extschema._idem_expiry_bucket(expires_at timestamptz)",
+];
 
 /// Runs the layer.
 pub(crate) fn run(ctx: &Ctx, checks: &mut Checks) {
@@ -12,6 +21,7 @@ pub(crate) fn run(ctx: &Ctx, checks: &mut Checks) {
     let out = crate::sh::capture(
         Command::new("python3")
             .args(["-m", "pgspot", "--proc-without-search-path", "extschema.idem_maintain(batch_size integer,action text)"])
+            .args(INLINED.iter().flat_map(|p| ["--proc-without-search-path", p]))
             .arg(&script),
     )
     .unwrap_or_else(|e| e);
