@@ -245,11 +245,17 @@ BEGIN
     IF v_n > 0 THEN
         RETURN v_n;
     END IF;
-    -- Empty, or every row left is held by a live transaction.
+    -- Empty, or every row left is held by a live transaction. Nothing inserts into the old
+    -- table after the update, so it is checked empty under SHARE, which only a call moving a row
+    -- of it waits for (its DELETE; a call whose key has no row there takes ROW SHARE): the check
+    -- scans the emptied heap, 0.8 s over 10M dead rows (docs/performance.md), and held ACCESS
+    -- EXCLUSIVE that long stalled every call. SHARE kept, no row can leave or come in until the
+    -- drop, whose ACCESS EXCLUSIVE then waits only for the transactions that read the table.
     BEGIN
         SET LOCAL lock_timeout = '100ms';
-        LOCK TABLE @extschema@.idem_records_060 IN ACCESS EXCLUSIVE MODE;
+        LOCK TABLE @extschema@.idem_records_060 IN SHARE MODE;
         IF NOT EXISTS (SELECT FROM @extschema@.idem_records_060) THEN
+            LOCK TABLE @extschema@.idem_records_060 IN ACCESS EXCLUSIVE MODE;
             DROP TABLE @extschema@.idem_records_060;
             RAISE LOG 'idempotency: every record kept from 0.6.0 is in idem_records; idem_records_060 dropped';
         END IF;
