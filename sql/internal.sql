@@ -469,8 +469,9 @@ COMMENT ON FUNCTION @extschema@._idem_distributed() IS
 -- behind it (idem_move_records: the maintenance worker, idem_maintain), and the old table is
 -- dropped once empty. A fresh install never has idem_records_060: each function below then
 -- answers at its first line, a catalog lookup. The table is named only inside PL/pgSQL bodies,
--- planned when they run: a body that runs after the drop fails with undefined_table, caught in
--- the branch that only runs while the table was seen.
+-- planned when they run. Its drop takes the advisory lock (1768189296, 60) exclusively, and
+-- _idem_adopt holds it shared from its second look on, so a call never meets the table dropped
+-- halfway; the batch functions, which the maintenance calls alone run, catch undefined_table.
 --
 -- The one conversion rule: the given rows of idem_records_060 deleted and inserted into
 -- idem_records (in a batch, not the finished expired ones: idem_sweep would delete them) with their id digest, their
@@ -586,27 +587,35 @@ BEGIN
        OR current_setting('transaction_read_only')::boolean THEN
         RETURN NULL;
     END IF;
-    BEGIN
-        IF wait THEN
-            v_rows := ARRAY(SELECT o.ctid FROM @extschema@.idem_records_060 AS o
-                             WHERE o.operation = operation AND o.user_id = user_id AND o.key = key
-                               FOR UPDATE);
-        ELSE
-            v_rows := ARRAY(SELECT o.ctid FROM @extschema@.idem_records_060 AS o
-                             WHERE o.operation = operation AND o.user_id = user_id AND o.key = key
-                               FOR UPDATE SKIP LOCKED);
-            IF cardinality(v_rows) = 0
-               AND EXISTS (SELECT FROM @extschema@.idem_records_060 AS o
-                            WHERE o.operation = operation AND o.user_id = user_id AND o.key = key) THEN
-                RETURN false; -- another transaction holds the key's old row
-            END IF;
+    -- Held until this transaction ends: idem_move_records drops the old table only under the
+    -- exclusive form, so once seen here it stays (no undefined_table to catch, so no
+    -- subtransaction: a batch of keys calls this once per key). Looked up again in pg_class under
+    -- a snapshot taken after the lock (the catalog cache may not have heard of a drop committed
+    -- while this call waited: an advisory lock processes no invalidation). Gone: dropped since
+    -- the first look, every row moved; true, so the caller reads the key again.
+    PERFORM pg_advisory_xact_lock_shared(1768189296, 60);
+    IF NOT EXISTS (SELECT FROM pg_class AS c
+                    WHERE c.relname = 'idem_records_060'
+                      AND c.relnamespace = '@extschema@'::regnamespace) THEN
+        RETURN true;
+    END IF;
+    IF wait THEN
+        v_rows := ARRAY(SELECT o.ctid FROM @extschema@.idem_records_060 AS o
+                         WHERE o.operation = operation AND o.user_id = user_id AND o.key = key
+                           FOR UPDATE);
+    ELSE
+        v_rows := ARRAY(SELECT o.ctid FROM @extschema@.idem_records_060 AS o
+                         WHERE o.operation = operation AND o.user_id = user_id AND o.key = key
+                           FOR UPDATE SKIP LOCKED);
+        IF cardinality(v_rows) = 0
+           AND EXISTS (SELECT FROM @extschema@.idem_records_060 AS o
+                        WHERE o.operation = operation AND o.user_id = user_id AND o.key = key) THEN
+            RETURN false; -- another transaction holds the key's old row
         END IF;
-        IF cardinality(v_rows) > 0 THEN
-            PERFORM @extschema@._idem_legacy_move(v_rows, false);
-        END IF;
-    EXCEPTION WHEN undefined_table THEN
-        NULL; -- dropped since the lookup: nothing left to move
-    END;
+    END IF;
+    IF cardinality(v_rows) > 0 THEN
+        PERFORM @extschema@._idem_legacy_move(v_rows, false);
+    END IF;
     RETURN true;
 END
 $fn$;

@@ -255,6 +255,8 @@ BEGIN
         SET LOCAL lock_timeout = '100ms';
         LOCK TABLE @extschema@.idem_records_060 IN SHARE MODE;
         IF NOT EXISTS (SELECT FROM @extschema@.idem_records_060) THEN
+            -- No call between its look at the table and its transaction's end (_idem_adopt).
+            PERFORM pg_advisory_xact_lock(1768189296, 60);
             LOCK TABLE @extschema@.idem_records_060 IN ACCESS EXCLUSIVE MODE;
             DROP TABLE @extschema@.idem_records_060;
             RAISE LOG 'idempotency: every record kept from 0.6.0 is in idem_records; idem_records_060 dropped';

@@ -195,6 +195,7 @@ BEGIN
                 RAISE EXCEPTION 'idem_distribute: records kept from 0.6.0 in idem_records_060 are held by another transaction; run it again when they are free'
                     USING ERRCODE = '55006';
             END IF;
+            PERFORM pg_catalog.pg_advisory_xact_lock(1768189296, 60); -- as idem_move_records
             DROP TABLE @extschema@.idem_records_060;
         END IF;
         -- The workers' own idem_records_060: the update ran there too, on tables never written
