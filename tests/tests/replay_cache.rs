@@ -336,8 +336,9 @@ idempotency_testkit::for_each_driver! {
         assert_eq!(first.status(), 201);
         let first: Value = first.json().await.unwrap();
         // One replay first, uncounted: over sqlx the first use of idem_replay's statement on a
-        // connection prepares it (a round trip, once per connection).
-        assert_eq!(post("{\"amount\": 1}").await.unwrap().status(), 201);
+        // connection prepares it (a round trip, once per connection). Another body, so that a
+        // replay cache (IDEM_REPLAY_CACHE=on) does not answer it from memory instead.
+        assert_eq!(post("{\"amount\": 2}").await.unwrap().status(), 422);
         settled(&idem).await;
         let (second, trips) = counted(&proxy, post("{\"amount\": 1}")).await;
         let second = second.unwrap();
@@ -348,7 +349,8 @@ idempotency_testkit::for_each_driver! {
         // given back (sqlx's exact counts, on one thread, are round_trips.rs's): never the
         // reservation's BEGIN and its ROLLBACK besides.
         let most = if NAME == "sqlx" { 2 } else { 1 };
-        assert!((1..=most).contains(&trips), "{NAME}: idem_replay alone, got {trips} round trips");
+        let least = u64::from(!from_memory());
+        assert!((least..=most).contains(&trips), "{NAME}: idem_replay alone (none from the cache), got {trips} round trips");
         settled(&idem).await;
         let (other, trips) = counted(&proxy, post("{\"amount\": 2}")).await;
         assert_eq!(other.unwrap().status(), 422, "another body is a mismatch");
@@ -426,6 +428,13 @@ idempotency_testkit::for_each_driver! {
 
     /// A first call on `idem`, so that the counted ones find the connection open and the schema
     /// known.
+    /// Whether the test kit gave every handle a replay cache (`IDEM_REPLAY_CACHE=on`, the core
+    /// runs' rerun of this suite): a retry of a key this handle answered is then answered from
+    /// memory, without the round trip replay first costs.
+    fn from_memory() -> bool {
+        idempotency_testkit::replay_cache::from_env(Settings::default()).replay_cache.is_some()
+    }
+
     async fn warm_up(idem: &Idem) {
         let key = unique_key("first.warm");
         let runs = Arc::new(AtomicUsize::new(0));
@@ -453,7 +462,7 @@ idempotency_testkit::for_each_driver! {
         assert!(again.is_replayed(), "{again:?}");
         assert_eq!(again.value(), first.unwrap().value(), "the stored response");
         assert_eq!(again.decision().as_str(), "replayed");
-        assert_eq!(trips, 1, "idem_replay alone");
+        assert_eq!(trips, u64::from(!from_memory()), "idem_replay alone (none from the cache)");
         assert!(!pooled_in_transaction(&idem).await, "nothing left open on the connection");
         // Another body: the database's mismatch, one round trip.
         settled(&idem).await;
